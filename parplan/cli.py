@@ -1,0 +1,197 @@
+"""The ``parplan`` command line: ``memory`` and ``models`` (DESIGN.md's CLI contract).
+
+Every command prints a readable table, or one JSON document on stdout with ``--json``. Bad
+arguments, unknown models and strategies that do not fit the devices exit with status 2 and a
+one-line message on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from parplan.solver.cluster import GPU_PRESETS, make_cluster
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.memory import CATEGORIES
+from parplan.solver.cost.precision import PRECISIONS
+from parplan.solver.errors import SolverError
+from parplan.solver.evaluate import evaluate
+from parplan.solver.frontends.presets import PRESETS
+from parplan.solver.models import ModelSource, resolve_model
+from parplan.solver.strategy import ParallelConfig, Schedule, microbatches_for
+
+GIB = 2**30
+
+
+class UsageError(Exception):
+    """A command-line argument that cannot be honoured (exit status 2)."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=_positive, required=True, help="number of devices")
+    p.add_argument("--gpus-per-node", type=_positive, default=None, help="devices per node (default: the GPU's)")
+    p.add_argument("--gpu", default="A100-80GB", help=f"GPU preset: {', '.join(GPU_PRESETS)} (default A100-80GB)")
+    p.add_argument("--gpu-memory-gib", type=_positive_float, default=None, help="override the device memory (GiB)")
+
+
+def _add_strategy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="preset name (see `parplan models`), graph JSON or HF config.json")
+    _add_cluster_args(p)
+    p.add_argument("--tp", type=_positive, required=True, help="tensor-parallel degree")
+    p.add_argument("--pp", type=_positive, required=True, help="pipeline-parallel degree")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="ZeRO stage over the data-parallel group (1 = Megatron's distributed optimizer)")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="selective",
+                   help="activation recomputation (default selective)")
+    p.add_argument("--micro-batch", type=_positive, default=1, help="samples per micro-batch (default 1)")
+    p.add_argument("--global-batch", type=_positive, default=None,
+                   help="samples per step (default: micro-batch x dp x 4pp, or x 1 without pipelining)")
+    p.add_argument("--seq-len", type=_positive, default=None, help="tokens per sample (default: the model's)")
+    p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b", help="pipeline schedule")
+    p.add_argument("--virtual-stages", type=_positive, default=2,
+                   help="model chunks per device for --schedule interleaved (default 2)")
+    p.add_argument("--no-flash-attention", action="store_true",
+                   help="attention materialises the s x s scores (adds Korthikanti's 5as/h term)")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
+                   help="bf16 (default: fp32 grads + master + Adam, 18 B/param), bf16-grad16 (16 B/param), "
+                        "fp16, fp16-grad16, fp32")
+    p.add_argument("--expert-parallel", type=_positive, default=1, help="expert-parallel degree (MoE), divides dp")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="parplan", description="Automatic parallelism planner for training "
+                                     "large models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
+                         description="Predict per-device memory (by category) and step time of one strategy.")
+    _add_strategy_args(mem)
+    models = sub.add_parser("models", help="list model presets with their parameter counts")
+    models.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, ParallelConfig]:
+    """Model, cluster and strategy from parsed ``memory``-style arguments (UsageError if bad)."""
+    model = resolve_model(args.model)
+    cluster = make_cluster(args.gpus, args.gpus_per_node, args.gpu, args.gpu_memory_gib)
+    per_replica = args.tp * args.pp
+    if cluster.num_devices % per_replica:
+        raise UsageError(f"tp x pp = {args.tp} x {args.pp} = {per_replica} does not divide the {args.gpus} GPUs")
+    dp = cluster.num_devices // per_replica
+    if args.global_batch is None:
+        m = 4 * args.pp if args.pp > 1 else 1
+    else:
+        m = microbatches_for(args.global_batch, args.micro_batch, dp)
+    schedule = Schedule(args.schedule)
+    strategy = ParallelConfig(
+        tp=args.tp, pp=args.pp, dp=dp, zero=args.zero, sequence_parallel=args.sequence_parallel,
+        recompute=Recompute(args.recompute), micro_batch=args.micro_batch, num_microbatches=m,
+        schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
+        flash_attention=not args.no_flash_attention, precision=args.precision,
+        expert_parallel=args.expert_parallel)
+    return model, cluster, strategy
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:9.2f}"
+
+
+def _memory_table(doc: dict[str, Any]) -> str:
+    mem, t, s = doc["memory"], doc["time"], doc["strategy"]
+    lines = [
+        f"model     {doc['model']['name']}  ({doc['model']['parameters'] / 1e9:.2f} B parameters, "
+        f"seq {doc['model']['seq_len']})",
+        f"cluster   {doc['cluster']['gpus']} x {doc['cluster']['gpu']} "
+        f"({doc['cluster']['gpus_per_node']} per node, {doc['cluster']['device_memory_bytes'] / GIB:.1f} GiB each)",
+        f"strategy  {s['summary']}  global batch {s['global_batch']}, precision {s['precision']}"
+        f"{'' if s['flash_attention'] else ', no flash attention'}",
+        "",
+        f"most loaded device: stage {mem['peak_stage']}  (GiB)       held  redundant",
+    ]
+    for cat in CATEGORIES:
+        lines.append(f"  {cat:<18s}          {_gib(mem['breakdown'][cat])}  {_gib(mem['redundant'][cat])}")
+    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
+    lines.append(f"  {'peak':<18s}          {_gib(mem['peak_bytes'])}  ({verdict} in "
+                 f"{mem['device_memory_bytes'] / GIB:.1f} GiB)")
+    if len(mem["stages"]) > 1:
+        lines += ["", "per stage (GiB)   params    grads  optim    activ    temp     peak   in-flight  blocks"]
+        for st in mem["stages"]:
+            b = st["breakdown"]
+            lines.append(
+                f"  stage {st['stage']:<3d} {b['parameters'] / GIB:8.2f} {b['gradients'] / GIB:8.2f} "
+                f"{b['optimizer_states'] / GIB:7.2f} {b['activations'] / GIB:8.2f} {b['temporary'] / GIB:7.2f} "
+                f"{st['peak_bytes'] / GIB:8.2f}   {st['in_flight_microbatches']:6.1f}    "
+                f"{st['first_unit']}..{st['last_unit']}")
+    lines += ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
+              f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
+    return "\n".join(lines)
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    model, cluster, strategy = strategy_from_args(args)
+    doc = evaluate(model, cluster, strategy, seq_len=args.seq_len).to_dict()
+    print(json.dumps(doc, indent=2) if args.json else _memory_table(doc))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    rows = []
+    for name, cfg in PRESETS.items():
+        src = ModelSource(name, config=cfg)
+        rows.append({"name": name, "family": cfg.family, "parameters": src.parameter_count(),
+                     "layers": cfg.total_layers,
+                     "hidden": cfg.hidden, "heads": cfg.heads, "kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn,
+                     "vocab": cfg.vocab, "seq_len": cfg.tokens_per_sample, "experts": cfg.num_experts})
+    if args.json:
+        print(json.dumps({"models": rows}, indent=2))
+        return 0
+    print(f"{'name':<14s} {'family':<8s} {'parameters':>16s} {'layers':>6s} {'hidden':>6s} {'heads':>5s} "
+          f"{'kv':>4s} {'ffn':>6s} {'vocab':>7s} {'seq':>5s}")
+    for r in rows:
+        print(f"{r['name']:<14s} {r['family']:<8s} {r['parameters']:>16,d} {r['layers']:>6d} {r['hidden']:>6d} "
+              f"{r['heads']:>5d} {r['kv_heads']:>4d} {r['ffn']:>6d} {r['vocab']:>7d} {r['seq_len']:>5d}")
+    return 0
+
+
+COMMANDS = {"memory": cmd_memory, "models": cmd_models}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (SolverError, UsageError) as e:
+        print(f"parplan {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Cost models: collectives (alpha-beta), compute (roofline), memory."""

@@ -1,0 +1,70 @@
+"""Collective communication times under the α-β (latency-bandwidth) model of ring algorithms.
+
+Notation: ``n`` ranks, a buffer of ``S`` bytes, a link of bandwidth ``B`` bytes/s (per direction,
+per GPU) and latency ``L`` seconds (per ring step). Times are in seconds:
+
+=================  ===============================  ==========================================
+collective         time                             ``size_bytes`` is
+=================  ===============================  ==========================================
+all-reduce         ``2(n−1)/n·S/B + 2(n−1)·L``      the full buffer every rank holds (in = out)
+reduce-scatter     ``(n−1)/n·S/B + (n−1)·L``        the full *input* of one rank (output S/n)
+all-gather         ``(n−1)/n·S/B + (n−1)·L``        the full *output* of one rank (input S/n)
+all-to-all         ``(n−1)/n·S/B + (n−1)·L``        the whole send buffer of one rank
+point-to-point     ``S/B + L``                      the message
+=================  ===============================  ==========================================
+
+One rank (``n == 1``) or an empty buffer costs 0 seconds. The link is the slowest one the group
+spans (see :meth:`parplan.solver.cluster.DeviceMesh.group_link`). With this model
+all-reduce = reduce-scatter + all-gather of the same ``S`` exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+from parplan.solver.cluster import Link
+from parplan.solver.errors import ConfigError
+
+
+def _check(n: int, size_bytes: float) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"a collective needs n >= 1 ranks, got {n!r}")
+    if not math.isfinite(size_bytes) or size_bytes < 0:
+        raise ConfigError(f"a collective needs a finite size_bytes >= 0, got {size_bytes!r}")
+
+
+def _ring(n: int, size_bytes: float, link: Link, passes: int) -> float:
+    """``passes`` ring passes: each moves (n−1)/n·S per rank in n−1 steps."""
+    _check(n, size_bytes)
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    steps = n - 1
+    return passes * (steps / n * size_bytes / link.bandwidth_bytes_per_s + steps * link.latency_seconds)
+
+
+def all_reduce_seconds(n: int, size_bytes: float, link: Link) -> float:
+    """Seconds to all-reduce a buffer of ``size_bytes`` (the full buffer, held by every rank)."""
+    return _ring(n, size_bytes, link, passes=2)
+
+
+def reduce_scatter_seconds(n: int, size_bytes: float, link: Link) -> float:
+    """Seconds to reduce-scatter: ``size_bytes`` is the full (unsharded) input of one rank."""
+    return _ring(n, size_bytes, link, passes=1)
+
+
+def all_gather_seconds(n: int, size_bytes: float, link: Link) -> float:
+    """Seconds to all-gather: ``size_bytes`` is the full gathered output (n × one rank's shard)."""
+    return _ring(n, size_bytes, link, passes=1)
+
+
+def all_to_all_seconds(n: int, size_bytes: float, link: Link) -> float:
+    """Seconds for an all-to-all: ``size_bytes`` is one rank's whole send buffer (it keeps 1/n)."""
+    return _ring(n, size_bytes, link, passes=1)
+
+
+def p2p_seconds(size_bytes: float, link: Link) -> float:
+    """Seconds to send one message of ``size_bytes`` to one peer (a pipeline-stage hand-off)."""
+    _check(1, size_bytes)
+    if size_bytes == 0:
+        return 0.0
+    return size_bytes / link.bandwidth_bytes_per_s + link.latency_seconds

@@ -1,0 +1,220 @@
+"""Compute cost of one operator: FLOPs, memory traffic, and a roofline time on one GPU.
+
+FLOPs count a multiply-add as 2. Counts are for the whole (unsharded) operator; a strategy that
+splits it over ``k`` devices divides them by ``k``. Rules per kind (``numel`` = elements):
+
+- ``einsum`` with ≥ 2 operands: ``2 · Π sizes of all distinct dim names`` in the equation (a
+  matmul ``m k, k n -> m n`` gives ``2mkn``). One operand: ``numel(input)`` when it reduces
+  (output smaller than input), else 0 (a transpose).
+- ``attention``: ``4 · batch · heads · seq · kv_seq · head_dim`` (QKᵀ and PV), i.e.
+  ``4 · numel(q) · kv_seq``; halved when ``attrs.causal``. A 4th input (a bias on the scores) adds
+  ``numel(q) / head_dim · kv_seq``. See :func:`attention_dims` for how the dims are found.
+- ``elementwise``: per output element, ``max(inputs − 1, 1)`` for add/sub/mul, 1 for scale and
+  relu, 8 for gelu and silu, 4 for tanh, sigmoid and exp (plus ``inputs − 1`` extra operands).
+- ``softmax`` 5, ``layernorm`` 8, ``rmsnorm`` 5, ``dropout`` 2 per element; ``cross_entropy``
+  5 per logit; ``dispatch`` / ``combine`` 2 per output element; ``reduce`` 1 per input element;
+  ``input``, ``parameter``, ``embedding`` (a gather), ``reshape``, ``concat`` 0.
+
+Backward costs 2× the forward FLOPs (a gradient for the input and one for the weight, or the
+equivalent work for ops without weights) — the usual estimate, also for recomputation
+accounting (recomputation adds one more forward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.cluster import GpuSpec
+from parplan.solver.errors import ConfigError
+from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, parse_equation
+
+#: FLOPs per output element of unary-style elementwise functions (add/sub/mul are counted apart).
+ELEMENTWISE_FLOPS_PER_ELEMENT: Mapping[str, int] = {
+    "scale": 1, "relu": 1, "gelu": 8, "silu": 8, "tanh": 4, "sigmoid": 4, "exp": 4,
+}
+
+#: FLOPs per element of the ops whose cost is linear in their output.
+_PER_ELEMENT: Mapping[OpKind, int] = {
+    OpKind.SOFTMAX: 5, OpKind.LAYERNORM: 8, OpKind.RMSNORM: 5, OpKind.DROPOUT: 2,
+    OpKind.DISPATCH: 2, OpKind.COMBINE: 2,
+}
+
+_ZERO: frozenset[OpKind] = frozenset(
+    {OpKind.INPUT, OpKind.PARAMETER, OpKind.EMBEDDING, OpKind.RESHAPE, OpKind.CONCAT})
+
+
+def _inputs(node: Node, graph: Graph) -> list[Node]:
+    try:
+        return [graph.node(i) for i in node.inputs]
+    except KeyError as e:
+        raise ConfigError(f"node {node.id!r} reads unknown node {e.args[0]!r}") from None
+
+
+def _einsum_flops(node: Node, ins: list[Node]) -> float:
+    eq = node.attrs.get("equation")
+    if not isinstance(eq, str):
+        raise ConfigError(f"einsum node {node.id!r} has no attrs.equation")
+    operands, out = parse_equation(eq)
+    sizes: dict[str, int] = {}
+    for n in (*ins, node):
+        sizes.update(n.dims)
+    names = dict.fromkeys(name for op in operands for name in op)
+    names.update(dict.fromkeys(out))
+    missing = [d for d in names if d not in sizes]
+    if missing:
+        raise ConfigError(f"einsum node {node.id!r}: dims {missing} of its equation are on no tensor")
+    if len(ins) == 1:
+        return float(ins[0].numel) if node.numel < ins[0].numel else 0.0
+    return 2.0 * math.prod(sizes[d] for d in names)
+
+
+def attention_dims(node: Node, q: Node, k: Node) -> tuple[str, str]:
+    """``(head_dim, kv_seq)``: the names of the head dim and of the key-sequence dim (a dim of k).
+
+    ``attrs.head_dim`` / ``attrs.kv_seq_dim`` name them explicitly. Otherwise ``head_dim`` is the
+    last dim of q that k also has, and ``kv_seq`` is chosen among k's dims other than
+    ``head_dim`` and dims whose name contains ``head`` or ``batch``:
+    the only one that q lacks (cross-attention, ``kv_seq``); else the only one whose name
+    contains ``seq`` (self-attention sharing ``seq``, GQA with ``kv_heads``); else the only one
+    left; else k's second dim (the layout ``[batch, kv_seq, kv_heads, head_dim]``).
+    """
+    qd, kd = dict(q.dims), dict(k.dims)
+    head_dim = node.attrs.get("head_dim")
+    if head_dim is None:
+        shared = [d for d in qd if d in kd]
+        if not shared:
+            raise ConfigError(f"attention node {node.id!r}: q and k share no dim (need head_dim)")
+        head_dim = shared[-1]
+    kv_seq = node.attrs.get("kv_seq_dim")
+    if kv_seq is not None:
+        if kv_seq not in kd:
+            raise ConfigError(f"attention node {node.id!r}: attrs.kv_seq_dim {kv_seq!r} is not a dim of k")
+        return str(head_dim), str(kv_seq)
+    cands = [d for d in kd if d != head_dim and "head" not in d.lower() and "batch" not in d.lower()]
+    k_only = [d for d in cands if d not in qd]
+    if len(k_only) == 1:
+        return str(head_dim), k_only[0]
+    seqish = [d for d in (k_only or cands) if "seq" in d.lower()]
+    if len(seqish) == 1:
+        return str(head_dim), seqish[0]
+    if len(cands) == 1:
+        return str(head_dim), cands[0]
+    if len(k.dims) >= 2 and k.dims[1][0] != head_dim:
+        return str(head_dim), k.dims[1][0]
+    raise ConfigError(f"attention node {node.id!r}: cannot tell the key-sequence dim of k "
+                      f"{list(kd)}; set attrs.kv_seq_dim")
+
+
+def _attention_flops(node: Node, ins: list[Node]) -> float:
+    if len(ins) < 3:
+        raise ConfigError(f"attention node {node.id!r} needs q, k, v inputs")
+    q, k = ins[0], ins[1]
+    head_dim, kv_seq = attention_dims(node, q, k)
+    kv = dict(k.dims)[kv_seq]
+    flops = 4.0 * q.numel * kv
+    if len(ins) > 3:
+        flops += q.numel / dict(q.dims).get(head_dim, 1) * kv
+    return flops / 2 if node.attrs.get("causal") else flops
+
+
+def _elementwise_flops(node: Node, ins: list[Node]) -> float:
+    fn = node.attrs.get("fn")
+    extra = max(len(ins) - 1, 0)
+    if fn in ELEMENTWISE_FLOPS_PER_ELEMENT:
+        per = ELEMENTWISE_FLOPS_PER_ELEMENT[str(fn)] + extra
+    else:  # add, sub, mul, and anything unknown: one op per extra operand
+        per = max(extra, 1)
+    return float(per * node.numel)
+
+
+def forward_flops(node: Node, graph: Graph) -> float:
+    """FLOPs of ``node``'s forward pass (whole tensor, unsharded); rules in the module docstring."""
+    kind = node.kind
+    if kind in _ZERO:
+        return 0.0
+    ins = _inputs(node, graph)
+    if kind is OpKind.EINSUM:
+        return _einsum_flops(node, ins)
+    if kind is OpKind.ATTENTION:
+        return _attention_flops(node, ins)
+    if kind is OpKind.ELEMENTWISE:
+        return _elementwise_flops(node, ins)
+    if kind in _PER_ELEMENT:
+        return float(_PER_ELEMENT[kind] * node.numel)
+    if kind is OpKind.CROSS_ENTROPY:
+        return 5.0 * ins[0].numel
+    if kind is OpKind.REDUCE:
+        return float(ins[0].numel)
+    raise ConfigError(f"no FLOP rule for op kind {kind!r} (node {node.id!r})")  # pragma: no cover
+
+
+def backward_flops(node: Node, graph: Graph) -> float:
+    """FLOPs of ``node``'s backward pass: 2 × :func:`forward_flops` (input and weight gradients)."""
+    return 2.0 * forward_flops(node, graph)
+
+
+def bytes_moved(node: Node, graph: Graph, activation_bytes: int | None = 2) -> float:
+    """Bytes of memory traffic of ``node``'s forward pass: read each distinct input, write the output.
+
+    Every tensor counts ``activation_bytes`` per element, or its own dtype's size when None.
+    ``input``, ``parameter`` and ``reshape`` (a view) move nothing; ``embedding`` reads the ids and
+    only the gathered table rows (as many elements as its output). ``attention`` counts q, k, v
+    and the output only (a fused kernel: the score matrix is never written to HBM).
+    """
+    if node.kind in (OpKind.INPUT, OpKind.PARAMETER, OpKind.RESHAPE):
+        return 0.0
+
+    def size(n: Node) -> int:
+        return activation_bytes if activation_bytes is not None else DTYPE_BYTES.get(n.dtype, 2)
+
+    ins = _inputs(node, graph)
+    out = node.numel * size(node)
+    if node.kind is OpKind.EMBEDDING:
+        return float(ins[0].numel * size(ins[0]) + node.numel * size(ins[1]) + out)
+    seen = {n.id: n for n in ins}
+    return float(sum(n.numel * size(n) for n in seen.values()) + out)
+
+
+def op_seconds(flops: float, traffic_bytes: float, gpu: GpuSpec, dtype: str = "bf16",
+               matmul_efficiency: float | None = None, memory_efficiency: float | None = None) -> float:
+    """Roofline time in seconds: ``max(flops / (peak[dtype]·matmul_eff), bytes / (hbm·memory_eff))``.
+
+    Efficiencies default to :data:`~parplan.solver.calibration.DEFAULT_CALIBRATION`'s. A GPU
+    without tf32 math (V100) runs tf32 at its fp32 peak; other missing dtypes raise ConfigError.
+    """
+    if flops < 0 or traffic_bytes < 0:
+        raise ConfigError(f"op_seconds needs flops and bytes >= 0, got {flops}, {traffic_bytes}")
+    m_eff = (matmul_efficiency if matmul_efficiency is not None
+             else DEFAULT_CALIBRATION.matmul_efficiency_for(dtype))
+    b_eff = memory_efficiency if memory_efficiency is not None else DEFAULT_CALIBRATION.memory_efficiency
+    if not (0 < m_eff <= 1 and 0 < b_eff <= 1):
+        raise ConfigError(f"efficiencies must be in (0, 1], got {m_eff}, {b_eff}")
+    compute = 0.0
+    if flops > 0:
+        peak_dtype = "fp32" if dtype == "tf32" and "tf32" not in gpu.peak_flops else dtype
+        compute = flops / (gpu.peak(peak_dtype) * m_eff)
+    memory = traffic_bytes / (gpu.hbm_bandwidth_bytes_per_s * b_eff)
+    return max(compute, memory)
+
+
+def forward_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration = DEFAULT_CALIBRATION,
+                    activation_bytes: int | None = 2, dtype: str | None = None) -> float:
+    """Roofline time of ``node``'s forward pass on one GPU (whole operator, unsharded).
+
+    ``dtype`` is the math dtype (default: the node's). Non-float nodes have no FLOPs to price.
+    """
+    math_dtype = dtype or node.dtype
+    return op_seconds(forward_flops(node, graph), bytes_moved(node, graph, activation_bytes), gpu, math_dtype,
+                      calibration.matmul_efficiency_for(math_dtype), calibration.memory_efficiency)
+
+
+def backward_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration = DEFAULT_CALIBRATION,
+                     activation_bytes: int | None = 2, dtype: str | None = None) -> float:
+    """Roofline time of ``node``'s backward pass: 2× the forward FLOPs and 2× the forward traffic
+    (read the output gradient and the saved inputs, write the input gradients)."""
+    math_dtype = dtype or node.dtype
+    return op_seconds(backward_flops(node, graph), 2 * bytes_moved(node, graph, activation_bytes), gpu,
+                      math_dtype, calibration.matmul_efficiency_for(math_dtype),
+                      calibration.memory_efficiency)

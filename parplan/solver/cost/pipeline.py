@@ -1,0 +1,96 @@
+"""Pipeline stages: which blocks each stage runs, and how many micro-batches it keeps alive.
+
+In-flight micro-batches of activations on stage ``i`` of ``p`` with ``m`` micro-batches:
+
+- GPipe: all ``m`` (every forward runs before any backward);
+- 1F1B (PipeDream-Flush): ``min(p - i, m)`` — the first stage holds ``p``;
+- interleaved 1F1B with ``v`` model chunks per device: device ``i`` warms up with
+  ``2(p - i - 1) + (v - 1)p`` chunk-forwards, so ``(2(p - i - 1) + (v - 1)p + 1) / v`` micro-batches
+  of its layers are alive at the peak; for ``i = 0`` that is ``p·(1 + (p - 1)/(p·v))``, the factor
+  Narayanan et al. (2021) give. Capped at ``m``.
+"""
+
+from __future__ import annotations
+
+from parplan.solver.cost.activations import block_of
+from parplan.solver.errors import StrategyError
+from parplan.solver.ir import Graph
+from parplan.solver.strategy import Schedule
+
+
+def in_flight_microbatches(stage: int, pp: int, m: int, schedule: Schedule, virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` (0-based) holds at its peak."""
+    if not 0 <= stage < pp:
+        raise StrategyError(f"stage {stage} out of range for pp={pp}")
+    if schedule is Schedule.GPIPE:
+        return float(m)
+    if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
+        v = virtual_stages
+        chunks = 2 * (pp - stage - 1) + (v - 1) * pp + 1
+        return min(float(m), chunks / v)
+    return float(min(pp - stage, m))
+
+
+def units_of(graph: Graph) -> list[str]:
+    """Layer tags in execution order (``meta["units"]`` when the frontend recorded it)."""
+    units = graph.meta.get("units")
+    if isinstance(units, list | tuple) and units:
+        return [str(u) for u in units]
+    seen: dict[str, None] = {}
+    for n in graph.nodes:
+        seen.setdefault(n.layer or "", None)
+    return list(seen)
+
+
+def blocks_of(graph: Graph) -> list[str]:
+    """The repeated blocks (``layers.<i>`` ...) in execution order."""
+    return [u for u in units_of(graph) if _is_block(u)]
+
+
+def _is_block(unit: str) -> bool:
+    head, _, tail = unit.rpartition(".")
+    return bool(head) and tail.isdigit()
+
+
+def even_partition(num_blocks: int, pp: int) -> tuple[int, ...]:
+    """Blocks per stage, as even as possible; the remainder goes to the last stages (the first
+    stage already carries the embedding and the most in-flight activations)."""
+    if pp > num_blocks:
+        raise StrategyError(f"pp={pp} exceeds the model's {num_blocks} blocks")
+    base, extra = divmod(num_blocks, pp)
+    return tuple(base + (1 if i >= pp - extra else 0) for i in range(pp))
+
+
+def stage_of_units(graph: Graph, pp: int, partition: tuple[int, ...] | None = None) -> dict[str, int]:
+    """Stage of every unit. Blocks follow ``partition``; other units (embedding, head, a T5
+    encoder's final norm) join the stage of the block before them, or of the first block."""
+    units = units_of(graph)
+    blocks = [u for u in units if _is_block(u)]
+    if not blocks:
+        return dict.fromkeys(units, 0)
+    part = partition or even_partition(len(blocks), pp)
+    if len(part) != pp or sum(part) != len(blocks) or min(part) < 1:
+        raise StrategyError(f"partition {list(part)} must give each of the {pp} stages at least one of the "
+                            f"{len(blocks)} blocks")
+    block_stage: dict[str, int] = {}
+    i = 0
+    for s, count in enumerate(part):
+        for _ in range(count):
+            block_stage[blocks[i]] = s
+            i += 1
+    out: dict[str, int] = {}
+    current = 0
+    for u in units:
+        if u in block_stage:
+            current = block_stage[u]
+        out[u] = current
+    return out
+
+
+def node_stages(graph: Graph, stage_of_unit: dict[str, int]) -> dict[str, int]:
+    """Stage of every non-parameter node (parameters live wherever they are used)."""
+    return {n.id: stage_of_unit.get(n.layer or "", 0) for n in graph.nodes}
+
+
+__all__ = ["block_of", "blocks_of", "even_partition", "in_flight_microbatches", "node_stages",
+           "stage_of_units", "units_of"]

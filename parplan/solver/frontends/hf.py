@@ -1,0 +1,231 @@
+"""Import a Hugging Face ``config.json`` as a :class:`TransformerConfig`.
+
+Only shape fields are read; training-only settings (dropout, rope scaling, Mistral's sliding
+window, ...) are ignored. The sequence length defaults to the model's maximum positions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from parplan.solver.errors import ConfigError
+from parplan.solver.frontends.config import TransformerConfig
+
+_Mapper = Callable[[Mapping[str, Any], str, str, int | None], TransformerConfig]
+
+
+def _int(cfg: Mapping[str, Any], key: str, mt: str, default: int | None = None) -> int:
+    """``cfg[key]`` as an int; ``default`` if absent or null, else :class:`ConfigError`."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise ConfigError(f"HF config (model_type {mt!r}) is missing required field {key!r}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"HF config (model_type {mt!r}): field {key!r} must be a non-negative integer, got {value!r}"
+        )
+    return value
+
+
+def _opt_int(cfg: Mapping[str, Any], key: str, mt: str) -> int | None:
+    """``cfg[key]`` as an int, or ``None`` if absent or null."""
+    return None if cfg.get(key) is None else _int(cfg, key, mt)
+
+
+def _bool(cfg: Mapping[str, Any], key: str, mt: str, default: bool) -> bool:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"HF config (model_type {mt!r}): field {key!r} must be a boolean, got {value!r}")
+    return value
+
+
+def _head_dim(explicit: int | None, hidden: int, heads: int) -> int | None:
+    """``None`` when the head dim is the default ``hidden // heads`` (so configs compare equal)."""
+    if explicit == 0:
+        raise ConfigError("head dimension must be positive, got 0")
+    if explicit is None or (heads > 0 and hidden % heads == 0 and explicit == hidden // heads):
+        return None
+    return explicit
+
+
+def _gpt2(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> TransformerConfig:
+    hidden = _int(cfg, "n_embd", mt)
+    return TransformerConfig(
+        family="gpt",
+        name=name,
+        layers=_int(cfg, "n_layer", mt),
+        hidden=hidden,
+        heads=_int(cfg, "n_head", mt),
+        ffn=_int(cfg, "n_inner", mt, default=4 * hidden),
+        vocab=_int(cfg, "vocab_size", mt),
+        seq_len=seq_len or _int(cfg, "n_positions", mt),
+        tied_embeddings=_bool(cfg, "tie_word_embeddings", mt, True),
+    )
+
+
+def _llama(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> TransformerConfig:
+    hidden = _int(cfg, "hidden_size", mt)
+    heads = _int(cfg, "num_attention_heads", mt)
+    moe = mt == "mixtral"
+    return TransformerConfig(
+        family="mixtral" if moe else "llama",
+        name=name,
+        layers=_int(cfg, "num_hidden_layers", mt),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=_int(cfg, "num_key_value_heads", mt, default=heads),
+        head_dim=_head_dim(_opt_int(cfg, "head_dim", mt), hidden, heads),
+        ffn=_int(cfg, "intermediate_size", mt),
+        vocab=_int(cfg, "vocab_size", mt),
+        seq_len=seq_len or _int(cfg, "max_position_embeddings", mt),
+        tied_embeddings=_bool(cfg, "tie_word_embeddings", mt, False),
+        num_experts=_int(cfg, "num_local_experts", mt) if moe else 0,
+        top_k=_int(cfg, "num_experts_per_tok", mt) if moe else 2,
+    )
+
+
+def _bert(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> TransformerConfig:
+    return TransformerConfig(
+        family="bert",
+        name=name,
+        layers=_int(cfg, "num_hidden_layers", mt),
+        hidden=_int(cfg, "hidden_size", mt),
+        heads=_int(cfg, "num_attention_heads", mt),
+        ffn=_int(cfg, "intermediate_size", mt),
+        vocab=_int(cfg, "vocab_size", mt),
+        seq_len=seq_len or _int(cfg, "max_position_embeddings", mt),
+        type_vocab=_int(cfg, "type_vocab_size", mt),
+    )
+
+
+def _t5(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> TransformerConfig:
+    hidden = _int(cfg, "d_model", mt)
+    heads = _int(cfg, "num_heads", mt)
+    layers = _int(cfg, "num_layers", mt)
+    proj = cfg.get("feed_forward_proj", "relu")
+    if not isinstance(proj, str) or proj.split("-")[-1] not in {"relu", "gelu", "silu", "gelu_new"}:
+        raise ConfigError(f"HF config (model_type {mt!r}): unsupported feed_forward_proj {proj!r}")
+    return TransformerConfig(
+        family="t5",
+        name=name,
+        layers=layers,
+        decoder_layers=_int(cfg, "num_decoder_layers", mt, default=layers),
+        hidden=hidden,
+        heads=heads,
+        head_dim=_head_dim(_int(cfg, "d_kv", mt), hidden, heads),
+        ffn=_int(cfg, "d_ff", mt),
+        vocab=_int(cfg, "vocab_size", mt),
+        seq_len=seq_len or _int(cfg, "n_positions", mt, default=512),
+        tied_embeddings=_bool(cfg, "tie_word_embeddings", mt, True),
+        gated_mlp=proj.startswith("gated-"),
+        relative_buckets=_int(cfg, "relative_attention_num_buckets", mt, default=32),
+    )
+
+
+def _vit(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> TransformerConfig:
+    image, patch = _int(cfg, "image_size", mt), _int(cfg, "patch_size", mt)
+    if patch <= 0:
+        raise ConfigError(f"HF config (model_type {mt!r}): patch_size must be positive, got {patch}")
+    id2label = cfg.get("id2label")
+    classes = len(id2label) if isinstance(id2label, Mapping) and id2label else 1000
+    return TransformerConfig(
+        family="vit",
+        name=name,
+        layers=_int(cfg, "num_hidden_layers", mt),
+        hidden=_int(cfg, "hidden_size", mt),
+        heads=_int(cfg, "num_attention_heads", mt),
+        ffn=_int(cfg, "intermediate_size", mt),
+        vocab=0,
+        seq_len=seq_len or (image // patch) ** 2 + 1,
+        image_size=image,
+        patch_size=patch,
+        channels=_int(cfg, "num_channels", mt, default=3),
+        num_classes=_int(cfg, "num_labels", mt, default=classes),
+    )
+
+
+_MAPPERS: Mapping[str, _Mapper] = {
+    "gpt2": _gpt2,
+    "llama": _llama,
+    "mistral": _llama,
+    "mixtral": _llama,
+    "bert": _bert,
+    "t5": _t5,
+    "vit": _vit,
+}
+
+#: ``architectures`` class-name prefixes (lower case) -> model_type, longest first.
+_ARCH_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("mistral", "mistral"),
+    ("mixtral", "mixtral"),
+    ("llama", "llama"),
+    ("gpt2", "gpt2"),
+    ("bert", "bert"),
+    ("vit", "vit"),
+    ("t5", "t5"),
+)
+
+
+def supported_model_types() -> list[str]:
+    """The HF ``model_type`` values :func:`config_from_hf` understands."""
+    return sorted(_MAPPERS)
+
+
+def _model_type(cfg: Mapping[str, Any]) -> str:
+    mt = cfg.get("model_type")
+    if isinstance(mt, str) and mt.lower() in _MAPPERS:
+        return mt.lower()
+    archs = cfg.get("architectures") or []
+    for arch in archs if isinstance(archs, list) else []:
+        for prefix, guess in _ARCH_PREFIXES:
+            if isinstance(arch, str) and arch.lower().startswith(prefix):
+                return guess
+    what = f"model_type {mt!r}" if mt is not None else "no model_type"
+    raise ConfigError(
+        f"unsupported HF config ({what}, architectures {archs!r}); "
+        f"supported model_type values: {', '.join(supported_model_types())}"
+    )
+
+
+def config_from_hf(
+    cfg: Mapping[str, Any], name: str | None = None, seq_len: int | None = None
+) -> TransformerConfig:
+    """Map a Hugging Face ``config.json`` dict to a :class:`TransformerConfig`.
+
+    ``name`` defaults to ``_name_or_path`` or the model type; ``seq_len`` overrides the model's
+    maximum positions as the training sequence length.
+    """
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"HF config must be a JSON object, got {type(cfg).__name__}")
+    if seq_len is not None and seq_len <= 0:
+        raise ConfigError(f"seq_len must be positive, got {seq_len}")
+    mt = _model_type(cfg)
+    label = name or cfg.get("_name_or_path") or mt
+    return _MAPPERS[mt](cfg, mt, str(label), seq_len)
+
+
+def load_hf_config(
+    path: str | Path, name: str | None = None, seq_len: int | None = None
+) -> TransformerConfig:
+    """Read a ``config.json`` file; the name defaults to its folder (``.../Llama-2-7b-hf/config.json``)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read HF config {str(p)!r}: {e}") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"HF config {str(p)!r} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"HF config {str(p)!r} must hold a JSON object")
+    if name is None and not data.get("_name_or_path"):
+        name = p.parent.name if p.stem == "config" and p.parent.name else p.stem
+    try:
+        return config_from_hf(data, name=name, seq_len=seq_len)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from e

@@ -1,0 +1,81 @@
+"""Named model presets: the published shapes of common transformers."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from parplan.solver.errors import UnknownModelError
+from parplan.solver.frontends.config import TransformerConfig
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> TransformerConfig:
+    """A GPT-3-style decoder (Megatron sizes): ffn 4h, vocab 51200, seq 2048, tied embeddings."""
+    return TransformerConfig(
+        family="gpt", name=name, layers=layers, hidden=hidden, heads=heads, ffn=4 * hidden,
+        vocab=51200, seq_len=2048, tied_embeddings=True,
+    )
+
+
+def _llama(
+    name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq_len: int
+) -> TransformerConfig:
+    return TransformerConfig(
+        family="llama", name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+        ffn=ffn, vocab=vocab, seq_len=seq_len, tied_embeddings=False,
+    )
+
+
+_ALL: tuple[TransformerConfig, ...] = (
+    TransformerConfig(
+        family="bert", name="bert-large", layers=24, hidden=1024, heads=16, ffn=4096,
+        vocab=30522, seq_len=512, type_vocab=2,
+    ),
+    _gpt("gpt-1.7b", 24, 2304, 24),
+    _gpt("gpt-3.6b", 30, 3072, 32),
+    _gpt("gpt-7.5b", 36, 4096, 32),
+    _gpt("gpt-18.4b", 40, 6144, 48),
+    _gpt("gpt-39.1b", 48, 8192, 64),
+    _gpt("gpt-76.1b", 60, 10240, 80),
+    _gpt("gpt-145.6b", 80, 12288, 96),
+    _gpt("gpt3-175b", 96, 12288, 96),
+    _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+    _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _llama("llama-3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    TransformerConfig(
+        family="t5", name="t5-11b", layers=24, decoder_layers=24, hidden=1024, heads=128, head_dim=128,
+        ffn=65536, vocab=32128, seq_len=512, tied_embeddings=True, gated_mlp=False, relative_buckets=32,
+    ),
+    TransformerConfig(
+        family="vit", name="vit-huge", layers=32, hidden=1280, heads=16, ffn=5120, vocab=0,
+        seq_len=(224 // 14) ** 2 + 1, image_size=224, patch_size=14, channels=3, num_classes=1000,
+    ),
+    TransformerConfig(
+        family="mixtral", name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
+        vocab=32000, seq_len=4096, num_experts=8, top_k=2, tied_embeddings=False,
+    ),
+)
+
+#: Every preset by its (lower-case) name.
+PRESETS: Mapping[str, TransformerConfig] = MappingProxyType({c.name: c for c in _ALL})
+
+
+def preset_names() -> list[str]:
+    """All preset names, in definition order."""
+    return list(PRESETS)
+
+
+def get_preset(name: str) -> TransformerConfig:
+    """The preset called ``name`` (case-insensitive); :class:`UnknownModelError` if there is none."""
+    key = name.strip().lower()
+    try:
+        return PRESETS[key]
+    except KeyError:
+        pass
+    close = difflib.get_close_matches(key, list(PRESETS), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise UnknownModelError(f"unknown model preset {name!r}; {hint}known presets: {', '.join(PRESETS)}")

@@ -1,0 +1,105 @@
+"""Resolve what a user names as a model: a preset, a graph JSON file, or an HF ``config.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parplan.solver.errors import ConfigError, GraphValidationError, UnknownModelError
+from parplan.solver.frontends.builder import build_graph
+from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.frontends.hf import config_from_hf
+from parplan.solver.frontends.presets import get_preset
+from parplan.solver.ir import Graph, Node
+from parplan.solver.validate import validate_graph
+from parplan.solver.wire import graph_from_json
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model known either by its architecture (rebuildable at any batch / sequence length) or
+    as a fixed operator graph (resizable along its ``batch`` and ``seq`` dims)."""
+
+    name: str
+    config: TransformerConfig | None = None
+    graph: Graph | None = None
+
+    def build(self, micro_batch: int, seq_len: int | None = None) -> Graph:
+        """The graph of one micro-batch of ``micro_batch`` samples of ``seq_len`` tokens."""
+        if self.config is not None:
+            return build_graph(self.config, batch=micro_batch, seq_len=seq_len)
+        assert self.graph is not None
+        sizes = {"batch": micro_batch} | ({"seq": seq_len} if seq_len else {})
+        return resize_graph(self.graph, sizes)
+
+    @property
+    def default_seq_len(self) -> int:
+        if self.config is not None:
+            return self.config.tokens_per_sample
+        assert self.graph is not None
+        seq = self.graph.meta.get("seq_len") or _dim_size(self.graph, "seq")
+        return int(seq or 1)
+
+    def parameter_count(self) -> int:
+        if self.graph is not None:
+            return self.graph.parameter_count()
+        assert self.config is not None
+        return build_graph(self.config, batch=1, seq_len=min(self.config.seq_len, 8)
+                           if self.config.family != "vit" else None).parameter_count()
+
+
+def _dim_size(graph: Graph, dim: str) -> int | None:
+    for n in graph.nodes:
+        size = dict(n.dims).get(dim)
+        if size is not None:
+            return size
+    return None
+
+
+def resize_graph(graph: Graph, sizes: dict[str, int]) -> Graph:
+    """The same graph with named dims set to new sizes on every non-parameter tensor (parameters
+    keep theirs); ConfigError when the graph's shape rules no longer hold afterwards."""
+    present = {d for n in graph.nodes for d, _ in n.dims}
+    todo = {d: s for d, s in sizes.items() if d in present}
+    if not todo:
+        return graph
+    nodes = [n if n.is_parameter else Node(n.id, n.kind, n.inputs,
+                                           tuple((d, todo.get(d, s)) for d, s in n.dims), n.dtype, n.layer, n.attrs)
+             for n in graph.nodes]
+    meta = dict(graph.meta) | ({"seq_len": todo["seq"]} if "seq" in todo else {})
+    out = Graph.of(graph.name, nodes, meta)
+    try:
+        validate_graph(out)
+    except GraphValidationError as e:
+        raise ConfigError(f"graph {graph.name!r} cannot be resized to {todo}: {e}; submit it built for "
+                          f"the micro-batch and sequence length you want") from None
+    return out
+
+
+def model_from_json(doc: dict[str, Any], name: str) -> ModelSource:
+    """A graph document (``format: parplan.graph/v1``) or an HF config (``model_type``)."""
+    if "nodes" in doc or doc.get("format", "").startswith("parplan.graph"):
+        graph = graph_from_json(doc)
+        validate_graph(graph)
+        return ModelSource(graph.name or name, graph=graph)
+    cfg = config_from_hf(doc, name=name)
+    return ModelSource(cfg.name, config=cfg)
+
+
+def resolve_model(spec: str) -> ModelSource:
+    """A preset name, or the path of a graph JSON / HF ``config.json`` file."""
+    path = Path(spec)
+    if spec.endswith(".json") or path.is_file():
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UnknownModelError(f"no such file: {spec}") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{spec}: not readable JSON ({e})") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{spec}: expected a JSON object")
+        return model_from_json(doc, name=path.parent.name if path.name == "config.json" else path.stem)
+    cfg = get_preset(spec)
+    return ModelSource(cfg.name, config=cfg)

@@ -1,0 +1,148 @@
+"""A uniform hybrid-parallel strategy (Megatron-LM style) and the tensor layouts it implies.
+
+TP splits attention heads, MLP hidden units and the vocabulary (Shoeybi et al. 2019); sequence
+parallelism additionally splits the sequence of the tensors TP leaves whole (Korthikanti et al.
+2022); PP cuts the blocks into stages; DP replicates the rest, with ZeRO sharding optionally;
+expert parallelism (MoE) splits the experts over part of the DP group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.layout import REPLICATED, TensorLayout
+from parplan.solver.errors import StrategyError
+from parplan.solver.ir import Graph, Node
+
+#: Dims tensor parallelism splits, in order of preference when a tensor has several.
+TP_DIMS = ("heads", "kv_heads", "ffn", "vocab", "classes")
+SEQ_DIMS = ("seq", "tgt_seq")
+
+
+class Schedule(StrEnum):
+    ONE_F_ONE_B = "1f1b"
+    GPIPE = "gpipe"
+    INTERLEAVED = "interleaved"
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Degrees and settings of a uniform strategy; ``tp * pp * dp`` devices.
+
+    ``num_microbatches`` micro-batches of ``micro_batch`` samples per data-parallel replica make
+    one step; ``partition`` (blocks per stage) defaults to an even split.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    recompute: Recompute = Recompute.SELECTIVE
+    micro_batch: int = 1
+    num_microbatches: int = 1
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    flash_attention: bool = True
+    precision: str = "bf16"
+    expert_parallel: int = 1
+    partition: tuple[int, ...] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel"):
+            if getattr(self, name) < 1:
+                raise StrategyError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise StrategyError(f"zero stage must be 0, 1, 2 or 3, got {self.zero}")
+        if self.sequence_parallel and self.tp == 1:
+            raise StrategyError("sequence parallelism needs tp > 1")
+        if self.dp % self.expert_parallel:
+            raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
+        if self.schedule is Schedule.INTERLEAVED:
+            if self.pp == 1:
+                raise StrategyError("the interleaved schedule needs pp > 1")
+            if self.num_microbatches % self.pp:
+                raise StrategyError(f"the interleaved schedule needs the micro-batch count "
+                                    f"({self.num_microbatches}) to be a multiple of pp ({self.pp})")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.num_microbatches * self.dp
+
+    @property
+    def recompute_policy(self) -> Recompute:
+        return self.recompute
+
+    def mesh(self) -> dict[str, int]:
+        """Mesh axes, outermost first: pipeline, data (split into expert-data x expert), tensor."""
+        ep = self.expert_parallel
+        return {"pp": self.pp, "edp": self.dp // ep, "ep": ep, "tp": self.tp}
+
+    @property
+    def data_axes(self) -> tuple[str, ...]:
+        return ("edp", "ep")
+
+    def describe(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.zero:
+            parts.append(f"zero{self.zero}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.expert_parallel > 1:
+            parts.append(f"ep{self.expert_parallel}")
+        parts.append(f"recompute={self.recompute.value}")
+        parts.append(f"mb{self.micro_batch}x{self.num_microbatches}")
+        parts.append(self.schedule.value + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else ""))
+        return " ".join(parts)
+
+
+def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
+    """Micro-batches per replica for a global batch; StrategyError unless it divides exactly."""
+    per = micro_batch * dp
+    if global_batch <= 0 or global_batch % per:
+        raise StrategyError(f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} "
+                            f"x data-parallel degree {dp} = {per}")
+    return global_batch // per
+
+
+def check_divisibility(graph: Graph, cfg: ParallelConfig) -> None:
+    """StrategyError when TP/SP/EP degrees do not divide the dims they split."""
+    sizes: dict[str, int] = {}
+    for n in graph.nodes:
+        for d, s in n.dims:
+            sizes.setdefault(d, s)
+    for d in ("heads", "kv_heads", "ffn"):
+        if d in sizes and sizes[d] % cfg.tp:
+            raise StrategyError(f"tp={cfg.tp} does not divide {d} ({sizes[d]})")
+    if cfg.sequence_parallel:
+        for d in SEQ_DIMS:
+            if d in sizes and sizes[d] % cfg.tp:
+                raise StrategyError(f"sequence parallel tp={cfg.tp} does not divide {d} ({sizes[d]})")
+    if cfg.expert_parallel > 1:
+        if "expert" not in sizes:
+            raise StrategyError("expert parallelism needs a model with experts")
+        if sizes["expert"] % cfg.expert_parallel:
+            raise StrategyError(f"ep={cfg.expert_parallel} does not divide the {sizes['expert']} experts")
+
+
+def megatron_layout(node: Node, cfg: ParallelConfig) -> TensorLayout:
+    """Layout of a node's tensor under ``cfg`` (graph built per replica, so no data split)."""
+    dims = dict(node.dims)
+    split: dict[str, tuple[str, ...]] = {}
+    if cfg.tp > 1:
+        tp_dim = next((d for d in TP_DIMS if d in dims), None)
+        if tp_dim is not None:
+            split[tp_dim] = ("tp",)
+        elif cfg.sequence_parallel and not node.is_parameter:
+            seq_dim = next((d for d in SEQ_DIMS if d in dims), None)
+            if seq_dim is not None:
+                split[seq_dim] = ("tp",)
+    if cfg.expert_parallel > 1 and node.is_parameter and "expert" in dims:
+        split["expert"] = ("ep",)
+    return TensorLayout.of(split) if split else REPLICATED

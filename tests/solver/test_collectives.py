@@ -1,0 +1,74 @@
+"""Alpha-beta collective costs against their closed forms."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from parplan.solver.cluster import Link
+from parplan.solver.cost.collectives import (
+    all_gather_seconds,
+    all_reduce_seconds,
+    all_to_all_seconds,
+    p2p_seconds,
+    reduce_scatter_seconds,
+)
+from parplan.solver.errors import ConfigError
+
+ranks = st.integers(1, 4096)
+sizes = st.floats(1.0, 1e12)
+links = st.builds(Link, st.floats(1e8, 1e12), st.floats(0.0, 1e-4))
+
+ONE_RING = [all_gather_seconds, reduce_scatter_seconds, all_to_all_seconds]
+
+
+@given(ranks, sizes, links)
+def test_all_reduce_closed_form(n: int, s: float, link: Link) -> None:
+    b, lat = link.bandwidth_bytes_per_s, link.latency_seconds
+    assert all_reduce_seconds(n, s, link) == pytest.approx(2 * (n - 1) / n * s / b + 2 * (n - 1) * lat)
+
+
+@pytest.mark.parametrize("fn", ONE_RING)
+@given(n=ranks, s=sizes, link=links)
+def test_one_ring_closed_form(fn: object, n: int, s: float, link: Link) -> None:
+    b, lat = link.bandwidth_bytes_per_s, link.latency_seconds
+    assert fn(n, s, link) == pytest.approx((n - 1) / n * s / b + (n - 1) * lat)  # type: ignore[operator]
+
+
+@given(sizes, links)
+def test_p2p_closed_form(s: float, link: Link) -> None:
+    assert p2p_seconds(s, link) == pytest.approx(s / link.bandwidth_bytes_per_s + link.latency_seconds)
+
+
+@given(ranks, sizes, links)
+def test_all_reduce_is_reduce_scatter_plus_all_gather(n: int, s: float, link: Link) -> None:
+    assert all_reduce_seconds(n, s, link) == pytest.approx(
+        reduce_scatter_seconds(n, s, link) + all_gather_seconds(n, s, link))
+
+
+@pytest.mark.parametrize("fn", [all_reduce_seconds, *ONE_RING])
+def test_single_rank_and_empty_buffer_are_free(fn: object) -> None:
+    link = Link(100e9, 5e-6)
+    assert fn(1, 1e9, link) == 0.0  # type: ignore[operator]
+    assert fn(8, 0, link) == 0.0  # type: ignore[operator]
+    assert p2p_seconds(0, link) == 0.0
+
+
+def test_worked_example() -> None:
+    # 1 GB all-reduce over 8 ranks at 100 GB/s, 10 µs: 2·7/8·10 ms + 14·10 µs = 17.64 ms.
+    link = Link(100e9, 10e-6)
+    assert all_reduce_seconds(8, 1e9, link) == pytest.approx(0.0175 + 0.00014)
+
+
+@pytest.mark.parametrize(("n", "s"), [(0, 1.0), (-1, 1.0), (4, -1.0), (4, float("inf"))])
+def test_bad_arguments(n: int, s: float) -> None:
+    with pytest.raises(ConfigError):
+        all_reduce_seconds(n, s, Link(1e9, 0.0))
+
+
+def test_link_validation() -> None:
+    with pytest.raises(ConfigError):
+        Link(0, 1e-6)
+    with pytest.raises(ConfigError):
+        Link(1e9, -1e-6)

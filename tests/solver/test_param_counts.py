@@ -1,0 +1,261 @@
+# ruff: noqa: N806  (upper-case letters follow the formulas' notation)
+"""Parameter counts of built graphs against independent closed forms and published totals.
+
+The closed forms below are written from the architectures (not from the builder): V vocab,
+S max positions (``cfg.seq_len``), h hidden, a heads, g kv heads, d head dim, f ffn, L layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parplan.solver.frontends.builder import build_graph
+from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.frontends.presets import PRESETS, get_preset
+
+
+def gpt_params(c: TransformerConfig) -> int:
+    V, S, h, a, g, d, f, L = c.vocab, c.seq_len, c.hidden, c.heads, c.n_kv_heads, c.d_head, c.ffn, c.layers
+    attn = (h * a * d + a * d) + 2 * (h * g * d + g * d) + (a * d * h + h)
+    mlp = (h * f + f) + (f * h + h)
+    layer = 2 * h + attn + 2 * h + mlp
+    head = 0 if c.tied_embeddings else V * h
+    return V * h + S * h + L * layer + 2 * h + head
+
+
+def llama_mlp(c: TransformerConfig) -> int:
+    return 3 * c.hidden * c.ffn
+
+
+def mixtral_mlp(c: TransformerConfig) -> int:
+    return c.hidden * c.num_experts + c.num_experts * 3 * c.hidden * c.ffn
+
+
+def llama_params(c: TransformerConfig) -> int:
+    V, h, a, g, d, L = c.vocab, c.hidden, c.heads, c.n_kv_heads, c.d_head, c.layers
+    mlp = mixtral_mlp(c) if c.family == "mixtral" else llama_mlp(c)
+    layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + mlp
+    head = 0 if c.tied_embeddings else V * h
+    return V * h + L * layer + h + head
+
+
+def bert_encoder_params(c: TransformerConfig) -> int:
+    """BertModel (embeddings, encoder, pooler) without the pre-training heads."""
+    V, S, T, h, a, d, f, L = c.vocab, c.seq_len, c.type_vocab, c.hidden, c.heads, c.d_head, c.ffn, c.layers
+    embeddings = V * h + S * h + T * h + 2 * h
+    attn = 3 * (h * a * d + a * d) + (a * d * h + h)
+    layer = attn + 2 * h + (h * f + f) + (f * h + h) + 2 * h
+    pooler = h * h + h
+    return embeddings + L * layer + pooler
+
+
+def bert_params(c: TransformerConfig) -> int:
+    mlm_head = (c.hidden * c.hidden + c.hidden) + 2 * c.hidden + c.vocab  # decoder weight tied
+    return bert_encoder_params(c) + mlm_head
+
+
+def t5_params(c: TransformerConfig) -> int:
+    V, h, a, d, f, B = c.vocab, c.hidden, c.heads, c.d_head, c.ffn, c.relative_buckets
+    attn = 4 * h * a * d
+    mlp = (3 if c.gated_mlp else 2) * h * f
+    encoder = c.layers * (2 * h + attn + mlp) + B * a + h
+    decoder = c.decoder_layers * (3 * h + 2 * attn + mlp) + B * a + h
+    head = 0 if c.tied_embeddings else V * h
+    return V * h + encoder + decoder + head
+
+
+def vit_params(c: TransformerConfig) -> int:
+    h, a, d, f, L, P, K = c.hidden, c.heads, c.d_head, c.ffn, c.layers, c.patch_size, c.num_classes
+    n = (c.image_size // P) ** 2
+    embed = (c.channels * P * P * h + h) + h + (n + 1) * h
+    attn = 4 * (h * a * d) + 3 * a * d + h
+    layer = 2 * h + attn + 2 * h + (h * f + f) + (f * h + h)
+    head = h * K + K if K > 0 else 0
+    return embed + L * layer + 2 * h + head
+
+
+CLOSED_FORM: dict[str, Callable[[TransformerConfig], int]] = {
+    "gpt": gpt_params,
+    "llama": llama_params,
+    "mixtral": llama_params,
+    "bert": bert_params,
+    "t5": t5_params,
+    "vit": vit_params,
+}
+
+# Totals published for the Hugging Face checkpoints (``model.num_parameters()``).
+PUBLISHED = {
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-13b": 13_015_864_320,
+    "llama-2-70b": 68_976_648_192,
+    "llama-3-8b": 8_030_261_248,
+    "llama-3-70b": 70_553_706_496,
+    "mixtral-8x7b": 46_702_792_704,
+    "t5-11b": 11_307_321_344,  # T5ForConditionalGeneration, lm_head tied to ``shared`` (counted once)
+}
+
+
+# --- the closed forms themselves (no builder) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_closed_form_matches_published(name: str) -> None:
+    cfg = get_preset(name)
+    assert CLOSED_FORM[cfg.family](cfg) == PUBLISHED[name]
+
+
+def test_bert_large_matches_published_bert_model() -> None:
+    """bert-large-uncased ``BertModel`` (with pooler) has 335,141,888 parameters."""
+    assert bert_encoder_params(get_preset("bert-large")) == 335_141_888
+
+
+def test_gpt_closed_form_matches_megatron_formula() -> None:
+    """Megatron-LM's 12·l·h²·(1 + 13/(12h) + (V+s)/(12lh)) omits only the final LayerNorm (2h)."""
+    for name, cfg in PRESETS.items():
+        if cfg.family != "gpt":
+            continue
+        L, h = cfg.layers, cfg.hidden
+        megatron = 12 * L * h * h + 13 * L * h + (cfg.vocab + cfg.seq_len) * h
+        assert gpt_params(cfg) == megatron + 2 * h, name
+        size = name.rsplit("-", 1)[1].rstrip("b")  # "1.7" or "175": rounded as the name is
+        decimals = len(size.partition(".")[2])
+        assert round(gpt_params(cfg) / 1e9, decimals) == float(size), name
+
+
+def test_vit_huge_is_632m() -> None:
+    assert vit_params(get_preset("vit-huge")) == pytest.approx(632e6, rel=1e-3)
+
+
+# --- builder against the closed forms ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_parameter_count(name: str) -> None:
+    cfg = PRESETS[name]
+    assert build_graph(cfg).parameter_count() == CLOSED_FORM[cfg.family](cfg)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_preset_matches_published_total(name: str) -> None:
+    assert build_graph(get_preset(name)).parameter_count() == PUBLISHED[name]
+
+
+def test_parameter_count_independent_of_batch_and_seq() -> None:
+    cfg = get_preset("gpt-1.7b").with_(layers=2)
+    want = gpt_params(cfg)
+    assert build_graph(cfg, batch=4, seq_len=128).parameter_count() == want
+
+
+# --- small random configs -------------------------------------------------------------------------------
+
+
+@st.composite
+def _attention_shape(draw: st.DrawFn, gqa: bool) -> dict[str, object]:
+    """heads, kv_heads (dividing heads when ``gqa``), hidden and an optional explicit head_dim."""
+    kv = draw(st.integers(1, 3))
+    heads = kv * draw(st.integers(1, 3)) if gqa else draw(st.integers(1, 4))
+    base = draw(st.integers(1, 6))
+    explicit = draw(st.one_of(st.none(), st.integers(1, 8)))
+    return {
+        "heads": heads,
+        "kv_heads": kv if gqa else None,
+        "hidden": heads * base,
+        "head_dim": explicit,
+    }
+
+
+def _common(draw: st.DrawFn, gqa: bool) -> dict[str, object]:
+    return {
+        **draw(_attention_shape(gqa)),
+        "layers": draw(st.integers(1, 3)),
+        "ffn": draw(st.integers(1, 24)),
+        "vocab": draw(st.integers(1, 40)),
+        "seq_len": draw(st.integers(1, 16)),
+    }
+
+
+@st.composite
+def gpt_configs(draw: st.DrawFn) -> TransformerConfig:
+    kw = _common(draw, gqa=draw(st.booleans()))
+    return TransformerConfig(family="gpt", name="g", tied_embeddings=draw(st.booleans()), **kw)  # type: ignore[arg-type]
+
+
+@st.composite
+def llama_configs(draw: st.DrawFn) -> TransformerConfig:
+    kw = _common(draw, gqa=True)
+    return TransformerConfig(family="llama", name="l", tied_embeddings=draw(st.booleans()), **kw)  # type: ignore[arg-type]
+
+
+@st.composite
+def mixtral_configs(draw: st.DrawFn) -> TransformerConfig:
+    kw = _common(draw, gqa=True)
+    experts = draw(st.integers(1, 4))
+    return TransformerConfig(
+        family="mixtral",
+        name="m",
+        num_experts=experts,
+        top_k=draw(st.integers(1, experts)),
+        tied_embeddings=draw(st.booleans()),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@st.composite
+def bert_configs(draw: st.DrawFn) -> TransformerConfig:
+    kw = _common(draw, gqa=False)
+    return TransformerConfig(family="bert", name="b", type_vocab=draw(st.integers(1, 3)), **kw)  # type: ignore[arg-type]
+
+
+@st.composite
+def t5_configs(draw: st.DrawFn) -> TransformerConfig:
+    kw = _common(draw, gqa=False)
+    return TransformerConfig(
+        family="t5",
+        name="t",
+        decoder_layers=draw(st.integers(1, 3)),
+        gated_mlp=draw(st.booleans()),
+        tied_embeddings=draw(st.booleans()),
+        relative_buckets=draw(st.integers(1, 8)),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@st.composite
+def vit_configs(draw: st.DrawFn) -> TransformerConfig:
+    kw = _common(draw, gqa=False)
+    patch = draw(st.integers(1, 4))
+    kw.update(vocab=0, seq_len=1)
+    return TransformerConfig(
+        family="vit",
+        name="v",
+        patch_size=patch,
+        image_size=patch * draw(st.integers(1, 4)),
+        channels=draw(st.integers(1, 3)),
+        num_classes=draw(st.integers(0, 5)),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+STRATEGIES: dict[str, st.SearchStrategy[TransformerConfig]] = {
+    "gpt": gpt_configs(),
+    "llama": llama_configs(),
+    "mixtral": mixtral_configs(),
+    "bert": bert_configs(),
+    "t5": t5_configs(),
+    "vit": vit_configs(),
+}
+
+
+@pytest.mark.parametrize("family", sorted(STRATEGIES))
+def test_random_small_configs(family: str) -> None:
+    @settings(max_examples=30, deadline=None)
+    @given(STRATEGIES[family])
+    def check(cfg: TransformerConfig) -> None:
+        assert cfg.family == family
+        assert build_graph(cfg).parameter_count() == CLOSED_FORM[family](cfg), cfg
+
+    check()
