@@ -1,4 +1,3 @@
-# ruff: noqa: N806  (upper-case letters follow the formulas' notation)
 """Parameter counts of built graphs against independent closed forms and published totals.
 
 The closed forms below are written from the architectures (not from the builder): V vocab,

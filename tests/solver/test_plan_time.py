@@ -1,0 +1,81 @@
+"""Step-time model: collective counts against Megatron-LM's known pattern, FLOPs against the
+closed-form count of Narayanan et al. (2021), and the pipeline bubble formula."""
+
+from __future__ import annotations
+
+import pytest
+
+from parplan.solver.cluster import make_cluster
+from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
+from parplan.solver.cost.compute import forward_flops
+from parplan.solver.cost.plan_time import plan_time
+from parplan.solver.frontends.builder import build_graph
+from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.strategy import ParallelConfig, Schedule
+
+
+def _gpt(layers: int, h: int = 1024, a: int = 16, s: int = 512, v: int = 4096) -> TransformerConfig:
+    return TransformerConfig("gpt", "t", layers, h, a, 4 * h, v, s)
+
+
+def _per_layer_tp_seconds(tp: int, sp: bool) -> float:
+    cluster = make_cluster(tp, tp, "A100-80GB")
+    cfg = ParallelConfig(tp=tp, sequence_parallel=sp)
+    t = [plan_time(build_graph(_gpt(n), batch=2), cfg, cluster).stages[0].tp_comm_seconds for n in (2, 3)]
+    return t[1] - t[0]
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_tensor_parallel_layer_does_four_all_reduces(tp: int) -> None:
+    """Megatron-LM: 2 all-reduces of the b·s·h activation in forward, 2 in backward, per layer."""
+    link = make_cluster(tp, tp, "A100-80GB").intra_node
+    nbytes = 2 * 512 * 1024 * 2
+    assert _per_layer_tp_seconds(tp, False) == pytest.approx(4 * all_reduce_seconds(tp, nbytes, link))
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_sequence_parallel_layer_does_four_all_gathers_and_four_reduce_scatters(tp: int) -> None:
+    link = make_cluster(tp, tp, "A100-80GB").intra_node
+    nbytes = 2 * 512 * 1024 * 2
+    expected = 4 * (all_gather_seconds(tp, nbytes, link) + reduce_scatter_seconds(tp, nbytes, link))
+    assert _per_layer_tp_seconds(tp, True) == pytest.approx(expected)
+
+
+def test_forward_flops_match_the_closed_form_for_gpt() -> None:
+    """Narayanan et al. count 96·b·s·L·h²·(1 + s/(6h) + V/(16·L·h)) for forward + backward +
+    recomputation: per layer 24·b·s·h²·(1 + s/(6h)) forward, and the logits 2·b·s·h·V forward
+    (not recomputed: 3 x 2bshV = 96bsLh²·V/(16Lh)). Causal attention halves the s/(6h) term.
+    Elementwise ops add a little; the model must agree within 1%."""
+    b, s, L, h, V = 2, 1024, 8, 2048, 51200
+    g = build_graph(TransformerConfig("gpt", "t", L, h, 16, 4 * h, V, s), batch=b)
+    total = sum(forward_flops(n, g) for n in g.nodes)
+    closed = 24 * b * s * L * h * h * (1 + s / (12 * h)) + 2 * b * s * h * V
+    assert total == pytest.approx(closed, rel=0.01)
+
+
+def test_pipeline_bubble_is_p_minus_1_over_m_for_balanced_stages() -> None:
+    """Balanced stages: step = (m + p − 1)·t_stage + tail; GPipe and 1F1B have the same bubble,
+    interleaving with v chunks divides it by v."""
+    g = build_graph(_gpt(8), batch=1)
+    cluster = make_cluster(4, 4, "A100-80GB")
+    for schedule, v in ((Schedule.ONE_F_ONE_B, 1), (Schedule.GPIPE, 1), (Schedule.INTERLEAVED, 2)):
+        t = plan_time(g, ParallelConfig(pp=4, num_microbatches=8, schedule=schedule, virtual_stages=v), cluster)
+        per = [s.microbatch_seconds for s in t.stages]
+        tail = max(s.dp_exposed_seconds + s.optimizer_seconds for s in t.stages)
+        assert t.step_seconds == pytest.approx(8 * max(per) + (sum(per) - max(per)) / v + tail)
+
+
+def test_data_parallel_all_reduce_of_fp32_gradients() -> None:
+    g = build_graph(_gpt(2), batch=1)
+    cluster = make_cluster(16, 8, "A100-80GB")
+    t = plan_time(g, ParallelConfig(dp=16), cluster)
+    grads = 4 * g.parameter_count()  # fp32 gradient accumulation buffers
+    assert t.stages[0].dp_comm_seconds == pytest.approx(all_reduce_seconds(16, grads, cluster.inter_node))
+
+
+def test_more_devices_more_throughput_for_a_fixed_batch() -> None:
+    g = build_graph(_gpt(4), batch=4)
+    one = plan_time(g, ParallelConfig(num_microbatches=8), make_cluster(1, 8, "H100-80GB"))
+    eight = plan_time(g, ParallelConfig(dp=8, num_microbatches=1), make_cluster(8, 8, "H100-80GB"))
+    assert one.tokens_per_step == eight.tokens_per_step
+    assert eight.tokens_per_second > 4 * one.tokens_per_second
