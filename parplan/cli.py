@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from parplan.solver.cluster import GPU_PRESETS, make_cluster
@@ -84,14 +84,23 @@ def _add_strategy_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole CLI: this module's subcommands plus the service's and the agent's. Every
+    subparser sets ``handler`` (a function of the parsed arguments returning the exit status)."""
+    from parplan.agent.commands import register as register_agent
+    from parplan.service.commands import register as register_service
+
     parser = argparse.ArgumentParser(prog="parplan", description="Automatic parallelism planner for training "
                                      "large models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
                          description="Predict per-device memory (by category) and step time of one strategy.")
     _add_strategy_args(mem)
+    mem.set_defaults(handler=cmd_memory)
     models = sub.add_parser("models", help="list model presets with their parameter counts")
     models.add_argument("--json", action="store_true", help="print one JSON document")
+    models.set_defaults(handler=cmd_models)
+    register_service(sub)
+    register_agent(sub)
     return parser
 
 
@@ -178,14 +187,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"memory": cmd_memory, "models": cmd_models}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return COMMANDS[args.command](args)
+        return handler(args)
     except (SolverError, UsageError) as e:
         print(f"parplan {args.command}: error: {e}", file=sys.stderr)
         return 2

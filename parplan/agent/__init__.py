@@ -1,0 +1,1 @@
+"""Validation agent: runs plans with torch.distributed and reports only what it measured."""

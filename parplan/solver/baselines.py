@@ -1,0 +1,152 @@
+"""Uniform strategies: enumeration, and the hand-made baselines every plan is compared with.
+
+- ``megatron``: what a Megatron-LM user would pick — TP inside a node (with sequence parallelism),
+  PP across nodes, DP for the rest, the distributed optimizer on or off, selective or full
+  recomputation, the micro-batch size — the fastest such configuration that fits;
+- ``zero3``: fully sharded data parallelism (ZeRO-3 / FSDP), no TP or PP;
+- ``dp``: plain data parallelism (DDP), no sharding.
+
+Each is the fastest configuration of its family that fits the memory budget; when none fits, the
+one needing the least memory is reported with ``fits = False``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.cluster import Cluster
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.errors import SolverError
+from parplan.solver.evaluate import Evaluation, evaluate_graph
+from parplan.solver.ir import Graph
+from parplan.solver.models import ModelSource
+from parplan.solver.strategy import ParallelConfig
+
+BASELINES = ("megatron", "zero3", "dp")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One uniform configuration before evaluation."""
+
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    sp: bool
+    recompute: Recompute
+    micro_batch: int
+
+
+def enumerate_uniform(cluster: Cluster, global_batch: int, num_blocks: int, *, tp_max: int | None = None,
+                      pp_choices: Iterable[int] | None = None, zeros: Iterable[int] = (0, 1, 2, 3),
+                      recomputes: Iterable[Recompute] = (Recompute.SELECTIVE, Recompute.FULL),
+                      micro_batches: Iterable[int] = (1, 2, 4, 8), allow_sp: bool = True) -> Iterator[Candidate]:
+    """Every uniform configuration whose degrees factor the devices and the batch."""
+    n = cluster.num_devices
+    tp_cap = tp_max if tp_max is not None else cluster.gpus_per_node
+    pps = list(pp_choices) if pp_choices is not None else divisors(n)
+    for tp in divisors(n):
+        if tp > tp_cap:
+            continue
+        for pp in pps:
+            if (n // tp) % pp or pp > num_blocks:
+                continue
+            dp = n // (tp * pp)
+            for mb in micro_batches:
+                if global_batch % (mb * dp):
+                    continue
+                for zero in zeros:
+                    if dp == 1 and zero:
+                        continue
+                    for sp in ((False, True) if tp > 1 and allow_sp else (False,)):
+                        for rc in recomputes:
+                            yield Candidate(tp, pp, dp, zero, sp, rc, mb)
+
+
+class UniformEvaluator:
+    """Evaluates candidates, building each micro-batch's graph once."""
+
+    def __init__(self, model: ModelSource, cluster: Cluster, global_batch: int, seq_len: int | None,
+                 calibration: Calibration = DEFAULT_CALIBRATION, precision: str = "bf16") -> None:
+        self.model = model
+        self.cluster = cluster
+        self.global_batch = global_batch
+        self.seq_len = seq_len
+        self.calibration = calibration
+        self.precision = precision
+        self._graphs: dict[int, Graph] = {}
+        self.evaluations = 0
+
+    def graph(self, micro_batch: int) -> Graph:
+        if micro_batch not in self._graphs:
+            self._graphs[micro_batch] = self.model.build(micro_batch, self.seq_len)
+        return self._graphs[micro_batch]
+
+    def config(self, c: Candidate) -> ParallelConfig:
+        return ParallelConfig(tp=c.tp, pp=c.pp, dp=c.dp, zero=c.zero, sequence_parallel=c.sp, recompute=c.recompute,
+                              micro_batch=c.micro_batch, num_microbatches=self.global_batch // (c.micro_batch * c.dp),
+                              precision=self.precision)
+
+    def evaluate(self, c: Candidate) -> Evaluation | None:
+        """The evaluation, or None when the strategy does not apply to the model (e.g. TP > heads)."""
+        g = self.graph(c.micro_batch)
+        self.evaluations += 1
+        try:
+            return evaluate_graph(g, self.model.name, g.parameter_count(), self.cluster, self.config(c),
+                                  self.calibration)
+        except SolverError:
+            return None
+
+
+def best_of(evals: Iterable[Evaluation], budget_bytes: float) -> Evaluation | None:
+    """Fastest evaluation within the budget; if none fits, the one needing the least memory."""
+    fitting: list[Evaluation] = []
+    smallest: Evaluation | None = None
+    for e in evals:
+        if e.memory.peak_bytes <= budget_bytes:
+            fitting.append(e)
+        if smallest is None or e.memory.peak_bytes < smallest.memory.peak_bytes:
+            smallest = e
+    if fitting:
+        return min(fitting, key=lambda e: (e.time.step_seconds, e.memory.peak_bytes))
+    return smallest
+
+
+def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> Iterator[Candidate]:
+    if name == "megatron":
+        # TP inside a node (always with sequence parallelism), PP and DP for the rest.
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1)):
+            if cluster.gpus_per_node % c.tp == 0 and (c.tp > 1) == c.sp:
+                yield c
+    elif name == "zero3":
+        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(3,))
+    elif name == "dp":
+        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(0,))
+    else:
+        raise SolverError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
+
+
+def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: int) -> Evaluation | None:
+    """The baseline ``name``: the fastest of its family that fits (or the smallest if none does)."""
+    cands = _family(name, ev.cluster, ev.global_batch, num_blocks)
+    return best_of((e for c in cands if (e := ev.evaluate(c)) is not None), budget_bytes)
+
+
+def evaluate_all(ev: UniformEvaluator, cands: Iterable[Candidate],
+                 progress: Callable[[float], None] | None = None) -> list[Evaluation]:
+    items = list(cands)
+    out = []
+    for i, c in enumerate(items):
+        e = ev.evaluate(c)
+        if e is not None:
+            out.append(e)
+        if progress is not None and (i % 16 == 0 or i == len(items) - 1):
+            progress((i + 1) / len(items))
+    return out

@@ -1,0 +1,233 @@
+"""Plan requests: parse and validate them (cheap, safe in a request path), and solve them.
+
+``parse_plan_request`` takes the HTTP body shape of DESIGN.md (also built by the CLI) and raises
+:class:`~parplan.solver.errors.SolverError` subclasses with a ``field`` for anything invalid, so a
+service can answer 422 before a job exists. ``solve`` runs the search (seconds to minutes) and
+returns the plan document whose keys DESIGN.md fixes (the same as ``parplan plan --json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from parplan.solver import SOLVER_VERSION
+from parplan.solver.baselines import BASELINES, UniformEvaluator, baseline, best_of, enumerate_uniform, evaluate_all
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.cluster import Cluster, make_cluster
+from parplan.solver.cost.pipeline import blocks_of
+from parplan.solver.errors import ConfigError, SolverError
+from parplan.solver.evaluate import Evaluation
+from parplan.solver.frontends.presets import get_preset
+from parplan.solver.models import ModelSource, model_from_json
+
+Objective = Literal["min-memory", "max-throughput"]
+Search = Literal["auto", "ilp", "dp"]
+ProgressFn = Callable[[str, float], None]
+
+#: Limits that keep one request within what a worker can solve (also enforced by the service).
+MAX_DEVICES = 1 << 17
+MAX_GLOBAL_BATCH = 1 << 24
+
+
+class RequestError(ConfigError):
+    """A plan request field is invalid; ``field`` is its dotted location in the request body."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A validated plan request. Sizes in samples/tokens; memory in bytes; time in seconds."""
+
+    model: ModelSource
+    cluster: Cluster
+    global_batch: int
+    seq_len: int
+    micro_batch: int | None = None
+    objective: Objective = "min-memory"
+    alpha: float | None = None
+    max_slowdown: float = 0.1
+    memory_budget_bytes: int | None = None
+    search: Search = "auto"
+    time_limit_seconds: float = 60.0
+    calibration: Calibration = DEFAULT_CALIBRATION
+
+    @property
+    def budget_bytes(self) -> int:
+        """Memory each device may use: the budget if given, else the device's memory."""
+        return self.memory_budget_bytes or self.cluster.device_memory_bytes
+
+
+def _int(body: Mapping[str, Any], key: str, where: str, default: int | None = None, lo: int = 1,
+         hi: int | None = None) -> int | None:
+    v = body.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RequestError(f"{where}.{key}", f"expected an integer, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        raise RequestError(f"{where}.{key}", f"must be between {lo} and {hi}" if hi else f"must be >= {lo}")
+    return v
+
+
+def _num(body: Mapping[str, Any], key: str, where: str, default: float | None) -> float | None:
+    v = body.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v < 0:
+        raise RequestError(f"{where}.{key}", f"expected a non-negative number, got {v!r}")
+    return float(v)
+
+
+def _model(spec: Any) -> ModelSource:
+    if not isinstance(spec, Mapping) or len(spec) != 1:
+        raise RequestError("model", "give exactly one of preset, hf_config, graph")
+    (kind, value), = spec.items()
+    try:
+        if kind == "preset":
+            if not isinstance(value, str):
+                raise RequestError("model.preset", "expected a preset name")
+            cfg = get_preset(value)
+            return ModelSource(cfg.name, config=cfg)
+        if kind in ("hf_config", "graph"):
+            if not isinstance(value, Mapping):
+                raise RequestError(f"model.{kind}", "expected a JSON object")
+            return model_from_json(dict(value), name=str(value.get("name") or value.get("_name_or_path") or kind))
+    except RequestError:
+        raise
+    except SolverError as e:
+        raise RequestError(f"model.{kind}", str(e)) from None
+    raise RequestError("model", f"unknown model kind {kind!r}; give preset, hf_config or graph")
+
+
+def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAULT_CALIBRATION) -> PlanRequest:
+    """Validate a request body (DESIGN.md's shape) into a :class:`PlanRequest`. Raises RequestError."""
+    if not isinstance(body, Mapping):
+        raise RequestError("body", "expected a JSON object")
+    model = _model(body.get("model"))
+    cl = body.get("cluster") or {}
+    if not isinstance(cl, Mapping):
+        raise RequestError("cluster", "expected an object")
+    gpus = _int(cl, "gpus", "cluster", hi=MAX_DEVICES)
+    if gpus is None:
+        raise RequestError("cluster.gpus", "required")
+    try:
+        cluster = make_cluster(gpus, _int(cl, "gpus_per_node", "cluster"), str(cl.get("gpu") or "A100-80GB"),
+                               _num(cl, "gpu_memory_gib", "cluster", None))
+    except ConfigError as e:
+        raise RequestError("cluster", str(e)) from None
+    tr = body.get("training") or {}
+    if not isinstance(tr, Mapping):
+        raise RequestError("training", "expected an object")
+    seq = _int(tr, "seq_len", "training", default=model.default_seq_len)
+    gb = _int(tr, "global_batch", "training", default=max(gpus, 1), hi=MAX_GLOBAL_BATCH)
+    mb = _int(tr, "micro_batch", "training")
+    ob = body.get("objective") or {}
+    if not isinstance(ob, Mapping):
+        raise RequestError("objective", "expected an object")
+    kind = ob.get("kind", "min-memory")
+    if kind not in ("min-memory", "max-throughput"):
+        raise RequestError("objective.kind", "must be min-memory or max-throughput")
+    slowdown = _num(ob, "max_slowdown", "objective", 0.1)
+    budget_gib = _num(ob, "memory_budget_gib", "objective", None)
+    search = body.get("search", "auto")
+    if search not in ("auto", "ilp", "dp"):
+        raise RequestError("search", "must be auto, ilp or dp")
+    limit = _num(body, "time_limit", "request", 60.0)
+    assert seq is not None and gb is not None and slowdown is not None and limit is not None
+    if limit <= 0:
+        raise RequestError("time_limit", "must be > 0 seconds")
+    return PlanRequest(model=model, cluster=cluster, global_batch=gb, seq_len=seq, micro_batch=mb, objective=kind,
+                       alpha=_num(ob, "alpha", "objective", None), max_slowdown=slowdown,
+                       memory_budget_bytes=int(budget_gib * 2**30) if budget_gib else None, search=search,
+                       time_limit_seconds=limit, calibration=calibration)
+
+
+def canonical_request(body: Mapping[str, Any]) -> str:
+    """The request as canonical JSON (sorted keys, no spaces) with defaults applied, for hashing."""
+    req = parse_plan_request(body)
+    doc = {
+        "model": dict(body["model"]),
+        "cluster": {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
+                    "gpu": req.cluster.gpu.name, "memory_bytes": req.cluster.device_memory_bytes},
+        "training": {"global_batch": req.global_batch, "seq_len": req.seq_len, "micro_batch": req.micro_batch},
+        "objective": {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
+                      "memory_budget_bytes": req.memory_budget_bytes},
+        "search": req.search, "time_limit": req.time_limit_seconds,
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def request_hash(body: Mapping[str, Any]) -> str:
+    """sha256 of the canonical request and the solver version (the plan cache key)."""
+    return hashlib.sha256(f"{SOLVER_VERSION}\n{canonical_request(body)}".encode()).hexdigest()
+
+
+def _choose(evals: list[Evaluation], req: PlanRequest) -> tuple[Evaluation | None, str]:
+    """Apply the objective to evaluated candidates: (chosen, status)."""
+    budget = req.budget_bytes
+    fitting = [e for e in evals if e.memory.peak_bytes <= budget]
+    if not fitting:
+        return None, "infeasible"
+    fastest = min(fitting, key=lambda e: (e.time.step_seconds, e.memory.peak_bytes))
+    if req.objective == "max-throughput":
+        return fastest, "optimal"
+    if req.alpha is not None:
+        alpha = req.alpha  # GiB of memory one second of step time is worth
+        return min(fitting, key=lambda e: e.memory.peak_bytes + alpha * e.time.step_seconds * 2**30), "optimal"
+    limit = fastest.time.step_seconds * (1 + req.max_slowdown)
+    within = [e for e in fitting if e.time.step_seconds <= limit]
+    return min(within, key=lambda e: (e.memory.peak_bytes, e.time.step_seconds)), "optimal"
+
+
+def _relative(plan: Evaluation, base: Evaluation | None) -> dict[str, Any] | None:
+    if base is None:
+        return None
+    return {"memory": plan.memory.peak_bytes / base.memory.peak_bytes,
+            "time": plan.time.step_seconds / base.time.step_seconds,
+            "throughput": plan.time.tokens_per_second / base.time.tokens_per_second}
+
+
+def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Search for the plan and return its document (raises SolverError on bad combinations)."""
+    t0 = time.perf_counter()
+    report: ProgressFn = progress or (lambda stage, fraction: None)
+    report("building", 0.0)
+    ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration)
+    num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
+    mbs = (req.micro_batch,) if req.micro_batch else (1, 2, 4, 8)
+    report("baselines", 0.05)
+    bases = {name: baseline(name, ev, req.budget_bytes, num_blocks) for name in BASELINES}
+    report("search", 0.2)
+    cands = enumerate_uniform(req.cluster, req.global_batch, num_blocks, micro_batches=mbs)
+    evals = evaluate_all(ev, cands, lambda f: report("search", 0.2 + 0.75 * f))
+    chosen, status = _choose(evals, req)
+    least = best_of(evals, 0.0)
+    report("done", 1.0)
+    seconds = time.perf_counter() - t0
+    if chosen is None:
+        doc: dict[str, Any] = {
+            "memory": None, "time": None, "strategy": None,
+            "least_memory": least.to_dict() if least else None,
+            "message": (f"no strategy fits {req.budget_bytes / 2**30:.1f} GiB per device; the least memory any "
+                        f"evaluated strategy needs is {least.memory.peak_bytes / 2**30:.1f} GiB"
+                        if least else "no strategy applies to this model and cluster"),
+        }
+    else:
+        doc = chosen.to_dict()
+    doc["baselines"] = {n: (b.to_dict() | {"fits": b.fits}) if b else None for n, b in bases.items()}
+    if chosen is not None:
+        doc["relative"] = {n: _relative(chosen, b) for n, b in bases.items()}
+    doc["objective"] = {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
+                        "memory_budget_bytes": req.budget_bytes}
+    doc["solver"] = {"method": "grid", "status": status, "seconds": seconds, "gap": 0.0 if chosen else None,
+                     "evaluated": ev.evaluations, "version": SOLVER_VERSION,
+                     "why": "exhaustive search over uniform (Megatron-style) strategies"}
+    return doc

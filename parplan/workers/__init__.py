@@ -1,0 +1,1 @@
+"""Job execution: the Celery app and tasks, and the in-process executor of the embedded default."""
