@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
 from parplan.solver.evaluate import Evaluation, evaluate_graph
 from parplan.solver.ir import Graph
@@ -82,11 +83,13 @@ class UniformEvaluator:
         self.calibration = calibration
         self.precision = precision
         self._graphs: dict[int, Graph] = {}
+        self._costs: dict[int, GraphCosts] = {}
         self.evaluations = 0
 
     def graph(self, micro_batch: int) -> Graph:
         if micro_batch not in self._graphs:
             self._graphs[micro_batch] = self.model.build(micro_batch, self.seq_len)
+            self._costs[micro_batch] = GraphCosts(self._graphs[micro_batch])
         return self._graphs[micro_batch]
 
     def config(self, c: Candidate) -> ParallelConfig:
@@ -100,7 +103,7 @@ class UniformEvaluator:
         self.evaluations += 1
         try:
             return evaluate_graph(g, self.model.name, g.parameter_count(), self.cluster, self.config(c),
-                                  self.calibration)
+                                  self.calibration, self._costs[c.micro_batch])
         except SolverError:
             return None
 

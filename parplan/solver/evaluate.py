@@ -13,6 +13,7 @@ from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
+from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
@@ -84,13 +85,15 @@ class Evaluation:
 
 
 def evaluate_graph(graph: Graph, name: str, parameters: int, cluster: Cluster, strategy: ParallelConfig,
-                   calibration: Calibration = DEFAULT_CALIBRATION) -> Evaluation:
-    """Evaluate ``strategy`` for a graph already built for one micro-batch."""
+                   calibration: Calibration = DEFAULT_CALIBRATION, costs: GraphCosts | None = None) -> Evaluation:
+    """Evaluate ``strategy`` for a graph already built for one micro-batch (``costs``: a unit-cost
+    cache of that graph to reuse across evaluations)."""
     if strategy.world != cluster.num_devices:
         raise StrategyError(f"tp x pp x dp = {strategy.tp} x {strategy.pp} x {strategy.dp} = {strategy.world} "
                             f"does not match the {cluster.num_devices} devices")
-    mem = plan_memory(graph, strategy)
-    t = plan_time(graph, strategy, cluster, calibration)
+    gc = costs or GraphCosts(graph)
+    mem = plan_memory(graph, strategy, gc)
+    t = plan_time(graph, strategy, cluster, calibration, gc)
     seq = int(graph.meta.get("seq_len", 0) or 0)
     return Evaluation(name, parameters, seq, cluster, strategy, mem, t, calibration)
 

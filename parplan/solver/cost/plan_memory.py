@@ -9,20 +9,21 @@ micro-batch times the stage's in-flight count, and a temporary peak: the largest
   that block's unsharded gradient before its reduce-scatter,
 - the gradient of the logits (the last stage),
 - a sequence-parallel all-gather of one block's input.
+
+Units (blocks) are priced once per distinct structure by :class:`~parplan.solver.cost.units.GraphCosts`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of, saved_items
-from parplan.solver.cost.layout import TensorLayout
-from parplan.solver.cost.memory import Memory, MemoryContext, activation_memory, model_state_memory
-from parplan.solver.cost.pipeline import in_flight_microbatches, node_stages, stage_of_units
-from parplan.solver.cost.precision import get_precision
-from parplan.solver.ir import Graph, Node, OpKind
-from parplan.solver.strategy import ParallelConfig, check_divisibility, megatron_layout
+from parplan.solver.cost.memory import Memory, MemoryBreakdown
+from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
+from parplan.solver.cost.precision import Precision, get_precision
+from parplan.solver.cost.units import GraphCosts, ParamGroup, UnitStrategy
+from parplan.solver.ir import Graph
+from parplan.solver.strategy import ParallelConfig, check_divisibility
 
 
 @dataclass(frozen=True)
@@ -54,79 +55,69 @@ class PlanMemory:
         return self.peak_stage.peak_bytes
 
 
-def memory_context(cfg: ParallelConfig) -> MemoryContext:
-    """Context of one pipeline stage: its devices are the mesh without the ``pp`` axis."""
-    stage_mesh = {a: s for a, s in cfg.mesh().items() if a != "pp"}
-    return MemoryContext(mesh=stage_mesh, precision=get_precision(cfg.precision), zero_stage=cfg.zero,
-                         data_axes=cfg.data_axes, recompute=cfg.recompute, flash_attention=cfg.flash_attention,
-                         per_replica_graph=True)
+def unit_strategy(cfg: ParallelConfig) -> UnitStrategy:
+    return UnitStrategy(tp=cfg.tp, sp=cfg.sequence_parallel, ep=cfg.expert_parallel, recompute=cfg.recompute,
+                        flash_attention=cfg.flash_attention)
 
 
-def plan_memory(graph: Graph, cfg: ParallelConfig) -> PlanMemory:
+def model_states(groups: Mapping[ParamGroup, float], cfg: ParallelConfig, prec: Precision) -> Memory:
+    """Weights, gradients and optimizer states of parameter elements, with ZeRO over the data
+    axes: dense parameters shard over all ``dp`` ranks, expert parameters over ``dp / ep``."""
+    held = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
+    redundant = dict(held)
+    per_elem = {"parameters": (prec.param_bytes, cfg.zero >= 3), "gradients": (prec.grad_bytes, cfg.zero >= 2),
+                "optimizer_states": (prec.optimizer_state_bytes, cfg.zero >= 1)}
+    for group, elems in groups.items():
+        nz = cfg.dp // cfg.expert_parallel if group.expert else cfg.dp
+        rep = cfg.tp if group.tp_replicated else 1
+        for cat, (nbytes, sharded) in per_elem.items():
+            h = elems * nbytes / (nz if sharded else 1)
+            r = rep * (1 if sharded else nz)
+            held[cat] += h
+            redundant[cat] += h * (1 - 1 / r)
+    return Memory(MemoryBreakdown(**held), MemoryBreakdown(**redundant))
+
+
+def _merge(a: dict[ParamGroup, float], b: Mapping[ParamGroup, float]) -> None:
+    for g, e in b.items():
+        a[g] = a.get(g, 0.0) + e
+
+
+def stage_units(costs: GraphCosts, cfg: ParallelConfig) -> tuple[dict[str, int], list[list[str]]]:
+    unit_stage = stage_of_units(costs.graph, cfg.pp, cfg.partition)
+    by_stage: list[list[str]] = [[] for _ in range(cfg.pp)]
+    for u in costs.units:
+        by_stage[unit_stage.get(u, 0)].append(u)
+    return unit_stage, by_stage
+
+
+def plan_memory(graph: Graph, cfg: ParallelConfig, costs: GraphCosts | None = None) -> PlanMemory:
     """Memory of every stage of ``graph`` (built for one micro-batch) under ``cfg``."""
     check_divisibility(graph, cfg)
-    ctx = memory_context(cfg)
-    layouts = {n.id: megatron_layout(n, cfg) for n in graph.nodes}
-    unit_stage = stage_of_units(graph, cfg.pp, cfg.partition)
-    stage_of = node_stages(graph, unit_stage)
-    by_stage: list[list[Node]] = [[] for _ in range(cfg.pp)]
-    for n in graph.nodes:
-        if not n.is_parameter:
-            by_stage[stage_of[n.id]].append(n)
+    gc = costs or GraphCosts(graph)
+    prec = get_precision(cfg.precision)
+    s = unit_strategy(cfg)
+    _, by_stage = stage_units(gc, cfg)
     stages = []
-    for s, nodes in enumerate(by_stage):
-        stages.append(_stage_memory(graph, s, nodes, layouts, ctx, cfg,
-                                    tuple(u for u, st in unit_stage.items() if st == s)))
+    for stage, units in enumerate(by_stage):
+        groups: dict[ParamGroup, float] = {}
+        act = act_red = 0.0
+        temp = 0.0
+        for u in units:
+            c = gc.unit_cost(u, s, prec)
+            _merge(groups, c.params)
+            act += c.act_bytes
+            act_red += c.act_redundant_bytes
+            temp = max(temp, c.recompute_peak_bytes, c.logits_grad_bytes, c.sp_gather_bytes)
+            if cfg.zero >= 3 and gc.nodes[u] and u != "" and u.rpartition(".")[2].isdigit():
+                temp = max(temp, c.param_elems_all * (2 * prec.param_bytes + prec.grad_bytes))
+        _merge(groups, gc.shared_param_elems(units, s))
+        shared_act, shared_red = gc.shared_item_bytes(units, s, prec.activation_bytes)
+        act += shared_act
+        act_red += shared_red
+        flight = in_flight_microbatches(stage, cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages)
+        states = model_states(groups, cfg, prec)
+        held = states.bytes.replace(activations=act * flight, temporary=temp)
+        red = states.redundant.replace(activations=act_red * flight)
+        stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight))
     return PlanMemory(tuple(stages))
-
-
-def _stage_memory(graph: Graph, stage: int, nodes: list[Node], layouts: dict[str, TensorLayout],
-                  ctx: MemoryContext, cfg: ParallelConfig, units: tuple[str, ...]) -> StageMemory:
-    def layout_of_node(n: Node) -> TensorLayout:
-        return layouts[n.id]
-
-    def layout_of_id(nid: str) -> TensorLayout:
-        return layouts[nid]
-
-    params = [graph.node(i) for n in nodes for i in n.inputs if graph.node(i).is_parameter]
-    states = model_state_memory(params, layout_of_node, ctx)
-    act_bytes = ctx.precision.activation_bytes
-    items = list(saved_items(graph, nodes, act_bytes, flash_attention=ctx.flash_attention, recompute=ctx.recompute))
-    per_mb, per_mb_redundant = activation_memory(items, layout_of_id, ctx)
-    flight = in_flight_microbatches(stage, cfg.pp, cfg.num_microbatches, cfg.schedule, cfg.virtual_stages)
-    temp = _temporary_bytes(graph, nodes, layouts, ctx, cfg, layout_of_node, layout_of_id)
-    held = states.bytes.replace(activations=per_mb * flight, temporary=temp)
-    redundant = states.redundant.replace(activations=per_mb_redundant * flight)
-    return StageMemory(stage, units, Memory(held, redundant), per_mb, flight)
-
-
-def _temporary_bytes(graph: Graph, nodes: list[Node], layouts: dict[str, TensorLayout], ctx: MemoryContext,
-                     cfg: ParallelConfig, layout_of_node: Callable[[Node], TensorLayout],
-                     layout_of_id: Callable[[str], TensorLayout]) -> float:
-    act_bytes = ctx.precision.activation_bytes
-    blocks: dict[str, list[Node]] = {}
-    for n in nodes:
-        b = block_of(n)
-        if b is not None:
-            blocks.setdefault(b, []).append(n)
-    candidates = [0.0]
-    if ctx.recompute is Recompute.FULL:
-        for members in blocks.values():
-            inner: list[SavedItem] = list(saved_items(graph, members, act_bytes, flash_attention=ctx.flash_attention,
-                                                      recompute=Recompute.SELECTIVE))
-            candidates.append(activation_memory(inner, layout_of_id, ctx)[0])
-    if ctx.zero_stage >= 3:
-        unsharded = MemoryContext(ctx.mesh, ctx.precision, 0, (), ctx.recompute, ctx.flash_attention)
-        for members in blocks.values():
-            params = [graph.node(i) for n in members for i in n.inputs if graph.node(i).is_parameter]
-            m = model_state_memory(params, layout_of_node, unsharded).bytes
-            candidates.append(2 * m.parameters + m.gradients)
-    for n in nodes:
-        if n.kind is OpKind.CROSS_ENTROPY:
-            logits = graph.node(n.inputs[0])
-            candidates.append(logits.numel * act_bytes / layouts[logits.id].shards(ctx.mesh))
-    if cfg.sequence_parallel:
-        for n in nodes:
-            if n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
-                candidates.append(n.numel * act_bytes)  # the gathered (full-sequence) block input
-    return max(candidates)

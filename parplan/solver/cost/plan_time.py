@@ -21,29 +21,22 @@ weights, gradients and optimizer states once).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
 from parplan.solver.cluster import Cluster, DeviceMesh
-from parplan.solver.cost.activations import Recompute, block_of
 from parplan.solver.cost.collectives import (
     all_gather_seconds,
     all_reduce_seconds,
     p2p_seconds,
     reduce_scatter_seconds,
 )
-from parplan.solver.cost.compute import backward_seconds, forward_seconds
-from parplan.solver.cost.layout import TensorLayout
-from parplan.solver.cost.memory import MemoryContext, model_state_memory
-from parplan.solver.cost.pipeline import node_stages, stage_of_units
-from parplan.solver.cost.plan_memory import memory_context
-from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.plan_memory import model_states, stage_units, unit_strategy
+from parplan.solver.cost.precision import Precision, get_precision
+from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv
 from parplan.solver.errors import StrategyError
-from parplan.solver.ir import Graph, Node, OpKind
-from parplan.solver.strategy import ParallelConfig, Schedule, megatron_layout
-
-_FLOATS = frozenset({"bf16", "fp16", "fp32", "tf32"})
+from parplan.solver.ir import Graph
+from parplan.solver.strategy import ParallelConfig, Schedule
 
 
 @dataclass(frozen=True)
@@ -83,169 +76,79 @@ class PlanTime:
         return 0.0 if self.step_seconds <= 0 else max(0.0, 1 - busy * self.num_microbatches / self.step_seconds)
 
 
-def plan_time(graph: Graph, cfg: ParallelConfig, cluster: Cluster,
-              calibration: Calibration = DEFAULT_CALIBRATION) -> PlanTime:
+def plan_time(graph: Graph, cfg: ParallelConfig, cluster: Cluster, calibration: Calibration = DEFAULT_CALIBRATION,
+              costs: GraphCosts | None = None) -> PlanTime:
     """Predicted step time of ``graph`` (built for one micro-batch) under ``cfg`` on ``cluster``."""
     if cfg.world != cluster.num_devices:
         raise StrategyError(f"tp*pp*dp = {cfg.world} but the cluster has {cluster.num_devices} devices")
+    gc = costs or GraphCosts(graph)
     cl = apply(cluster, calibration)
     mesh = DeviceMesh.of(cl, cfg.mesh())
-    ctx = memory_context(cfg)
-    layouts = {n.id: megatron_layout(n, cfg) for n in graph.nodes}
-    unit_stage = stage_of_units(graph, cfg.pp, cfg.partition)
-    stage_of = node_stages(graph, unit_stage)
-    by_stage: list[list[Node]] = [[] for _ in range(cfg.pp)]
-    for n in graph.nodes:
-        if not n.is_parameter:
-            by_stage[stage_of[n.id]].append(n)
-    stages = tuple(_stage_time(graph, s, nodes, layouts, ctx, cfg, cl, mesh, calibration, stage_of)
-                   for s, nodes in enumerate(by_stage))
+    prec = get_precision(cfg.precision)
+    s = unit_strategy(cfg)
+    env = TimeEnv(cl.gpu, calibration, prec, mesh.link("tp", cl) if cfg.tp > 1 else None)
+    unit_stage, by_stage = stage_units(gc, cfg)
+    pp_link = mesh.link("pp", cl)
+    stages = []
+    for stage, units in enumerate(by_stage):
+        fwd = bwd = rec = tp = 0.0
+        groups: dict[ParamGroup, float] = {}
+        for u in units:
+            c = gc.unit_cost(u, s, prec, env)
+            fwd += c.forward_seconds
+            bwd += c.backward_seconds
+            rec += c.recompute_seconds
+            tp += c.tp_comm_seconds
+            for g, e in c.params.items():
+                groups[g] = groups.get(g, 0.0) + e
+        for g, e in gc.shared_param_elems(units, s).items():
+            groups[g] = groups.get(g, 0.0) + e
+        boundary = gc.boundary_bytes(units, lambda u: unit_stage.get(u, 0), stage, s, prec.activation_bytes)
+        p2p = sum(2 * p2p_seconds(b, pp_link) for b in boundary) if cfg.pp > 1 else 0.0
+        dp_comm, dp_exposed = _dp_comm_seconds(groups, cfg, prec, mesh, cl, fwd + bwd)
+        opt = _optimizer_seconds(groups, cfg, prec, cl, calibration)
+        stages.append(StageTime(stage, fwd, bwd, rec, tp, p2p, dp_comm, dp_exposed, opt))
     m, v = cfg.num_microbatches, cfg.virtual_stages if cfg.schedule is Schedule.INTERLEAVED else 1
-    per_mb = [s.microbatch_seconds for s in stages]
+    per_mb = [st.microbatch_seconds for st in stages]
     t_max = max(per_mb)
     pipeline = m * t_max + (sum(per_mb) - t_max) / v
-    tail = max(s.dp_exposed_seconds + s.optimizer_seconds for s in stages)
+    tail = max(st.dp_exposed_seconds + st.optimizer_seconds for st in stages)
     seq = int(graph.meta.get("seq_len", 0) or 0)
-    tokens = cfg.global_batch * seq
-    return PlanTime(stages, pipeline + tail, tokens, m)
+    return PlanTime(tuple(stages), pipeline + tail, cfg.global_batch * seq, m)
 
 
-def _compute_dtype(node: Node, prec: Precision) -> str:
-    return prec.compute_dtype if node.dtype in _FLOATS else node.dtype
-
-
-def _work_shards(node: Node, graph: Graph, layouts: Mapping[str, TensorLayout], mesh: Mapping[str, int]) -> int:
-    """Devices an operator's work is divided over: the most split of its output and inputs."""
-    best = layouts[node.id].shards(mesh)
-    for i in node.inputs:
-        best = max(best, layouts[i].shards(mesh))
-    return best
-
-
-def _stage_time(graph: Graph, stage: int, nodes: list[Node], layouts: Mapping[str, TensorLayout],
-                ctx: MemoryContext, cfg: ParallelConfig, cluster: Cluster, mesh: DeviceMesh,
-                calibration: Calibration, stage_of: Mapping[str, int]) -> StageTime:
-    sizes = dict(mesh.axes)
-    prec = ctx.precision
-    act = prec.activation_bytes
-    fwd = bwd = rec = 0.0
-    for n in nodes:
-        if n.kind in (OpKind.INPUT, OpKind.PARAMETER):
-            continue
-        k = _work_shards(n, graph, layouts, sizes)
-        dt = _compute_dtype(n, prec)
-        f = forward_seconds(n, graph, cluster.gpu, calibration, act, dt) / k
-        fwd += f
-        bwd += backward_seconds(n, graph, cluster.gpu, calibration, act, dt) / k
-        recomputed = (cfg.recompute is Recompute.FULL and block_of(n) is not None) or (
-            cfg.recompute is Recompute.SELECTIVE and not cfg.flash_attention and n.kind is OpKind.ATTENTION)
-        if recomputed:
-            rec += f
-    tp_comm = _tp_comm_seconds(graph, nodes, layouts, cfg, cluster, mesh, act)
-    p2p = _p2p_seconds(graph, nodes, layouts, cfg, cluster, mesh, act, stage, stage_of)
-    dp_comm, dp_exposed = _dp_comm_seconds(graph, nodes, layouts, ctx, cfg, cluster, mesh, bwd + fwd)
-    opt = _optimizer_seconds(graph, nodes, layouts, ctx, cluster, calibration)
-    return StageTime(stage, fwd, bwd, rec, tp_comm, p2p, dp_comm, dp_exposed, opt)
-
-
-def _tp_comm_seconds(graph: Graph, nodes: list[Node], layouts: Mapping[str, TensorLayout], cfg: ParallelConfig,
-                     cluster: Cluster, mesh: DeviceMesh, act: int) -> float:
-    if cfg.tp == 1:
-        return 0.0
-    link = mesh.link("tp", cluster)
-    n_tp = cfg.tp
-    seconds = 0.0
-    column_inputs: set[str] = set()
-    for n in nodes:
-        if n.kind not in (OpKind.EINSUM, OpKind.EMBEDDING):
-            continue
-        ins = [graph.node(i) for i in n.inputs]
-        weights = [i for i in ins if i.is_parameter]
-        acts = [i for i in ins if not i.is_parameter]
-        if not weights or not acts:
-            continue
-        w_split = {d for d, _ in layouts[weights[0].id].split}
-        out_dims = set(dict(n.dims))
-        full_bytes = n.numel * act
-        if n.kind is OpKind.EMBEDDING or (w_split and not w_split & out_dims):
-            # Row-parallel (or vocab-parallel lookup): partial sums to reduce.
-            if cfg.sequence_parallel:
-                seconds += reduce_scatter_seconds(n_tp, full_bytes, link) + all_gather_seconds(n_tp, full_bytes, link)
-            else:
-                seconds += all_reduce_seconds(n_tp, full_bytes, link)
-        elif w_split & out_dims and acts[0].id not in column_inputs:
-            column_inputs.add(acts[0].id)
-            in_bytes = acts[0].numel * act
-            if cfg.sequence_parallel:
-                seconds += all_gather_seconds(n_tp, in_bytes, link) + reduce_scatter_seconds(n_tp, in_bytes, link)
-            else:
-                seconds += all_reduce_seconds(n_tp, in_bytes, link)
-    return seconds
-
-
-def _p2p_seconds(graph: Graph, nodes: list[Node], layouts: Mapping[str, TensorLayout], cfg: ParallelConfig,
-                 cluster: Cluster, mesh: DeviceMesh, act: int, stage: int, stage_of: Mapping[str, int]) -> float:
-    """Receive activations from the previous stage and their gradients from the next (one per
-    boundary tensor); a send costs the receiver's link time, counted once per boundary."""
-    if cfg.pp == 1:
-        return 0.0
-    link = mesh.link("pp", cluster)
-    sizes = dict(mesh.axes)
-    seconds = 0.0
-    seen: set[str] = set()
-    for n in nodes:
-        for i in n.inputs:
-            src = graph.node(i)
-            if src.is_parameter or src.kind is OpKind.INPUT or i in seen or stage_of[i] == stage:
-                continue
-            seen.add(i)
-            nbytes = src.numel * act / layouts[i].shards(sizes)
-            seconds += 2 * p2p_seconds(nbytes, link)  # activation in forward, its gradient in backward
-    return seconds
-
-
-def _stage_params(graph: Graph, nodes: list[Node]) -> list[Node]:
-    seen: dict[str, Node] = {}
-    for n in nodes:
-        for i in n.inputs:
-            p = graph.node(i)
-            if p.is_parameter:
-                seen.setdefault(p.id, p)
-    return list(seen.values())
-
-
-def _dp_comm_seconds(graph: Graph, nodes: list[Node], layouts: Mapping[str, TensorLayout], ctx: MemoryContext,
-                     cfg: ParallelConfig, cluster: Cluster, mesh: DeviceMesh, mb_compute: float) -> tuple[float, float]:
+def _dp_comm_seconds(groups: dict[ParamGroup, float], cfg: ParallelConfig, prec: Precision, mesh: DeviceMesh,
+                     cluster: Cluster, mb_compute: float) -> tuple[float, float]:
     """(total, exposed) seconds of data-parallel traffic per step.
 
     ZeRO 0: all-reduce the gradients; 1-2: reduce-scatter gradients and all-gather updated
     weights; 3: additionally all-gather the weights for every micro-batch's forward and backward
     (hidden behind that micro-batch's compute as far as it lasts). The once-per-step gradient
-    traffic hides behind the last micro-batch's backward.
+    traffic hides behind the last micro-batch's backward (two thirds of its compute).
     """
     if cfg.dp == 1:
         return 0.0, 0.0
     axes = [a for a in cfg.data_axes if dict(mesh.axes)[a] > 1]
     link = mesh.group_link(axes, cluster)
-    unsharded = MemoryContext(ctx.mesh, ctx.precision, 0, (), ctx.recompute, ctx.flash_attention)
-    local = model_state_memory(_stage_params(graph, nodes), lambda p: layouts[p.id], unsharded).bytes
+    elems = sum(groups.values())
+    params, grads = elems * prec.param_bytes, elems * prec.grad_bytes
     n = cfg.dp
     if cfg.zero == 0:
-        grad_sync = all_reduce_seconds(n, local.gradients, link)
+        grad_sync = all_reduce_seconds(n, grads, link)
     else:
-        grad_sync = reduce_scatter_seconds(n, local.gradients, link) + all_gather_seconds(n, local.parameters, link)
+        grad_sync = reduce_scatter_seconds(n, grads, link) + all_gather_seconds(n, params, link)
     exposed = max(0.0, grad_sync - mb_compute * 2 / 3)
     total = grad_sync
     if cfg.zero >= 3:
-        per_mb = 2 * all_gather_seconds(n, local.parameters, link)
+        per_mb = 2 * all_gather_seconds(n, params, link)
         total += per_mb * cfg.num_microbatches
         exposed += max(0.0, per_mb - mb_compute) * cfg.num_microbatches
     return total, exposed
 
 
-def _optimizer_seconds(graph: Graph, nodes: list[Node], layouts: Mapping[str, TensorLayout], ctx: MemoryContext,
-                       cluster: Cluster, calibration: Calibration) -> float:
+def _optimizer_seconds(groups: dict[ParamGroup, float], cfg: ParallelConfig, prec: Precision, cluster: Cluster,
+                       calibration: Calibration) -> float:
     """Adam reads gradients and optimizer states and writes weights and states once."""
-    mem = model_state_memory(_stage_params(graph, nodes), lambda p: layouts[p.id], ctx).bytes
+    mem = model_states(groups, cfg, prec).bytes
     nbytes = mem.gradients + 2 * mem.optimizer_states + mem.parameters
     return nbytes / (cluster.gpu.hbm_bandwidth_bytes_per_s * calibration.memory_efficiency)

@@ -1,0 +1,328 @@
+"""Costs per *unit* (a layer tag: ``embed``, ``layers.3``, ``head``), computed once per distinct unit.
+
+A transformer repeats one block tens of times; every strategy evaluation would otherwise walk every
+operator of every block. :class:`GraphCosts` analyses the graph once — which units are structurally
+identical, which parameters and saved tensors several units share — and then prices a unit under
+a per-unit strategy (:class:`UnitStrategy`) once per distinct structure. Plans (uniform or
+per-layer, as the DP search builds) are sums of unit costs plus the shared items, counted once per
+pipeline stage that needs them.
+
+Everything here is a rearrangement of the per-operator models in :mod:`.activations`,
+:mod:`.memory`, :mod:`.compute` and :mod:`.collectives`; no new cost assumptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from parplan.solver.calibration import Calibration
+from parplan.solver.cluster import GpuSpec, Link
+from parplan.solver.cost.activations import Recompute, SavedItem, block_of, saved_items
+from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
+from parplan.solver.cost.compute import backward_seconds, forward_seconds
+from parplan.solver.cost.layout import REPLICATED, TensorLayout
+from parplan.solver.cost.pipeline import units_of
+from parplan.solver.cost.precision import Precision
+from parplan.solver.ir import Graph, Node, OpKind
+from parplan.solver.strategy import SEQ_DIMS, TP_DIMS
+
+_FLOATS = frozenset({"bf16", "fp16", "fp32", "tf32"})
+
+
+@dataclass(frozen=True)
+class UnitStrategy:
+    """What changes a unit's per-device costs apart from data parallelism: TP degree, sequence
+    parallelism, expert-parallel degree, recomputation, flash attention."""
+
+    tp: int = 1
+    sp: bool = False
+    ep: int = 1
+    recompute: Recompute = Recompute.SELECTIVE
+    flash_attention: bool = True
+
+
+def unit_layout(node: Node, s: UnitStrategy) -> TensorLayout:
+    """Megatron-LM layout of a tensor: TP splits heads / ffn / vocab, SP splits the sequence of
+    the other activations, EP splits the experts of expert weights. Graph built per replica, so
+    nothing is split over data axes."""
+    dims = node.shape
+    split: dict[str, tuple[str, ...]] = {}
+    if s.tp > 1:
+        tp_dim = next((d for d in TP_DIMS if d in dims), None)
+        if tp_dim is not None:
+            split[tp_dim] = ("tp",)
+        elif s.sp and not node.is_parameter:
+            seq_dim = next((d for d in SEQ_DIMS if d in dims), None)
+            if seq_dim is not None:
+                split[seq_dim] = ("tp",)
+    if s.ep > 1 and node.is_parameter and "expert" in dims:
+        split["expert"] = ("ep",)
+    return TensorLayout.of(split) if split else REPLICATED
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameter elements one device holds (before ZeRO), grouped by how they replicate."""
+
+    tp_replicated: bool  # not split by TP, so every TP rank holds a copy
+    expert: bool  # split over the expert-parallel axis (ZeRO shards them over the rest of DP)
+
+
+@dataclass
+class UnitCost:
+    """Per-device costs of one unit under one :class:`UnitStrategy` (one micro-batch where it applies)."""
+
+    params: dict[ParamGroup, float] = field(default_factory=dict)  # local elements, shared params excluded
+    param_elems_all: float = 0.0  # every parameter the unit uses (ZeRO-3 gathers them all)
+    act_bytes: float = 0.0  # saved for backward, shared items excluded
+    act_redundant_bytes: float = 0.0
+    recompute_peak_bytes: float = 0.0  # the unit's own activations rebuilt in backward (full recompute)
+    logits_grad_bytes: float = 0.0
+    sp_gather_bytes: float = 0.0
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
+    recompute_seconds: float = 0.0
+    tp_comm_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class TimeEnv:
+    """Hardware a unit's time depends on."""
+
+    gpu: GpuSpec
+    calibration: Calibration
+    precision: Precision
+    tp_link: Link | None
+
+
+class GraphCosts:
+    """One graph's unit structure, and a cache of unit costs per strategy.
+
+    Units are the graph's layer tags; two units are *alike* when their operators, shapes and
+    wiring match (names aside), and then cost the same under every strategy.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.units = units_of(graph)
+        self.nodes: dict[str, list[Node]] = {u: [] for u in self.units}
+        for n in graph.nodes:
+            if not n.is_parameter:
+                self.nodes.setdefault(n.layer or "", []).append(n)
+        self.params: dict[str, list[Node]] = {}
+        users: dict[str, set[str]] = {}
+        for u, nodes in self.nodes.items():
+            seen: dict[str, Node] = {}
+            for n in nodes:
+                for i in n.inputs:
+                    p = graph.node(i)
+                    if p.is_parameter:
+                        seen.setdefault(p.id, p)
+                        users.setdefault(p.id, set()).add(u)
+            self.params[u] = list(seen.values())
+        self.shared_params = {p for p, us in users.items() if len(us) > 1}
+        self.unit_of = {n.id: n.layer or "" for n in graph.nodes}
+        self.external_inputs: dict[str, list[str]] = {}
+        for u, nodes in self.nodes.items():
+            ext: dict[str, None] = {}
+            for n in nodes:
+                for i in n.inputs:
+                    src = graph.node(i)
+                    if self.unit_of[i] != u and not src.is_parameter and src.kind is not OpKind.INPUT:
+                        ext.setdefault(i, None)
+            self.external_inputs[u] = list(ext)
+        signatures: dict[Hashable, str] = {}
+        self.representative: dict[str, str] = {}
+        for u in self.nodes:
+            sig = self._signature(u)
+            self.representative[u] = signatures.setdefault(sig, u)
+        self._items: dict[tuple[Recompute, bool, int], tuple[dict[str, list[SavedItem]], set[str]]] = {}
+        self._costs: dict[tuple[str, UnitStrategy, TimeEnv | None], UnitCost] = {}
+
+    # ------------------------------------------------------------------ analysis
+    def _signature(self, unit: str) -> Hashable:
+        local = {n.id: k for k, n in enumerate(self.nodes[unit])}
+        plocal = {p.id: k for k, p in enumerate(self.params[unit])}
+        sig: list[Any] = [tuple((p.dims, p.id in self.shared_params) for p in self.params[unit])]
+        for n in self.nodes[unit]:
+            refs: list[tuple[Any, ...]] = []
+            for i in n.inputs:
+                if i in local:
+                    refs.append(("n", local[i]))
+                elif i in plocal:
+                    refs.append(("p", plocal[i]))
+                else:
+                    src = self.graph.node(i)
+                    refs.append(("x", src.kind.value, src.dims, src.dtype))
+            sig.append((n.kind.value, n.dims, n.dtype, _freeze(n.attrs), tuple(refs), block_of(n) is None))
+        return tuple(sig)
+
+    def saved(self, recompute: Recompute, flash: bool, act_bytes: int) -> tuple[dict[str, list[SavedItem]], set[str]]:
+        """Saved items per unit, and the keys that several units save (counted once per stage)."""
+        key = (recompute, flash, act_bytes)
+        if key not in self._items:
+            per_unit: dict[str, list[SavedItem]] = {}
+            savers: dict[str, set[str]] = {}
+            for u, nodes in self.nodes.items():
+                items = list(saved_items(self.graph, nodes, act_bytes, flash_attention=flash, recompute=recompute))
+                per_unit[u] = items
+                for it in items:
+                    savers.setdefault(it.key, set()).add(u)
+            shared = {k for k, us in savers.items() if len(us) > 1}
+            self._items[key] = (per_unit, shared)
+        return self._items[key]
+
+    # ------------------------------------------------------------------ pricing
+    def unit_cost(self, unit: str, s: UnitStrategy, precision: Precision, env: TimeEnv | None = None) -> UnitCost:
+        """Costs of ``unit`` under ``s`` (memory always; time when ``env`` is given)."""
+        rep = self.representative[unit]
+        key = (rep, s, env)
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._price(rep, s, precision, env)
+            self._costs[key] = cost
+        return cost
+
+    def _price(self, unit: str, s: UnitStrategy, prec: Precision, env: TimeEnv | None) -> UnitCost:
+        mesh = {"tp": s.tp, "ep": s.ep}
+        c = UnitCost()
+        for p in self.params[unit]:
+            lay = unit_layout(p, s)
+            local = p.numel / lay.shards(mesh)
+            c.param_elems_all += local
+            if p.id in self.shared_params:
+                continue
+            group = ParamGroup(tp_replicated=s.tp > 1 and "tp" not in lay.axes, expert="ep" in lay.axes)
+            c.params[group] = c.params.get(group, 0.0) + local
+        per_unit, shared = self.saved(s.recompute, s.flash_attention, prec.activation_bytes)
+        c.act_bytes, c.act_redundant_bytes = self.item_bytes((it for it in per_unit[unit] if it.key not in shared), s)
+        nodes = self.nodes[unit]
+        if nodes and s.recompute is Recompute.FULL and block_of(nodes[0]) is not None:
+            inner = saved_items(self.graph, nodes, prec.activation_bytes, flash_attention=s.flash_attention,
+                                recompute=Recompute.SELECTIVE)
+            c.recompute_peak_bytes = self.item_bytes(inner, s)[0]
+        for n in nodes:
+            if n.kind is OpKind.CROSS_ENTROPY:
+                logits = self.graph.node(n.inputs[0])
+                c.logits_grad_bytes = max(c.logits_grad_bytes, logits.numel * prec.activation_bytes
+                                          / unit_layout(logits, s).shards(mesh))
+            if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
+                c.sp_gather_bytes = max(c.sp_gather_bytes, n.numel * prec.activation_bytes)
+        if env is not None:
+            self._price_time(unit, s, env, c)
+        return c
+
+    def item_bytes(self, items: Iterable[SavedItem], s: UnitStrategy) -> tuple[float, float]:
+        """(bytes, redundant bytes) of saved items on one device, deduplicated by key."""
+        mesh = {"tp": s.tp, "ep": s.ep}
+        seen: set[str] = set()
+        held = redundant = 0.0
+        for it in items:
+            if it.key in seen:
+                continue
+            seen.add(it.key)
+            lay = unit_layout(self.graph.node(it.owner), s)
+            local = it.total_bytes / lay.shards(mesh, it.dims)
+            held += local
+            if s.tp > 1 and "tp" not in lay.axes:
+                redundant += local * (1 - 1 / s.tp)
+        return held, redundant
+
+    def _price_time(self, unit: str, s: UnitStrategy, env: TimeEnv, c: UnitCost) -> None:
+        mesh = {"tp": s.tp, "ep": s.ep}
+        prec = env.precision
+        act = prec.activation_bytes
+        graph = self.graph
+        for n in self.nodes[unit]:
+            if n.kind is OpKind.INPUT:
+                continue
+            k = unit_layout(n, s).shards(mesh)
+            for i in n.inputs:
+                k = max(k, unit_layout(graph.node(i), s).shards(mesh))
+            dt = prec.compute_dtype if n.dtype in _FLOATS else n.dtype
+            f = forward_seconds(n, graph, env.gpu, env.calibration, act, dt) / k
+            c.forward_seconds += f
+            c.backward_seconds += backward_seconds(n, graph, env.gpu, env.calibration, act, dt) / k
+            recomputed = (s.recompute is Recompute.FULL and block_of(n) is not None) or (
+                s.recompute is Recompute.SELECTIVE and not s.flash_attention and n.kind is OpKind.ATTENTION)
+            if recomputed:
+                c.recompute_seconds += f
+        if s.tp > 1 and env.tp_link is not None:
+            c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act)
+
+    def _tp_comm(self, unit: str, s: UnitStrategy, link: Link, act: int) -> float:
+        """Megatron-LM's tensor-parallel collectives implied by the layouts (see plan_time)."""
+        seconds = 0.0
+        column_inputs: set[str] = set()
+        n_tp = s.tp
+        for n in self.nodes[unit]:
+            if n.kind not in (OpKind.EINSUM, OpKind.EMBEDDING):
+                continue
+            ins = [self.graph.node(i) for i in n.inputs]
+            weights = [i for i in ins if i.is_parameter]
+            acts = [i for i in ins if not i.is_parameter]
+            if not weights or not acts:
+                continue
+            w_split = {d for d, _ in unit_layout(weights[0], s).split if d != "expert"}
+            out_dims = set(n.shape)
+            full_bytes = n.numel * act
+            if n.kind is OpKind.EMBEDDING or (w_split and not w_split & out_dims):
+                if s.sp:
+                    seconds += reduce_scatter_seconds(n_tp, full_bytes, link) + all_gather_seconds(n_tp, full_bytes,
+                                                                                                    link)
+                else:
+                    seconds += all_reduce_seconds(n_tp, full_bytes, link)
+            elif w_split & out_dims and acts[0].id not in column_inputs:
+                column_inputs.add(acts[0].id)
+                in_bytes = acts[0].numel * act
+                if s.sp:
+                    seconds += all_gather_seconds(n_tp, in_bytes, link) + reduce_scatter_seconds(n_tp, in_bytes, link)
+                else:
+                    seconds += all_reduce_seconds(n_tp, in_bytes, link)
+        return seconds
+
+    # ------------------------------------------------------------------ shared pieces of a stage
+    def shared_param_elems(self, units: Iterable[str], s: UnitStrategy) -> dict[ParamGroup, float]:
+        """Local elements of the parameters several units share, once for the given units."""
+        mesh = {"tp": s.tp, "ep": s.ep}
+        out: dict[ParamGroup, float] = {}
+        seen: set[str] = set()
+        for u in units:
+            for p in self.params[u]:
+                if p.id in self.shared_params and p.id not in seen:
+                    seen.add(p.id)
+                    lay = unit_layout(p, s)
+                    g = ParamGroup(tp_replicated=s.tp > 1 and "tp" not in lay.axes, expert="ep" in lay.axes)
+                    out[g] = out.get(g, 0.0) + p.numel / lay.shards(mesh)
+        return out
+
+    def shared_item_bytes(self, units: Iterable[str], s: UnitStrategy, act_bytes: int) -> tuple[float, float]:
+        """Saved buffers several units share, counted once for the given units."""
+        per_unit, shared = self.saved(s.recompute, s.flash_attention, act_bytes)
+        items = (it for u in units for it in per_unit[u] if it.key in shared)
+        return self.item_bytes(items, s)
+
+    def boundary_bytes(self, units: Iterable[str], stage_of_unit: Callable[[str], int], stage: int,
+                       s: UnitStrategy, act_bytes: int) -> list[float]:
+        """Per-device bytes of each tensor a stage receives from another stage."""
+        mesh = {"tp": s.tp, "ep": s.ep}
+        out: list[float] = []
+        seen: set[str] = set()
+        for u in units:
+            for i in self.external_inputs[u]:
+                if i in seen or stage_of_unit(self.unit_of[i]) == stage:
+                    continue
+                seen.add(i)
+                src = self.graph.node(i)
+                out.append(src.numel * act_bytes / unit_layout(src, s).shards(mesh))
+        return out
+
+
+def _freeze(value: Any) -> Hashable:
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value  # type: ignore[no-any-return]
