@@ -155,7 +155,7 @@ class GraphCosts:
                     refs.append(("p", plocal[i]))
                 else:
                     src = self.graph.node(i)
-                    refs.append(("x", src.kind.value, src.dims, src.dtype))
+                    refs.append(("x", src.dims, src.dtype))
             sig.append((n.kind.value, n.dims, n.dtype, _freeze(n.attrs), tuple(refs), block_of(n) is None))
         return tuple(sig)
 

@@ -1,0 +1,1 @@
+"""ILP search for minimal-memory intra-operator strategies (the memory-redundancy paper)."""

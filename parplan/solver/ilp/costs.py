@@ -1,0 +1,181 @@
+"""Memory and time of one operator under one strategy, and of one resharding edge.
+
+Memory (bytes per device, the redundant-memory cost model):
+
+- parameters the operator owns (it is their first reader): weights, gradients and optimizer
+  states at the layout the strategy gives them, ZeRO-sharded over the strategy's data axes;
+- activations saved for backward whose owner is this operator's output, at its output layout
+  (partial sums count as reduced, i.e. replicated); buffers owned by graph inputs (token ids) are
+  charged to the operator that saves them, at its input layout.
+
+Time (seconds per training step of ``m`` micro-batches):
+
+- forward + backward (+ recomputed forward) roofline time divided by the devices the work is split over;
+- the gradient of an activation input is partial along axes that split the work but not that
+  input: an all-reduce per micro-batch;
+- parameter gradients are partial along axes that split the work but not the parameter: once per
+  step an all-reduce (ZeRO 0) or a reduce-scatter plus an all-gather of the updated weights
+  (ZeRO 1-2); ZeRO-3 also all-gathers the weights in every micro-batch's forward and backward;
+- vocabulary-parallel cross entropy all-reduces three per-token statistics; expert-parallel
+  dispatch and combine each do an all-to-all forward and backward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from parplan.solver.calibration import Calibration
+from parplan.solver.cluster import GpuSpec, Link
+from parplan.solver.cost.activations import Recompute, SavedItem, block_of
+from parplan.solver.cost.collectives import (
+    all_gather_seconds,
+    all_reduce_seconds,
+    all_to_all_seconds,
+    reduce_scatter_seconds,
+)
+from parplan.solver.cost.compute import backward_seconds, forward_seconds
+from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.memory import MemoryBreakdown
+from parplan.solver.cost.precision import Precision
+from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, output_layout, work_shards
+from parplan.solver.ir import Graph, Node, OpKind
+
+_FLOATS = frozenset({"bf16", "fp16", "fp32", "tf32"})
+
+
+@dataclass(frozen=True)
+class IlpContext:
+    """Everything an operator's cost depends on besides its strategy."""
+
+    graph: Graph
+    mesh: Mesh
+    links: Mapping[str, Link]  # per mesh axis
+    gpu: GpuSpec
+    calibration: Calibration
+    precision: Precision
+    microbatches: int
+    recompute: Recompute
+    flash_attention: bool
+    owned_params: Mapping[str, Sequence[int]]  # op id -> input positions of the parameters it owns
+    saved_by_owner: Mapping[str, Sequence[SavedItem]]  # op id -> buffers saved at its output
+    saved_at_input: Mapping[str, Sequence[tuple[int, SavedItem]]]  # op id -> (position, item) of input-owned
+
+    def group_link(self, axes: Sequence[str]) -> Link:
+        """Slowest link among ``axes`` (the group spans all of them)."""
+        links = [self.links[a] for a in axes]
+        return min(links, key=lambda lk: lk.bandwidth_bytes_per_s) if links else next(iter(self.links.values()))
+
+    def group_size(self, axes: Sequence[str]) -> int:
+        sizes = self.mesh.sizes
+        return math.prod(sizes[a] for a in axes)
+
+
+@dataclass(frozen=True)
+class StrategyCost:
+    memory: MemoryBreakdown
+    redundant: MemoryBreakdown
+    seconds: float
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory.total
+
+
+def _local(nbytes: float, layout: TensorLayout, mesh: Mesh, dims: frozenset[str] | None = None) -> float:
+    return nbytes / layout.shards(mesh.sizes, dims)
+
+
+def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[str]) -> StrategyCost:
+    """Per-device memory and per-step seconds of ``node`` under ``s``."""
+    g, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
+    sizes = mesh.sizes
+    m = ctx.microbatches
+    held = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0, "activations": 0.0}
+    redundant = dict(held)
+    seconds = 0.0
+    worked = {a for a, d in zip(mesh.names, s.assignment, strict=True) if d is not None}
+    data = set(data_axes(s, mesh))
+
+    # --- parameters it owns
+    for pos in ctx.owned_params.get(node.id, ()):
+        p = g.node(node.inputs[pos])
+        lay = input_layout(node, pos, g, s, mesh)
+        local = p.numel / lay.shards(sizes)
+        replicated = [a for a in mesh.names if a not in lay.axes and sizes[a] > 1]
+        zero_axes = [a for a in replicated if a in data]
+        nz = ctx.group_size(zero_axes)
+        rep = ctx.group_size(replicated)
+        for cat, nbytes, sharded in (("parameters", prec.param_bytes, s.zero >= 3),
+                                     ("gradients", prec.grad_bytes, s.zero >= 2),
+                                     ("optimizer_states", prec.optimizer_state_bytes, s.zero >= 1)):
+            h = local * nbytes / (nz if sharded else 1)
+            held[cat] += h
+            redundant[cat] += h * (1 - 1 / (rep // nz if sharded else rep))
+        partial = [a for a in replicated if a in worked]
+        if partial:
+            grads, weights = local * prec.grad_bytes, local * prec.param_bytes
+            dp_axes = [a for a in partial if a in data]
+            other = [a for a in partial if a not in data]
+            if other:
+                seconds += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
+            if dp_axes:
+                n, link = ctx.group_size(dp_axes), ctx.group_link(dp_axes)
+                if s.zero == 0:
+                    seconds += all_reduce_seconds(n, grads, link)
+                else:
+                    seconds += reduce_scatter_seconds(n, grads, link) + all_gather_seconds(n, weights, link)
+                if s.zero >= 3:
+                    seconds += 2 * m * all_gather_seconds(n, weights, link)
+
+    # --- saved activations
+    out_layout = output_layout(node, s, mesh, partial_dims)
+    saved_layout = TensorLayout(out_layout.split)  # partial sums are reduced before anyone saves them
+    act_replicas = math.prod(sizes[a] for a in mesh.names if a not in saved_layout.axes)
+    for it in ctx.saved_by_owner.get(node.id, ()):
+        local = _local(it.total_bytes, saved_layout, mesh, it.dims)
+        held["activations"] += local
+        redundant["activations"] += local * (1 - 1 / act_replicas)
+    for pos, it in ctx.saved_at_input.get(node.id, ()):
+        lay = input_layout(node, pos, g, s, mesh)
+        local = _local(it.total_bytes, lay, mesh, it.dims)
+        held["activations"] += local
+        redundant["activations"] += local * (1 - 1 / math.prod(sizes[a] for a in mesh.names if a not in lay.axes))
+
+    # --- compute
+    act_bytes = prec.activation_bytes
+    dt = prec.compute_dtype if node.dtype in _FLOATS else node.dtype
+    k = work_shards(s, mesh)
+    fwd = forward_seconds(node, g, ctx.gpu, ctx.calibration, act_bytes, dt) / k
+    bwd = backward_seconds(node, g, ctx.gpu, ctx.calibration, act_bytes, dt) / k
+    recomputed = (ctx.recompute is Recompute.FULL and block_of(node) is not None) or (
+        ctx.recompute is Recompute.SELECTIVE and not ctx.flash_attention and node.kind is OpKind.ATTENTION)
+    seconds += m * (fwd + bwd + (fwd if recomputed else 0.0))
+
+    # --- gradients of activation inputs that come out partial
+    for pos, i in enumerate(node.inputs):
+        src = g.node(i)
+        if src.is_parameter or src.kind is OpKind.INPUT:
+            continue
+        lay = input_layout(node, pos, g, s, mesh)
+        axes = [a for a in worked if a not in lay.axes and sizes[a] > 1]
+        if axes:
+            local = src.numel * act_bytes / lay.shards(sizes)
+            seconds += m * all_reduce_seconds(ctx.group_size(axes), local, ctx.group_link(axes))
+
+    # --- operator-specific collectives
+    if node.kind is OpKind.CROSS_ENTROPY:
+        cdim = str(node.attrs.get("class_dim", "vocab"))
+        axes = list(s.axes_of(mesh, cdim))
+        if axes:
+            stats = node.numel * 4 / out_layout.shards(sizes)
+            seconds += m * 3 * all_reduce_seconds(ctx.group_size(axes), stats, ctx.group_link(axes))
+    if node.kind in (OpKind.DISPATCH, OpKind.COMBINE):
+        axes = list(s.axes_of(mesh, "expert"))
+        if axes:
+            moved = (node.numel if node.kind is OpKind.DISPATCH else g.node(node.inputs[0]).numel) * act_bytes
+            local = moved / out_layout.shards(sizes) if node.kind is OpKind.DISPATCH else moved / math.prod(
+                sizes[a] for a in axes)
+            seconds += m * 2 * all_to_all_seconds(ctx.group_size(axes), local, ctx.group_link(axes))
+    return StrategyCost(MemoryBreakdown(**held), MemoryBreakdown(**redundant), seconds)

@@ -1,0 +1,229 @@
+"""Build the auxiliary problem of a graph on a mesh, with repeated layers sharing variables.
+
+Operators of structurally identical units (``layers.0`` ... ``layers.N``, see
+:class:`~parplan.solver.cost.units.GraphCosts`) map to the operator at the same position of the
+first such unit; the ILP decides for that representative and the choice applies to every copy, its
+costs counted once per copy. Original edges map to classes ``(rep producer, rep consumer,
+argument position)``; a class's costs are counted once per original edge in it.
+
+Zero-cost views (``reshape``) with a single producer *follow* it: they take the layout their
+producer gives them and are not ILP variables. This loses nothing: a view costs nothing itself, and
+converting a layout directly never costs more than through an intermediate one (the per-axis
+resharding costs obey the triangle inequality), so whatever the view would do is done as well by
+its consumers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from parplan.solver.calibration import Calibration
+from parplan.solver.cluster import GpuSpec, Link
+from parplan.solver.cost.activations import Recompute, SavedItem, op_saved_items, saved_items
+from parplan.solver.cost.activations import tensor_bytes as elem_bytes
+from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.units import GraphCosts
+from parplan.solver.ilp.costs import IlpContext, StrategyCost, op_cost
+from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem
+from parplan.solver.ilp.resharding import reshard_seconds
+from parplan.solver.ilp.strategies import (
+    Mesh,
+    OpStrategy,
+    candidate_strategies,
+    input_layout,
+    loop_dims,
+    output_layout,
+)
+from parplan.solver.ir import Graph, Node, OpKind
+
+
+@dataclass
+class GraphProblem:
+    """The auxiliary problem plus what is needed to read its answer back."""
+
+    problem: AuxProblem
+    ctx: IlpContext
+    ops: list[Node]  # every operator (not inputs or parameters), graph order
+    rep_of: dict[str, str]  # operator -> the representative whose variables it uses
+    strategies: dict[str, list[OpStrategy]]  # representative -> candidates
+    costs: dict[str, list[StrategyCost]]  # representative -> cost per candidate
+    partial_dims: dict[str, frozenset[str]]
+    follows: dict[str, str]  # view -> the operator whose layout it takes
+    edges: list[tuple[str, str, int]]  # original (producer, consumer, position) among operators
+
+    def strategy_of(self, op: str, choice: Mapping[str, int]) -> OpStrategy:
+        rep = self.rep_of[op]
+        return self.strategies[rep][choice[rep]]
+
+    def out_layout(self, op: str, choice: Mapping[str, int]) -> TensorLayout:
+        """Output layout of ``op`` (a view: its producer's, renamed)."""
+        src = self.follows.get(op)
+        if src is not None:
+            return self.out_layout(src, choice)
+        node = self.ctx.graph.node(op)
+        return output_layout(node, self.strategy_of(op, choice), self.ctx.mesh, self.partial_dims[op])
+
+
+def _owners(graph: Graph, ops: list[Node]) -> dict[str, list[int]]:
+    """Each parameter is owned by the first operator reading it: op -> input positions."""
+    owned: dict[str, list[int]] = {}
+    seen: set[str] = set()
+    for n in ops:
+        for pos, i in enumerate(n.inputs):
+            if graph.node(i).is_parameter and i not in seen:
+                seen.add(i)
+                owned.setdefault(n.id, []).append(pos)
+    return owned
+
+
+def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, flash: bool) -> tuple[
+        dict[str, list[SavedItem]], dict[str, list[tuple[int, SavedItem]]]]:
+    """Saved buffers by owning operator, and input-owned ones by the operator that saves them."""
+    by_owner: dict[str, list[SavedItem]] = {}
+    at_input: dict[str, list[tuple[int, SavedItem]]] = {}
+    seen: set[str] = set()
+    for n in ops:
+        items = (saved_items(graph, [n], act_bytes, flash_attention=flash, recompute=recompute)
+                 if recompute is Recompute.FULL else
+                 op_saved_items(n, graph, act_bytes, flash_attention=flash, recompute=recompute))
+        for it in items:
+            if it.key in seen:
+                continue
+            seen.add(it.key)
+            owner = graph.node(it.owner)
+            if owner.kind is OpKind.INPUT:
+                at_input.setdefault(n.id, []).append((n.inputs.index(owner.id), it))
+            else:
+                by_owner.setdefault(owner.id, []).append(it)
+    return by_owner, at_input
+
+
+def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuSpec, calibration: Calibration,
+                  precision: Precision, microbatches: int, recompute: Recompute, flash_attention: bool,
+                  zero_stages: tuple[int, ...] = (0, 1, 2, 3), max_strategies: int | None = None) -> GraphProblem:
+    """The auxiliary problem of ``graph`` (built for one micro-batch) on ``mesh``.
+
+    ``max_strategies`` caps the candidates per operator (after dropping dominated ones) by keeping
+    the least-memory and the fastest halves; None keeps all (exact)."""
+    ops = [n for n in graph.nodes if not n.is_leaf]
+    owned = _owners(graph, ops)
+    by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention)
+    ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
+                     owned, by_owner, at_input)
+    gc = GraphCosts(graph)
+    rep_of: dict[str, str] = {}
+    for u, nodes in gc.nodes.items():
+        rep_nodes = gc.nodes[gc.representative[u]]
+        for n, r in zip(nodes, rep_nodes, strict=True):
+            rep_of[n.id] = r.id
+    partial = {n.id: loop_dims(n, graph)[1] for n in ops}
+    follows = {n.id: n.inputs[0] for n in ops if n.kind is OpKind.RESHAPE and not graph.node(n.inputs[0]).is_leaf
+               and not partial[n.inputs[0]]}
+    counts: dict[str, int] = {}
+    for n in ops:
+        if n.id not in follows:
+            counts[rep_of[n.id]] = counts.get(rep_of[n.id], 0) + 1
+    strategies: dict[str, list[OpStrategy]] = {}
+    costs: dict[str, list[StrategyCost]] = {}
+    problem = AuxProblem()
+    for rep, count in counts.items():
+        node = graph.node(rep)
+        cands = candidate_strategies(node, graph, mesh, bool(owned.get(rep)), zero_stages)
+        priced = [(s, op_cost(node, s, ctx, partial[rep])) for s in cands]
+        priced = _pareto(node, graph, mesh, priced)
+        if max_strategies is not None and len(priced) > max_strategies:
+            priced = _cap(priced, max_strategies)
+        strategies[rep] = [s for s, _ in priced]
+        costs[rep] = [c for _, c in priced]
+        problem.nodes[rep] = AuxNode(rep, [c.memory_bytes for c in costs[rep]], [c.seconds for c in costs[rep]], count)
+    edges = _edges(graph, ops, follows)
+    gp = GraphProblem(problem, ctx, ops, rep_of, strategies, costs, partial, follows, edges)
+    classes: dict[tuple[str, str, int], int] = {}
+    for src, dst, pos in edges:
+        key = (rep_of[src], rep_of[dst], pos)
+        classes[key] = classes.get(key, 0) + 1
+    sizes = mesh.sizes
+    for (src, dst, pos), count in classes.items():
+        tensor = graph.node(_origin(src, follows))
+        consumer = graph.node(dst)
+        total = tensor.numel * elem_bytes(tensor, precision.activation_bytes)
+        outs = [_source_layout(gp, src, s) for s in range(len(strategies[_origin(src, follows)]))]
+        ins = [input_layout(consumer, pos, graph, t, mesh) for t in strategies[dst]]
+        out_classes, out_reps = _classes(outs)
+        in_classes, in_reps = _classes(ins)
+        secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in in_reps] for o in out_reps]
+        problem.edges.append(AuxEdge(_origin(src, follows), dst, secs, None, count, out_classes, in_classes))
+    return gp
+
+
+def _classes(layouts: list[TensorLayout]) -> tuple[list[int], list[TensorLayout]]:
+    """Class index of each layout (equal layouts share one) and one layout per class."""
+    index: dict[TensorLayout, int] = {}
+    for lay in layouts:
+        index.setdefault(lay, len(index))
+    return [index[lay] for lay in layouts], list(index)
+
+
+def _origin(op: str, follows: Mapping[str, str]) -> str:
+    while op in follows:
+        op = follows[op]
+    return op
+
+
+def _source_layout(gp: GraphProblem, src: str, s: int) -> TensorLayout:
+    """Layout the tensor of ``src`` has when its origin takes strategy ``s`` (views rename dims)."""
+    origin = _origin(src, gp.follows)
+    node = gp.ctx.graph.node(origin)
+    lay = output_layout(node, gp.strategies[origin][s], gp.ctx.mesh, gp.partial_dims[origin])
+    if origin == src:
+        return lay
+    view = gp.ctx.graph.node(src)
+    keep = set(view.shape)
+    return TensorLayout(tuple((d, a) for d, a in lay.split if d in keep), lay.partial)
+
+
+def _edges(graph: Graph, ops: list[Node], follows: Mapping[str, str]) -> list[tuple[str, str, int]]:
+    """(producer, consumer, position) of every operator-to-operator edge; views are skipped over."""
+    is_op = {n.id for n in ops}
+    out = []
+    for n in ops:
+        if n.id in follows:
+            continue
+        for pos, i in enumerate(n.inputs):
+            if i in is_op:
+                out.append((i, n.id, pos))
+    return out
+
+
+def _cap(priced: list[tuple[OpStrategy, StrategyCost]], k: int) -> list[tuple[OpStrategy, StrategyCost]]:
+    """The ``k // 2`` least-memory and the ``k - k // 2`` fastest candidates (a heuristic cap)."""
+    by_mem = sorted(range(len(priced)), key=lambda i: (priced[i][1].memory_bytes, priced[i][1].seconds))
+    by_time = sorted(range(len(priced)), key=lambda i: (priced[i][1].seconds, priced[i][1].memory_bytes))
+    keep: dict[int, None] = dict.fromkeys(by_mem[: k // 2])
+    for i in by_time:
+        if len(keep) >= k:
+            break
+        keep.setdefault(i, None)
+    return [priced[i] for i in sorted(keep)]
+
+
+def _pareto(node: Node, graph: Graph, mesh: Mesh,
+            priced: list[tuple[OpStrategy, StrategyCost]]) -> list[tuple[OpStrategy, StrategyCost]]:
+    """Drop strategies another strategy with the same layouts beats on both memory and time."""
+    groups: dict[tuple[object, ...], list[tuple[OpStrategy, StrategyCost]]] = {}
+    for s, c in priced:
+        key = (output_layout(node, s, mesh, loop_dims(node, graph)[1]),
+               tuple(input_layout(node, p, graph, s, mesh) for p in range(len(node.inputs))))
+        groups.setdefault(key, []).append((s, c))
+    kept = []
+    for members in groups.values():
+        for s, c in members:
+            dominated = any(
+                (o.memory_bytes <= c.memory_bytes and o.seconds <= c.seconds)
+                and (o.memory_bytes < c.memory_bytes or o.seconds < c.seconds or t.zero < s.zero)
+                for t, o in members if t is not s)
+            if not dominated:
+                kept.append((s, c))
+    return kept

@@ -1,0 +1,295 @@
+"""The ILP search: candidate meshes, the three objectives, extraction and a certificate.
+
+For a request it builds the graph of one micro-step (``b`` samples over the whole mesh, ``m`` of them
+per step), and for every candidate mesh (1-D, 2-D, 3-D; see
+:func:`~parplan.solver.ilp.strategies.mesh_shapes`) the auxiliary problem. Then:
+
+1. best time: minimise step time subject to per-device memory ≤ budget on each mesh; ``T*`` is the
+   best over meshes;
+2. ``max-throughput`` keeps that plan; ``min-memory`` minimises memory subject to time ≤ (1 + ε)·T*
+   (or memory + α·time when α is given) on every mesh that can reach that time;
+3. when nothing fits, it says so and reports the least memory any plan needs (memory alone,
+   minimised without constraints).
+
+The answer's memory and time are recomputed from the chosen strategies over every original
+operator and edge, independently of the solver (the *certificate*), and must match the solver's.
+The temporary peak (ZeRO-3 gathers, the logits' gradient, a recomputed block, resharding buffers)
+is added after the solve; if it pushes the plan over the budget, the budget is tightened by it and
+the ILP solved again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from parplan.solver.calibration import apply
+from parplan.solver.cluster import Cluster, DeviceMesh
+from parplan.solver.cost.activations import Recompute, block_of
+from parplan.solver.cost.activations import tensor_bytes as elem_bytes
+from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
+from parplan.solver.cost.precision import get_precision
+from parplan.solver.errors import SolverError
+from parplan.solver.ilp.costs import op_cost
+from parplan.solver.ilp.model import IlpResult, InfeasibleError, solve_aux
+from parplan.solver.ilp.problem import GraphProblem, build_problem
+from parplan.solver.ilp.resharding import reshard_seconds
+from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes
+from parplan.solver.ir import Graph, OpKind
+
+ProgressFn = Callable[[str, float], None]
+
+#: Candidates per operator kept on 3-D meshes (1-D and 2-D meshes keep all: exact).
+MAX_STRATEGIES_3D = 16
+
+
+@dataclass
+class Candidate:
+    mesh: Mesh
+    gp: GraphProblem
+    result: IlpResult
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """Totals recomputed from the chosen strategies over every original operator and edge."""
+
+    memory: MemoryBreakdown
+    redundant: MemoryBreakdown
+    seconds: float
+    solver_memory: float
+    solver_seconds: float
+
+    @property
+    def matches(self) -> bool:
+        return (abs(self.memory.total - self.solver_memory) <= 1e-6 * max(1.0, self.solver_memory)
+                and abs(self.seconds - self.solver_seconds) <= 1e-6 * max(1e-9, self.solver_seconds))
+
+
+def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
+    """Recompute memory (by category) and time from scratch for every operator and edge."""
+    ctx = gp.ctx
+    mesh, sizes, graph = ctx.mesh, ctx.mesh.sizes, ctx.graph
+    held = MemoryBreakdown()
+    redundant = MemoryBreakdown()
+    seconds = 0.0
+    for n in gp.ops:
+        if n.id in gp.follows:
+            continue
+        c = op_cost(n, gp.strategy_of(n.id, choice), ctx, gp.partial_dims[n.id])
+        held, redundant, seconds = held + c.memory, redundant + c.redundant, seconds + c.seconds
+    for src, dst, pos in gp.edges:
+        tensor = graph.node(_origin(gp, src))
+        total = tensor.numel * elem_bytes(tensor, ctx.precision.activation_bytes)
+        dst_layout = input_layout(graph.node(dst), pos, graph, gp.strategy_of(dst, choice), mesh)
+        seconds += ctx.microbatches * reshard_seconds(total, gp.out_layout(src, choice), dst_layout, sizes, ctx.links)
+    return Certificate(held, redundant, seconds, 0.0, 0.0)
+
+
+def _origin(gp: GraphProblem, op: str) -> str:
+    while op in gp.follows:
+        op = gp.follows[op]
+    return op
+
+
+def temporary_bytes(gp: GraphProblem, choice: dict[str, int]) -> float:
+    """Peak of the buffers that do not live at once (see the module docstring)."""
+    ctx = gp.ctx
+    graph, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
+    sizes = mesh.sizes
+    peak = 0.0
+    per_block_gather: dict[str, float] = {}
+    per_block_acts: dict[str, float] = {}
+    for n in gp.ops:
+        if n.id in gp.follows:
+            continue
+        s = gp.strategy_of(n.id, choice)
+        blk = block_of(n) or n.layer or ""
+        if s.zero >= 3:
+            for pos in ctx.owned_params.get(n.id, ()):
+                p = graph.node(n.inputs[pos])
+                local = p.numel / input_layout(n, pos, graph, s, mesh).shards(sizes)
+                per_block_gather[blk] = per_block_gather.get(blk, 0.0) + local * (2 * prec.param_bytes
+                                                                                + prec.grad_bytes)
+        if ctx.recompute is Recompute.FULL and block_of(n) is not None:
+            per_block_acts[blk] = per_block_acts.get(blk, 0.0) + _selective_saved(gp, n.id, choice)
+        if n.kind is OpKind.CROSS_ENTROPY:
+            logits = graph.node(n.inputs[0])
+            lay = input_layout(n, 0, graph, s, mesh)
+            peak = max(peak, logits.numel * prec.activation_bytes / lay.shards(sizes))
+    for src, dst, pos in gp.edges:
+        out = gp.out_layout(src, choice)
+        inp = input_layout(graph.node(dst), pos, graph, gp.strategy_of(dst, choice), mesh)
+        if out != inp:
+            tensor = graph.node(_origin(gp, src))
+            total = tensor.numel * elem_bytes(tensor, prec.activation_bytes)
+            peak = max(peak, total / min(out.shards(sizes), inp.shards(sizes)))
+    return max([peak, *per_block_gather.values(), *per_block_acts.values()])
+
+
+def _selective_saved(gp: GraphProblem, op: str, choice: dict[str, int]) -> float:
+    """Bytes an operator keeps for backward without full recomputation (rebuilt in backward)."""
+    from parplan.solver.cost.activations import op_saved_items
+    from parplan.solver.cost.layout import TensorLayout
+    from parplan.solver.ilp.strategies import output_layout
+
+    ctx = gp.ctx
+    graph, mesh = ctx.graph, ctx.mesh
+    n = graph.node(op)
+    total = 0.0
+    for it in op_saved_items(n, graph, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
+                             recompute=Recompute.SELECTIVE):
+        owner = it.owner
+        if owner in gp.rep_of:
+            lay = output_layout(graph.node(owner), gp.strategy_of(owner, choice), mesh, gp.partial_dims[owner])
+            lay = TensorLayout(lay.split)
+        else:
+            lay = TensorLayout()
+        total += it.total_bytes / lay.shards(mesh.sizes, it.dims)
+    return total
+
+
+def micro_step_batch(global_batch: int, devices: int, micro_batch: int | None) -> int:
+    """Samples per micro-step over the whole mesh: ``micro_batch`` per device-group if given, else
+    the largest divisor of the global batch not above the device count."""
+    if micro_batch is not None:
+        if global_batch % micro_batch:
+            raise SolverError(f"micro-batch {micro_batch} does not divide the global batch {global_batch}")
+        return micro_batch
+    return max(d for d in range(1, min(global_batch, devices) + 1) if global_batch % d == 0)
+
+
+def _links(cluster: Cluster, mesh: Mesh) -> dict[str, Any]:
+    dm = DeviceMesh.of(cluster, mesh.axes)
+    return {a: dm.link(a, cluster) for a in mesh.names}
+
+
+def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, micro_batch: int | None,
+           objective: str, budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None,
+           calibration: Any, precision: str = "bf16", flash_attention: bool = True, timeout_seconds: float = 60.0,
+           progress: ProgressFn | None = None, max_mesh_dims: int = 3) -> dict[str, Any]:
+    """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics)."""
+    t0 = time.perf_counter()
+    report = progress or (lambda stage, fraction: None)
+    cl = apply(cluster, calibration)
+    b = micro_step_batch(global_batch, cl.num_devices, micro_batch)
+    m = global_batch // b
+    graph = graph_for(b)
+    prec = get_precision(precision)
+    meshes = mesh_shapes(cl.num_devices, cl.gpus_per_node, max_mesh_dims)
+    deadline = t0 + timeout_seconds
+
+    def remaining() -> float:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise SolverError(f"the ILP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
+        return left
+
+    for recompute in (Recompute.SELECTIVE, Recompute.FULL):
+        problems = []
+        for i, mesh in enumerate(meshes):
+            report("building", 0.05 + 0.25 * i / len(meshes))
+            problems.append((mesh, build_problem(graph, mesh, _links(cl, mesh), cl.gpu, calibration, prec, m, recompute,
+                                                 flash_attention,
+                                                 max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None)))
+        fastest: list[Candidate] = []
+        for i, (mesh, gp) in enumerate(problems):
+            report("solving: best time", 0.3 + 0.3 * i / len(problems))
+            try:
+                fastest.append(Candidate(mesh, gp, solve_aux(gp.problem, "time", budget=budget_bytes,
+                                                             timeout_seconds=remaining())))
+            except InfeasibleError:
+                continue
+        if fastest:
+            break
+    if not fastest:
+        report("solving: least memory", 0.8)
+        least = min((Candidate(mesh, gp, solve_aux(gp.problem, "memory", timeout_seconds=remaining()))
+                     for mesh, gp in problems), key=lambda c: c.result.memory)
+        return _document(least, graph, cl, m, b, "infeasible", time.perf_counter() - t0, meshes, budget_bytes,
+                         objective)
+    best_time = min(c.result.seconds for c in fastest)
+    chosen = min(fastest, key=lambda c: (c.result.seconds, c.result.memory))
+    if objective == "min-memory":
+        limit = best_time * (1 + max_slowdown)
+        pool = []
+        for i, c in enumerate(fastest):
+            if c.result.seconds > limit:
+                continue
+            report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(fastest))
+            if alpha_gib_per_s is not None:
+                r = solve_aux(c.gp.problem, "weighted", alpha=alpha_gib_per_s * 2**30, budget=budget_bytes,
+                              timeout_seconds=remaining())
+            else:
+                r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=limit * (1 + 1e-9),
+                              timeout_seconds=remaining())
+            pool.append(Candidate(c.mesh, c.gp, r))
+        chosen = min(pool, key=lambda c: (c.result.memory, c.result.seconds))
+    status = "optimal" if chosen.result.status == "optimal" else "feasible"
+    report("done", 1.0)
+    return _document(chosen, graph, cl, m, b, status, time.perf_counter() - t0, meshes, budget_bytes, objective,
+                     best_time)
+
+
+def _document(c: Candidate, graph: Graph, cluster: Cluster, m: int, b: int, status: str, seconds: float,
+              meshes: list[Mesh], budget: float, objective: str, best_time: float | None = None) -> dict[str, Any]:
+    gp, r = c.gp, c.result
+    cert = certify(gp, r.choice)
+    cert = Certificate(cert.memory, cert.redundant, cert.seconds, r.memory, r.seconds)
+    temp = temporary_bytes(gp, r.choice)
+    breakdown = cert.memory.replace(temporary=temp)
+    seq = int(graph.meta.get("seq_len", 0) or 0)
+    tokens = b * m * seq
+    units: list[dict[str, Any]] = []
+    by_rep: dict[str, list[str]] = {}
+    unit_of_rep: dict[str, str] = {}
+    for n in gp.ops:
+        rep = gp.rep_of[n.id]
+        unit_of_rep.setdefault(rep, graph.node(rep).layer or "")
+        by_rep.setdefault(rep, [])
+        if n.layer not in by_rep[rep]:
+            by_rep[rep].append(n.layer or "")
+    groups: dict[str, dict[str, Any]] = {}
+    for rep, layers in by_rep.items():
+        key = unit_of_rep[rep]
+        g = groups.setdefault(key, {"units": layers, "count": len(layers), "ops": {}})
+        if rep in gp.follows:
+            g["ops"][rep] = {"strategy": "follows " + gp.follows[rep]}
+            continue
+        s = gp.strategies[rep][r.choice[rep]]
+        g["ops"][rep] = {"strategy": s.describe(c.mesh), "zero": s.zero,
+                         "assignment": {a: d for a, d in zip(c.mesh.names, s.assignment, strict=True) if d}}
+    for key, g in groups.items():
+        names = g["units"]
+        units.append({"units": names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}", "count": g["count"],
+                      "representative": key, "ops": g["ops"]})
+    step = cert.seconds
+    return {
+        "strategy": {
+            "kind": "intra-operator",
+            "summary": f"mesh {c.mesh.describe()} ({', '.join(f'{a}={s}' for a, s in c.mesh.axes)}), "
+                       f"{m} micro-steps of {b} samples, recompute {gp.ctx.recompute.value}",
+            "mesh": {"axes": dict(c.mesh.axes), "shape": [s for _, s in c.mesh.axes]},
+            "micro_step_batch": b, "num_microbatches": m, "global_batch": b * m,
+            "recompute": gp.ctx.recompute.value, "flash_attention": gp.ctx.flash_attention,
+            "precision": gp.ctx.precision.name, "units": units,
+        },
+        "memory": {
+            "peak_bytes": round(breakdown.total), "fits": breakdown.total <= cluster.device_memory_bytes,
+            "device_memory_bytes": cluster.device_memory_bytes, "budget_bytes": round(budget),
+            "breakdown": breakdown.as_dict(), "redundant": cert.redundant.as_dict(),
+        },
+        "time": {"step_seconds": step, "tokens_per_second": tokens / step if step else 0.0,
+                 "samples_per_second": b * m / step if step else 0.0},
+        "solver": {
+            "method": "ilp", "status": status, "seconds": seconds, "gap": r.gap, "backend": r.backend,
+            "objective": objective, "ilp_objective": r.objective, "best_time_seconds": best_time,
+            "meshes_tried": [mm.describe() for mm in meshes],
+            "aux_graph": {"vertices": gp.problem.size[0], "edges": gp.problem.size[1],
+                          "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
+            "certificate": {"memory_bytes": cert.memory.total, "seconds": cert.seconds, "matches": cert.matches},
+        },
+        "categories": list(CATEGORIES),
+    }
