@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from parplan.solver.cluster import GPU_PRESETS, make_cluster
@@ -22,6 +23,7 @@ from parplan.solver.evaluate import evaluate
 from parplan.solver.frontends.presets import PRESETS
 from parplan.solver.models import ModelSource, resolve_model
 from parplan.solver.strategy import ParallelConfig, Schedule, microbatches_for
+from parplan.solver.wire import graph_to_dict
 
 GIB = 2**30
 
@@ -48,6 +50,16 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
+
+
+def _mesh(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes like 2x4, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive sizes like 2x4, got {text!r}")
+    return sizes
 
 
 def _add_cluster_args(p: argparse.ArgumentParser) -> None:
@@ -96,6 +108,27 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Predict per-device memory (by category) and step time of one strategy.")
     _add_strategy_args(mem)
     mem.set_defaults(handler=cmd_memory)
+    plan = sub.add_parser("plan", help="search for a parallelism plan", description="Search for the plan that fits "
+                          "with the least redundant memory (or the fastest one), with baselines.")
+    plan.add_argument("--model", required=True, help="preset name, graph JSON or HF config.json")
+    _add_cluster_args(plan)
+    plan.add_argument("--seq-len", type=_positive, default=None, help="tokens per sample (default: the model's)")
+    plan.add_argument("--global-batch", type=_positive, default=None, help="samples per step (default: the GPUs)")
+    plan.add_argument("--micro-batch", type=_positive, default=None,
+                      help="samples per micro-batch of one data-parallel replica (default: searched)")
+    plan.add_argument("--objective", choices=["min-memory", "max-throughput"], default="min-memory")
+    plan.add_argument("--alpha", type=float, default=None,
+                      help="min-memory as memory + alpha x time: GiB per device one second of step time is worth")
+    plan.add_argument("--max-slowdown", type=float, default=0.1,
+                      help="min-memory: step time within (1 + this) of the best plan found (default 0.1)")
+    plan.add_argument("--memory-budget-gib", type=_positive_float, default=None,
+                      help="memory each device may use (default: all of it)")
+    plan.add_argument("--search", choices=["auto", "ilp", "dp"], default="auto")
+    plan.add_argument("--time-limit", type=_positive_float, default=60.0, help="solver time limit, seconds")
+    plan.add_argument("--mesh", type=_mesh, default=None,
+                      help="fix the ILP's device mesh, e.g. 2x4 (default: searched)")
+    plan.add_argument("--json", action="store_true", help="print one JSON document")
+    plan.set_defaults(handler=cmd_plan)
     models = sub.add_parser("models", help="list model presets with their parameter counts")
     models.add_argument("--json", action="store_true", help="print one JSON document")
     models.set_defaults(handler=cmd_models)
@@ -166,6 +199,72 @@ def cmd_memory(args: argparse.Namespace) -> int:
     doc = evaluate(model, cluster, strategy, seq_len=args.seq_len).to_dict()
     print(json.dumps(doc, indent=2) if args.json else _memory_table(doc))
     return 0
+
+
+def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The HTTP request body (DESIGN.md's shape) equivalent to ``parplan plan`` arguments."""
+    model = resolve_model(args.model)
+    if model.config is not None and not args.model.endswith(".json"):
+        spec: dict[str, Any] = {"preset": model.name}
+    else:
+        spec = {"graph": graph_to_dict(model.graph)} if model.graph is not None else {"hf_config": json.loads(
+            Path(args.model).read_text())}
+    return {
+        "model": spec,
+        "cluster": {"gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu,
+                    "gpu_memory_gib": args.gpu_memory_gib},
+        "training": {"global_batch": args.global_batch or args.gpus, "seq_len": args.seq_len,
+                     "micro_batch": args.micro_batch},
+        "objective": {"kind": args.objective, "alpha": args.alpha, "max_slowdown": args.max_slowdown,
+                      "memory_budget_gib": args.memory_budget_gib},
+        "search": args.search,
+        "time_limit": args.time_limit,
+        "mesh": args.mesh,
+    }
+
+
+def _plan_table(doc: dict[str, Any]) -> str:
+    lines = []
+    solver = doc["solver"]
+    if doc.get("memory") is None:
+        lines.append(f"no plan: {doc.get('message', 'infeasible')}")
+    else:
+        st = doc["strategy"]
+        lines += [f"model     {doc['model']['name']}", f"plan      {st['summary']}", ""]
+        for unit in st.get("units", []):
+            lines.append(f"  {unit['units']}  (x{unit['count']})")
+            for op, info in unit["ops"].items():
+                lines.append(f"      {op.split('.', 2)[-1] if unit['count'] > 1 else op:<28s} {info['strategy']}")
+        mem = doc["memory"]
+        lines += ["", "memory per device (GiB)     held  redundant"]
+        for cat in CATEGORIES:
+            lines.append(f"  {cat:<22s} {_gib(mem['breakdown'][cat])}  {_gib(mem['redundant'][cat])}")
+        lines.append(f"  {'peak':<22s} {_gib(mem['peak_bytes'])}")
+        lines.append(f"step time {doc['time']['step_seconds']:.3f} s, {doc['time']['tokens_per_second']:,.0f} tokens/s")
+    lines += ["", "baselines            peak GiB   step s   memory ratio  throughput ratio   strategy"]
+    for name, b in doc["baselines"].items():
+        if b is None:
+            lines.append(f"  {name:<16s}  (none applies)")
+            continue
+        rel = (doc.get("relative") or {}).get(name) or {}
+        ratio = f"{rel['memory']:.2f}" if rel else "-"
+        thr = f"{rel['throughput']:.2f}" if rel else "-"
+        fit = "" if b["fits"] else " (does not fit)"
+        lines.append(f"  {name:<16s} {b['memory']['peak_bytes'] / GIB:9.2f} {b['time']['step_seconds']:8.3f}   "
+                     f"{ratio:>10s}   {thr:>12s}        {b['strategy']['summary']}{fit}")
+    gap = solver.get("gap")
+    lines += ["", f"solver    {solver['method']} ({solver.get('why', '')}): {solver['status']}, "
+              f"{solver['seconds']:.2f} s" + (f", gap {gap:.2e}" if isinstance(gap, float) else "")]
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from parplan.solver.planner import parse_plan_request, solve
+
+    body = plan_request_from_args(args)
+    doc = solve(parse_plan_request(body))
+    print(json.dumps(doc, indent=2) if args.json else _plan_table(doc))
+    return 0 if doc.get("memory") is not None else 3
 
 
 def cmd_models(args: argparse.Namespace) -> int:

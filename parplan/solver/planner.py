@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ class PlanRequest:
     search: Search = "auto"
     time_limit_seconds: float = 60.0
     calibration: Calibration = DEFAULT_CALIBRATION
+    mesh: tuple[int, ...] | None = None  # fix the ILP's device mesh (sizes, outermost first)
 
     @property
     def budget_bytes(self) -> int:
@@ -67,7 +69,9 @@ class PlanRequest:
 
 def _int(body: Mapping[str, Any], key: str, where: str, default: int | None = None, lo: int = 1,
          hi: int | None = None) -> int | None:
-    v = body.get(key, default)
+    v = body.get(key)
+    if v is None:
+        v = default
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
@@ -78,7 +82,9 @@ def _int(body: Mapping[str, Any], key: str, where: str, default: int | None = No
 
 
 def _num(body: Mapping[str, Any], key: str, where: str, default: float | None) -> float | None:
-    v = body.get(key, default)
+    v = body.get(key)
+    if v is None:
+        v = default
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v < 0:
@@ -132,22 +138,34 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
     ob = body.get("objective") or {}
     if not isinstance(ob, Mapping):
         raise RequestError("objective", "expected an object")
-    kind = ob.get("kind", "min-memory")
-    if kind not in ("min-memory", "max-throughput"):
+    kind_text = ob.get("kind") or "min-memory"
+    if kind_text not in ("min-memory", "max-throughput"):
         raise RequestError("objective.kind", "must be min-memory or max-throughput")
+    kind: Objective = "max-throughput" if kind_text == "max-throughput" else "min-memory"
     slowdown = _num(ob, "max_slowdown", "objective", 0.1)
     budget_gib = _num(ob, "memory_budget_gib", "objective", None)
-    search = body.get("search", "auto")
-    if search not in ("auto", "ilp", "dp"):
+    search_text = body.get("search") or "auto"
+    searches: dict[str, Search] = {"auto": "auto", "ilp": "ilp", "dp": "dp"}
+    if search_text not in searches:
         raise RequestError("search", "must be auto, ilp or dp")
+    search = searches[search_text]
     limit = _num(body, "time_limit", "request", 60.0)
+    mesh = body.get("mesh")
+    if mesh is not None:
+        if (not isinstance(mesh, list | tuple) or not 1 <= len(mesh) <= 3
+                or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in mesh)):
+            raise RequestError("mesh", "expected 1 to 3 positive integers, e.g. [2, 4]")
+        if math.prod(mesh) != cluster.num_devices:
+            raise RequestError("mesh", f"{'x'.join(map(str, mesh))} = {math.prod(mesh)} devices does not factor "
+                                       f"the cluster's {cluster.num_devices}")
     assert seq is not None and gb is not None and slowdown is not None and limit is not None
     if limit <= 0:
         raise RequestError("time_limit", "must be > 0 seconds")
     return PlanRequest(model=model, cluster=cluster, global_batch=gb, seq_len=seq, micro_batch=mb, objective=kind,
                        alpha=_num(ob, "alpha", "objective", None), max_slowdown=slowdown,
                        memory_budget_bytes=int(budget_gib * 2**30) if budget_gib else None, search=search,
-                       time_limit_seconds=limit, calibration=calibration)
+                       time_limit_seconds=limit, calibration=calibration,
+                       mesh=tuple(mesh) if mesh is not None else None)
 
 
 def canonical_request(body: Mapping[str, Any]) -> str:
@@ -160,7 +178,7 @@ def canonical_request(body: Mapping[str, Any]) -> str:
         "training": {"global_batch": req.global_batch, "seq_len": req.seq_len, "micro_batch": req.micro_batch},
         "objective": {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
                       "memory_budget_bytes": req.memory_budget_bytes},
-        "search": req.search, "time_limit": req.time_limit_seconds,
+        "search": req.search, "time_limit": req.time_limit_seconds, "mesh": list(req.mesh) if req.mesh else None,
     }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
@@ -187,47 +205,102 @@ def _choose(evals: list[Evaluation], req: PlanRequest) -> tuple[Evaluation | Non
     return min(within, key=lambda e: (e.memory.peak_bytes, e.time.step_seconds)), "optimal"
 
 
-def _relative(plan: Evaluation, base: Evaluation | None) -> dict[str, Any] | None:
-    if base is None:
-        return None
-    return {"memory": plan.memory.peak_bytes / base.memory.peak_bytes,
-            "time": plan.time.step_seconds / base.time.step_seconds,
-            "throughput": plan.time.tokens_per_second / base.time.tokens_per_second}
+def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int) -> dict[str, Evaluation | None]:
+    return {name: baseline(name, ev, req.budget_bytes, num_blocks) for name in BASELINES}
+
+
+def _grid(req: PlanRequest, ev: UniformEvaluator, num_blocks: int, report: ProgressFn) -> dict[str, Any]:
+    """Exhaustive search over uniform strategies (what the baselines are drawn from)."""
+    mbs = (req.micro_batch,) if req.micro_batch else (1, 2, 4, 8)
+    cands = enumerate_uniform(req.cluster, req.global_batch, num_blocks, micro_batches=mbs)
+    evals = evaluate_all(ev, cands, lambda f: report("search", 0.2 + 0.75 * f))
+    chosen, status = _choose(evals, req)
+    if chosen is None:
+        least = best_of(evals, 0.0)
+        return _infeasible(req, least.memory.peak_bytes if least else None, least.to_dict() if least else None)
+    doc = chosen.to_dict()
+    doc["solver"] = {"method": "grid", "status": status, "gap": 0.0, "evaluated": ev.evaluations}
+    return doc
+
+
+def _infeasible(req: PlanRequest, least_bytes: float | None, least: dict[str, Any] | None) -> dict[str, Any]:
+    msg = (f"no strategy fits {req.budget_bytes / 2**30:.1f} GiB per device; the least memory any plan needs is "
+           f"{least_bytes / 2**30:.1f} GiB per device" if least_bytes is not None
+           else "no strategy applies to this model and cluster")
+    return {"memory": None, "time": None, "strategy": None, "least_memory": least,
+            "least_memory_bytes": round(least_bytes) if least_bytes is not None else None, "message": msg,
+            "solver": {"status": "infeasible"}}
+
+
+def _ilp(req: PlanRequest, report: ProgressFn, reference_seconds: float | None) -> dict[str, Any]:
+    from parplan.solver.ilp.search import search
+
+    mb = None
+    if req.micro_batch:
+        mb = min(req.global_batch, req.micro_batch * req.cluster.num_devices)
+    doc = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
+                 micro_batch=mb if mb and req.global_batch % mb == 0 else None, objective=req.objective,
+                 budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown, alpha_gib_per_s=req.alpha,
+                 calibration=req.calibration, timeout_seconds=req.time_limit_seconds,
+                 progress=lambda stage, f: report(stage, 0.3 + 0.65 * f), reference_seconds=reference_seconds,
+                 fixed_mesh=req.mesh)
+    if doc["solver"]["status"] == "infeasible":
+        out = _infeasible(req, doc["memory"]["peak_bytes"], None)
+        out["solver"] = doc["solver"]
+        return out
+    return doc
 
 
 def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Search for the plan and return its document (raises SolverError on bad combinations)."""
+    """Search for the plan and return its document (raises SolverError on bad combinations).
+
+    The baselines (Megatron-LM, ZeRO-3, DP) are always computed in the same cost model. ``search``
+    picks the method: ``ilp`` (intra-operator ILP, the memory-redundancy paper), ``dp``
+    (Galvatron-BMW dynamic programming), ``auto`` (see :func:`choose_method`)."""
     t0 = time.perf_counter()
     report: ProgressFn = progress or (lambda stage, fraction: None)
     report("building", 0.0)
     ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
-    mbs = (req.micro_batch,) if req.micro_batch else (1, 2, 4, 8)
     report("baselines", 0.05)
-    bases = {name: baseline(name, ev, req.budget_bytes, num_blocks) for name in BASELINES}
-    report("search", 0.2)
-    cands = enumerate_uniform(req.cluster, req.global_batch, num_blocks, micro_batches=mbs)
-    evals = evaluate_all(ev, cands, lambda f: report("search", 0.2 + 0.75 * f))
-    chosen, status = _choose(evals, req)
-    least = best_of(evals, 0.0)
-    report("done", 1.0)
-    seconds = time.perf_counter() - t0
-    if chosen is None:
-        doc: dict[str, Any] = {
-            "memory": None, "time": None, "strategy": None,
-            "least_memory": least.to_dict() if least else None,
-            "message": (f"no strategy fits {req.budget_bytes / 2**30:.1f} GiB per device; the least memory any "
-                        f"evaluated strategy needs is {least.memory.peak_bytes / 2**30:.1f} GiB"
-                        if least else "no strategy applies to this model and cluster"),
-        }
+    bases = _baselines(req, ev, num_blocks)
+    fitting = [b for b in bases.values() if b is not None and b.fits]
+    reference = min((b.time.step_seconds for b in fitting), default=None)
+    method, why = choose_method(req)
+    report("search", 0.3)
+    if method == "ilp":
+        doc = _ilp(req, report, reference)
     else:
-        doc = chosen.to_dict()
-    doc["baselines"] = {n: (b.to_dict() | {"fits": b.fits}) if b else None for n, b in bases.items()}
-    if chosen is not None:
-        doc["relative"] = {n: _relative(chosen, b) for n, b in bases.items()}
+        doc = _grid(req, ev, num_blocks, report)
+    doc["baselines"] = {n: b.to_dict() | {"fits": b.fits} if b else None for n, b in bases.items()}
+    if doc.get("memory") and doc.get("time"):
+        doc["relative"] = {n: _relative_doc(doc, b) for n, b in bases.items()}
     doc["objective"] = {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
                         "memory_budget_bytes": req.budget_bytes}
-    doc["solver"] = {"method": "grid", "status": status, "seconds": seconds, "gap": 0.0 if chosen else None,
-                     "evaluated": ev.evaluations, "version": SOLVER_VERSION,
-                     "why": "exhaustive search over uniform (Megatron-style) strategies"}
+    solver = doc.setdefault("solver", {})
+    solver.update({"method": solver.get("method", method), "seconds": time.perf_counter() - t0,
+                   "version": SOLVER_VERSION, "why": why})
+    solver.setdefault("gap", None)
+    doc.setdefault("model", {"name": req.model.name, "parameters": ev.graph(1).parameter_count(),
+                             "seq_len": req.seq_len})
+    doc.setdefault("cluster", {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
+                               "gpu": req.cluster.gpu.name, "device_memory_bytes": req.cluster.device_memory_bytes})
+    report("done", 1.0)
     return doc
+
+
+def choose_method(req: PlanRequest) -> tuple[str, str]:
+    """Which search to run, and why (``auto`` picks by problem shape)."""
+    if req.search == "ilp":
+        return "ilp", "requested: intra-operator ILP"
+    if req.search == "dp":
+        return "grid", "requested dp: uniform strategies (the per-layer dynamic programming is not built yet)"
+    return "ilp", "auto: intra-operator ILP over the whole mesh"
+
+
+def _relative_doc(doc: dict[str, Any], base: Evaluation | None) -> dict[str, float] | None:
+    if base is None:
+        return None
+    return {"memory": doc["memory"]["peak_bytes"] / base.memory.peak_bytes,
+            "time": doc["time"]["step_seconds"] / base.time.step_seconds,
+            "throughput": doc["time"]["tokens_per_second"] / base.time.tokens_per_second}

@@ -12,7 +12,9 @@ Objectives (memory ``M`` in bytes per device, time ``C`` in seconds per step):
 - ``memory``: minimise ``M`` subject to ``C <= time_limit`` (and ``M <= budget``).
 
 ``B`` may be continuous: with ``X`` binary, constraints (7)-(8) leave exactly one edge of each
-original edge at 1. HiGHS (through highspy) solves it; CBC is the fallback.
+original edge at 1. HiGHS (through highspy) solves it; CBC is the fallback. Inside the model
+memory is in GiB (costs in bytes next to seconds span fifteen orders of magnitude, which HiGHS
+does not tolerate); results are reported in bytes.
 """
 
 # ruff: noqa: N806  (X and B are the paper's variable names)
@@ -29,6 +31,9 @@ import pulp
 from parplan.solver.errors import SolverError
 
 Objective = Literal["weighted", "time", "memory"]
+
+#: Memory unit inside the model (bytes per unit).
+_MEM = float(2**30)
 
 
 @dataclass
@@ -66,13 +71,36 @@ class AuxEdge:
 
 
 @dataclass
+class PeakTerm:
+    """Buffers that live at the same moment (one block's ZeRO-3 gathers and recomputed activations,
+    one resharding buffer, the logits' gradient): bytes per strategy of some nodes and per class
+    pair of some edges. The temporary peak is the largest term, modelled as ``T >= term``."""
+
+    nodes: dict[str, list[float]] = field(default_factory=dict)
+    edges: dict[int, list[list[float]]] = field(default_factory=dict)
+
+    def value(self, problem: AuxProblem, choice: dict[str, int]) -> float:
+        v = sum(vals[choice[k]] for k, vals in self.nodes.items())
+        for ei, vals in self.edges.items():
+            e = problem.edges[ei]
+            v += vals[e.cls("src", choice[e.src])][e.cls("dst", choice[e.dst])]
+        return v
+
+
+@dataclass
 class AuxProblem:
     nodes: dict[str, AuxNode] = field(default_factory=dict)
     edges: list[AuxEdge] = field(default_factory=list)
+    peaks: list[PeakTerm] = field(default_factory=list)
+
+    def peak(self, choice: dict[str, int]) -> float:
+        """The temporary peak of a choice: its largest peak term (0 without any)."""
+        return max((t.value(self, choice) for t in self.peaks), default=0.0)
 
     def totals(self, choice: dict[str, int]) -> tuple[float, float]:
-        """(memory, seconds) of a full choice of strategies, recomputed from the cost tables."""
-        mem = sum(n.count * n.memory[choice[k]] for k, n in self.nodes.items())
+        """(memory, seconds) of a full choice of strategies, recomputed from the cost tables;
+        memory includes the temporary peak."""
+        mem = self.peak(choice) + sum(n.count * n.memory[choice[k]] for k, n in self.nodes.items())
         sec = sum(n.count * n.seconds[choice[k]] for k, n in self.nodes.items())
         for e in self.edges:
             s, t = e.cls("src", choice[e.src]), e.cls("dst", choice[e.dst])
@@ -124,13 +152,15 @@ def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
         lp += pulp.lpSum(X[k]) == 1, f"one_strategy__{_safe(k)}"
     mem_terms: list[tuple[pulp.LpVariable, float]] = []
     sec_terms: list[tuple[pulp.LpVariable, float]] = []
+    edge_vars: list[list[list[pulp.LpVariable]]] = []
     for k, node in problem.nodes.items():
         for s, var in enumerate(X[k]):
-            mem_terms.append((var, node.count * node.memory[s]))
+            mem_terms.append((var, node.count * node.memory[s] / _MEM))
             sec_terms.append((var, node.count * node.seconds[s]))
     for ei, e in enumerate(problem.edges):
         ns, nt = len(e.seconds), len(e.seconds[0])
         B = [[pulp.LpVariable(f"B_{ei}_{s}_{t}", lowBound=0, upBound=1) for t in range(nt)] for s in range(ns)]
+        edge_vars.append(B)
         if start is not None:
             cs, ct = e.cls("src", start[e.src]), e.cls("dst", start[e.dst])
             for s in range(ns):
@@ -149,19 +179,31 @@ def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
                 if e.seconds[s][t]:
                     sec_terms.append((B[s][t], e.count * e.seconds[s][t]))
                 if e.memory is not None and e.memory[s][t]:
-                    mem_terms.append((B[s][t], e.count * e.memory[s][t]))
+                    mem_terms.append((B[s][t], e.count * e.memory[s][t] / _MEM))
+    if problem.peaks:
+        T = pulp.LpVariable("T_temporary_peak", lowBound=0)
+        if start is not None:
+            T.setInitialValue(problem.peak(start) / _MEM)
+        mem_terms.append((T, 1.0))
+        for pi, term in enumerate(problem.peaks):
+            expr = [(X[k][s], v / _MEM) for k, vals in term.nodes.items() for s, v in enumerate(vals) if v]
+            expr += [(edge_vars[ei][s][t], v / _MEM) for ei, vals in term.edges.items()
+                     for s, row in enumerate(vals) for t, v in enumerate(row) if v]
+            if expr:
+                # the temporary peak is at least every set of buffers that coexist
+                lp += pulp.LpAffineExpression(expr) <= T, f"peak__{pi}"
     mem_expr = pulp.LpAffineExpression(mem_terms)
     sec_expr = pulp.LpAffineExpression(sec_terms)
     if objective == "weighted":
-        # (5) memory + alpha * time
-        lp += mem_expr + alpha * sec_expr
+        # (5) memory + alpha * time (alpha given in bytes per second)
+        lp += mem_expr + (alpha / _MEM) * sec_expr
     elif objective == "time":
         lp += sec_expr
     else:
         lp += mem_expr
     if budget is not None:
         # memory per device within the budget
-        lp += mem_expr <= budget, "memory_budget"
+        lp += mem_expr <= budget / _MEM, "memory_budget"
     if time_limit is not None:
         # step time within (1 + epsilon) of the best
         lp += sec_expr <= time_limit, "time_limit"

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
-from parplan.solver.cost.activations import Recompute, SavedItem, op_saved_items, saved_items
+from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.ilp.costs import IlpContext, StrategyCost, op_cost
-from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem
-from parplan.solver.ilp.resharding import reshard_seconds
+from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem, PeakTerm
+from parplan.solver.ilp.resharding import reshard_buffer_bytes, reshard_seconds
 from parplan.solver.ilp.strategies import (
     Mesh,
     OpStrategy,
@@ -52,6 +52,7 @@ class GraphProblem:
     partial_dims: dict[str, frozenset[str]]
     follows: dict[str, str]  # view -> the operator whose layout it takes
     edges: list[tuple[str, str, int]]  # original (producer, consumer, position) among operators
+    param_edges: list[tuple[str, int, str, int]]  # (owner, its position, another reader, its position)
 
     def strategy_of(self, op: str, choice: Mapping[str, int]) -> OpStrategy:
         rep = self.rep_of[op]
@@ -139,7 +140,8 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         costs[rep] = [c for _, c in priced]
         problem.nodes[rep] = AuxNode(rep, [c.memory_bytes for c in costs[rep]], [c.seconds for c in costs[rep]], count)
     edges = _edges(graph, ops, follows)
-    gp = GraphProblem(problem, ctx, ops, rep_of, strategies, costs, partial, follows, edges)
+    param_edges = _param_edges(graph, ops, owned)
+    gp = GraphProblem(problem, ctx, ops, rep_of, strategies, costs, partial, follows, edges, param_edges)
     classes: dict[tuple[str, str, int], int] = {}
     for src, dst, pos in edges:
         key = (rep_of[src], rep_of[dst], pos)
@@ -149,13 +151,88 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         tensor = graph.node(_origin(src, follows))
         consumer = graph.node(dst)
         total = tensor.numel * elem_bytes(tensor, precision.activation_bytes)
-        outs = [_source_layout(gp, src, s) for s in range(len(strategies[_origin(src, follows)]))]
+        origin = rep_of[_origin(src, follows)]
+        outs = [_source_layout(gp, src, s) for s in range(len(strategies[origin]))]
         ins = [input_layout(consumer, pos, graph, t, mesh) for t in strategies[dst]]
         out_classes, out_reps = _classes(outs)
         in_classes, in_reps = _classes(ins)
         secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in in_reps] for o in out_reps]
-        problem.edges.append(AuxEdge(_origin(src, follows), dst, secs, None, count, out_classes, in_classes))
+        problem.edges.append(AuxEdge(origin, dst, secs, None, count, out_classes, in_classes))
+        buffers = [[reshard_buffer_bytes(total, o, i, sizes) for i in in_reps] for o in out_reps]
+        if any(any(row) for row in buffers):
+            problem.peaks.append(PeakTerm(edges={len(problem.edges) - 1: buffers}))
+    _add_op_peaks(gp)
+    pclasses: dict[tuple[str, int, str, int], int] = {}
+    for owner, opos, user, upos in param_edges:
+        pkey = (rep_of[owner], opos, rep_of[user], upos)
+        pclasses[pkey] = pclasses.get(pkey, 0) + 1
+    for (owner, opos, user, upos), count in pclasses.items():
+        param = graph.node(graph.node(owner).inputs[opos])
+        total = param.numel * precision.param_bytes
+        outs = [input_layout(graph.node(owner), opos, graph, s, mesh) for s in strategies[owner]]
+        ins = [input_layout(graph.node(user), upos, graph, t, mesh) for t in strategies[user]]
+        out_classes, out_reps = _classes(outs)
+        in_classes, in_reps = _classes(ins)
+        secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in in_reps] for o in out_reps]
+        problem.edges.append(AuxEdge(owner, user, secs, None, count, out_classes, in_classes))
     return gp
+
+
+def op_peak_bytes(gp: GraphProblem, op: str, s: OpStrategy) -> tuple[float, float]:
+    """(bytes this operator adds to its block's backward peak, bytes of its own transient buffer):
+    ZeRO-3 gathers of its parameters (current + prefetched weights, unsharded gradient) and, under
+    full recomputation, the activations it saves when recomputed; the cross-entropy's logits gradient."""
+    ctx = gp.ctx
+    graph, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
+    sizes = mesh.sizes
+    node = graph.node(op)
+    block = 0.0
+    if s.zero >= 3:
+        for pos in ctx.owned_params.get(op, ()):
+            p = graph.node(node.inputs[pos])
+            block += p.numel / input_layout(node, pos, graph, s, mesh).shards(sizes) * (
+                2 * prec.param_bytes + prec.grad_bytes)
+    if ctx.recompute is Recompute.FULL and block_of(node) is not None:
+        out = TensorLayout(output_layout(node, s, mesh, gp.partial_dims[op]).split)
+        for it in op_saved_items(node, graph, prec.activation_bytes, flash_attention=ctx.flash_attention,
+                                 recompute=Recompute.SELECTIVE):
+            if it.owner == op:
+                block += it.total_bytes / out.shards(sizes, it.dims)
+    own = 0.0
+    if node.kind is OpKind.CROSS_ENTROPY:
+        logits = graph.node(node.inputs[0])
+        own = logits.numel * prec.activation_bytes / input_layout(node, 0, graph, s, mesh).shards(sizes)
+    return block, own
+
+
+def _add_op_peaks(gp: GraphProblem) -> None:
+    """Peak terms of blocks (their operators' block buffers together) and of single operators."""
+    by_unit: dict[str, dict[str, list[float]]] = {}
+    for rep, cands in gp.strategies.items():
+        values = [op_peak_bytes(gp, rep, s) for s in cands]
+        if any(b for b, _ in values):
+            unit = gp.ctx.graph.node(rep).layer or ""
+            by_unit.setdefault(unit, {})[rep] = [b for b, _ in values]
+        if any(o for _, o in values):
+            gp.problem.peaks.append(PeakTerm(nodes={rep: [o for _, o in values]}))
+    for nodes in by_unit.values():
+        gp.problem.peaks.append(PeakTerm(nodes=nodes))
+
+
+def _param_edges(graph: Graph, ops: list[Node], owned: Mapping[str, list[int]]) -> list[tuple[str, int, str, int]]:
+    """A parameter read by several operators (a tied embedding) lives in its owner's layout; every
+    other reader needs it in its own layout, converted each micro-batch (weights forward, gradients
+    back)."""
+    owner_of: dict[str, tuple[str, int]] = {}
+    for op, positions in owned.items():
+        for pos in positions:
+            owner_of[graph.node(op).inputs[pos]] = (op, pos)
+    out = []
+    for n in ops:
+        for pos, i in enumerate(n.inputs):
+            if i in owner_of and owner_of[i][0] != n.id:
+                out.append((owner_of[i][0], owner_of[i][1], n.id, pos))
+    return out
 
 
 def _classes(layouts: list[TensorLayout]) -> tuple[list[int], list[TensorLayout]]:
@@ -174,10 +251,10 @@ def _origin(op: str, follows: Mapping[str, str]) -> str:
 
 def _source_layout(gp: GraphProblem, src: str, s: int) -> TensorLayout:
     """Layout the tensor of ``src`` has when its origin takes strategy ``s`` (views rename dims)."""
-    origin = _origin(src, gp.follows)
+    origin = gp.rep_of[_origin(src, gp.follows)]
     node = gp.ctx.graph.node(origin)
     lay = output_layout(node, gp.strategies[origin][s], gp.ctx.mesh, gp.partial_dims[origin])
-    if origin == src:
+    if src not in gp.follows:
         return lay
     view = gp.ctx.graph.node(src)
     keep = set(view.shape)

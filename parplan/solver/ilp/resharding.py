@@ -70,3 +70,16 @@ def reshard_seconds(total_bytes: float, src: TensorLayout, dst: TensorLayout, me
         else:
             seconds += 2 * all_to_all_seconds(n, nbytes / n, link)
     return seconds
+
+
+def reshard_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLayout, mesh: Mapping[str, int]) -> float:
+    """Bytes of the new buffer a conversion materialises on each device: the tensor in the
+    consumer's layout when some axis gathers (split → replicated) or exchanges (split → split');
+    slicing and in-place reductions need none."""
+    for axis, n in mesh.items():
+        if n == 1:
+            continue
+        a, b = _axis_state(src, axis), _axis_state(dst, axis)
+        if a not in (None, "#partial") and a != b:
+            return total_bytes / dst.shards(mesh)
+    return 0.0

@@ -27,17 +27,17 @@ from typing import Any
 
 from parplan.solver.calibration import apply
 from parplan.solver.cluster import Cluster, DeviceMesh
-from parplan.solver.cost.activations import Recompute, block_of
+from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
 from parplan.solver.ilp.model import IlpResult, InfeasibleError, solve_aux
-from parplan.solver.ilp.problem import GraphProblem, build_problem
-from parplan.solver.ilp.resharding import reshard_seconds
+from parplan.solver.ilp.problem import GraphProblem, build_problem, op_peak_bytes
+from parplan.solver.ilp.resharding import reshard_buffer_bytes, reshard_seconds
 from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes
-from parplan.solver.ir import Graph, OpKind
+from parplan.solver.ir import Graph
 
 ProgressFn = Callable[[str, float], None]
 
@@ -85,6 +85,13 @@ def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
         total = tensor.numel * elem_bytes(tensor, ctx.precision.activation_bytes)
         dst_layout = input_layout(graph.node(dst), pos, graph, gp.strategy_of(dst, choice), mesh)
         seconds += ctx.microbatches * reshard_seconds(total, gp.out_layout(src, choice), dst_layout, sizes, ctx.links)
+    for owner, opos, user, upos in gp.param_edges:
+        owner_node, user_node = graph.node(owner), graph.node(user)
+        param = graph.node(owner_node.inputs[opos])
+        src_layout = input_layout(owner_node, opos, graph, gp.strategy_of(owner, choice), mesh)
+        dst_layout = input_layout(user_node, upos, graph, gp.strategy_of(user, choice), mesh)
+        seconds += ctx.microbatches * reshard_seconds(param.numel * ctx.precision.param_bytes, src_layout,
+                                                      dst_layout, sizes, ctx.links)
     return Certificate(held, redundant, seconds, 0.0, 0.0)
 
 
@@ -95,60 +102,25 @@ def _origin(gp: GraphProblem, op: str) -> str:
 
 
 def temporary_bytes(gp: GraphProblem, choice: dict[str, int]) -> float:
-    """Peak of the buffers that do not live at once (see the module docstring)."""
+    """Temporary peak over every original block, operator and edge (the largest set of coexisting
+    buffers; see :func:`~parplan.solver.ilp.problem.op_peak_bytes`)."""
     ctx = gp.ctx
     graph, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
     sizes = mesh.sizes
     peak = 0.0
-    per_block_gather: dict[str, float] = {}
-    per_block_acts: dict[str, float] = {}
+    per_unit: dict[str, float] = {}
     for n in gp.ops:
         if n.id in gp.follows:
             continue
-        s = gp.strategy_of(n.id, choice)
-        blk = block_of(n) or n.layer or ""
-        if s.zero >= 3:
-            for pos in ctx.owned_params.get(n.id, ()):
-                p = graph.node(n.inputs[pos])
-                local = p.numel / input_layout(n, pos, graph, s, mesh).shards(sizes)
-                per_block_gather[blk] = per_block_gather.get(blk, 0.0) + local * (2 * prec.param_bytes
-                                                                                + prec.grad_bytes)
-        if ctx.recompute is Recompute.FULL and block_of(n) is not None:
-            per_block_acts[blk] = per_block_acts.get(blk, 0.0) + _selective_saved(gp, n.id, choice)
-        if n.kind is OpKind.CROSS_ENTROPY:
-            logits = graph.node(n.inputs[0])
-            lay = input_layout(n, 0, graph, s, mesh)
-            peak = max(peak, logits.numel * prec.activation_bytes / lay.shards(sizes))
+        block, own = op_peak_bytes(gp, n.id, gp.strategy_of(n.id, choice))
+        per_unit[n.layer or ""] = per_unit.get(n.layer or "", 0.0) + block
+        peak = max(peak, own)
     for src, dst, pos in gp.edges:
-        out = gp.out_layout(src, choice)
+        tensor = graph.node(_origin(gp, src))
+        total = tensor.numel * elem_bytes(tensor, prec.activation_bytes)
         inp = input_layout(graph.node(dst), pos, graph, gp.strategy_of(dst, choice), mesh)
-        if out != inp:
-            tensor = graph.node(_origin(gp, src))
-            total = tensor.numel * elem_bytes(tensor, prec.activation_bytes)
-            peak = max(peak, total / min(out.shards(sizes), inp.shards(sizes)))
-    return max([peak, *per_block_gather.values(), *per_block_acts.values()])
-
-
-def _selective_saved(gp: GraphProblem, op: str, choice: dict[str, int]) -> float:
-    """Bytes an operator keeps for backward without full recomputation (rebuilt in backward)."""
-    from parplan.solver.cost.activations import op_saved_items
-    from parplan.solver.cost.layout import TensorLayout
-    from parplan.solver.ilp.strategies import output_layout
-
-    ctx = gp.ctx
-    graph, mesh = ctx.graph, ctx.mesh
-    n = graph.node(op)
-    total = 0.0
-    for it in op_saved_items(n, graph, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                             recompute=Recompute.SELECTIVE):
-        owner = it.owner
-        if owner in gp.rep_of:
-            lay = output_layout(graph.node(owner), gp.strategy_of(owner, choice), mesh, gp.partial_dims[owner])
-            lay = TensorLayout(lay.split)
-        else:
-            lay = TensorLayout()
-        total += it.total_bytes / lay.shards(mesh.sizes, it.dims)
-    return total
+        peak = max(peak, reshard_buffer_bytes(total, gp.out_layout(src, choice), inp, sizes))
+    return max([peak, *per_unit.values()])
 
 
 def micro_step_batch(global_batch: int, devices: int, micro_batch: int | None) -> int:
@@ -169,8 +141,13 @@ def _links(cluster: Cluster, mesh: Mesh) -> dict[str, Any]:
 def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, micro_batch: int | None,
            objective: str, budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None,
            calibration: Any, precision: str = "bf16", flash_attention: bool = True, timeout_seconds: float = 60.0,
-           progress: ProgressFn | None = None, max_mesh_dims: int = 3) -> dict[str, Any]:
-    """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics)."""
+           progress: ProgressFn | None = None, max_mesh_dims: int = 3,
+           reference_seconds: float | None = None, fixed_mesh: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics).
+
+    ``reference_seconds`` is the step time of the best plan found elsewhere (e.g. the baselines):
+    ``min-memory`` then stays within (1 + ε) of the better of it and the ILP's own best time, when
+    the ILP can reach that; otherwise within (1 + ε) of its own best."""
     t0 = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
     cl = apply(cluster, calibration)
@@ -178,7 +155,12 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     m = global_batch // b
     graph = graph_for(b)
     prec = get_precision(precision)
-    meshes = mesh_shapes(cl.num_devices, cl.gpus_per_node, max_mesh_dims)
+    if fixed_mesh is not None:
+        meshes = [Mesh(tuple((f"m{i}", size) for i, size in enumerate(fixed_mesh)))]
+        if meshes[0].num_devices != cl.num_devices:
+            raise SolverError(f"mesh {meshes[0].describe()} does not factor the {cl.num_devices} devices")
+    else:
+        meshes = mesh_shapes(cl.num_devices, cl.gpus_per_node, max_mesh_dims)
     deadline = t0 + timeout_seconds
 
     def remaining() -> float:
@@ -213,7 +195,11 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     best_time = min(c.result.seconds for c in fastest)
     chosen = min(fastest, key=lambda c: (c.result.seconds, c.result.memory))
     if objective == "min-memory":
-        limit = best_time * (1 + max_slowdown)
+        reference = min(best_time, reference_seconds) if reference_seconds else best_time
+        if best_time > reference * (1 + max_slowdown):
+            reference = best_time  # the ILP cannot get within the slowdown of the other plan
+        limit = reference * (1 + max_slowdown)
+        best_time = reference
         pool = []
         for i, c in enumerate(fastest):
             if c.result.seconds > limit:
@@ -237,9 +223,9 @@ def _document(c: Candidate, graph: Graph, cluster: Cluster, m: int, b: int, stat
               meshes: list[Mesh], budget: float, objective: str, best_time: float | None = None) -> dict[str, Any]:
     gp, r = c.gp, c.result
     cert = certify(gp, r.choice)
-    cert = Certificate(cert.memory, cert.redundant, cert.seconds, r.memory, r.seconds)
-    temp = temporary_bytes(gp, r.choice)
-    breakdown = cert.memory.replace(temporary=temp)
+    cert = Certificate(cert.memory.replace(temporary=temporary_bytes(gp, r.choice)), cert.redundant, cert.seconds,
+                       r.memory, r.seconds)
+    breakdown = cert.memory
     seq = int(graph.meta.get("seq_len", 0) or 0)
     tokens = b * m * seq
     units: list[dict[str, Any]] = []
