@@ -133,6 +133,7 @@ class GraphCosts:
                     if self.unit_of[i] != u and not src.is_parameter and src.kind is not OpKind.INPUT:
                         ext.setdefault(i, None)
             self.external_inputs[u] = list(ext)
+        self._consumers = graph.consumers()
         signatures: dict[Hashable, str] = {}
         self.representative: dict[str, str] = {}
         for u in self.nodes:
@@ -156,7 +157,11 @@ class GraphCosts:
                 else:
                     src = self.graph.node(i)
                     refs.append(("x", src.dims, src.dtype))
-            sig.append((n.kind.value, n.dims, n.dtype, _freeze(n.attrs), tuple(refs), block_of(n) is None))
+            # how the output is used outside the unit decides what is saved for it (a block whose
+            # output only feeds a view differs from one whose output feeds the next block's matmuls)
+            outside = tuple(sorted((c.kind.value, str(c.attrs.get("fn", "")), c.inputs.index(n.id))
+                                   for c in map(self.graph.node, self._consumers[n.id]) if c.id not in local))
+            sig.append((n.kind.value, n.dims, n.dtype, _freeze(n.attrs), tuple(refs), block_of(n) is None, outside))
         return tuple(sig)
 
     def saved(self, recompute: Recompute, flash: bool, act_bytes: int) -> tuple[dict[str, list[SavedItem]], set[str]]:

@@ -59,12 +59,9 @@ class GraphProblem:
         return self.strategies[rep][choice[rep]]
 
     def out_layout(self, op: str, choice: Mapping[str, int]) -> TensorLayout:
-        """Output layout of ``op`` (a view: its producer's, renamed)."""
-        src = self.follows.get(op)
-        if src is not None:
-            return self.out_layout(src, choice)
-        node = self.ctx.graph.node(op)
-        return output_layout(node, self.strategy_of(op, choice), self.ctx.mesh, self.partial_dims[op])
+        """Output layout of ``op`` (a view: its origin's, with the dims renamed)."""
+        origin = _origin(op, self.follows)
+        return _source_layout(self, op, choice[self.rep_of[origin]])
 
 
 def _owners(graph: Graph, ops: list[Node]) -> dict[str, list[int]]:
@@ -103,7 +100,8 @@ def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, 
 
 def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuSpec, calibration: Calibration,
                   precision: Precision, microbatches: int, recompute: Recompute, flash_attention: bool,
-                  zero_stages: tuple[int, ...] = (0, 1, 2, 3), max_strategies: int | None = None) -> GraphProblem:
+                  zero_stages: tuple[int, ...] = (0, 1, 2, 3), max_strategies: int | None = None,
+                  follow_views: bool = True) -> GraphProblem:
     """The auxiliary problem of ``graph`` (built for one micro-batch) on ``mesh``.
 
     ``max_strategies`` caps the candidates per operator (after dropping dominated ones) by keeping
@@ -120,8 +118,12 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         for n, r in zip(nodes, rep_nodes, strict=True):
             rep_of[n.id] = r.id
     partial = {n.id: loop_dims(n, graph)[1] for n in ops}
-    follows = {n.id: n.inputs[0] for n in ops if n.kind is OpKind.RESHAPE and not graph.node(n.inputs[0]).is_leaf
-               and not partial[n.inputs[0]]}
+    follows = {n.id: n.inputs[0] for n in ops if follow_views and _renaming(graph, n) is not None
+               and not graph.node(n.inputs[0]).is_leaf and not partial[n.inputs[0]]}
+    if follows:
+        by_owner = _charge_views_to_origins(graph, by_owner, follows)
+        ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
+                         owned, by_owner, at_input)
     counts: dict[str, int] = {}
     for n in ops:
         if n.id not in follows:
@@ -235,6 +237,34 @@ def _param_edges(graph: Graph, ops: list[Node], owned: Mapping[str, list[int]]) 
     return out
 
 
+def _renaming(graph: Graph, node: Node) -> dict[str, str] | None:
+    """For a view that only renames dims (same sizes, same order): input dim -> output dim."""
+    if node.kind is not OpKind.RESHAPE or len(node.inputs) != 1:
+        return None
+    src = graph.node(node.inputs[0])
+    if [s for _, s in src.dims] != [s for _, s in node.dims]:
+        return None
+    return {a: b for (a, _), (b, _) in zip(src.dims, node.dims, strict=True)}
+
+
+def _charge_views_to_origins(graph: Graph, by_owner: dict[str, list[SavedItem]],
+                             follows: Mapping[str, str]) -> dict[str, list[SavedItem]]:
+    """Buffers saved of a view's output are the origin's tensor under other names: charge them to
+    the origin, with the dims named as the origin names them."""
+    out = {k: list(v) for k, v in by_owner.items() if k not in follows}
+    for view in follows:
+        origin, names = view, dict[str, str]()
+        while origin in follows:
+            rename = _renaming(graph, graph.node(origin)) or {}
+            back = {b: a for a, b in rename.items()}
+            names = {k: back.get(v, v) for k, v in names.items()} if names else dict(back)
+            origin = follows[origin]
+        for it in by_owner.get(view, ()):
+            dims = None if it.dims is None else frozenset(names.get(d, d) for d in it.dims)
+            out.setdefault(origin, []).append(SavedItem(it.key, origin, it.numel, it.elem_bytes, dims))
+    return out
+
+
 def _classes(layouts: list[TensorLayout]) -> tuple[list[int], list[TensorLayout]]:
     """Class index of each layout (equal layouts share one) and one layout per class."""
     index: dict[TensorLayout, int] = {}
@@ -254,11 +284,15 @@ def _source_layout(gp: GraphProblem, src: str, s: int) -> TensorLayout:
     origin = gp.rep_of[_origin(src, gp.follows)]
     node = gp.ctx.graph.node(origin)
     lay = output_layout(node, gp.strategies[origin][s], gp.ctx.mesh, gp.partial_dims[origin])
-    if src not in gp.follows:
-        return lay
-    view = gp.ctx.graph.node(src)
-    keep = set(view.shape)
-    return TensorLayout(tuple((d, a) for d, a in lay.split if d in keep), lay.partial)
+    chain = []
+    op = src
+    while op in gp.follows:
+        chain.append(op)
+        op = gp.follows[op]
+    for view in reversed(chain):  # rename dims from the origin outwards
+        rename = _renaming(gp.ctx.graph, gp.ctx.graph.node(view)) or {}
+        lay = TensorLayout(tuple((rename.get(d, d), a) for d, a in lay.split), lay.partial)
+    return lay
 
 
 def _edges(graph: Graph, ops: list[Node], follows: Mapping[str, str]) -> list[tuple[str, str, int]]:
