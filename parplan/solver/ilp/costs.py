@@ -15,7 +15,10 @@ Time (seconds per training step of ``m`` micro-batches):
   input: an all-reduce per micro-batch;
 - parameter gradients are partial along axes that split the work but not the parameter: once per
   step an all-reduce (ZeRO 0) or a reduce-scatter plus an all-gather of the updated weights
-  (ZeRO 1-2); ZeRO-3 also all-gathers the weights in every micro-batch's forward and backward;
+  (ZeRO 1-2), hidden behind the operator's backward of one micro-batch as far as that lasts;
+  ZeRO-3 also all-gathers the weights in every micro-batch's forward and backward, hidden behind
+  that micro-batch's compute as far as it lasts (the uniform model's overlap rule, per operator);
+- the optimizer step: reading gradients and optimizer states, writing weights and states;
 - vocabulary-parallel cross entropy all-reduces three per-token statistics; expert-parallel
   dispatch and combine each do an all-to-all forward and backward.
 """
@@ -98,6 +101,18 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
     worked = {a for a, d in zip(mesh.names, s.assignment, strict=True) if d is not None}
     data = set(data_axes(s, mesh))
 
+    # --- compute
+    act_bytes = prec.activation_bytes
+    dt = prec.compute_dtype if node.dtype in _FLOATS else node.dtype
+    k = work_shards(s, mesh)
+    fwd = forward_seconds(node, g, ctx.gpu, ctx.calibration, act_bytes, dt) / k
+    bwd = backward_seconds(node, g, ctx.gpu, ctx.calibration, act_bytes, dt) / k
+    recomputed = (ctx.recompute is Recompute.FULL and block_of(node) is not None) or (
+        ctx.recompute is Recompute.SELECTIVE and not ctx.flash_attention and node.kind is OpKind.ATTENTION)
+    seconds += m * (fwd + bwd + (fwd if recomputed else 0.0))
+    sync = 0.0  # once-per-step gradient traffic, hidden behind one micro-batch's backward
+    gathers = 0.0  # ZeRO-3 weight gathers of one micro-batch, hidden behind its compute
+
     # --- parameters it owns
     for pos in ctx.owned_params.get(node.id, ()):
         p = g.node(node.inputs[pos])
@@ -119,15 +134,21 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
             dp_axes = [a for a in partial if a in data]
             other = [a for a in partial if a not in data]
             if other:
-                seconds += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
+                sync += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
             if dp_axes:
                 n, link = ctx.group_size(dp_axes), ctx.group_link(dp_axes)
                 if s.zero == 0:
-                    seconds += all_reduce_seconds(n, grads, link)
+                    sync += all_reduce_seconds(n, grads, link)
                 else:
-                    seconds += reduce_scatter_seconds(n, grads, link) + all_gather_seconds(n, weights, link)
+                    sync += reduce_scatter_seconds(n, grads, link) + all_gather_seconds(n, weights, link)
                 if s.zero >= 3:
-                    seconds += 2 * m * all_gather_seconds(n, weights, link)
+                    gathers += 2 * all_gather_seconds(n, weights, link)
+    # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward, ZeRO-3's
+    # gathers are prefetched during compute; only what exceeds that compute is exposed.
+    seconds += max(0.0, sync - bwd) + m * max(0.0, gathers - (fwd + bwd))
+    # Adam's step reads gradients and optimizer states and writes weights and states (memory bound).
+    states = held["gradients"] + 2 * held["optimizer_states"] + held["parameters"]
+    seconds += states / (ctx.gpu.hbm_bandwidth_bytes_per_s * ctx.calibration.memory_efficiency)
 
     # --- saved activations
     out_layout = output_layout(node, s, mesh, partial_dims)
@@ -142,16 +163,6 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
         local = _local(it.total_bytes, lay, mesh, it.dims)
         held["activations"] += local
         redundant["activations"] += local * (1 - 1 / math.prod(sizes[a] for a in mesh.names if a not in lay.axes))
-
-    # --- compute
-    act_bytes = prec.activation_bytes
-    dt = prec.compute_dtype if node.dtype in _FLOATS else node.dtype
-    k = work_shards(s, mesh)
-    fwd = forward_seconds(node, g, ctx.gpu, ctx.calibration, act_bytes, dt) / k
-    bwd = backward_seconds(node, g, ctx.gpu, ctx.calibration, act_bytes, dt) / k
-    recomputed = (ctx.recompute is Recompute.FULL and block_of(node) is not None) or (
-        ctx.recompute is Recompute.SELECTIVE and not ctx.flash_attention and node.kind is OpKind.ATTENTION)
-    seconds += m * (fwd + bwd + (fwd if recomputed else 0.0))
 
     # --- gradients of activation inputs that come out partial
     for pos, i in enumerate(node.inputs):

@@ -47,9 +47,17 @@ MAX_STRATEGIES_3D = 16
 
 @dataclass
 class Candidate:
+    """A (mesh, micro-step size) pair, its auxiliary problem, and its solution when it has one."""
+
     mesh: Mesh
     gp: GraphProblem
-    result: IlpResult
+    result: IlpResult | None
+    b: int  # samples per micro-step
+
+    @property
+    def res(self) -> IlpResult:
+        assert self.result is not None
+        return self.result
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,16 @@ def _links(cluster: Cluster, mesh: Mesh) -> dict[str, Any]:
     return {a: dm.link(a, cluster) for a in mesh.names}
 
 
+def micro_step_candidates(global_batch: int, devices: int, micro_batch: int | None) -> list[int]:
+    """Micro-step sizes to try: the given one, else ``b0, 2·b0, 4·b0, 8·b0`` that divide the global
+    batch, ``b0`` being the largest divisor not above the device count (smaller micro-steps keep
+    fewer activations; larger ones pay per-micro-step collectives fewer times)."""
+    b0 = micro_step_batch(global_batch, devices, micro_batch)
+    if micro_batch is not None:
+        return [b0]
+    return [b0 * k for k in (1, 2, 4, 8) if b0 * k <= global_batch and global_batch % (b0 * k) == 0]
+
+
 def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, micro_batch: int | None,
            objective: str, budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None,
            calibration: Any, precision: str = "bf16", flash_attention: bool = True, timeout_seconds: float = 60.0,
@@ -145,15 +163,14 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            reference_seconds: float | None = None, fixed_mesh: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics).
 
-    ``reference_seconds`` is the step time of the best plan found elsewhere (e.g. the baselines):
-    ``min-memory`` then stays within (1 + ε) of the better of it and the ILP's own best time, when
-    the ILP can reach that; otherwise within (1 + ε) of its own best."""
+    Candidates are (mesh, micro-step size) pairs. ``reference_seconds`` is the step time of the best
+    plan found elsewhere (e.g. the baselines): ``min-memory`` then stays within (1 + ε) of the better
+    of it and the ILP's own best time when the ILP can reach that, else within (1 + ε) of its own
+    best; on each mesh it minimises memory at the smallest micro-step that meets that time."""
     t0 = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
     cl = apply(cluster, calibration)
-    b = micro_step_batch(global_batch, cl.num_devices, micro_batch)
-    m = global_batch // b
-    graph = graph_for(b)
+    sizes = micro_step_candidates(global_batch, cl.num_devices, micro_batch)
     prec = get_precision(precision)
     if fixed_mesh is not None:
         meshes = [Mesh(tuple((f"m{i}", size) for i, size in enumerate(fixed_mesh)))]
@@ -162,6 +179,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     else:
         meshes = mesh_shapes(cl.num_devices, cl.gpus_per_node, max_mesh_dims)
     deadline = t0 + timeout_seconds
+    graphs = {b: graph_for(b) for b in sizes}
 
     def remaining() -> float:
         left = deadline - time.perf_counter()
@@ -169,59 +187,65 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             raise SolverError(f"the ILP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
         return left
 
+    fastest: list[Candidate] = []
+    problems: list[Candidate] = []
     for recompute in (Recompute.SELECTIVE, Recompute.FULL):
         problems = []
-        for i, mesh in enumerate(meshes):
-            report("building", 0.05 + 0.25 * i / len(meshes))
-            problems.append((mesh, build_problem(graph, mesh, _links(cl, mesh), cl.gpu, calibration, prec, m, recompute,
-                                                 flash_attention,
-                                                 max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None)))
-        fastest: list[Candidate] = []
-        for i, (mesh, gp) in enumerate(problems):
-            report("solving: best time", 0.3 + 0.3 * i / len(problems))
+        combos = [(mesh, b) for mesh in meshes for b in sizes]
+        for i, (mesh, b) in enumerate(combos):
+            report("building and solving: best time", 0.05 + 0.55 * i / len(combos))
+            gp = build_problem(graphs[b], mesh, _links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
+                               recompute, flash_attention,
+                               max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None)
             try:
-                fastest.append(Candidate(mesh, gp, solve_aux(gp.problem, "time", budget=budget_bytes,
-                                                             timeout_seconds=remaining())))
+                r = solve_aux(gp.problem, "time", budget=budget_bytes, timeout_seconds=remaining())
             except InfeasibleError:
+                problems.append(Candidate(mesh, gp, None, b))
                 continue
+            fastest.append(Candidate(mesh, gp, r, b))
+            problems.append(fastest[-1])
         if fastest:
             break
     if not fastest:
         report("solving: least memory", 0.8)
-        least = min((Candidate(mesh, gp, solve_aux(gp.problem, "memory", timeout_seconds=remaining()))
-                     for mesh, gp in problems), key=lambda c: c.result.memory)
-        return _document(least, graph, cl, m, b, "infeasible", time.perf_counter() - t0, meshes, budget_bytes,
-                         objective)
-    best_time = min(c.result.seconds for c in fastest)
-    chosen = min(fastest, key=lambda c: (c.result.seconds, c.result.memory))
+        smallest = [c for c in problems if c.b == sizes[0]]
+        least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=remaining()), c.b)
+                     for c in smallest), key=lambda c: c.res.memory)
+        return _document(least, cl, "infeasible", time.perf_counter() - t0, meshes, budget_bytes, objective)
+    best_time = min(c.res.seconds for c in fastest)
+    chosen = min(fastest, key=lambda c: (c.res.seconds, c.res.memory))
     if objective == "min-memory":
         reference = min(best_time, reference_seconds) if reference_seconds else best_time
         if best_time > reference * (1 + max_slowdown):
             reference = best_time  # the ILP cannot get within the slowdown of the other plan
         limit = reference * (1 + max_slowdown)
         best_time = reference
+        per_mesh: dict[str, Candidate] = {}
+        for c in sorted(fastest, key=lambda c: c.b):
+            if c.res.seconds <= limit:
+                per_mesh.setdefault(c.mesh.describe(), c)  # the smallest micro-step meeting the limit
         pool = []
-        for i, c in enumerate(fastest):
-            if c.result.seconds > limit:
-                continue
-            report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(fastest))
+        for i, c in enumerate(per_mesh.values()):
+            report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(per_mesh))
             if alpha_gib_per_s is not None:
                 r = solve_aux(c.gp.problem, "weighted", alpha=alpha_gib_per_s * 2**30, budget=budget_bytes,
                               timeout_seconds=remaining())
             else:
                 r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=limit * (1 + 1e-9),
-                              timeout_seconds=remaining())
-            pool.append(Candidate(c.mesh, c.gp, r))
-        chosen = min(pool, key=lambda c: (c.result.memory, c.result.seconds))
-    status = "optimal" if chosen.result.status == "optimal" else "feasible"
+                              timeout_seconds=remaining(), start=c.res.choice)
+            pool.append(Candidate(c.mesh, c.gp, r, c.b))
+        chosen = min(pool, key=lambda c: (c.res.memory, c.res.seconds))
+    status = "optimal" if chosen.res.status == "optimal" else "feasible"
     report("done", 1.0)
-    return _document(chosen, graph, cl, m, b, status, time.perf_counter() - t0, meshes, budget_bytes, objective,
-                     best_time)
+    return _document(chosen, cl, status, time.perf_counter() - t0, meshes, budget_bytes, objective, best_time,
+                     tried=len(fastest) + sum(1 for c in problems if c.result is None))
 
 
-def _document(c: Candidate, graph: Graph, cluster: Cluster, m: int, b: int, status: str, seconds: float,
-              meshes: list[Mesh], budget: float, objective: str, best_time: float | None = None) -> dict[str, Any]:
-    gp, r = c.gp, c.result
+def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes: list[Mesh], budget: float,
+              objective: str, best_time: float | None = None, tried: int = 0) -> dict[str, Any]:
+    gp, r = c.gp, c.res
+    graph, b = gp.ctx.graph, c.b
+    m = gp.ctx.microbatches
     cert = certify(gp, r.choice)
     cert = Certificate(cert.memory.replace(temporary=temporary_bytes(gp, r.choice)), cert.redundant, cert.seconds,
                        r.memory, r.seconds)
@@ -272,7 +296,7 @@ def _document(c: Candidate, graph: Graph, cluster: Cluster, m: int, b: int, stat
         "solver": {
             "method": "ilp", "status": status, "seconds": seconds, "gap": r.gap, "backend": r.backend,
             "objective": objective, "ilp_objective": r.objective, "best_time_seconds": best_time,
-            "meshes_tried": [mm.describe() for mm in meshes],
+            "meshes_tried": [mm.describe() for mm in meshes], "candidates_solved": tried,
             "aux_graph": {"vertices": gp.problem.size[0], "edges": gp.problem.size[1],
                           "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
             "certificate": {"memory_bytes": cert.memory.total, "seconds": cert.seconds, "matches": cert.matches},
