@@ -65,12 +65,24 @@ def test_pipeline_bubble_is_p_minus_1_over_m_for_balanced_stages() -> None:
         assert t.step_seconds == pytest.approx(8 * max(per) + (sum(per) - max(per)) / v + tail)
 
 
-def test_data_parallel_all_reduce_of_fp32_gradients() -> None:
+def test_data_parallel_all_reduces_each_layers_fp32_gradients() -> None:
+    """One all-reduce of the fp32 gradient buffers per layer (DDP's buckets, one per layer) and one
+    for the parameters several layers share (the tied embedding), over 16 ranks on two nodes."""
     g = build_graph(_gpt(2), batch=1)
     cluster = make_cluster(16, 8, "A100-80GB")
     t = plan_time(g, ParallelConfig(dp=16), cluster)
-    grads = 4 * g.parameter_count()  # fp32 gradient accumulation buffers
-    assert t.stages[0].dp_comm_seconds == pytest.approx(all_reduce_seconds(16, grads, cluster.inter_node))
+    users: dict[str, set[str]] = {}
+    for n in g.nodes:
+        for i in n.inputs:
+            if g.node(i).is_parameter:
+                users.setdefault(i, set()).add(n.layer or "")
+    per_unit: dict[str, int] = {}
+    for i, layers in users.items():
+        key = "shared" if len(layers) > 1 else next(iter(layers))
+        per_unit[key] = per_unit.get(key, 0) + g.node(i).numel
+    assert sum(per_unit.values()) == g.parameter_count()
+    expected = sum(all_reduce_seconds(16, 4 * n, cluster.inter_node) for n in per_unit.values())
+    assert t.stages[0].dp_comm_seconds == pytest.approx(expected)
 
 
 def test_more_devices_more_throughput_for_a_fixed_batch() -> None:

@@ -1,0 +1,398 @@
+"""Memory and step time of a plan whose layers may each use a different strategy.
+
+A :class:`HeteroPlan` cuts the blocks into pipeline stages and gives every block a
+:class:`LayerStrategy` — its tensor- and data-parallel degrees inside the stage, their nesting
+order, the ZeRO stage of its data parallelism, sequence parallelism, recomputation and expert
+parallelism (Galvatron-BMW's per-layer decision tree). Units that are not blocks (embedding, LM
+head, a T5 encoder's final norm) take the strategy of the block beside them. A uniform
+(Megatron-style) strategy is the special case where every block agrees; :mod:`.plan_memory` and
+:mod:`.plan_time` evaluate those through this module.
+
+Per stage and device:
+
+- memory: model states of every unit's parameters under that unit's TP/DP/ZeRO (shared
+  parameters such as a tied embedding once per stage), activations of one micro-batch times the
+  stage's in-flight count, and the temporary peak (see :mod:`.plan_memory`);
+- time per micro-batch: every unit's compute and tensor-parallel collectives (its local batch is
+  ``global_batch / (m · dp)``), a re-layout all-to-all of the activation between consecutive blocks
+  whose layouts differ, and the point-to-point transfers between stages;
+- once per step: each unit's gradient synchronisation over its data-parallel group, hidden behind
+  that unit's backward of one micro-batch as far as it lasts (ZeRO-3's per-micro-batch weight
+  gathers behind that micro-batch's compute), and Adam's memory-bound update.
+
+A step takes ``m·t_max + (Σ_s t_s − t_max)/v`` plus the slowest stage's once-per-step work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
+from parplan.solver.cluster import Cluster, DeviceMesh, Link
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.collectives import (
+    all_gather_seconds,
+    all_reduce_seconds,
+    all_to_all_seconds,
+    p2p_seconds,
+    reduce_scatter_seconds,
+)
+from parplan.solver.cost.memory import Memory, MemoryBreakdown
+from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
+from parplan.solver.cost.precision import Precision, get_precision
+from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv, UnitCost, UnitStrategy
+from parplan.solver.errors import StrategyError
+from parplan.solver.strategy import Schedule
+
+
+@dataclass(frozen=True)
+class LayerStrategy:
+    """One block's strategy inside its pipeline stage (``tp * dp`` = the stage's devices)."""
+
+    tp: int = 1
+    dp: int = 1
+    zero: int = 0  # 0: plain data parallelism; 1, 2: ZeRO; 3: sharded data parallelism (FSDP)
+    sp: bool = False
+    recompute: Recompute = Recompute.SELECTIVE
+    tp_inner: bool = True  # TP ranks are consecutive devices (else the DP ranks are)
+    ep: int = 1  # expert-parallel degree (MoE), dividing dp
+
+    def unit(self, flash_attention: bool) -> UnitStrategy:
+        return UnitStrategy(tp=self.tp, sp=self.sp, ep=self.ep, recompute=self.recompute,
+                            flash_attention=flash_attention)
+
+    @property
+    def layout_key(self) -> tuple[int, int, bool, bool, int]:
+        """What decides the layout of the activation between blocks."""
+        return (self.tp, self.dp, self.tp_inner, self.sp, self.ep)
+
+    def describe(self) -> str:
+        parts = [f"tp{self.tp}", f"dp{self.dp}"]
+        if self.zero:
+            parts.append("sdp" if self.zero == 3 else f"zero{self.zero}")
+        if self.sp:
+            parts.append("sp")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.tp > 1 and self.dp > 1:
+            parts.append("tp-inner" if self.tp_inner else "dp-inner")
+        parts.append("ckpt" if self.recompute is Recompute.FULL else self.recompute.value)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class HeteroPlan:
+    """Pipeline degree, micro-batching, and a strategy per block."""
+
+    pp: int
+    num_microbatches: int
+    global_batch: int
+    layers: Mapping[str, LayerStrategy]
+    partition: tuple[int, ...] | None = None
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    flash_attention: bool = True
+    precision: str = "bf16"
+    _devices: int = field(default=0, compare=False)
+
+    def local_batch(self, s: LayerStrategy) -> int:
+        """Samples one data-parallel rank of a block processes per micro-batch."""
+        per = self.num_microbatches * s.dp
+        if self.global_batch % per:
+            raise StrategyError(f"global batch {self.global_batch} is not a multiple of {self.num_microbatches} "
+                                f"micro-batches x dp {s.dp}")
+        return self.global_batch // per
+
+
+CostsFor = Callable[[int], GraphCosts]
+
+
+def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Precision) -> Memory:
+    """Weights, gradients and optimizer states of parameter elements, with ZeRO over the data
+    axes: dense parameters shard over all ``dp`` ranks, expert parameters over ``dp / ep``."""
+    held = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
+    redundant = dict(held)
+    per_elem = {"parameters": (prec.param_bytes, s.zero >= 3), "gradients": (prec.grad_bytes, s.zero >= 2),
+                "optimizer_states": (prec.optimizer_state_bytes, s.zero >= 1)}
+    for group, elems in groups.items():
+        nz = s.dp // s.ep if group.expert else s.dp
+        rep = s.tp if group.tp_replicated else 1
+        for cat, (nbytes, sharded) in per_elem.items():
+            h = elems * nbytes / (nz if sharded else 1)
+            r = rep * (1 if sharded else nz)
+            held[cat] += h
+            redundant[cat] += h * (1 - 1 / r)
+    return Memory(MemoryBreakdown(**held), MemoryBreakdown(**redundant))
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One pipeline stage: per-device bytes, activations of one micro-batch, in-flight count."""
+
+    stage: int
+    units: tuple[str, ...]
+    memory: Memory
+    activation_bytes_per_microbatch: float
+    in_flight_microbatches: float
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.memory.bytes.total
+
+
+@dataclass(frozen=True)
+class PlanMemory:
+    stages: tuple[StageMemory, ...]
+
+    @property
+    def peak_stage(self) -> StageMemory:
+        """The most loaded stage (the first when several tie)."""
+        return max(self.stages, key=lambda s: (s.peak_bytes, -s.stage))
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.peak_stage.peak_bytes
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """Seconds one micro-batch spends on a stage, and the stage's once-per-step costs."""
+
+    stage: int
+    forward_seconds: float
+    backward_seconds: float
+    recompute_seconds: float
+    tp_comm_seconds: float
+    p2p_seconds: float
+    dp_comm_seconds: float
+    dp_exposed_seconds: float
+    optimizer_seconds: float
+    relayout_seconds: float = 0.0
+
+    @property
+    def microbatch_seconds(self) -> float:
+        return (self.forward_seconds + self.backward_seconds + self.recompute_seconds + self.tp_comm_seconds
+                + self.p2p_seconds + self.relayout_seconds)
+
+    @property
+    def step_seconds(self) -> float:
+        """Once-per-step work: exposed gradient traffic and the optimizer."""
+        return self.dp_exposed_seconds + self.optimizer_seconds
+
+
+@dataclass(frozen=True)
+class PlanTime:
+    stages: tuple[StageTime, ...]
+    step_seconds: float
+    tokens_per_step: int
+    num_microbatches: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.step_seconds if self.step_seconds > 0 else 0.0
+
+    @property
+    def bubble_fraction(self) -> float:
+        busy = max(s.microbatch_seconds for s in self.stages)
+        return 0.0 if self.step_seconds <= 0 else max(0.0, 1 - busy * self.num_microbatches / self.step_seconds)
+
+
+def pipeline_seconds(per_microbatch: list[float], once: list[float], m: int, v: int) -> float:
+    """Step time from each stage's per-micro-batch and once-per-step seconds."""
+    t_max = max(per_microbatch)
+    return m * t_max + (sum(per_microbatch) - t_max) / v + max(once)
+
+
+class HeteroEvaluator:
+    """Evaluates plans of one model on one cluster; caches unit costs across plans."""
+
+    def __init__(self, costs_for: CostsFor, cluster: Cluster | None,
+                 calibration: Calibration = DEFAULT_CALIBRATION) -> None:
+        self.costs_for = costs_for
+        self._cluster = apply(cluster, calibration) if cluster is not None else None
+        self.calibration = calibration
+        self._meshes: dict[tuple[int, LayerStrategy], DeviceMesh] = {}
+        self._envs: dict[tuple[int, LayerStrategy, str], TimeEnv] = {}
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            raise StrategyError("a cluster is needed to price time")
+        return self._cluster
+
+    # ---------------------------------------------------------------- structure
+    def units(self, plan: HeteroPlan) -> tuple[dict[str, int], list[list[str]]]:
+        gc = self.costs_for(plan.local_batch(next(iter(plan.layers.values()))))
+        unit_stage = stage_of_units(gc.graph, plan.pp, plan.partition)
+        by_stage: list[list[str]] = [[] for _ in range(plan.pp)]
+        for u in gc.units:
+            by_stage[unit_stage.get(u, 0)].append(u)
+        return unit_stage, by_stage
+
+    def strategies(self, plan: HeteroPlan, by_stage: list[list[str]]) -> dict[str, LayerStrategy]:
+        """Every unit's strategy: blocks their own, the others their neighbour block's."""
+        out: dict[str, LayerStrategy] = {}
+        for units in by_stage:
+            blocks = [u for u in units if u in plan.layers]
+            if not blocks:
+                raise StrategyError("every pipeline stage needs at least one block")
+            current = plan.layers[blocks[0]]
+            for u in units:
+                current = plan.layers.get(u, current)
+                out[u] = current
+        return out
+
+    def mesh(self, plan: HeteroPlan, s: LayerStrategy) -> DeviceMesh:
+        key = (plan.pp, s)
+        if key not in self._meshes:
+            if s.dp % s.ep:
+                raise StrategyError(f"ep {s.ep} must divide dp {s.dp}")
+            data = [("edp", s.dp // s.ep), ("ep", s.ep)]
+            inner = [*data, ("tp", s.tp)] if s.tp_inner else [("tp", s.tp), *data]
+            self._meshes[key] = DeviceMesh.of(self.cluster, [("pp", plan.pp), *inner])
+        return self._meshes[key]
+
+    def env(self, plan: HeteroPlan, s: LayerStrategy, prec: Precision) -> TimeEnv:
+        key = (plan.pp, s, prec.name)
+        if key not in self._envs:
+            mesh = self.mesh(plan, s)
+            link = mesh.link("tp", self.cluster) if s.tp > 1 else None
+            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link)
+        return self._envs[key]
+
+    def data_link(self, plan: HeteroPlan, s: LayerStrategy, expert: bool = False) -> Link:
+        mesh = self.mesh(plan, s)
+        axes = ["edp"] if expert else ["edp", "ep"]
+        return mesh.group_link([a for a in axes if dict(mesh.axes)[a] > 1], self.cluster)
+
+    def check(self, plan: HeteroPlan) -> None:
+        """Every block's degrees use exactly the stage's devices (the cluster's, when known)."""
+        sizes = {s.tp * s.dp for s in plan.layers.values()}
+        if len(sizes) > 1:
+            raise StrategyError("every block's tp x dp must be the same (the devices of a stage)")
+        n = plan.pp * sizes.pop()
+        if self._cluster is not None and n != self._cluster.num_devices:
+            raise StrategyError(f"tp x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
+        for u, s in plan.layers.items():
+            if s.sp and s.tp == 1:
+                raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
+
+    # ---------------------------------------------------------------- costs of one unit
+    def unit_cost(self, plan: HeteroPlan, u: str, s: LayerStrategy, prec: Precision, timed: bool) -> UnitCost:
+        gc = self.costs_for(plan.local_batch(s))
+        return gc.unit_cost(u, s.unit(plan.flash_attention), prec, self.env(plan, s, prec) if timed else None)
+
+    def sync_seconds(self, plan: HeteroPlan, s: LayerStrategy, groups: Mapping[ParamGroup, float],
+                     prec: Precision) -> tuple[float, float]:
+        """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers) of some parameters."""
+        sync = gathers = 0.0
+        for expert in (False, True):
+            elems = sum(e for g, e in groups.items() if g.expert == expert)
+            n = s.dp // s.ep if expert else s.dp
+            if not elems or n == 1:
+                continue
+            link = self.data_link(plan, s, expert)
+            grads, weights = elems * prec.grad_bytes, elems * prec.param_bytes
+            if s.zero == 0:
+                sync += all_reduce_seconds(n, grads, link)
+            else:
+                sync += reduce_scatter_seconds(n, grads, link) + all_gather_seconds(n, weights, link)
+            if s.zero >= 3:
+                gathers += 2 * all_gather_seconds(n, weights, link)
+        return sync, gathers
+
+    def optimizer_seconds(self, states: MemoryBreakdown) -> float:
+        nbytes = states.gradients + 2 * states.optimizer_states + states.parameters
+        return nbytes / (self.cluster.gpu.hbm_bandwidth_bytes_per_s * self.calibration.memory_efficiency)
+
+    # ---------------------------------------------------------------- whole plans
+    def memory(self, plan: HeteroPlan) -> PlanMemory:
+        self.check(plan)
+        prec = get_precision(plan.precision)
+        _, by_stage = self.units(plan)
+        strat = self.strategies(plan, by_stage)
+        stages = []
+        for stage, units in enumerate(by_stage):
+            states = Memory(MemoryBreakdown(), MemoryBreakdown())
+            act = act_red = temp = 0.0
+            for u in units:
+                s = strat[u]
+                c = self.unit_cost(plan, u, s, prec, timed=False)
+                states = states + model_states(c.params, s, prec)
+                act += c.act_bytes
+                act_red += c.act_redundant_bytes
+                temp = max(temp, c.recompute_peak_bytes, c.logits_grad_bytes, c.sp_gather_bytes)
+                if s.zero >= 3 and u.rpartition(".")[2].isdigit():
+                    temp = max(temp, c.param_elems_all * (2 * prec.param_bytes + prec.grad_bytes))
+            first = strat[units[0]]
+            gc = self.costs_for(plan.local_batch(first))
+            states = states + model_states(gc.shared_param_elems(units, first.unit(plan.flash_attention)), first, prec)
+            shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention),
+                                                          prec.activation_bytes)
+            act += shared_act
+            act_red += shared_red
+            flight = in_flight_microbatches(stage, plan.pp, plan.num_microbatches, plan.schedule,
+                                            plan.virtual_stages)
+            held = states.bytes.replace(activations=act * flight, temporary=temp)
+            red = states.redundant.replace(activations=act_red * flight)
+            stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight))
+        return PlanMemory(tuple(stages))
+
+    def time(self, plan: HeteroPlan) -> PlanTime:
+        self.check(plan)
+        prec = get_precision(plan.precision)
+        unit_stage, by_stage = self.units(plan)
+        strat = self.strategies(plan, by_stage)
+        stages = []
+        for stage, units in enumerate(by_stage):
+            fwd = bwd = rec = tp = relayout = 0.0
+            sync_total = exposed = opt = 0.0
+            previous: LayerStrategy | None = None
+            for u in units:
+                s = strat[u]
+                c = self.unit_cost(plan, u, s, prec, timed=True)
+                fwd += c.forward_seconds
+                bwd += c.backward_seconds
+                rec += c.recompute_seconds
+                tp += c.tp_comm_seconds
+                sync, gathers = self.sync_seconds(plan, s, c.params, prec)
+                m = plan.num_microbatches
+                sync_total += sync + m * gathers
+                exposed += max(0.0, sync - c.backward_seconds) + m * max(
+                    0.0, gathers - c.forward_seconds - c.backward_seconds)
+                opt += self.optimizer_seconds(model_states(c.params, s, prec).bytes)
+                if previous is not None and previous.layout_key != s.layout_key:
+                    relayout += self.relayout_seconds(plan, u, s, prec)
+                previous = s
+            first = strat[units[0]]
+            gc = self.costs_for(plan.local_batch(first))
+            shared = gc.shared_param_elems(units, first.unit(plan.flash_attention))
+            if shared:
+                sync, gathers = self.sync_seconds(plan, first, shared, prec)
+                sync_total += sync + plan.num_microbatches * gathers
+                exposed += sync + plan.num_microbatches * gathers
+                opt += self.optimizer_seconds(model_states(shared, first, prec).bytes)
+            p2p = 0.0
+            if plan.pp > 1:
+                link = self.mesh(plan, first).link("pp", self.cluster)
+                boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
+                                             first.unit(plan.flash_attention), prec.activation_bytes)
+                p2p = sum(2 * p2p_seconds(b, link) for b in boundary)
+            stages.append(StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout))
+        v = plan.virtual_stages if plan.schedule is Schedule.INTERLEAVED else 1
+        step = pipeline_seconds([s.microbatch_seconds for s in stages], [s.step_seconds for s in stages],
+                                plan.num_microbatches, v)
+        gc = self.costs_for(plan.local_batch(next(iter(plan.layers.values()))))
+        seq = int(gc.graph.meta.get("seq_len", 0) or 0)
+        return PlanTime(tuple(stages), step, plan.global_batch * seq, plan.num_microbatches)
+
+    def relayout_seconds(self, plan: HeteroPlan, u: str, s: LayerStrategy, prec: Precision) -> float:
+        """Re-distributing the activation entering block ``u`` when its layout differs from the
+        previous block's: an all-to-all over the stage's devices, forward and backward."""
+        gc = self.costs_for(plan.local_batch(s))
+        n = s.tp * s.dp
+        mesh = self.mesh(plan, s)
+        link = mesh.group_link([a for a, size in mesh.axes if a != "pp" and size > 1], self.cluster)
+        full = sum(gc.graph.node(i).numel for i in gc.external_inputs[u]) * prec.activation_bytes * s.dp
+        return 2 * all_to_all_seconds(n, full / n, link)
