@@ -231,6 +231,9 @@ def _plan_table(doc: dict[str, Any]) -> str:
     else:
         st = doc["strategy"]
         lines += [f"model     {doc['model']['name']}", f"plan      {st['summary']}", ""]
+        for run in st.get("layers", []):
+            span = run["first"] if run["count"] == 1 else f"{run['first']} .. {run['last']}"
+            lines.append(f"  stage {run['stage']}  {span:<28s} (x{run['count']})  {run['strategy']}")
         for unit in st.get("units", []):
             lines.append(f"  {unit['units']}  (x{unit['count']})")
             for op, info in unit["ops"].items():
@@ -252,6 +255,10 @@ def _plan_table(doc: dict[str, Any]) -> str:
         fit = "" if b["fits"] else " (does not fit)"
         lines.append(f"  {name:<16s} {b['memory']['peak_bytes'] / GIB:9.2f} {b['time']['step_seconds']:8.3f}   "
                      f"{ratio:>10s}   {thr:>12s}        {b['strategy']['summary']}{fit}")
+    if doc.get("pareto") and getattr(_plan_table, "pareto", False):
+        lines += ["", "memory vs step time (plans no other plan beats on both)"]
+        for p in doc["pareto"]:
+            lines.append(f"  {p['peak_bytes'] / GIB:8.2f} GiB  {p['step_seconds']:8.3f} s   {p['summary']}")
     gap = solver.get("gap")
     lines += ["", f"solver    {solver['method']} ({solver.get('why', '')}): {solver['status']}, "
               f"{solver['seconds']:.2f} s" + (f", gap {gap:.2e}" if isinstance(gap, float) else "")]

@@ -270,8 +270,13 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     report("search", 0.3)
     if method == "ilp":
         doc = _ilp(req, report, reference)
+    elif method == "dp":
+        doc = _dp(req, report, bases.get("megatron"))
     else:
-        doc = _grid(req, ev, num_blocks, report)
+        ilp_doc = _ilp(req, lambda st, f: report(st, 0.3 + 0.35 * f), reference)
+        dp_doc = _dp(req, lambda st, f: report(st, 0.65 + 0.3 * f), bases.get("megatron"))
+        doc = _better(req, ilp_doc, dp_doc)
+        why += f"; chose {doc['solver']['method']}"
     doc["baselines"] = {n: b.to_dict() | {"fits": b.fits} if b else None for n, b in bases.items()}
     if doc.get("memory") and doc.get("time"):
         doc["relative"] = {n: _relative_doc(doc, b) for n, b in bases.items()}
@@ -294,8 +299,109 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
     if req.search == "ilp":
         return "ilp", "requested: intra-operator ILP"
     if req.search == "dp":
-        return "grid", "requested dp: uniform strategies (the per-layer dynamic programming is not built yet)"
-    return "ilp", "auto: intra-operator ILP over the whole mesh"
+        return "dp", "requested: per-layer hybrid parallelism by dynamic programming"
+    if req.mesh is not None:
+        return "ilp", "auto: a device mesh was given, which only the ILP uses"
+    blocks = len(blocks_of(req.model.build(1, req.seq_len)))
+    if blocks == 0:
+        return "ilp", "auto: the graph has no repeated blocks for the layer-wise DP; intra-operator ILP"
+    if req.cluster.num_devices <= req.cluster.gpus_per_node:
+        return "both", ("auto: one node — both the intra-operator ILP and the per-layer DP run, the better plan "
+                        "for the objective wins")
+    return "dp", ("auto: several nodes — pipeline stages across nodes are needed, which the per-layer DP "
+                  "searches (the ILP plans one mesh without pipelining)")
+
+
+def _better(req: PlanRequest, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """The better of two plan documents for the request's objective (a feasible one first)."""
+    if a.get("memory") is None:
+        return b
+    if b.get("memory") is None:
+        return a
+
+    def key(d: dict[str, Any]) -> tuple[float, float]:
+        mem, secs = d["memory"]["peak_bytes"], d["time"]["step_seconds"]
+        return (secs, mem) if req.objective == "max-throughput" else (mem, secs)
+
+    if req.objective == "min-memory" and req.alpha is None:
+        best = min(a["time"]["step_seconds"], b["time"]["step_seconds"]) * (1 + req.max_slowdown)
+        within = [d for d in (a, b) if d["time"]["step_seconds"] <= best * (1 + 1e-9)]
+        return min(within, key=key)
+    return min((a, b), key=key)
+
+
+def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> dict[str, Any]:
+    from parplan.solver.cost.plan_memory import hetero_plan
+    from parplan.solver.dp.search import search
+
+    reference = None
+    if megatron is not None and megatron.fits:
+        reference = hetero_plan(req.model.build(megatron.strategy.micro_batch, req.seq_len), megatron.strategy)
+    res = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
+                 objective=req.objective, budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown,
+                 alpha_gib_per_s=req.alpha, calibration=req.calibration, reference=reference,
+                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=True)
+    if res["status"] == "infeasible":
+        out = _infeasible(req, res["least"], None)
+        out["solver"] = {"method": "dp", "status": "infeasible", "gap": None, "candidates": res["candidates"]}
+        return out
+    doc = hetero_document(res["plan"], res["evaluator"], req)
+    doc["solver"] = {"method": "dp", "status": "optimal", "gap": None, "candidates": res["candidates"],
+                     "best_time_seconds": res["best_seconds"], "search_seconds": res["seconds"],
+                     "note": "exact per stage for the memory granularity (1/512 of the budget); pipeline degree, "
+                             "micro-batch count and partition searched over candidates"}
+    doc["pareto"] = [{"step_seconds": secs, "peak_bytes": round(peak), "summary": plan_summary(plan)}
+                     for secs, peak, plan in res["frontier"]]
+    return doc
+
+
+def plan_summary(plan: Any) -> str:
+    kinds = sorted({s.describe() for s in plan.layers.values()})
+    return (f"pp{plan.pp} x {plan.num_microbatches} micro-batches, partition {list(plan.partition or [])}: "
+            + "; ".join(kinds))
+
+
+def hetero_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
+    """A per-layer plan as the plan document (DESIGN.md's keys)."""
+    mem = ev.memory(plan)
+    t = ev.time(plan)
+    peak = mem.peak_stage
+    runs: list[dict[str, Any]] = []
+    for unit, s in plan.layers.items():
+        text = s.describe()
+        if runs and runs[-1]["strategy"] == text and runs[-1]["stage"] == _stage_of(plan, unit):
+            runs[-1]["last"] = unit
+            runs[-1]["count"] += 1
+        else:
+            runs.append({"first": unit, "last": unit, "count": 1, "strategy": text, "stage": _stage_of(plan, unit),
+                         "tp": s.tp, "dp": s.dp, "zero": s.zero, "sequence_parallel": s.sp,
+                         "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep})
+    return {
+        "strategy": {"kind": "per-layer", "summary": plan_summary(plan), "pp": plan.pp,
+                     "num_microbatches": plan.num_microbatches, "global_batch": plan.global_batch,
+                     "partition": list(plan.partition or []), "schedule": plan.schedule.value,
+                     "layers": runs, "precision": plan.precision, "flash_attention": plan.flash_attention},
+        "memory": {"peak_bytes": round(peak.peak_bytes), "peak_stage": peak.stage,
+                   "fits": peak.peak_bytes <= req.cluster.device_memory_bytes,
+                   "device_memory_bytes": req.cluster.device_memory_bytes,
+                   "breakdown": peak.memory.bytes.as_dict(), "redundant": peak.memory.redundant.as_dict(),
+                   "stages": [{"stage": st.stage, "peak_bytes": round(st.peak_bytes),
+                               "breakdown": st.memory.bytes.as_dict(),
+                               "in_flight_microbatches": st.in_flight_microbatches} for st in mem.stages]},
+        "time": {"step_seconds": t.step_seconds, "tokens_per_second": t.tokens_per_second,
+                 "samples_per_second": plan.global_batch / t.step_seconds if t.step_seconds else 0.0,
+                 "bubble_fraction": t.bubble_fraction, "calibration": req.calibration.source},
+    }
+
+
+def _stage_of(plan: Any, unit: str) -> int:
+    index = list(plan.layers).index(unit)
+    total = 0
+    for stage, count in enumerate(plan.partition or [len(plan.layers)]):
+        total += count
+        if index < total:
+            return stage
+    return len(plan.partition or [1]) - 1
 
 
 def _relative_doc(doc: dict[str, Any], base: Evaluation | None) -> dict[str, float] | None:

@@ -1,0 +1,1 @@
+"""Galvatron-BMW: per-layer hybrid strategies by dynamic programming, with balanced pipelines."""

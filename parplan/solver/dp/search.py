@@ -1,0 +1,419 @@
+"""Galvatron-BMW's search: pipeline degree, micro-batching, partition, and a DP per stage.
+
+For every pipeline degree ``p`` (dividing the devices, at most the number of blocks) and micro-batch
+count ``m``:
+
+1. every block is priced under every strategy of the decision tree (:mod:`.space`) on its stage —
+   time per step (``m`` micro-batches plus the once-per-step gradient sync and optimizer work),
+   memory (model states plus its activations times the stage's in-flight micro-batches), and its
+   temporary buffers — with :class:`~parplan.solver.cost.hetero.HeteroEvaluator`, the cost model the
+   baselines use; embedding, LM head and the like are priced with the block next to them;
+2. partitions are tried from the *memory-balanced* one (stage memory as even as possible, later
+   stages holding fewer micro-batches get more blocks) towards the *time-balanced* one, stopping at
+   the first that no longer fits (the bi-objective procedure); the even split is tried too;
+3. each stage is solved by :func:`~parplan.solver.dp.dynamic.solve_stage` under the budget left
+   after its largest temporary buffer, which gives its least time for every smaller budget too.
+
+``max-throughput`` keeps the fastest plan; ``min-memory`` then lowers the memory budget (the same
+for every stage) as far as the step time stays within (1 + ε) of the best — read off the DP tables
+without solving again — and takes the least memory over all candidates. Every answer is
+re-evaluated by the cost model as a whole plan.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from parplan.solver.calibration import Calibration
+from parplan.solver.cluster import Cluster
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.hetero import HeteroEvaluator, HeteroPlan, LayerStrategy, model_states
+from parplan.solver.cost.pipeline import blocks_of, in_flight_microbatches, stage_of_units, units_of
+from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.units import GraphCosts
+from parplan.solver.dp.dynamic import StageSolution, solve_stage
+from parplan.solver.dp.space import SpaceOptions, degrees, layer_strategies
+from parplan.solver.errors import SolverError, StrategyError
+from parplan.solver.ir import Graph
+from parplan.solver.strategy import Schedule
+
+ProgressFn = Callable[[str, float], None]
+
+#: Memory granularity of the DP: the budget is cut into this many units.
+MEMORY_UNITS = 512
+
+
+@dataclass
+class StageTables:
+    """Per-block costs of one stage under every strategy (rows: blocks in order)."""
+
+    blocks: list[str]
+    time: np.ndarray  # [L, S] seconds per step
+    mem: np.ndarray  # [L, S] bytes
+    temp: np.ndarray  # [L, S] bytes
+    switch: list[np.ndarray]  # [L-1] x [S, S] seconds per step
+
+
+@dataclass
+class Candidate:
+    pp: int
+    m: int
+    partition: tuple[int, ...]
+    solutions: list[tuple[StageSolution, float, int]] = field(default_factory=list)  # (solution, unit bytes, τ units)
+    strategies: list[LayerStrategy] = field(default_factory=list)
+
+
+class DpSearch:
+    """One model on one cluster: caches graphs and block costs across the candidates."""
+
+    def __init__(self, graph_for: Callable[[int], Graph], cluster: Cluster, global_batch: int, calibration: Calibration,
+                 budget_bytes: float, options: SpaceOptions | None = None, precision: str = "bf16",
+                 flash_attention: bool = True) -> None:
+        self.graph_for = graph_for
+        self._graphs: dict[int, GraphCosts] = {}
+        self.cluster = cluster
+        self.B = global_batch
+        self.calibration = calibration
+        self.budget = budget_bytes
+        self.options = options or SpaceOptions(max_tp=cluster.gpus_per_node)
+        self.prec = get_precision(precision)
+        self.flash = flash_attention
+        self.ev = HeteroEvaluator(self.costs_for, cluster, calibration)
+        probe = self.costs_for(1)
+        self.blocks = blocks_of(probe.graph)
+        self.units = units_of(probe.graph)
+        self.moe = any(d == "expert" for n in probe.graph.nodes for d, _ in n.dims)
+        self.evaluations = 0
+
+    def costs_for(self, batch: int) -> GraphCosts:
+        if batch not in self._graphs:
+            self._graphs[batch] = GraphCosts(self.graph_for(batch))
+        return self._graphs[batch]
+
+    # ------------------------------------------------------------------ pricing
+    def probe_plan(self, pp: int, m: int, partition: tuple[int, ...] | None = None) -> HeteroPlan:
+        return HeteroPlan(pp=pp, num_microbatches=m, global_batch=self.B, layers={}, partition=partition,
+                          flash_attention=self.flash, precision=self.prec.name)
+
+    def strategies(self, pp: int, m: int) -> list[LayerStrategy]:
+        n = self.cluster.num_devices // pp
+        opts = self.options
+        if self.moe and opts.expert_parallel == (1,):
+            opts = SpaceOptions(opts.zero_stages, opts.checkpointing, opts.sequence_parallel, opts.both_orders,
+                                tuple(degrees(n)), opts.max_tp)
+        out = []
+        for s in layer_strategies(n, opts, moe=self.moe):
+            if self.B % (m * s.dp):
+                continue
+            out.append(s)
+        return out
+
+    def tables(self, pp: int, m: int, partition: tuple[int, ...], stage: int,
+               strats: list[LayerStrategy]) -> StageTables:
+        plan = self.probe_plan(pp, m, partition)
+        probe = self.costs_for(plan.local_batch(strats[0]))
+        unit_stage = stage_of_units(probe.graph, pp, partition)
+        units = [u for u in self.units if unit_stage.get(u, 0) == stage]
+        blocks = [u for u in units if u in set(self.blocks)]
+        # non-block units are priced with the block before them (or the first block)
+        owner: dict[str, str] = {}
+        current = blocks[0]
+        for u in units:
+            if u in blocks:
+                current = u
+            owner[u] = current
+        flight = in_flight_microbatches(stage, pp, m, Schedule.ONE_F_ONE_B)
+        n_l, n_s = len(blocks), len(strats)
+        t = np.zeros((n_l, n_s))
+        mem = np.zeros((n_l, n_s))
+        temp = np.zeros((n_l, n_s))
+        row = {b: i for i, b in enumerate(blocks)}
+        for j, s in enumerate(strats):
+            gc = self.costs_for(plan.local_batch(s))
+            us = s.unit(self.flash)
+            for u in units:
+                i = row[owner[u]]
+                c = self.ev.unit_cost(plan, u, s, self.prec, timed=True)
+                states = model_states(c.params, s, self.prec)
+                sync, gathers = self.ev.sync_seconds(plan, s, c.params, self.prec)
+                exposed = max(0.0, sync - c.backward_seconds) + m * max(0.0, gathers - c.forward_seconds
+                                                                       - c.backward_seconds)
+                mb = c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds
+                t[i, j] += m * mb + exposed + self.ev.optimizer_seconds(states.bytes)
+                mem[i, j] += states.bytes.total + c.act_bytes * flight
+                tmp = max(c.recompute_peak_bytes, c.logits_grad_bytes, c.sp_gather_bytes)
+                if s.zero >= 3 and u in row:
+                    tmp = max(tmp, c.param_elems_all * (2 * self.prec.param_bytes + self.prec.grad_bytes))
+                temp[i, j] = max(temp[i, j], tmp)
+            # parameters and buffers several units share: with the stage's first block
+            shared = gc.shared_param_elems(units, us)
+            if shared:
+                st = model_states(shared, s, self.prec)
+                sync, gathers = self.ev.sync_seconds(plan, s, shared, self.prec)
+                t[0, j] += sync + m * gathers + self.ev.optimizer_seconds(st.bytes)
+                mem[0, j] += st.bytes.total
+            mem[0, j] += gc.shared_item_bytes(units, us, self.prec.activation_bytes)[0] * flight
+        switch = []
+        for i in range(1, n_l):
+            relayout = np.array([m * self.ev.relayout_seconds(plan, blocks[i], s, self.prec) for s in strats])
+            keys = [s.layout_key for s in strats]
+            differs = np.array([[a != b for b in keys] for a in keys], dtype=float)
+            switch.append(differs * relayout[None, :])
+        return StageTables(blocks, t, mem, temp, switch)
+
+    def solve_candidate(self, pp: int, m: int, partition: tuple[int, ...],
+                        strats: list[LayerStrategy]) -> Candidate | None:
+        """Per-stage DPs under the budget; None when some stage cannot fit."""
+        cand = Candidate(pp, m, partition, strategies=strats)
+        unit = self.budget / MEMORY_UNITS
+        for stage in range(pp):
+            tb = self.tables(pp, m, partition, stage, strats)
+            self.evaluations += tb.mem.size
+            best: tuple[StageSolution, float, int] | None = None
+            best_time = math.inf
+            for tau in sorted({float(x) for x in np.unique(tb.temp)}, reverse=True)[:4]:
+                allowed = tb.temp <= tau + 1e-9
+                mem_units = np.where(allowed, np.ceil(tb.mem / unit), MEMORY_UNITS + 1).astype(np.int64)
+                tau_units = math.ceil(tau / unit)
+                budget_units = MEMORY_UNITS - tau_units
+                if budget_units < 0:
+                    continue
+                sol = solve_stage(tb.time, mem_units, tb.switch, budget_units)
+                t = float(sol.best_by_budget[budget_units])
+                if t < best_time:
+                    best_time, best = t, (sol, unit, tau_units)
+            if best is None:
+                return None
+            cand.solutions.append(best)
+        return cand
+
+    # ------------------------------------------------------------------ reading answers
+    def plan_at(self, cand: Candidate, budget_units: int) -> HeteroPlan | None:
+        """The candidate's plan when every stage may use ``budget_units`` (temporary included)."""
+        layers: dict[str, LayerStrategy] = {}
+        first = 0
+        for stage, (sol, _, tau_units) in enumerate(cand.solutions):
+            choice = sol.choices(budget_units - tau_units) if budget_units >= tau_units else None
+            if choice is None:
+                return None
+            blocks = self.blocks[first:first + cand.partition[stage]]
+            first += cand.partition[stage]
+            layers.update({b: cand.strategies[c] for b, c in zip(blocks, choice, strict=True)})
+        return HeteroPlan(pp=cand.pp, num_microbatches=cand.m, global_batch=self.B, layers=layers,
+                          partition=cand.partition, flash_attention=self.flash, precision=self.prec.name)
+
+    def predicted(self, cand: Candidate, budget_units: int) -> float:
+        """The DP's per-stage least times at a budget, combined as a pipeline (inf if infeasible)."""
+        times = []
+        for sol, _, tau_units in cand.solutions:
+            e = budget_units - tau_units
+            times.append(float(sol.best_by_budget[e]) if e >= 0 else math.inf)
+        return max(times) if times else math.inf
+
+    # ------------------------------------------------------------------ partitions
+    def layer_weights(self, pp: int, m: int, strats: list[LayerStrategy]) -> tuple[list[float], list[float]]:
+        """Per block: its least memory (one micro-batch in flight) and least time over the strategies,
+        priced where the even split puts it (so the embedding and the LM head weigh on the blocks
+        beside them)."""
+        even = tuple(even_split(len(self.blocks), pp))
+        mem: dict[str, float] = {}
+        t: dict[str, float] = {}
+        for stage in range(pp):
+            tb = self.tables(pp, m, even, stage, strats)
+            flight = in_flight_microbatches(stage, pp, m, Schedule.ONE_F_ONE_B)
+            for i, b in enumerate(tb.blocks):
+                mem[b] = float(tb.mem[i].min()) / max(flight, 1.0)
+                t[b] = float(tb.time[i].min())
+        return [mem[b] for b in self.blocks], [t[b] for b in self.blocks]
+
+    def partitions(self, pp: int, m: int, strats: list[LayerStrategy]) -> list[tuple[int, ...]]:
+        """Memory-balanced, then steps towards time-balanced, and the even split."""
+        if pp == 1:
+            return [(len(self.blocks),)]
+        mem_w, time_w = self.layer_weights(pp, m, strats)
+        flight = [in_flight_microbatches(i, pp, m, Schedule.ONE_F_ONE_B) for i in range(pp)]
+        mem_part = balanced_partition(mem_w, pp, lambda stage, w: w * (flight[stage] / flight[0]))
+        time_part = balanced_partition(time_w, pp, lambda stage, w: w)
+        out = [mem_part]
+        for alpha in (0.25, 0.5, 0.75, 1.0):
+            out.append(interpolate(mem_part, time_part, alpha))
+        out.append(tuple(even_split(len(self.blocks), pp)))
+        return list(dict.fromkeys(out))
+
+
+def even_split(n: int, p: int) -> list[int]:
+    base, extra = divmod(n, p)
+    return [base + (1 if i >= p - extra else 0) for i in range(p)]
+
+
+def balanced_partition(weights: list[float], p: int, scale: Callable[[int, float], float]) -> tuple[int, ...]:
+    """Contiguous split into ``p`` non-empty parts minimising the largest part's scaled weight
+    (``scale(stage, w)``), by dynamic programming over prefixes."""
+    n = len(weights)
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    best = [[math.inf] * (n + 1) for _ in range(p + 1)]
+    cut = [[0] * (n + 1) for _ in range(p + 1)]
+    best[0][0] = 0.0
+    for k in range(1, p + 1):
+        for j in range(k, n - (p - k) + 1):
+            for i in range(k - 1, j):
+                v = max(best[k - 1][i], scale(k - 1, prefix[j] - prefix[i]))
+                if v < best[k][j]:
+                    best[k][j], cut[k][j] = v, i
+    sizes, j = [], n
+    for k in range(p, 0, -1):
+        i = cut[k][j]
+        sizes.append(j - i)
+        j = i
+    return tuple(reversed(sizes))
+
+
+def interpolate(a: tuple[int, ...], b: tuple[int, ...], alpha: float) -> tuple[int, ...]:
+    """A partition between ``a`` and ``b``: stage boundaries moved ``alpha`` of the way."""
+    ca = np.cumsum(a)
+    cb = np.cumsum(b)
+    cuts = [round((1 - alpha) * x + alpha * y) for x, y in zip(ca[:-1], cb[:-1], strict=True)]
+    sizes, prev = [], 0
+    for c in [*cuts, int(ca[-1])]:
+        c = max(c, prev + 1)
+        sizes.append(c - prev)
+        prev = c
+    if sum(sizes) != int(ca[-1]) or min(sizes) < 1:
+        return a
+    return tuple(sizes)
+
+
+def pipeline_degrees(devices: int, blocks: int) -> list[int]:
+    return [p for p in degrees(devices) if p <= blocks]
+
+
+def microbatch_counts(global_batch: int, pp: int) -> list[int]:
+    """Micro-batch counts to try: the divisors of the global batch nearest to pp·{1, 2, 4, 8, 16}."""
+    divs = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+    out = []
+    for k in (1, 2, 4, 8, 16):
+        target = pp * k
+        out.append(min(divs, key=lambda d: (abs(math.log(d / target)), d)))
+    return sorted(set(out))
+
+
+def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, objective: str,
+           budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None, calibration: Calibration,
+           reference: HeteroPlan | None = None, options: SpaceOptions | None = None,
+           timeout_seconds: float = 60.0, progress: ProgressFn | None = None,
+           pareto: bool = False, pp_choices: list[int] | None = None,
+           m_choices: list[int] | None = None) -> dict[str, Any]:
+    """Run the search; returns the plan document's parts (see the module docstring).
+
+    ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried."""
+    t0 = time.perf_counter()
+    report = progress or (lambda stage, fraction: None)
+    ds = DpSearch(graph_for, cluster, global_batch, calibration, budget_bytes, options)
+    cands: list[Candidate] = []
+    degrees_pp = pp_choices or pipeline_degrees(cluster.num_devices, len(ds.blocks))
+    for i, pp in enumerate(degrees_pp):
+        for m in m_choices or microbatch_counts(global_batch, pp):
+            if time.perf_counter() - t0 > timeout_seconds:
+                raise SolverError(f"the DP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
+            strats = ds.strategies(pp, m)
+            if not strats:
+                continue
+            report("search", 0.05 + 0.8 * i / len(degrees_pp))
+            for part in ds.partitions(pp, m, strats):
+                try:
+                    cand = ds.solve_candidate(pp, m, part, strats)
+                except StrategyError:
+                    continue
+                if cand is None:
+                    break  # moving further towards time balance would not fit either
+                cands.append(cand)
+    report("choosing", 0.9)
+    evaluated: list[tuple[float, float, HeteroPlan]] = []  # (step seconds, peak bytes, plan)
+
+    def evaluate(plan: HeteroPlan) -> tuple[float, float]:
+        mem = ds.ev.memory(plan)
+        return ds.ev.time(plan).step_seconds, mem.peak_bytes
+
+    for cand in cands:
+        plan = ds.plan_at(cand, MEMORY_UNITS)
+        if plan is not None:
+            secs, peak = evaluate(plan)
+            if peak <= budget_bytes:
+                evaluated.append((secs, peak, plan))
+    if reference is not None:
+        secs, peak = evaluate(reference)
+        if peak <= budget_bytes:
+            evaluated.append((secs, peak, reference))
+    if not evaluated:
+        return {"status": "infeasible", "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
+                "least": _least_memory(ds, cands), "candidates": len(cands)}
+    best_secs, best_peak, best_plan = min(evaluated, key=lambda x: (x[0], x[1]))
+    chosen = (best_secs, best_peak, best_plan)
+    frontier: list[tuple[float, float, HeteroPlan]] = []
+    if objective == "min-memory" or pareto:
+        limit = best_secs * (1 + max_slowdown)
+        pool = list(evaluated)
+        for cand in cands:
+            for e in _budget_ladder(ds, cand):
+                plan = ds.plan_at(cand, e)
+                if plan is None:
+                    break
+                secs, peak = evaluate(plan)
+                pool.append((secs, peak, plan))
+                if not pareto and secs > limit:
+                    break
+        if objective == "min-memory":
+            if alpha_gib_per_s is not None:
+                chosen = min(pool, key=lambda x: x[1] + alpha_gib_per_s * 2**30 * x[0])
+            else:
+                within = [x for x in pool if x[0] <= limit]
+                chosen = min(within, key=lambda x: (x[1], x[0]))
+        frontier = _frontier(pool)
+    return {"status": "optimal", "plan": chosen[2], "step_seconds": chosen[0], "peak_bytes": chosen[1],
+            "best_seconds": best_secs, "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
+            "candidates": len(cands), "frontier": frontier, "evaluations": ds.evaluations}
+
+
+def _budget_ladder(ds: DpSearch, cand: Candidate) -> list[int]:
+    """Budgets (memory units) from the full one downwards where some stage's least time changes."""
+    steps: set[int] = set()
+    for sol, _, tau_units in cand.solutions:
+        b = sol.best_by_budget
+        finite = np.isfinite(b)
+        changes = np.nonzero(finite[1:] & (b[1:] != b[:-1]))[0] + 1
+        steps.update(int(x) + tau_units for x in changes)
+    return sorted((x for x in steps if x <= MEMORY_UNITS), reverse=True)[:24]
+
+
+def _least_memory(ds: DpSearch, cands: list[Candidate]) -> float | None:
+    """The least per-device memory of any strategy assignment: every block at its leanest."""
+    least = math.inf
+    for pp in pipeline_degrees(ds.cluster.num_devices, len(ds.blocks)):
+        m = max(microbatch_counts(ds.B, pp))
+        strats = ds.strategies(pp, m)
+        if not strats:
+            continue
+        part = tuple(even_split(len(ds.blocks), pp))
+        stages = [ds.tables(pp, m, part, s, strats) for s in range(pp)]
+        least = min(least, max(float(tb.mem.min(axis=1).sum() + tb.temp.min()) for tb in stages))
+    return least if math.isfinite(least) else None
+
+
+def _frontier(points: list[tuple[float, float, HeteroPlan]]) -> list[tuple[float, float, HeteroPlan]]:
+    """Plans no other plan beats on both step time and memory."""
+    out: list[tuple[float, float, HeteroPlan]] = []
+    for secs, peak, plan in sorted(points, key=lambda x: (x[0], x[1])):
+        if not out or peak < out[-1][1]:
+            out.append((secs, peak, plan))
+    return out
+
+
+__all__ = ["GraphCosts", "Recompute", "search"]

@@ -1,0 +1,66 @@
+"""The per-layer decision tree (Galvatron-BMW): what one block may do inside its pipeline stage.
+
+Pipeline parallelism is decided first (stages across device islands). Inside a stage of ``n``
+devices a block picks a TP degree ``t`` and DP degree ``d = n / t`` (equal group sizes; powers of
+two, or every divisor when ``n`` is not a power of two), the nesting order when both exceed 1 (TP
+ranks consecutive, or DP ranks consecutive), the kind of data parallelism (plain DP, ZeRO-1/2, or
+sharded DP = ZeRO-3), activation checkpointing on or off, sequence parallelism with TP, and for MoE
+blocks an expert-parallel degree dividing ``d``.
+
+With Galvatron's options (plain DP or SDP, no sequence parallelism) 8 devices give 22 strategies
+over all pipeline degrees, 44 with checkpointing (their paper's count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.hetero import LayerStrategy
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    checkpointing: bool = True  # offer full recomputation next to selective
+    sequence_parallel: str = "always"  # "always" with TP, "choice" (both), or "never"
+    both_orders: bool = True
+    expert_parallel: tuple[int, ...] = (1,)
+    max_tp: int | None = None  # e.g. the devices of a node
+
+
+GALVATRON = SpaceOptions(zero_stages=(0, 3), checkpointing=False, sequence_parallel="never")
+
+
+def degrees(n: int) -> list[int]:
+    """TP (or DP) degrees for ``n`` devices: powers of two dividing it, every divisor otherwise."""
+    if n & (n - 1) == 0:
+        return [1 << k for k in range(n.bit_length())]
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False) -> list[LayerStrategy]:
+    """Every distinct strategy of one block on a stage of ``n`` devices."""
+    out: list[LayerStrategy] = []
+    recomputes = (Recompute.SELECTIVE, Recompute.FULL) if opts.checkpointing else (Recompute.SELECTIVE,)
+    for t in degrees(n):
+        if opts.max_tp is not None and t > opts.max_tp:
+            continue
+        d = n // t
+        zeros = opts.zero_stages if d > 1 else (0,)
+        orders = (True, False) if (t > 1 and d > 1 and opts.both_orders) else (True,)
+        sps = {"always": (t > 1,), "never": (False,), "choice": (False, True) if t > 1 else (False,)}[
+            opts.sequence_parallel]
+        eps = [e for e in (opts.expert_parallel if moe else (1,)) if d % e == 0]
+        for z in zeros:
+            for order in orders:
+                for sp in sps:
+                    for e in eps:
+                        for rc in recomputes:
+                            out.append(LayerStrategy(tp=t, dp=d, zero=z, sp=sp, recompute=rc, tp_inner=order, ep=e))
+    return out
+
+
+def count_strategies(devices: int, opts: SpaceOptions) -> int:
+    """Strategies over every pipeline degree (a power of two dividing the devices, or a divisor)."""
+    return sum(len(layer_strategies(devices // pp, opts)) for pp in degrees(devices))
