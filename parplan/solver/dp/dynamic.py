@@ -9,7 +9,11 @@ uses at most ``e`` units:
     f_l[s', e] = time[l, s'] + min_s ( f_{l-1}[s, e - mem[l, s']] + switch[l][s, s'] )
 
 It is exact for its memory granularity (brute force agrees on small instances, see the tests) and
-runs in ``O(L · S² · E)`` numpy operations, vectorised over ``e`` and ``s``.
+runs in ``O(L · S² · E)`` numpy operations, vectorised over ``e`` and ``s``. When switching costs
+only depend on whether two strategies lay the activation out differently —
+``switch[l][s, s'] = relayout[l][s']`` if ``key[s] != key[s']`` else 0, which is what the cost model
+gives — :func:`solve_stage_keyed` does the same in ``O(L · S · E)``: the best predecessor of ``s'``
+is either the best one sharing its key (no cost) or the best of all plus ``relayout[l][s']``.
 """
 
 from __future__ import annotations
@@ -62,6 +66,48 @@ def solve_stage(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64], switc
         totals = f[:, None, :] + switch[layer - 1][:, :, None]
         arg = np.argmin(totals, axis=0).astype(np.int32)
         h = np.take_along_axis(totals, arg[None, :, :], axis=0)[0]
+        g = np.full((n_strat, width), INF)
+        b = np.zeros((n_strat, width), dtype=np.int32)
+        for s in range(n_strat):
+            k = int(mem[layer, s])
+            if k <= budget_units:
+                g[s, k:] = h[s, : width - k] + time[layer, s]
+                b[s, k:] = arg[s, : width - k]
+        f = g
+        back.append(b)
+    return StageSolution(f.min(axis=0), f, back, mem)
+
+
+def solve_stage_keyed(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64], keys: list[int],
+                      relayout: npt.NDArray[np.float64], budget_units: int) -> StageSolution:
+    """:func:`solve_stage` for ``switch[l][s, s'] = relayout[l-1, s'] * (keys[s] != keys[s'])``."""
+    n_layers, n_strat = time.shape
+    width = budget_units + 1
+    key_arr = np.asarray(keys)
+    groups = [np.nonzero(key_arr == k)[0] for k in sorted(set(keys))]
+    group_of = np.empty(n_strat, dtype=np.int64)
+    for gi, members in enumerate(groups):
+        group_of[members] = gi
+    f = np.full((n_strat, width), INF)
+    for s in range(n_strat):
+        if mem[0, s] <= budget_units:
+            f[s, mem[0, s]:] = time[0, s]
+    back: list[npt.NDArray[np.int32]] = []
+    for layer in range(1, n_layers):
+        best_all = f.min(axis=0)
+        arg_all = f.argmin(axis=0)
+        group_best = np.empty((len(groups), width))
+        group_arg = np.empty((len(groups), width), dtype=np.int64)
+        for gi, members in enumerate(groups):
+            sub = f[members]
+            idx = sub.argmin(axis=0)
+            group_arg[gi] = members[idx]
+            group_best[gi] = sub[idx, np.arange(width)]
+        same = group_best[group_of]  # [S, E]: best predecessor sharing the key
+        other = best_all[None, :] + relayout[layer - 1][:, None]  # best of all, plus the re-layout
+        use_other = other < same
+        h = np.where(use_other, other, same)
+        arg = np.where(use_other, arg_all[None, :], group_arg[group_of]).astype(np.int32)
         g = np.full((n_strat, width), INF)
         b = np.zeros((n_strat, width), dtype=np.int32)
         for s in range(n_strat):

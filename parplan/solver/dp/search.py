@@ -37,7 +37,7 @@ from parplan.solver.cost.hetero import HeteroEvaluator, HeteroPlan, LayerStrateg
 from parplan.solver.cost.pipeline import blocks_of, in_flight_microbatches, stage_of_units, units_of
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.units import GraphCosts
-from parplan.solver.dp.dynamic import StageSolution, solve_stage
+from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
 from parplan.solver.dp.space import SpaceOptions, degrees, layer_strategies
 from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
@@ -57,7 +57,20 @@ class StageTables:
     time: np.ndarray  # [L, S] seconds per step
     mem: np.ndarray  # [L, S] bytes
     temp: np.ndarray  # [L, S] bytes
-    switch: list[np.ndarray]  # [L-1] x [S, S] seconds per step
+    relayout: np.ndarray  # [L-1, S] seconds per step to enter each block in a new layout
+    keys: list[int]  # layout class of each strategy
+
+
+@dataclass
+class UnitRow:
+    """One unit under every strategy: seconds per step, model-state bytes, activation bytes of
+    one micro-batch, temporary bytes, re-layout seconds per step to enter it."""
+
+    time: np.ndarray
+    states: np.ndarray
+    act: np.ndarray
+    temp: np.ndarray
+    relayout: np.ndarray
 
 
 @dataclass
@@ -88,8 +101,10 @@ class DpSearch:
         probe = self.costs_for(1)
         self.blocks = blocks_of(probe.graph)
         self.units = units_of(probe.graph)
+        self._block_set = set(self.blocks)
         self.moe = any(d == "expert" for n in probe.graph.nodes for d, _ in n.dims)
         self.evaluations = 0
+        self._rows: dict[tuple[int, int, str, bool, int], UnitRow] = {}
 
     def costs_for(self, batch: int) -> GraphCosts:
         if batch not in self._graphs:
@@ -114,44 +129,58 @@ class DpSearch:
             out.append(s)
         return out
 
+    def row(self, pp: int, m: int, unit: str, strats: list[LayerStrategy]) -> UnitRow:
+        """Costs of ``unit`` under every strategy (cached per representative unit)."""
+        probe = self.costs_for(1)
+        key = (pp, m, probe.representative[unit], unit in self._block_set, len(strats))
+        cached = self._rows.get(key)
+        if cached is not None:
+            return cached
+        plan = self.probe_plan(pp, m)
+        n = len(strats)
+        r = UnitRow(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
+        for j, s in enumerate(strats):
+            c = self.ev.unit_cost(plan, unit, s, self.prec, timed=True)
+            states = model_states(c.params, s, self.prec)
+            sync, gathers = self.ev.sync_seconds(plan, s, c.params, self.prec)
+            exposed = max(0.0, sync - c.backward_seconds) + m * max(0.0, gathers - c.forward_seconds
+                                                                   - c.backward_seconds)
+            mb = c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds
+            r.time[j] = m * mb + exposed + self.ev.optimizer_seconds(states.bytes)
+            r.states[j] = states.bytes.total
+            r.act[j] = c.act_bytes
+            tmp = max(c.recompute_peak_bytes, c.logits_grad_bytes, c.sp_gather_bytes)
+            if s.zero >= 3 and unit in self._block_set:
+                tmp = max(tmp, c.param_elems_all * (2 * self.prec.param_bytes + self.prec.grad_bytes))
+            r.temp[j] = tmp
+            if unit in self._block_set:
+                r.relayout[j] = m * self.ev.relayout_seconds(plan, unit, s, self.prec)
+        self._rows[key] = r
+        return r
+
     def tables(self, pp: int, m: int, partition: tuple[int, ...], stage: int,
                strats: list[LayerStrategy]) -> StageTables:
         plan = self.probe_plan(pp, m, partition)
-        probe = self.costs_for(plan.local_batch(strats[0]))
+        probe = self.costs_for(1)
         unit_stage = stage_of_units(probe.graph, pp, partition)
         units = [u for u in self.units if unit_stage.get(u, 0) == stage]
-        blocks = [u for u in units if u in set(self.blocks)]
-        # non-block units are priced with the block before them (or the first block)
-        owner: dict[str, str] = {}
-        current = blocks[0]
-        for u in units:
-            if u in blocks:
-                current = u
-            owner[u] = current
+        blocks = [u for u in units if u in self._block_set]
         flight = in_flight_microbatches(stage, pp, m, Schedule.ONE_F_ONE_B)
         n_l, n_s = len(blocks), len(strats)
         t = np.zeros((n_l, n_s))
         mem = np.zeros((n_l, n_s))
         temp = np.zeros((n_l, n_s))
-        row = {b: i for i, b in enumerate(blocks)}
-        for j, s in enumerate(strats):
+        row_of = {b: i for i, b in enumerate(blocks)}
+        current = 0
+        for u in units:  # non-block units are priced with the block before them (or the first)
+            current = row_of.get(u, current)
+            r = self.row(pp, m, u, strats)
+            t[current] += r.time
+            mem[current] += r.states + r.act * flight
+            temp[current] = np.maximum(temp[current], r.temp)
+        for j, s in enumerate(strats):  # parameters and buffers several units share: with the first block
             gc = self.costs_for(plan.local_batch(s))
             us = s.unit(self.flash)
-            for u in units:
-                i = row[owner[u]]
-                c = self.ev.unit_cost(plan, u, s, self.prec, timed=True)
-                states = model_states(c.params, s, self.prec)
-                sync, gathers = self.ev.sync_seconds(plan, s, c.params, self.prec)
-                exposed = max(0.0, sync - c.backward_seconds) + m * max(0.0, gathers - c.forward_seconds
-                                                                       - c.backward_seconds)
-                mb = c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds
-                t[i, j] += m * mb + exposed + self.ev.optimizer_seconds(states.bytes)
-                mem[i, j] += states.bytes.total + c.act_bytes * flight
-                tmp = max(c.recompute_peak_bytes, c.logits_grad_bytes, c.sp_gather_bytes)
-                if s.zero >= 3 and u in row:
-                    tmp = max(tmp, c.param_elems_all * (2 * self.prec.param_bytes + self.prec.grad_bytes))
-                temp[i, j] = max(temp[i, j], tmp)
-            # parameters and buffers several units share: with the stage's first block
             shared = gc.shared_param_elems(units, us)
             if shared:
                 st = model_states(shared, s, self.prec)
@@ -159,13 +188,10 @@ class DpSearch:
                 t[0, j] += sync + m * gathers + self.ev.optimizer_seconds(st.bytes)
                 mem[0, j] += st.bytes.total
             mem[0, j] += gc.shared_item_bytes(units, us, self.prec.activation_bytes)[0] * flight
-        switch = []
-        for i in range(1, n_l):
-            relayout = np.array([m * self.ev.relayout_seconds(plan, blocks[i], s, self.prec) for s in strats])
-            keys = [s.layout_key for s in strats]
-            differs = np.array([[a != b for b in keys] for a in keys], dtype=float)
-            switch.append(differs * relayout[None, :])
-        return StageTables(blocks, t, mem, temp, switch)
+        relayout = np.array([self.row(pp, m, b, strats).relayout for b in blocks[1:]]).reshape(max(n_l - 1, 0), n_s)
+        layout_ids: dict[tuple[int, int, bool, bool, int], int] = {}
+        keys = [layout_ids.setdefault(s.layout_key, len(layout_ids)) for s in strats]
+        return StageTables(blocks, t, mem, temp, relayout, keys)
 
     def solve_candidate(self, pp: int, m: int, partition: tuple[int, ...],
                         strats: list[LayerStrategy]) -> Candidate | None:
@@ -177,14 +203,16 @@ class DpSearch:
             self.evaluations += tb.mem.size
             best: tuple[StageSolution, float, int] | None = None
             best_time = math.inf
-            for tau in sorted({float(x) for x in np.unique(tb.temp)}, reverse=True)[:4]:
+            temps = sorted({float(x) for x in np.unique(tb.temp)}, reverse=True)
+            for tau in dict.fromkeys([temps[0], temps[len(temps) // 2], temps[-1]]):
+                # strategies whose temporary buffers exceed tau are left out; tau is reserved
                 allowed = tb.temp <= tau + 1e-9
                 mem_units = np.where(allowed, np.ceil(tb.mem / unit), MEMORY_UNITS + 1).astype(np.int64)
                 tau_units = math.ceil(tau / unit)
                 budget_units = MEMORY_UNITS - tau_units
                 if budget_units < 0:
                     continue
-                sol = solve_stage(tb.time, mem_units, tb.switch, budget_units)
+                sol = solve_stage_keyed(tb.time, mem_units, tb.keys, tb.relayout, budget_units)
                 t = float(sol.best_by_budget[budget_units])
                 if t < best_time:
                     best_time, best = t, (sol, unit, tau_units)
@@ -402,7 +430,7 @@ def _least_memory(ds: DpSearch, cands: list[Candidate]) -> float | None:
         if not strats:
             continue
         part = tuple(even_split(len(ds.blocks), pp))
-        stages = [ds.tables(pp, m, part, s, strats) for s in range(pp)]
+        stages = [ds.tables(pp, m, part, stage, strats) for stage in range(pp)]
         least = min(least, max(float(tb.mem.min(axis=1).sum() + tb.temp.min()) for tb in stages))
     return least if math.isfinite(least) else None
 
