@@ -12,7 +12,7 @@ one needing the least memory is reported with ``fits = False``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
@@ -140,16 +140,3 @@ def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: i
     """The baseline ``name``: the fastest of its family that fits (or the smallest if none does)."""
     cands = _family(name, ev.cluster, ev.global_batch, num_blocks)
     return best_of((e for c in cands if (e := ev.evaluate(c)) is not None), budget_bytes)
-
-
-def evaluate_all(ev: UniformEvaluator, cands: Iterable[Candidate],
-                 progress: Callable[[float], None] | None = None) -> list[Evaluation]:
-    items = list(cands)
-    out = []
-    for i, c in enumerate(items):
-        e = ev.evaluate(c)
-        if e is not None:
-            out.append(e)
-        if progress is not None and (i % 16 == 0 or i == len(items) - 1):
-            progress((i + 1) / len(items))
-    return out

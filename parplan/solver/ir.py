@@ -12,12 +12,13 @@ Sizes are element counts; memory is computed by the cost model from dtype sizes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
+
+from parplan.solver.errors import ConfigError
 
 
 class OpKind(StrEnum):
@@ -182,43 +183,57 @@ def parse_equation(equation: str) -> tuple[list[list[str]], list[str]]:
     return operands, rhs.split()
 
 
+def attention_dims(node: Node, q: Node, k: Node) -> tuple[str, str]:
+    """``(head_dim, kv_seq)``: the names of the head dim and of the key-sequence dim (a dim of k).
+
+    ``attrs.head_dim`` / ``attrs.kv_seq_dim`` name them explicitly. Otherwise ``head_dim`` is the
+    last dim of q that k also has, and ``kv_seq`` is chosen among k's dims other than
+    ``head_dim`` and dims whose name contains ``head`` or ``batch``:
+    the only one that q lacks (cross-attention, ``kv_seq``); else the only one whose name
+    contains ``seq`` (self-attention sharing ``seq``, GQA with ``kv_heads``); else the only one
+    left; else k's second dim (the layout ``[batch, kv_seq, kv_heads, head_dim]``).
+    """
+    qd, kd = dict(q.dims), dict(k.dims)
+    head_dim = node.attrs.get("head_dim")
+    if head_dim is None:
+        shared = [d for d in qd if d in kd]
+        if not shared:
+            raise ConfigError(f"attention node {node.id!r}: q and k share no dim (need head_dim)")
+        head_dim = shared[-1]
+    kv_seq = node.attrs.get("kv_seq_dim")
+    if kv_seq is not None:
+        if kv_seq not in kd:
+            raise ConfigError(f"attention node {node.id!r}: attrs.kv_seq_dim {kv_seq!r} is not a dim of k")
+        return str(head_dim), str(kv_seq)
+    cands = [d for d in kd if d != head_dim and "head" not in d.lower() and "batch" not in d.lower()]
+    k_only = [d for d in cands if d not in qd]
+    if len(k_only) == 1:
+        return str(head_dim), k_only[0]
+    seqish = [d for d in (k_only or cands) if "seq" in d.lower()]
+    if len(seqish) == 1:
+        return str(head_dim), seqish[0]
+    if len(cands) == 1:
+        return str(head_dim), cands[0]
+    if len(k.dims) >= 2 and k.dims[1][0] != head_dim:
+        return str(head_dim), k.dims[1][0]
+    raise ConfigError(f"attention node {node.id!r}: cannot tell the key-sequence dim of k "
+                      f"{list(kd)}; set attrs.kv_seq_dim")
+
+
+
+
 @dataclass(frozen=True)
 class AttentionGeometry:
-    """Sizes of an attention node: batch, query heads, query length, key length, head dim."""
+    """Sizes of an attention node: its head dim and key length, and the score matrix's elements."""
 
-    batch: int
-    heads: int
-    q_seq: int
-    kv_seq: int
     head_dim: int
-    kv_heads: int
-
-    @property
-    def scores_numel(self) -> int:
-        """Elements of the attention score (and probability) matrix."""
-        return self.batch * self.heads * self.q_seq * self.kv_seq
+    kv_seq: int
+    scores_numel: int  # batch x query heads x query length x key length
 
 
 def attention_geometry(node: Node, q: Node, k: Node) -> AttentionGeometry:
-    """Read the sizes of an ``attention`` node from its q and k inputs.
-
-    The operands' dims are positional: ``attrs.layout`` is ``"bshd"`` (batch, seq, heads,
-    head_dim; the default, used by the transformer builder) or ``"bhsd"`` (PyTorch's
-    ``scaled_dot_product_attention`` order). Extra leading dims, if any, count as batch.
-    """
-    layout = node.attrs.get("layout", "bshd")
-    qs, ks = _four(q), _four(k)
-    if layout == "bhsd":
-        b, h, sq, d = qs
-        _, hk, skv, _ = ks
-    else:
-        b, sq, h, d = qs
-        _, skv, hk, _ = ks
-    return AttentionGeometry(batch=b, heads=h, q_seq=sq, kv_seq=skv, head_dim=d, kv_heads=hk)
-
-
-def _four(n: Node) -> list[int]:
-    """Sizes as exactly four positional dims: missing leading dims are 1, extra ones fold into the first."""
-    sizes = [s for _, s in n.dims]
-    sizes = [1] * max(0, 4 - len(sizes)) + sizes
-    return [math.prod(sizes[:-3]), *sizes[-3:]]
+    """Read an ``attention`` node's sizes by its dims' names (see :func:`attention_dims`)."""
+    head_name, kv_name = attention_dims(node, q, k)
+    d = dict(q.dims).get(head_name, 1)
+    kv = dict(k.dims)[kv_name]
+    return AttentionGeometry(head_dim=d, kv_seq=kv, scores_numel=q.numel // d * kv)

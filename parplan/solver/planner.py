@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from parplan.solver import SOLVER_VERSION
-from parplan.solver.baselines import BASELINES, UniformEvaluator, baseline, best_of, enumerate_uniform, evaluate_all
+from parplan.solver.baselines import BASELINES, UniformEvaluator, baseline
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster, make_cluster
 from parplan.solver.cost.pipeline import blocks_of
@@ -188,39 +188,8 @@ def request_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(f"{SOLVER_VERSION}\n{canonical_request(body)}".encode()).hexdigest()
 
 
-def _choose(evals: list[Evaluation], req: PlanRequest) -> tuple[Evaluation | None, str]:
-    """Apply the objective to evaluated candidates: (chosen, status)."""
-    budget = req.budget_bytes
-    fitting = [e for e in evals if e.memory.peak_bytes <= budget]
-    if not fitting:
-        return None, "infeasible"
-    fastest = min(fitting, key=lambda e: (e.time.step_seconds, e.memory.peak_bytes))
-    if req.objective == "max-throughput":
-        return fastest, "optimal"
-    if req.alpha is not None:
-        alpha = req.alpha  # GiB of memory one second of step time is worth
-        return min(fitting, key=lambda e: e.memory.peak_bytes + alpha * e.time.step_seconds * 2**30), "optimal"
-    limit = fastest.time.step_seconds * (1 + req.max_slowdown)
-    within = [e for e in fitting if e.time.step_seconds <= limit]
-    return min(within, key=lambda e: (e.memory.peak_bytes, e.time.step_seconds)), "optimal"
-
-
 def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int) -> dict[str, Evaluation | None]:
     return {name: baseline(name, ev, req.budget_bytes, num_blocks) for name in BASELINES}
-
-
-def _grid(req: PlanRequest, ev: UniformEvaluator, num_blocks: int, report: ProgressFn) -> dict[str, Any]:
-    """Exhaustive search over uniform strategies (what the baselines are drawn from)."""
-    mbs = (req.micro_batch,) if req.micro_batch else (1, 2, 4, 8)
-    cands = enumerate_uniform(req.cluster, req.global_batch, num_blocks, micro_batches=mbs)
-    evals = evaluate_all(ev, cands, lambda f: report("search", 0.2 + 0.75 * f))
-    chosen, status = _choose(evals, req)
-    if chosen is None:
-        least = best_of(evals, 0.0)
-        return _infeasible(req, least.memory.peak_bytes if least else None, least.to_dict() if least else None)
-    doc = chosen.to_dict()
-    doc["solver"] = {"method": "grid", "status": status, "gap": 0.0, "evaluated": ev.evaluations}
-    return doc
 
 
 def _infeasible(req: PlanRequest, least_bytes: float | None, least: dict[str, Any] | None) -> dict[str, Any]:

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.layout import REPLICATED, TensorLayout
 from parplan.solver.errors import StrategyError
-from parplan.solver.ir import Graph, Node
+from parplan.solver.ir import Graph
 
 #: Dims tensor parallelism splits, in order of preference when a tensor has several.
 TP_DIMS = ("heads", "kv_heads", "ffn", "vocab", "classes")
@@ -129,20 +128,3 @@ def check_divisibility(graph: Graph, cfg: ParallelConfig) -> None:
             raise StrategyError("expert parallelism needs a model with experts")
         if sizes["expert"] % cfg.expert_parallel:
             raise StrategyError(f"ep={cfg.expert_parallel} does not divide the {sizes['expert']} experts")
-
-
-def megatron_layout(node: Node, cfg: ParallelConfig) -> TensorLayout:
-    """Layout of a node's tensor under ``cfg`` (graph built per replica, so no data split)."""
-    dims = dict(node.dims)
-    split: dict[str, tuple[str, ...]] = {}
-    if cfg.tp > 1:
-        tp_dim = next((d for d in TP_DIMS if d in dims), None)
-        if tp_dim is not None:
-            split[tp_dim] = ("tp",)
-        elif cfg.sequence_parallel and not node.is_parameter:
-            seq_dim = next((d for d in SEQ_DIMS if d in dims), None)
-            if seq_dim is not None:
-                split[seq_dim] = ("tp",)
-    if cfg.expert_parallel > 1 and node.is_parameter and "expert" in dims:
-        split["expert"] = ("ep",)
-    return TensorLayout.of(split) if split else REPLICATED

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import GpuSpec
 from parplan.solver.errors import ConfigError
-from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, parse_equation
+from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, attention_dims, parse_equation
 
 #: FLOPs per output element of unary-style elementwise functions (add/sub/mul are counted apart).
 ELEMENTWISE_FLOPS_PER_ELEMENT: Mapping[str, int] = {
@@ -68,43 +68,6 @@ def _einsum_flops(node: Node, ins: list[Node]) -> float:
     if len(ins) == 1:
         return float(ins[0].numel) if node.numel < ins[0].numel else 0.0
     return 2.0 * math.prod(sizes[d] for d in names)
-
-
-def attention_dims(node: Node, q: Node, k: Node) -> tuple[str, str]:
-    """``(head_dim, kv_seq)``: the names of the head dim and of the key-sequence dim (a dim of k).
-
-    ``attrs.head_dim`` / ``attrs.kv_seq_dim`` name them explicitly. Otherwise ``head_dim`` is the
-    last dim of q that k also has, and ``kv_seq`` is chosen among k's dims other than
-    ``head_dim`` and dims whose name contains ``head`` or ``batch``:
-    the only one that q lacks (cross-attention, ``kv_seq``); else the only one whose name
-    contains ``seq`` (self-attention sharing ``seq``, GQA with ``kv_heads``); else the only one
-    left; else k's second dim (the layout ``[batch, kv_seq, kv_heads, head_dim]``).
-    """
-    qd, kd = dict(q.dims), dict(k.dims)
-    head_dim = node.attrs.get("head_dim")
-    if head_dim is None:
-        shared = [d for d in qd if d in kd]
-        if not shared:
-            raise ConfigError(f"attention node {node.id!r}: q and k share no dim (need head_dim)")
-        head_dim = shared[-1]
-    kv_seq = node.attrs.get("kv_seq_dim")
-    if kv_seq is not None:
-        if kv_seq not in kd:
-            raise ConfigError(f"attention node {node.id!r}: attrs.kv_seq_dim {kv_seq!r} is not a dim of k")
-        return str(head_dim), str(kv_seq)
-    cands = [d for d in kd if d != head_dim and "head" not in d.lower() and "batch" not in d.lower()]
-    k_only = [d for d in cands if d not in qd]
-    if len(k_only) == 1:
-        return str(head_dim), k_only[0]
-    seqish = [d for d in (k_only or cands) if "seq" in d.lower()]
-    if len(seqish) == 1:
-        return str(head_dim), seqish[0]
-    if len(cands) == 1:
-        return str(head_dim), cands[0]
-    if len(k.dims) >= 2 and k.dims[1][0] != head_dim:
-        return str(head_dim), k.dims[1][0]
-    raise ConfigError(f"attention node {node.id!r}: cannot tell the key-sequence dim of k "
-                      f"{list(kd)}; set attrs.kv_seq_dim")
 
 
 def _attention_flops(node: Node, ins: list[Node]) -> float:

@@ -87,10 +87,5 @@ def stage_of_units(graph: Graph, pp: int, partition: tuple[int, ...] | None = No
     return out
 
 
-def node_stages(graph: Graph, stage_of_unit: dict[str, int]) -> dict[str, int]:
-    """Stage of every non-parameter node (parameters live wherever they are used)."""
-    return {n.id: stage_of_unit.get(n.layer or "", 0) for n in graph.nodes}
-
-
-__all__ = ["block_of", "blocks_of", "even_partition", "in_flight_microbatches", "node_stages",
+__all__ = ["block_of", "blocks_of", "even_partition", "in_flight_microbatches",
            "stage_of_units", "units_of"]

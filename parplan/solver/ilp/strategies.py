@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from parplan.solver.cost.layout import TensorLayout
-from parplan.solver.ir import Graph, Node, OpKind, parse_equation
+from parplan.solver.ir import Graph, Node, OpKind, attention_dims, parse_equation
 
 #: Dim names treated as the batch (data-parallel) dims.
 BATCH_DIMS = frozenset({"batch"})
@@ -98,9 +98,8 @@ def loop_dims(node: Node, graph: Graph) -> tuple[dict[str, int], frozenset[str]]
         index_dim = str(node.attrs.get("index_dim", "vocab"))
         return {**out, index_dim: ins[1].shape[index_dim]}, frozenset({index_dim})
     if k is OpKind.ATTENTION:
-        q = ins[0].shape
-        head_dim = list(q)[-1]  # bshd and bhsd both end with the head dim
-        return {d: s for d, s in q.items() if d != head_dim}, frozenset()
+        head_dim, _ = attention_dims(node, ins[0], ins[1])
+        return {d: s for d, s in ins[0].shape.items() if d != head_dim}, frozenset()
     if k in (OpKind.SOFTMAX, OpKind.LAYERNORM, OpKind.RMSNORM):
         fixed = str(node.attrs.get("dim"))
         return {d: s for d, s in out.items() if d != fixed}, frozenset()
@@ -160,12 +159,7 @@ def input_layout(node: Node, position: int, graph: Graph, s: OpStrategy, mesh: M
     inp = graph.node(node.inputs[position])
     dims = inp.shape
     if node.kind is OpKind.ATTENTION and position in (1, 2):
-        # Keys/values split by batch and heads only (a query-sequence split needs the whole key
-        # sequence); grouped-query key heads follow the query heads. Dims are positional (bshd/bhsd).
-        q_names, k_names = list(graph.node(node.inputs[0]).shape), list(dims)
-        heads_pos = 1 if node.attrs.get("layout") == "bhsd" else 2
-        mapping = ({q_names[0]: k_names[0], q_names[heads_pos]: k_names[heads_pos]}
-                   if len(q_names) == 4 and len(k_names) == 4 else {})
+        mapping = _kv_mapping(node, graph)
         kv_split: dict[str, list[str]] = {}
         for axis, d in zip(mesh.names, s.assignment, strict=True):
             if d in mapping:
@@ -181,6 +175,22 @@ def input_layout(node: Node, position: int, graph: Graph, s: OpStrategy, mesh: M
         if d is not None and d in dims:
             split.setdefault(d, []).append(axis)
     return TensorLayout.of(split)
+
+
+def _kv_mapping(node: Node, graph: Graph) -> dict[str, str]:
+    """Query dims whose split also splits the keys/values, and the key dim they split: batch and
+    heads (grouped-query key heads follow the query heads); a query-sequence split needs the whole
+    key sequence, so it splits nothing of k or v."""
+    q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    head_dim, kv_seq = attention_dims(node, q, k)
+    qd, kd = q.shape, k.shape
+    mapping = {d: d for d in qd if d in kd and d not in (head_dim, kv_seq)}
+    q_rest = [d for d in qd if d not in kd and d != head_dim]
+    k_rest = [d for d in kd if d not in qd and d not in (head_dim, kv_seq)]
+    if len(k_rest) == 1 and q_rest:
+        heads = [d for d in q_rest if "head" in d]
+        mapping[heads[0] if heads else q_rest[-1]] = k_rest[0]
+    return mapping
 
 
 def work_shards(s: OpStrategy, mesh: Mesh) -> int:
