@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--time-limit", type=_positive_float, default=60.0, help="solver time limit, seconds")
     plan.add_argument("--mesh", type=_mesh, default=None,
                       help="fix the ILP's device mesh, e.g. 2x4 (default: searched)")
+    plan.add_argument("--pareto", action="store_true",
+                      help="also print the memory vs step-time frontier (plans no other plan beats on both)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(handler=cmd_plan)
     models = sub.add_parser("models", help="list model presets with their parameter counts")
@@ -223,7 +225,7 @@ def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _plan_table(doc: dict[str, Any]) -> str:
+def _plan_table(doc: dict[str, Any], pareto: bool = False) -> str:
     lines = []
     solver = doc["solver"]
     if doc.get("memory") is None:
@@ -255,9 +257,11 @@ def _plan_table(doc: dict[str, Any]) -> str:
         fit = "" if b["fits"] else " (does not fit)"
         lines.append(f"  {name:<16s} {b['memory']['peak_bytes'] / GIB:9.2f} {b['time']['step_seconds']:8.3f}   "
                      f"{ratio:>10s}   {thr:>12s}        {b['strategy']['summary']}{fit}")
-    if doc.get("pareto") and getattr(_plan_table, "pareto", False):
+    if pareto:
         lines += ["", "memory vs step time (plans no other plan beats on both)"]
-        for p in doc["pareto"]:
+        if not doc.get("pareto"):
+            lines.append("  (the frontier comes from the per-layer DP search: use --search dp or auto)")
+        for p in doc.get("pareto") or []:
             lines.append(f"  {p['peak_bytes'] / GIB:8.2f} GiB  {p['step_seconds']:8.3f} s   {p['summary']}")
     gap = solver.get("gap")
     lines += ["", f"solver    {solver['method']} ({solver.get('why', '')}): {solver['status']}, "
@@ -270,7 +274,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     body = plan_request_from_args(args)
     doc = solve(parse_plan_request(body))
-    print(json.dumps(doc, indent=2) if args.json else _plan_table(doc))
+    print(json.dumps(doc, indent=2) if args.json else _plan_table(doc, args.pareto))
     return 0 if doc.get("memory") is not None else 3
 
 
