@@ -3,7 +3,195 @@
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import signal
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+MIB = 2**20
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the agent's subcommands to ``sub``; each sets ``handler`` with ``set_defaults``."""
+    from parplan.cli import _add_strategy_args
+
+    val = sub.add_parser(
+        "validate", help="run a strategy locally with torch.distributed; measured vs predicted memory per rank",
+        description="Run one strategy on local processes (gloo on the CPU, NCCL on GPUs) with PyTorch's "
+                    "distributed APIs, check loss and gradients against a single-process run, and print the "
+                    "measured per-rank memory by category beside the cost model's prediction. Runs in fp32; "
+                    "models too large for the machine run shrunk (same degrees, fewer layers, smaller hidden).")
+    _add_strategy_args(val)
+    val.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    val.add_argument("--max-procs", type=int, default=8, help="most processes to start (default 8)")
+    val.add_argument("--shrink", choices=("auto", "yes", "no"), default="auto",
+                     help=f"run a shrunk copy (auto: above {50_000_000:,} parameters)")
+    val.add_argument("--shrink-layers", type=int, default=None, help="layers of the shrunk copy")
+    val.add_argument("--shrink-hidden", type=int, default=None, help="hidden size of the shrunk copy")
+    val.add_argument("--steps", type=int, default=3, help="timed steps after warm-up (median reported)")
+    val.add_argument("--no-check", action="store_true", help="skip the comparison with a single-process run")
+    val.add_argument("--diagnose", action="store_true",
+                     help="also report what is alive at each category's peak, and per-module peaks")
+    val.set_defaults(handler=cmd_validate)
+
+    ag = sub.add_parser(
+        "agent", help="validation agent: claim plans from a parplan service, run and report them",
+        description="Register with a parplan service, heartbeat, post micro-benchmarks, then long-poll for "
+                    "validations, run each locally and post the measurement. SIGTERM/SIGINT finish the "
+                    "validation in progress and exit.")
+    ag.add_argument("--server", required=True, help="service base URL, e.g. http://localhost:8000")
+    ag.add_argument("--token", required=True, help="bearer token with scope agent")
+    ag.add_argument("--name", default=None, help="agent name (default: host name)")
+    ag.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    ag.add_argument("--max-procs", type=int, default=None, help="most processes per run (default: GPUs, or 8)")
+    ag.add_argument("--wait-seconds", type=int, default=30, help="long-poll wait per claim (0-30)")
+    ag.add_argument("--heartbeat-seconds", type=float, default=15.0, help="heartbeat interval")
+    ag.add_argument("--no-profile", action="store_true", help="do not run and post micro-benchmarks")
+    ag.add_argument("--once", action="store_true", help="exit after one validation")
+    ag.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    ag.set_defaults(handler=cmd_agent)
+
+
+def _device(kind: str | None) -> str:
+    import torch
+
+    if kind is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        from parplan.cli import UsageError
+
+        raise UsageError("--device cuda but no CUDA device is available")
+    return kind
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from parplan.agent.launch import LaunchError
+    from parplan.agent.plans import AUTO_SHRINK_PARAMETERS, config_of_source, spec_for
+    from parplan.agent.validate import run_and_compare
+    from parplan.cli import strategy_from_args
+
+    model, cluster, strategy = strategy_from_args(args)
+    cfg = config_of_source(model)
+    device = _device(args.device)
+    shrink = args.shrink == "yes" or (args.shrink == "auto" and (
+        model.parameter_count() > AUTO_SHRINK_PARAMETERS or args.shrink_layers or args.shrink_hidden))
+    spec = spec_for(cfg, strategy, args.seq_len, shrink=bool(shrink), shrink_layers=args.shrink_layers,
+                    shrink_hidden=args.shrink_hidden, max_procs=args.max_procs, check=not args.no_check,
+                    timing_steps=args.steps, diagnose=args.diagnose)
+    try:
+        result = run_and_compare([spec], device, gpu=cluster.gpu.name)[0]
+    except LaunchError as e:
+        print(f"parplan validate: the run failed: {e}", file=sys.stderr)
+        return 1
+    result["notes"] = spec.extra.get("notes", [])
+    result["shrunk_from"] = spec.extra["original_model"] if spec.extra.get("shrunk") else None
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(format_comparison(result))
+    return 0 if result["correct"] in (True, None) else 1
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:8.2f}"
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    """A readable table of one comparison (MiB, measured / predicted per category)."""
+    c = result["config"]
+    m = c["model"]
+    lines = [
+        f"model     {m['name']}  (layers {m['layers']}, hidden {m['hidden']}, heads {m['heads']}, ffn {m['ffn']}, "
+        f"vocab {m['vocab']}, seq {c['seq_len']})"
+        + (f"  shrunk from {result['shrunk_from']}" if result.get("shrunk_from") else ""),
+        f"strategy  tp{c['tp']} pp{c['pp']} dp{c['dp']} zero{c['zero']}{' sp' if c['sequence_parallel'] else ''} "
+        f"recompute={c['recompute']} mb{c['micro_batch']}x{c['num_microbatches']} {c['schedule']}  "
+        f"fp32, attention {c['attention_kernel']} (predicted with flash_attention={c['flash_attention']})",
+    ]
+    for note in result.get("notes") or []:
+        lines.append(f"note      {note}")
+    lines += ["", "per rank, MiB measured / predicted (category peaks; 'other' is not in the cost model)",
+              f"{'rank':>4s} {'stage':>5s}  {'params':>17s}  {'grads':>17s}  {'optimizer':>17s}  "
+              f"{'activations':>17s}  {'temporary':>17s}  {'other':>8s}  {'peak':>17s}  {'error':>7s}"]
+    for r in result["ranks"]:
+        mb, pb = r["measured"]["breakdown"], r["predicted"]["breakdown"]
+        cells = [f"{_mib(mb[k])}/{_mib(pb[k]).strip():>8s}" for k in
+                 ("parameters", "gradients", "optimizer_states", "activations", "temporary")]
+        lines.append(f"{r['rank']:>4d} {r['stage']:>5d}  " + "  ".join(cells) + f"  {_mib(mb['other'])}  "
+                     f"{_mib(r['measured']['peak_bytes'])}/{_mib(r['predicted']['peak_bytes']).strip():>8s}  "
+                     f"{r['relative_error']['peak_bytes']:+7.1%}")
+    ml = result["most_loaded"]
+    lines += ["", f"most loaded rank: measured {_mib(ml['measured_peak_bytes']).strip()} MiB, predicted "
+                  f"{_mib(ml['predicted_peak_bytes']).strip()} MiB ({(ml['relative_error'] or 0):+.1%}); "
+                  f"max per-rank error {result['max_relative_error']:.1%}"]
+    checks = [r["check"] for r in result["ranks"] if "check" in r]
+    if checks:
+        worst = max(x["max_abs_grad_error"] for x in checks)
+        loss = next((x for x in checks if "loss" in x), None)
+        verdict = "match" if result["correct"] else "MISMATCH"
+        extra = (f"; loss {loss['loss']:.6f} vs {loss['reference_loss']:.6f}, after one Adam step "
+                 f"{loss['loss_after_step']:.6f} vs {loss['reference_loss_after_step']:.6f}") if loss else ""
+        lines.append(f"correctness vs single process: {verdict} (max |grad diff| {worst:.2e}, "
+                     f"rtol {checks[0]['rtol']}, atol {checks[0]['atol']}{extra})")
+        for x in checks:
+            for bad in x["mismatches"][:5]:
+                lines.append(f"  {bad}")
+    st = result["step_seconds"]
+    lines.append(f"step time: measured {st['measured']:.3f} s (median, slowest rank); "
+                 f"predicted {st['predicted']:.4f} s for the planned GPUs")
+    return "\n".join(lines)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    import torch
+
+    from parplan.agent.client import Agent, ServiceClient
+    from parplan.agent.microbench import profile
+    from parplan.agent.plans import spec_for_validation
+    from parplan.agent.validate import hardware, measurement_of, run_and_compare
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    device = _device(args.device)
+    hw = hardware(device)
+    max_procs = args.max_procs or (torch.cuda.device_count() if device == "cuda" else 8)
+
+    def measure(validation: dict[str, Any]) -> dict[str, Any]:
+        spec = spec_for_validation(validation, max_procs)
+        comparison = run_and_compare([spec], device)[0]
+        out = measurement_of(comparison, hw["key"])
+        out["config"]["shrunk_from"] = spec.extra["original_model"] if spec.extra.get("shrunk") else None
+        out["config"]["notes"] = spec.extra.get("notes", [])
+        out["config"]["requested"] = spec.extra.get("requested")
+        return out
+
+    def run(validation: dict[str, Any]) -> dict[str, Any]:
+        # The launcher installs its own SIGTERM/SIGINT handlers when it runs on the main thread (and
+        # never restores ours); on a worker thread it leaves them alone, so a signal during a run
+        # still means "finish this validation, post it, exit".
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="parplan-run") as pool:
+            return pool.submit(measure, validation).result()
+
+    def profiler() -> dict[str, Any]:
+        return profile(hw, torch.device("cuda", 0) if device == "cuda" else torch.device("cpu"), max_procs)
+
+    client = ServiceClient(args.server, args.token)
+    agent = Agent(client, args.name or socket.gethostname(), hw, run, None if args.no_profile else profiler,
+                  wait_seconds=args.wait_seconds, heartbeat_s=args.heartbeat_seconds,
+                  max_validations=1 if args.once else None)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        logging.getLogger("parplan.agent").info("signal %d: finishing the current validation, then exiting", signum)
+        agent.stop()
+
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        agent.run()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        client.close()
+    return 0

@@ -1,0 +1,554 @@
+"""Run one strategy on real processes with PyTorch's own distributed APIs, and measure it.
+
+Runs inside every rank of a process group (see :mod:`parplan.agent.launch`). For a
+:class:`RunSpec` it
+
+1. builds the model (:mod:`parplan.agent.model`, identical on every rank from one seed), cuts
+   it into pipeline stages, applies tensor parallelism with ``parallelize_module`` (Megatron's
+   column/row split of attention and MLP, a vocabulary-parallel embedding and LM head with
+   ``loss_parallel``; with sequence parallelism ``SequenceParallel`` norms and
+   ``PrepareModuleInput`` all-gathers), data parallelism with DDP (``replicate`` when the
+   parameters are TP DTensors) or FSDP2 ``fully_shard`` for ZeRO-3 (ZeRO-2: the same without
+   resharding after forward), activation checkpointing (``torch.utils.checkpoint``,
+   non-reentrant) and ``torch.distributed.pipelining`` stages with the GPipe, 1F1B or
+   interleaved 1F1B schedule, all over one ``init_device_mesh`` mesh ``(pp, dp, tp)``;
+2. checks correctness with dropout off: the loss and every gradient of the first step, and the
+   loss after one Adam step, against a single-process run of the same model on the same global
+   batch;
+3. measures, with dropout on, after one warm-up step: per-category peak memory of one step with
+   :class:`~parplan.agent.memtrack.CategoryTracker` (and ``torch.cuda.max_memory_allocated`` of
+   a further step on GPUs), then the median wall time of several steps.
+
+Per-operator (ILP) sharding plans are not executed: they would be DTensor placements and
+redistributions per operator, and the ILP's output format does not exist yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parplan.agent.memtrack import CategoryTracker, mark_activation
+from parplan.agent.model import (
+    StageModule,
+    Transformer,
+    attention_kernel,
+    build_model,
+    check_supported,
+    set_dropout,
+    set_recompute,
+    stage_layer_ranges,
+)
+from parplan.solver.cost.pipeline import even_partition
+from parplan.solver.errors import StrategyError
+from parplan.solver.frontends.config import TransformerConfig
+
+LEARNING_RATE = 1e-4
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One strategy to run: JSON-able, sent to every rank."""
+
+    model: dict[str, Any]  # TransformerConfig fields
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    micro_batch: int = 1
+    num_microbatches: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    seq_len: int = 128
+    seed: int = 0
+    timing_steps: int = 3
+    check: bool = True
+    rtol: float = 1e-4
+    atol: float = 1e-6
+    diagnose: bool = False
+    label: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def config(self) -> TransformerConfig:
+        return TransformerConfig(**self.model)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> RunSpec:
+        return RunSpec(**d)
+
+    def validate(self) -> None:
+        """StrategyError for what the executor cannot run."""
+        cfg = self.config()
+        check_supported(cfg)
+        if self.zero == 1:
+            raise StrategyError("zero=1 (sharded optimizer states only) has no PyTorch-native equivalent: "
+                                "FSDP2 shards gradients too (zero=2) and DDP shards nothing")
+        if self.tp > 1:
+            for what, n in (("heads", cfg.heads), ("kv_heads", cfg.n_kv_heads), ("ffn", cfg.ffn),
+                            ("vocab", cfg.vocab)):
+                if n % self.tp:
+                    raise StrategyError(f"tp={self.tp} does not divide {what} ({n})")
+            if self.sequence_parallel and self.seq_len % self.tp:
+                raise StrategyError(f"sequence parallel tp={self.tp} does not divide seq_len {self.seq_len}")
+        if self.pp * self.virtual_stages > cfg.layers:
+            raise StrategyError(f"pp x virtual stages = {self.pp * self.virtual_stages} exceeds the "
+                                f"{cfg.layers} blocks")
+        if self.pp > 1 and self.num_microbatches < self.pp and self.schedule != "gpipe":
+            raise StrategyError(f"the {self.schedule} schedule needs at least pp={self.pp} micro-batches")
+        if self.schedule == "interleaved" and self.num_microbatches % self.pp:
+            raise StrategyError("the interleaved schedule needs a micro-batch count that is a multiple of pp")
+        if self.seq_len > cfg.seq_len and cfg.family == "gpt":
+            raise StrategyError(f"seq_len {self.seq_len} exceeds the {cfg.seq_len} learned positions")
+
+
+# ---------------------------------------------------------------------------------- helpers
+def _unique_params(modules: list[nn.Module]) -> list[nn.Parameter]:
+    seen: dict[int, nn.Parameter] = {}
+    for m in modules:
+        for p in m.parameters():
+            seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _clean_name(name: str) -> str:
+    for junk in ("module.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module."):
+        name = name.replace(junk, "")
+    return name
+
+
+def _batch(spec: RunSpec, cfg: TransformerConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch: ``micro_batch x num_microbatches x dp`` samples, same on every rank."""
+    n = spec.micro_batch * spec.num_microbatches * spec.dp
+    gen = torch.Generator().manual_seed(spec.seed + 1)
+    tokens = torch.randint(0, cfg.vocab, (n, spec.seq_len), generator=gen)
+    labels = torch.randint(0, cfg.vocab, (n, spec.seq_len), generator=gen)
+    return tokens.to(device), labels.to(device)
+
+
+@dataclass
+class Reference:
+    loss: float
+    grads: dict[str, torch.Tensor]
+    loss_after_step: float
+
+
+def reference(cfg: TransformerConfig, tokens: torch.Tensor, labels: torch.Tensor, seed: int) -> Reference:
+    """Single-process run of the whole global batch: loss, gradients, loss after one Adam step."""
+    model = build_model(cfg, seed).to(tokens.device)
+    set_dropout(model, False)
+    opt = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE, foreach=False)
+    loss = model(tokens, labels)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    opt.step()
+    with torch.no_grad():
+        after = model(tokens, labels)
+    return Reference(float(loss.detach()), grads, float(after))
+
+
+# ---------------------------------------------------------------------------------- parallelism
+def _apply_tp(sm: StageModule, tp_mesh: Any, sp: bool) -> None:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    seq_out = Shard(1) if sp else Replicate()
+    plan: dict[str, Any] = {}
+    if sm.embed is not None:
+        plan["embed.tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq_out)
+        if sp and sm.embed.positions is not None:
+            plan["embed.positions"] = SequenceParallel(use_local_output=True)
+        sm.embed.seq_rank = tp_mesh.get_local_rank() if sp else 0
+    for i, blk in sm.layers.items():
+        p = f"layers.{i}"
+        gated = getattr(blk.mlp, "gated", False)
+        for name in ("q", "k", "v"):
+            plan[f"{p}.attn.{name}"] = ColwiseParallel()
+        plan[f"{p}.attn.o"] = RowwiseParallel(output_layouts=seq_out)
+        for name in (("gate", "up") if gated else ("fc1",)):
+            plan[f"{p}.mlp.{name}"] = ColwiseParallel()
+        plan[f"{p}.mlp.{'down' if gated else 'fc2'}"] = RowwiseParallel(output_layouts=seq_out)
+        if sp:
+            plan[f"{p}.ln1"] = SequenceParallel()
+            plan[f"{p}.ln2"] = SequenceParallel()
+            for sub in ("attn", "mlp"):
+                plan[f"{p}.{sub}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                        use_local_output=True)
+    if sm.head is not None:
+        if sp:
+            plan["head.norm"] = SequenceParallel()
+        plan["head.lm"] = ColwiseParallel(input_layouts=seq_out, output_layouts=Shard(-1), use_local_output=False)
+    tied = sm.embed is not None and sm.head is not None and sm.head.lm.weight is sm.embed.tokens.weight
+    parallelize_module(sm, tp_mesh, plan)
+    if tied:
+        assert sm.head is not None and sm.embed is not None
+        sm.head.lm.weight = sm.embed.tokens.weight  # both Shard(0) over the vocabulary
+
+
+def _apply_dp(sm: StageModule, spec: RunSpec, dp_mesh: Any) -> nn.Module:
+    if spec.dp == 1:
+        return sm
+    if spec.zero >= 2:
+        from torch.distributed.fsdp import fully_shard
+
+        reshard = spec.zero == 3
+        for blk in sm.layers.values():
+            fully_shard(blk, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(sm, mesh=dp_mesh, reshard_after_forward=reshard)
+        return sm
+    if spec.tp > 1:
+        # DDP rejects DTensor parameters (no sharding rule for c10d.broadcast_); replicate is
+        # PyTorch's data parallelism for TP modules (FSDP2 machinery with a shard group of one).
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        for blk in sm.layers.values():
+            replicate(blk, mesh=dp_mesh)
+        replicate(sm, mesh=dp_mesh)
+        return sm
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(sm, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
+
+
+class Runner:
+    """One rank's part of the parallel model and its training step."""
+
+    def __init__(self, spec: RunSpec, device: torch.device) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.spec = spec
+        self.device = device
+        self.cfg = spec.config()
+        self.mesh = init_device_mesh(device.type, (spec.pp, spec.dp, spec.tp), mesh_dim_names=("pp", "dp", "tp"))
+        self.pp_rank = self.mesh.get_local_rank("pp")
+        self.dp_rank = self.mesh.get_local_rank("dp")
+        self.tp_rank = self.mesh.get_local_rank("tp")
+        model: Transformer = build_model(self.cfg, spec.seed).to(device)
+        set_recompute(model, spec.recompute)
+        v = spec.virtual_stages if spec.schedule == "interleaved" else 1
+        n_stages = spec.pp * v
+        ranges = stage_layer_ranges(self.cfg.layers, even_partition(self.cfg.layers, n_stages))
+        self.stage_ids = [self.pp_rank + k * spec.pp for k in range(v)]
+        self.stage_modules = [StageModule(model, ranges[s], first=s == 0, last=s == n_stages - 1)
+                              for s in self.stage_ids]
+        del model
+        self.tied = bool(self.cfg.tied_embeddings and spec.pp > 1)
+        for sm in self.stage_modules:
+            if spec.tp > 1:
+                _apply_tp(sm, self.mesh["tp"], spec.sequence_parallel)
+            if spec.pp > 1 and sm.head is None:
+                # torch.distributed.pipelining holds a stage's output until that micro-batch's
+                # backward (fwd_cache): memory kept for backward, so count it as an activation.
+                sm.register_forward_hook(lambda _m, _i, out: mark_activation(out))
+        self.wrapped = [_apply_dp(sm, spec, self.mesh["dp"]) for sm in self.stage_modules]
+        self.is_first = 0 in self.stage_ids
+        self.is_last = n_stages - 1 in self.stage_ids
+        self.tie_group = self._tie_group() if self.tied else None
+        self.params = _unique_params(list(self.stage_modules))
+        self.optimizer = torch.optim.Adam(self.params, lr=LEARNING_RATE, foreach=False)
+        self.schedule: Any = None
+        self.pipe_stages: list[Any] = []
+        if spec.pp > 1:
+            self._build_schedule(n_stages)
+        tokens, labels = _batch(spec, self.cfg, device)
+        rows = spec.micro_batch * spec.num_microbatches
+        self.tokens = tokens[self.dp_rank * rows:(self.dp_rank + 1) * rows]
+        self.labels = labels[self.dp_rank * rows:(self.dp_rank + 1) * rows]
+        self.global_tokens, self.global_labels = tokens, labels
+
+    # ------------------------------------------------------------------ construction
+    def _tie_group(self) -> Any:
+        """Process group joining the first and last pipeline stage of each (dp, tp) position:
+        they hold the two copies of the tied embedding and sum their gradients."""
+        spec = self.spec
+        ranks = self.mesh.mesh  # (pp, dp, tp) tensor of global ranks
+        mine = None
+        for d in range(spec.dp):
+            for t in range(spec.tp):
+                members = sorted({int(ranks[0, d, t]), int(ranks[spec.pp - 1, d, t])})
+                g = dist.new_group(members)
+                if dist.get_rank() in members:
+                    mine = g
+        return mine
+
+    def _build_schedule(self, n_stages: int) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        group = self.mesh["pp"].get_group()
+        self.pipe_stages = [PipelineStage(w, s, n_stages, self.device, group=group)
+                            for w, s in zip(self.wrapped, self.stage_ids, strict=True)]
+        m = self.spec.num_microbatches
+        if self.spec.schedule == "interleaved":
+            self.schedule = ScheduleInterleaved1F1B(self.pipe_stages, n_microbatches=m, loss_fn=_loss_is_output)
+        else:
+            cls = ScheduleGPipe if self.spec.schedule == "gpipe" else Schedule1F1B
+            self.schedule = cls(self.pipe_stages[0], n_microbatches=m, loss_fn=_loss_is_output)
+
+    # ------------------------------------------------------------------ the step
+    @contextlib.contextmanager
+    def _loss_ctx(self) -> Iterator[None]:
+        if self.spec.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            with loss_parallel():
+                yield
+        else:
+            yield
+
+    def forward_backward(self) -> float | None:
+        """Forward and backward of one step; the mean loss of this replica (last stage only)."""
+        spec = self.spec
+        if spec.pp > 1:
+            losses: list[torch.Tensor] = []
+            target = torch.zeros(self.tokens.shape[0], device=self.device)
+            args = (self.tokens,) if self.is_first else ()
+            with self._loss_ctx():
+                self.schedule.step(*args, target=target, losses=losses, return_outputs=False, labels=self.labels)
+            loss = float(torch.stack([x.detach() for x in losses]).mean()) if self.is_last else None
+        else:
+            m = spec.num_microbatches
+            total = 0.0
+            w = self.wrapped[0]
+            for j, (tok, lab) in enumerate(zip(self.tokens.chunk(m), self.labels.chunk(m), strict=True)):
+                last = j == m - 1
+                with self._sync_ctx(w, last), self._loss_ctx():
+                    out = w(tok, labels=lab)
+                    (out / m).backward()
+                total += float(out.detach())
+            loss = total / m
+        _match_grad_placements(self.params)
+        if self.tie_group is not None:
+            for p in self._tied_params():
+                if p.grad is not None:
+                    dist.all_reduce(_local(p.grad), group=self.tie_group)
+        return loss
+
+    @contextlib.contextmanager
+    def _sync_ctx(self, w: nn.Module, last: bool) -> Iterator[None]:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(w, DistributedDataParallel) and not last:
+            with w.no_sync():
+                yield
+            return
+        if isinstance(w, FSDPModule):
+            w.set_requires_gradient_sync(last)
+        yield
+
+    def _tied_params(self) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for sm in self.stage_modules:
+            if sm.embed is not None:
+                out.append(sm.embed.tokens.weight)
+            if sm.head is not None:
+                out.append(sm.head.lm.weight)
+        return out
+
+    def train_step(self) -> float | None:
+        loss = self.forward_backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)
+        return loss
+
+    def replica_loss(self, loss: float | None) -> float | None:
+        """The step's loss averaged over data-parallel replicas, on every rank of the last stage."""
+        if not self.is_last or loss is None:
+            return None
+        t = torch.tensor([loss], dtype=torch.float64, device=self.device)
+        if self.spec.dp > 1:
+            dist.all_reduce(t, group=self.mesh["dp"].get_group())
+            t /= self.spec.dp
+        return float(t)
+
+    def pipeline_buffers(self) -> list[torch.Tensor]:
+        """Receive buffers ``torch.distributed.pipelining`` keeps for every micro-batch."""
+        out: list[torch.Tensor] = []
+        for st in self.pipe_stages:
+            for infos in list(getattr(st, "args_recv_info", {}).values()) + \
+                    list(getattr(st, "grad_recv_info", {}).values()):
+                for info in infos:
+                    buf = getattr(info, "buffer", None)
+                    if isinstance(buf, torch.Tensor):
+                        out.append(buf)
+        return out
+
+    # ------------------------------------------------------------------ checks
+    def check(self, ref: Reference) -> dict[str, Any]:
+        """Loss and gradients of step 1 and the loss after one Adam step, against ``ref``."""
+        for m in self.stage_modules:
+            set_dropout(m, False)
+        loss = self.replica_loss(self.forward_backward())
+        worst_abs = 0.0
+        worst_name = ""
+        bad: list[str] = []
+        n = 0
+        for sm in self.stage_modules:
+            for name, p in sm.named_parameters():
+                name = _clean_name(name)
+                key = "embed.tokens.weight" if (self.cfg.tied_embeddings and name == "head.lm.weight") else name
+                if p.grad is None:
+                    bad.append(f"{name}: no gradient")
+                    continue
+                g = _full(p.grad).detach()
+                r = ref.grads[key].to(g.device)
+                if g.shape != r.shape:
+                    bad.append(f"{name}: shape {tuple(g.shape)} != {tuple(r.shape)}")
+                    continue
+                err = float((g - r).abs().max())
+                if err > worst_abs:
+                    worst_abs, worst_name = err, name
+                if not torch.allclose(g, r, rtol=self.spec.rtol, atol=self.spec.atol):
+                    bad.append(f"{name}: max |diff| {err:.3g}")
+                n += 1
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=False)
+        loss2 = self.replica_loss(self.forward_backward())
+        self.optimizer.zero_grad(set_to_none=False)
+        for m in self.stage_modules:
+            set_dropout(m, True)
+        out: dict[str, Any] = {"parameters_compared": n, "max_abs_grad_error": worst_abs,
+                               "worst_parameter": worst_name, "mismatches": bad,
+                               "rtol": self.spec.rtol, "atol": self.spec.atol}
+        if loss is not None and loss2 is not None:
+            out.update(loss=loss, reference_loss=ref.loss, loss_after_step=loss2,
+                       reference_loss_after_step=ref.loss_after_step)
+            for a, b, what in ((loss, ref.loss, "loss"), (loss2, ref.loss_after_step, "loss after one step")):
+                if abs(a - b) > self.spec.atol + self.spec.rtol * abs(b):
+                    bad.append(f"{what}: {a:.8g} != reference {b:.8g}")
+        out["ok"] = not bad
+        return out
+
+
+def _match_grad_placements(params: list[nn.Parameter]) -> None:
+    """Give every DTensor gradient its parameter's placements. DTensor computes the gradient of a
+    vocabulary-parallel embedding replicated (full size on every TP rank) and the first backward
+    stores it as ``.grad`` like that; kept resident it would cost TP times the sharded size."""
+    from torch.distributed.tensor import DTensor
+
+    for p in params:
+        g = p.grad
+        if isinstance(p, DTensor) and isinstance(g, DTensor) and g.placements != p.placements:
+            p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
+def _loss_is_output(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The last stage computes its loss itself (Megatron-style); the schedule just uses it."""
+    return output
+
+
+# ---------------------------------------------------------------------------------- measure
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
+    """Run ``spec`` on this rank (inside an initialised process group) and return its report."""
+    spec.validate()
+    if dist.get_world_size() != spec.world:
+        raise StrategyError(f"tp x pp x dp = {spec.world} but the process group has {dist.get_world_size()} ranks")
+    runner = Runner(spec, device)
+    rank = dist.get_rank()
+    out: dict[str, Any] = {
+        "rank": rank, "stage": runner.pp_rank, "coords": {"pp": runner.pp_rank, "dp": runner.dp_rank,
+                                                          "tp": runner.tp_rank},
+        "label": spec.label,
+        "attention_kernel": attention_kernel(device, 0.1 if runner.cfg.family == "gpt" else 0.0),
+    }
+    if spec.check:
+        ref = reference(runner.cfg, runner.global_tokens, runner.global_labels, spec.seed)
+        out["check"] = runner.check(ref)
+    runner.train_step()  # warm-up, outside the tracker
+    dist.barrier()
+    tracker = CategoryTracker(diagnose=spec.diagnose)
+    tracker.register_state(runner.stage_modules, [runner.optimizer], other=runner.pipeline_buffers())
+    with tracker.measuring():
+        runner.train_step()
+    measured = tracker.result(device)
+    if spec.diagnose:
+        measured["modules"] = tracker.module_peaks(depth=4)
+        measured["contents"] = {k: _summarise(v) for k, v in tracker.peak_contents.items()}
+    del tracker
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        runner.train_step()
+        torch.cuda.synchronize(device)
+        measured["tracker_peak_bytes"] = measured["peak_bytes"]
+        measured["peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        measured["resident_before_step_bytes"] = int(base)
+    times = []
+    for _ in range(max(1, spec.timing_steps)):
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        runner.train_step()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    out["measured"] = measured
+    out["step_seconds"] = {"median": statistics.median(times), "all": times}
+    return out
+
+
+def _summarise(items: list[tuple[int, str]], top: int = 16) -> dict[str, list[list[Any]]]:
+    """The largest live storages by creating op and module, and totals by op with the layer
+    index removed (``layers.3.attn`` -> ``layers.*.attn``)."""
+    import re
+
+    by_label: dict[str, int] = {}
+    by_kind: dict[str, list[int]] = {}
+    for nbytes, label in items:
+        by_label[label] = by_label.get(label, 0) + nbytes
+        kind = re.sub(r"layers\.\d+", "layers.*", label)
+        kind = re.sub(r"^\w+: ", "", kind) if label.startswith(("parameters:", "gradients:", "optimizer")) else kind
+        entry = by_kind.setdefault(kind, [0, 0])
+        entry[0] += nbytes
+        entry[1] += 1
+    return {"largest": [[b, k] for k, b in sorted(by_label.items(), key=lambda kv: -kv[1])[:top]],
+            "by_kind": [[b, n, k] for k, (b, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][0])]}
+
+
+def device_for_rank() -> torch.device:
+    if torch.cuda.is_available() and os.environ.get("PARPLAN_AGENT_DEVICE", "cuda") == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+Worker = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
