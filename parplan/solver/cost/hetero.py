@@ -108,6 +108,35 @@ class HeteroPlan:
 CostsFor = Callable[[int], GraphCosts]
 
 
+def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_block: bool) -> float:
+    """Buffers one unit adds at its own peak, on top of the stage's resident memory.
+
+    Backward materialises a weight's gradient and its input's gradient before accumulating them
+    (the *gradient workspace*); under full recomputation the block's forward is re-run alongside,
+    keeping everything an uncheckpointed forward keeps; under ZeRO-3 one gathered copy of the
+    block's weights and three unsharded copies of its gradients (the gradient being produced and the
+    reduce-scatter buffers of this block and the previous one, as FSDP2 keeps them) coexist with
+    the workspace. The logits' gradient and a sequence-parallel gather are peaks of their own.
+    """
+    workspace = c.grad_workspace_bytes
+    peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
+               c.logits_grad_bytes, c.sp_gather_bytes)
+    if s.zero >= 3 and is_block:
+        peak = max(peak, c.param_elems_all * (prec.param_bytes + 3 * prec.grad_bytes) + workspace)
+    return peak
+
+
+def stage_extra_temporary_bytes(root_elems: float, tied_elems: float, largest_param_elems: float,
+                                zero3: bool, prec: Precision) -> tuple[float, float]:
+    """(added to every backward peak, a peak of its own) for a whole stage: under ZeRO-3 the
+    parameters outside the blocks stay gathered for the whole step; a tied embedding's gradient from
+    the LM head waits for the embedding's own, then both and their sum coexist; Adam's update
+    (PyTorch's reference implementation) works on two temporaries the size of the largest tensor."""
+    always = (root_elems * prec.param_bytes if zero3 else 0.0) + 2 * tied_elems * prec.grad_bytes
+    optimizer = 2 * largest_param_elems * max(prec.master_bytes, prec.param_bytes)
+    return always, optimizer
+
+
 def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Precision) -> Memory:
     """Weights, gradients and optimizer states of parameter elements, with ZeRO over the data
     axes: dense parameters shard over all ``dp`` ranks, expert parameters over ``dp / ep``."""
@@ -316,18 +345,26 @@ class HeteroEvaluator:
         for stage, units in enumerate(by_stage):
             states = Memory(MemoryBreakdown(), MemoryBreakdown())
             act = act_red = temp = 0.0
+            root = largest = 0.0
+            zero3 = False
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
                 states = states + model_states(c.params, s, prec)
                 act += c.act_bytes
                 act_red += c.act_redundant_bytes
-                temp = max(temp, c.recompute_peak_bytes, c.logits_grad_bytes, c.sp_gather_bytes)
-                if s.zero >= 3 and u.rpartition(".")[2].isdigit():
-                    temp = max(temp, c.param_elems_all * (2 * prec.param_bytes + prec.grad_bytes))
+                is_block = u in plan.layers
+                temp = max(temp, unit_temporary_bytes(c, s, prec, is_block))
+                largest = max(largest, c.largest_param_elems)
+                zero3 = zero3 or s.zero >= 3
+                if not is_block:
+                    root += c.param_elems_all
             first = strat[units[0]]
             gc = self.costs_for(plan.local_batch(first))
-            states = states + model_states(gc.shared_param_elems(units, first.unit(plan.flash_attention)), first, prec)
+            shared = gc.shared_param_elems(units, first.unit(plan.flash_attention))
+            states = states + model_states(shared, first, prec)
+            always, optimizer = stage_extra_temporary_bytes(root, sum(shared.values()), largest, zero3, prec)
+            temp = max(temp + always, optimizer)
             shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention),
                                                           prec.activation_bytes)
             act += shared_act

@@ -76,6 +76,8 @@ class UnitCost:
 
     params: dict[ParamGroup, float] = field(default_factory=dict)  # local elements, shared params excluded
     param_elems_all: float = 0.0  # every parameter the unit uses (ZeRO-3 gathers them all)
+    largest_param_elems: float = 0.0  # the largest parameter tensor on one device
+    grad_workspace_bytes: float = 0.0  # a weight gradient and its input's gradient, before accumulation
     act_bytes: float = 0.0  # saved for backward, shared items excluded
     act_redundant_bytes: float = 0.0
     recompute_peak_bytes: float = 0.0  # the unit's own activations rebuilt in backward (full recompute)
@@ -197,6 +199,7 @@ class GraphCosts:
             lay = unit_layout(p, s)
             local = p.numel / lay.shards(mesh)
             c.param_elems_all += local
+            c.largest_param_elems = max(c.largest_param_elems, local)
             if p.id in self.shared_params:
                 continue
             group = ParamGroup(tp_replicated=s.tp > 1 and "tp" not in lay.axes, expert="ep" in lay.axes)
@@ -205,9 +208,21 @@ class GraphCosts:
         c.act_bytes, c.act_redundant_bytes = self.item_bytes((it for it in per_unit[unit] if it.key not in shared), s)
         nodes = self.nodes[unit]
         if nodes and s.recompute is Recompute.FULL and block_of(nodes[0]) is not None:
+            # backward re-runs the block's forward as if nothing were checkpointed (same attention kernel)
             inner = saved_items(self.graph, nodes, prec.activation_bytes, flash_attention=s.flash_attention,
-                                recompute=Recompute.SELECTIVE)
+                                recompute=Recompute.NONE)
             c.recompute_peak_bytes = self.item_bytes(inner, s)[0]
+        for n in nodes:
+            if n.kind not in (OpKind.EINSUM, OpKind.EMBEDDING):
+                continue
+            ins = [self.graph.node(i) for i in n.inputs]
+            weights = [x for x in ins if x.is_parameter]
+            acts = [x for x in ins if not x.is_parameter and x.kind is not OpKind.INPUT]
+            if not weights:
+                continue
+            wgrad = sum(w.numel / unit_layout(w, s).shards(mesh) for w in weights) * prec.grad_bytes
+            igrad = sum(a.numel / unit_layout(a, s).shards(mesh) for a in acts) * prec.activation_bytes
+            c.grad_workspace_bytes = max(c.grad_workspace_bytes, wgrad + igrad)
         for n in nodes:
             if n.kind is OpKind.CROSS_ENTROPY:
                 logits = self.graph.node(n.inputs[0])

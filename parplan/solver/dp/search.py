@@ -33,7 +33,14 @@ import numpy as np
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.hetero import HeteroEvaluator, HeteroPlan, LayerStrategy, model_states
+from parplan.solver.cost.hetero import (
+    HeteroEvaluator,
+    HeteroPlan,
+    LayerStrategy,
+    model_states,
+    stage_extra_temporary_bytes,
+    unit_temporary_bytes,
+)
 from parplan.solver.cost.pipeline import blocks_of, in_flight_microbatches, stage_of_units, units_of
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.units import GraphCosts
@@ -71,6 +78,8 @@ class UnitRow:
     act: np.ndarray
     temp: np.ndarray
     relayout: np.ndarray
+    root: np.ndarray  # parameter elements outside the blocks (ZeRO-3 keeps them gathered)
+    largest: np.ndarray  # the largest parameter tensor's elements
 
 
 @dataclass
@@ -138,7 +147,7 @@ class DpSearch:
             return cached
         plan = self.probe_plan(pp, m)
         n = len(strats)
-        r = UnitRow(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
+        r = UnitRow(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
         for j, s in enumerate(strats):
             c = self.ev.unit_cost(plan, unit, s, self.prec, timed=True)
             states = model_states(c.params, s, self.prec)
@@ -149,10 +158,9 @@ class DpSearch:
             r.time[j] = m * mb + exposed + self.ev.optimizer_seconds(states.bytes)
             r.states[j] = states.bytes.total
             r.act[j] = c.act_bytes
-            tmp = max(c.recompute_peak_bytes, c.logits_grad_bytes, c.sp_gather_bytes)
-            if s.zero >= 3 and unit in self._block_set:
-                tmp = max(tmp, c.param_elems_all * (2 * self.prec.param_bytes + self.prec.grad_bytes))
-            r.temp[j] = tmp
+            r.temp[j] = unit_temporary_bytes(c, s, self.prec, unit in self._block_set)
+            r.root[j] = 0.0 if unit in self._block_set else c.param_elems_all
+            r.largest[j] = c.largest_param_elems
             if unit in self._block_set:
                 r.relayout[j] = m * self.ev.relayout_seconds(plan, unit, s, self.prec)
         self._rows[key] = r
@@ -172,16 +180,23 @@ class DpSearch:
         temp = np.zeros((n_l, n_s))
         row_of = {b: i for i, b in enumerate(blocks)}
         current = 0
+        root = np.zeros(n_s)
+        largest = np.zeros(n_s)
         for u in units:  # non-block units are priced with the block before them (or the first)
             current = row_of.get(u, current)
             r = self.row(pp, m, u, strats)
             t[current] += r.time
             mem[current] += r.states + r.act * flight
             temp[current] = np.maximum(temp[current], r.temp)
+            root += r.root
+            largest = np.maximum(largest, r.largest)
         for j, s in enumerate(strats):  # parameters and buffers several units share: with the first block
             gc = self.costs_for(plan.local_batch(s))
             us = s.unit(self.flash)
             shared = gc.shared_param_elems(units, us)
+            always, optimizer = stage_extra_temporary_bytes(float(root[j]), sum(shared.values()), float(largest[j]),
+                                                            s.zero >= 3, self.prec)
+            temp[:, j] = np.maximum(temp[:, j] + always, optimizer)
             if shared:
                 st = model_states(shared, s, self.prec)
                 sync, gathers = self.ev.sync_seconds(plan, s, shared, self.prec)

@@ -182,8 +182,10 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
 
 def op_peak_bytes(gp: GraphProblem, op: str, s: OpStrategy) -> tuple[float, float]:
     """(bytes this operator adds to its block's backward peak, bytes of its own transient buffer):
-    ZeRO-3 gathers of its parameters (current + prefetched weights, unsharded gradient) and, under
-    full recomputation, the activations it saves when recomputed; the cross-entropy's logits gradient."""
+    ZeRO-3's gathered weights and three unsharded gradient buffers of its parameters, and under full
+    recomputation what it saves when its block's forward is re-run; its own gradient workspace (its
+    weights' and inputs' gradients before accumulation) or the cross-entropy's logits gradient.
+    The same rules as the uniform model's (:func:`parplan.solver.cost.hetero.unit_temporary_bytes`)."""
     ctx = gp.ctx
     graph, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
     sizes = mesh.sizes
@@ -193,14 +195,21 @@ def op_peak_bytes(gp: GraphProblem, op: str, s: OpStrategy) -> tuple[float, floa
         for pos in ctx.owned_params.get(op, ()):
             p = graph.node(node.inputs[pos])
             block += p.numel / input_layout(node, pos, graph, s, mesh).shards(sizes) * (
-                2 * prec.param_bytes + prec.grad_bytes)
+                prec.param_bytes + 3 * prec.grad_bytes)
     if ctx.recompute is Recompute.FULL and block_of(node) is not None:
         out = TensorLayout(output_layout(node, s, mesh, gp.partial_dims[op]).split)
         for it in op_saved_items(node, graph, prec.activation_bytes, flash_attention=ctx.flash_attention,
-                                 recompute=Recompute.SELECTIVE):
+                                 recompute=Recompute.NONE):
             if it.owner == op:
                 block += it.total_bytes / out.shards(sizes, it.dims)
     own = 0.0
+    if node.kind in (OpKind.EINSUM, OpKind.EMBEDDING) and any(graph.node(i).is_parameter for i in node.inputs):
+        for pos, i in enumerate(node.inputs):
+            src = graph.node(i)
+            if src.kind is OpKind.INPUT:
+                continue
+            per = prec.grad_bytes if src.is_parameter else prec.activation_bytes
+            own += src.numel * per / input_layout(node, pos, graph, s, mesh).shards(sizes)
     if node.kind is OpKind.CROSS_ENTROPY:
         logits = graph.node(node.inputs[0])
         own = logits.numel * prec.activation_bytes / input_layout(node, 0, graph, s, mesh).shards(sizes)
