@@ -147,13 +147,14 @@ def _links(cluster: Cluster, mesh: Mesh) -> dict[str, Any]:
 
 
 def micro_step_candidates(global_batch: int, devices: int, micro_batch: int | None) -> list[int]:
-    """Micro-step sizes to try: the given one, else ``b0, 2·b0, 4·b0, 8·b0`` that divide the global
-    batch, ``b0`` being the largest divisor not above the device count (smaller micro-steps keep
-    fewer activations; larger ones pay per-micro-step collectives fewer times)."""
+    """Micro-step sizes to try: the given one, else ``b0`` and ``4·b0`` (or the whole batch) that
+    divide the global batch, ``b0`` being the largest divisor not above the device count (smaller
+    micro-steps keep fewer activations; larger ones pay per-micro-step collectives fewer times)."""
     b0 = micro_step_batch(global_batch, devices, micro_batch)
     if micro_batch is not None:
         return [b0]
-    return [b0 * k for k in (1, 2, 4, 8) if b0 * k <= global_batch and global_batch % (b0 * k) == 0]
+    large = next((b0 * k for k in (4, 2) if global_batch % (b0 * k) == 0), global_batch)
+    return sorted({b0, min(large, global_batch)})
 
 
 def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, micro_batch: int | None,

@@ -49,13 +49,16 @@ class Mesh:
 
 
 def mesh_shapes(num_devices: int, gpus_per_node: int, max_dims: int = 3) -> list[Mesh]:
-    """Candidate meshes: 1-D ``[N]``; 2-D ``[N/k, k]`` for ``k`` dividing the node; and, when the
+    """Candidate meshes: 2-D ``[N/k, k]`` for ``k`` dividing the node (1-D ``[N]`` only when there is
+    none: a 2-D mesh assigning both axes to one dim expresses every 1-D split); and, when the
     devices span several nodes, 3-D ``[N/(j·k), j, k]`` with ``j·k`` dividing the node (an
     inter-node axis and two intra-node ones; within one node two axes already express every split
     pattern the search uses). Axes are named ``m0, m1, m2`` outermost first, so the last axis stays
     inside a node."""
     out = [Mesh((("m0", num_devices),))]
     if max_dims >= 2:
+        # a 2-D mesh splitting one dim over both axes is the 1-D mesh, with each axis on its own link
+        out = []
         for k in range(2, min(gpus_per_node, num_devices) + 1):
             if gpus_per_node % k == 0 and num_devices % k == 0 and num_devices // k > 1:
                 out.append(Mesh((("m0", num_devices // k), ("m1", k))))
@@ -64,7 +67,7 @@ def mesh_shapes(num_devices: int, gpus_per_node: int, max_dims: int = 3) -> list
             for k in range(2, gpus_per_node // j + 1):
                 if gpus_per_node % (j * k) == 0 and num_devices % (j * k) == 0 and num_devices // (j * k) > 1:
                     out.append(Mesh((("m0", num_devices // (j * k)), ("m1", j), ("m2", k))))
-    return out
+    return out or [Mesh((("m0", num_devices),))]
 
 
 @dataclass(frozen=True)
