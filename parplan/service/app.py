@@ -1,0 +1,63 @@
+"""The FastAPI application: ``create_app(settings)``; ``uvicorn --factory parplan.service.app:create_app``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from parplan import __version__ as package_version
+from parplan.service import problems
+from parplan.service.agents.router import router as agents_router
+from parplan.service.catalog.router import router as catalog_router
+from parplan.service.health.metrics import Metrics, MetricsMiddleware
+from parplan.service.health.router import router as health_router
+from parplan.service.jobs.router import router as jobs_router
+from parplan.service.limits import BodyLimitMiddleware
+from parplan.service.plans.router import router as plans_router
+from parplan.service.profiles.router import router as profiles_router
+from parplan.service.runtime import Runtime
+from parplan.service.settings import Settings
+from parplan.service.validations.router import router as validations_router
+from parplan.solver import SOLVER_VERSION
+
+log = logging.getLogger("parplan.service")
+
+DESCRIPTION = """Parallelism plans for training large models.
+
+`POST /v1/plans` answers `202` with a job to poll (`GET /v1/jobs/{id}`), or `200` with the plan
+when the same request was solved before. Errors are RFC 9457 `application/problem+json`.
+Authenticate with `Authorization: Bearer <token>` (`parplan token create --scope ...`)."""
+
+
+def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None) -> FastAPI:
+    """The app. ``runtime`` (tests) replaces the one built from ``settings``; it is started and
+    stopped with the app's lifespan."""
+    settings = settings or (runtime.settings if runtime else Settings())
+    rt = runtime or Runtime.create(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        rt.start()
+        try:
+            yield
+        finally:
+            rt.stop()
+
+    app = FastAPI(title="parplan", version=package_version, description=DESCRIPTION, lifespan=lifespan,
+                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+    app.state.runtime = rt
+    app.state.solver_version = SOLVER_VERSION
+    problems.install(app)
+    for r in (plans_router, jobs_router, validations_router, agents_router, profiles_router, catalog_router,
+              health_router):
+        app.include_router(r)
+
+    def current_metrics() -> Metrics | None:
+        return rt.metrics
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=current_metrics)
+    return app

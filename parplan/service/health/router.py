@@ -1,0 +1,42 @@
+"""``/healthz`` (the process is up), ``/readyz`` (database and broker reachable), ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from parplan.service.deps import RuntimeDep
+from parplan.service.problems import problem_response
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz", responses={503: {"description": "A dependency is unreachable (problem+json)"}})
+def readyz(rt: RuntimeDep) -> Response:
+    checks: dict[str, str] = {}
+    try:
+        with rt.session_factory() as s:
+            s.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as e:
+        checks["database"] = f"unreachable: {e.__class__.__name__}"
+    checks["broker"] = "ok" if rt.queue.ping() else "unreachable"
+    checks["queue"] = rt.queue.kind
+    if all(v == "ok" for k, v in checks.items() if k != "queue"):
+        return JSONResponse({"status": "ready", "checks": checks})
+    return problem_response(503, "not ready: " + ", ".join(f"{k} {v}" for k, v in checks.items() if v != "ok"
+                                                            and k != "queue"),
+                            type_="not-ready", checks=checks)
+
+
+@router.get("/metrics", response_class=Response)
+def metrics(rt: RuntimeDep) -> Response:
+    assert rt.metrics is not None
+    return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,172 @@
+"""All queries on ``jobs``. State changes are conditional UPDATEs, so two workers (or a worker and
+the sweeper) racing on one job can never both win: the loser's statement matches no row."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import case, func, select, update
+from sqlalchemy.orm import Session, undefer
+
+from parplan.service.models import Job, JobStatus
+from parplan.service.pagination import next_cursor, page
+
+Q, R = JobStatus.QUEUED.value, JobStatus.RUNNING.value
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a worker learns when it renews its lease: whether it still owns the job, and
+    whether a client asked to cancel it."""
+
+    owned: bool
+    cancel_requested: bool
+
+
+class JobRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    # -- reads ----------------------------------------------------------------------------------
+    def get(self, job_id: uuid.UUID) -> Job | None:
+        return self.session.get(Job, job_id)
+
+    def refresh(self, job: Job) -> Job:
+        self.session.refresh(job)
+        return job
+
+    def active_for_key(self, cache_key: str) -> Job | None:
+        stmt = (select(Job).where(Job.cache_key == cache_key, Job.status.in_((Q, R)), Job.cancel_requested.is_(False))
+                .order_by(Job.created_at).limit(1))
+        return self.session.scalars(stmt).first()
+
+    def producer_of(self, plan_id: uuid.UUID) -> Job | None:
+        stmt = select(Job).where(Job.plan_id == plan_id).order_by(Job.created_at).limit(1)
+        return self.session.scalars(stmt).first()
+
+    def list_page(self, statuses: Sequence[str] | None, cursor: str | None, limit: int) -> tuple[list[Job], str | None]:
+        stmt = select(Job)
+        if statuses:
+            stmt = stmt.where(Job.status.in_(list(statuses)))
+        rows = list(self.session.scalars(page(stmt, Job.created_at, Job.id, cursor, limit)))
+        return next_cursor(rows, limit)
+
+    def count_by_status(self) -> dict[str, int]:
+        rows = self.session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
+        return {status: int(n) for status, n in rows}
+
+    def solve_time_histogram(self, bounds: Sequence[float]) -> tuple[list[int], float, int]:
+        """Cumulative counts of finished solves at or under each bound, their sum and count."""
+        cols: list[Any] = [func.sum(case((Job.solve_seconds <= b, 1), else_=0)) for b in bounds]
+        cols += [func.coalesce(func.sum(Job.solve_seconds), 0.0), func.count(Job.solve_seconds)]
+        row = self.session.execute(select(*cols).where(Job.solve_seconds.is_not(None))).one()
+        values = list(row)
+        return [int(v or 0) for v in values[:-2]], float(values[-2] or 0.0), int(values[-1] or 0)
+
+    # -- writes from the API ----------------------------------------------------------------------
+    def add(self, job: Job) -> Job:
+        self.session.add(job)
+        self.session.flush()
+        return job
+
+    def request_cancel(self, job_id: uuid.UUID, now: datetime) -> None:
+        """Queued: cancelled at once. Running: flagged; its worker stops the solve. Else nothing."""
+        self.session.execute(update(Job).where(Job.id == job_id, Job.status == Q)
+                             .values(status=JobStatus.CANCELLED.value, finished_at=now, updated_at=now,
+                                     cancel_requested=True))
+        self.session.execute(update(Job).where(Job.id == job_id, Job.status == R)
+                             .values(cancel_requested=True, updated_at=now))
+
+    # -- writes from workers ----------------------------------------------------------------------
+    def claim(self, job_id: uuid.UUID, owner: str, worker: str, now: datetime, lease_seconds: float,
+              max_attempts: int) -> Job | None:
+        """Take the job if it is queued, or running with an expired lease (its worker died).
+        Returns the job, or None when someone else has it or it is finished."""
+        expired = (Job.status == R) & (Job.deadline_at < now) & Job.cancel_requested.is_(False)
+        res = self.session.execute(
+            update(Job).where(Job.id == job_id, (Job.status == Q) | expired, Job.attempts < max_attempts)
+            .values(status=R, lease_owner=owner, worker=worker, attempts=Job.attempts + 1,
+                    started_at=func.coalesce(Job.started_at, now), deadline_at=now + timedelta(seconds=lease_seconds),
+                    updated_at=now, error=None, progress_stage="starting", progress_fraction=0.0)
+            .execution_options(synchronize_session=False))
+        if getattr(res, "rowcount", 0) != 1:
+            return None
+        return self.session.scalars(select(Job).where(Job.id == job_id)
+                                    .options(undefer(Job.request), undefer(Job.calibration))
+                                    .execution_options(populate_existing=True)).one()
+
+    def renew(self, job_id: uuid.UUID, owner: str, now: datetime, lease_seconds: float,
+              progress: tuple[str, float] | None = None) -> Lease:
+        values: dict[str, Any] = {"deadline_at": now + timedelta(seconds=lease_seconds), "updated_at": now}
+        if progress is not None:
+            values["progress_stage"], values["progress_fraction"] = progress[0][:200], progress[1]
+        res = self.session.execute(update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == R)
+                                   .values(**values).execution_options(synchronize_session=False))
+        if getattr(res, "rowcount", 0) != 1:
+            return Lease(owned=False, cancel_requested=False)
+        flag = self.session.scalar(select(Job.cancel_requested).where(Job.id == job_id))
+        return Lease(owned=True, cancel_requested=bool(flag))
+
+    def finish(self, job_id: uuid.UUID, owner: str, status: JobStatus, now: datetime, *,
+               plan_id: uuid.UUID | None = None, error: dict[str, Any] | None = None,
+               solve_seconds: float | None = None) -> bool:
+        """Close a running job the caller owns. False if the lease was lost (nothing written)."""
+        values: dict[str, Any] = {"status": status.value, "finished_at": now, "updated_at": now, "deadline_at": None,
+                                  "plan_id": plan_id, "error": error, "solve_seconds": solve_seconds}
+        if status is JobStatus.SUCCEEDED:
+            values.update(progress_stage="done", progress_fraction=1.0)
+        res = self.session.execute(update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == R)
+                                   .values(**values).execution_options(synchronize_session=False))
+        return getattr(res, "rowcount", 0) == 1
+
+    def release(self, job_id: uuid.UUID, owner: str, now: datetime) -> bool:
+        """Give a running job back to the queue (worker shutting down); the attempt does not count."""
+        res = self.session.execute(
+            update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == R)
+            .values(status=Q, lease_owner=None, worker=None, deadline_at=None, updated_at=now, enqueued_at=now,
+                    progress_stage="queued", progress_fraction=0.0,
+                    attempts=case((Job.attempts > 0, Job.attempts - 1), else_=0))
+            .execution_options(synchronize_session=False))
+        return getattr(res, "rowcount", 0) == 1
+
+    # -- writes from the sweeper ------------------------------------------------------------------
+    def expired_running(self, now: datetime, limit: int = 500) -> list[Job]:
+        stmt = select(Job).where(Job.status == R, Job.deadline_at < now).order_by(Job.deadline_at).limit(limit)
+        return list(self.session.scalars(stmt))
+
+    def requeue_expired(self, job_id: uuid.UUID, now: datetime) -> bool:
+        res = self.session.execute(
+            update(Job).where(Job.id == job_id, Job.status == R, Job.deadline_at < now)
+            .values(status=Q, lease_owner=None, worker=None, deadline_at=None, enqueued_at=now, updated_at=now,
+                    progress_stage="requeued")
+            .execution_options(synchronize_session=False))
+        return getattr(res, "rowcount", 0) == 1
+
+    def close_expired(self, job_id: uuid.UUID, now: datetime, status: JobStatus,
+                      error: dict[str, Any] | None) -> bool:
+        res = self.session.execute(
+            update(Job).where(Job.id == job_id, Job.status == R, Job.deadline_at < now)
+            .values(status=status.value, lease_owner=None, deadline_at=None, finished_at=now, updated_at=now,
+                    error=error)
+            .execution_options(synchronize_session=False))
+        return getattr(res, "rowcount", 0) == 1
+
+    def stale_queued(self, enqueued_before: datetime, limit: int = 500) -> list[Job]:
+        stmt = (select(Job).where(Job.status == Q, (Job.enqueued_at < enqueued_before) | Job.enqueued_at.is_(None))
+                .order_by(Job.created_at).limit(limit))
+        return list(self.session.scalars(stmt))
+
+    def count_queued(self) -> int:
+        return int(self.session.scalar(select(func.count()).select_from(Job).where(Job.status == Q)) or 0)
+
+    def mark_enqueued(self, job_id: uuid.UUID, now: datetime, enqueued_before: datetime | None = None) -> bool:
+        cond = [Job.id == job_id, Job.status == Q]
+        if enqueued_before is not None:
+            cond.append((Job.enqueued_at < enqueued_before) | Job.enqueued_at.is_(None))
+        res = self.session.execute(update(Job).where(*cond).values(enqueued_at=now)
+                                   .execution_options(synchronize_session=False))
+        return getattr(res, "rowcount", 0) == 1

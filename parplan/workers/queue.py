@@ -1,0 +1,49 @@
+"""The job-queue interface the API enqueues through, and the factory that picks its
+implementation: Celery over Redis when ``PARPLAN_BROKER_URL`` is set, else the in-process
+executor. Everything above this interface is the same code in both layouts."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from sqlalchemy.orm import Session
+
+from parplan.service.settings import Settings
+
+
+@runtime_checkable
+class JobQueue(Protocol):
+    """Hands job ids to whatever runs them. Messages carry only the id; losing one is
+    harmless because the sweeper re-enqueues jobs the database still says are queued."""
+
+    kind: str
+    #: True when enqueueing an id that is already waiting is a no-op (the sweeper then re-sends
+    #: every stale job instead of estimating how many messages were lost).
+    deduplicates: bool
+
+    def start(self) -> None:
+        """Begin accepting work (the in-process executor starts its threads)."""
+
+    def enqueue(self, job_id: uuid.UUID) -> bool:
+        """Hand ``job_id`` over; False when that failed (the broker is down). Never raises."""
+
+    def depth(self) -> int | None:
+        """Jobs waiting in the queue, or None when that cannot be known right now."""
+
+    def ping(self) -> bool:
+        """True when the queue (its broker) is reachable."""
+
+    def close(self) -> None:
+        """Stop; running in-process solves are released back to the queue."""
+
+
+def make_queue(settings: Settings, session_factory: Callable[[], Session]) -> JobQueue:
+    if settings.broker_url:
+        from parplan.workers.celery_app import CeleryJobQueue
+
+        return CeleryJobQueue(settings)
+    from parplan.workers.inprocess import InProcessJobQueue
+
+    return InProcessJobQueue(settings, session_factory)

@@ -1,0 +1,104 @@
+"""Fixtures: the app in-process over the real PostgreSQL (each test's transaction rolled back)
+and a real Celery queue in Redis (a queue name per test, purged after it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from parplan.service.app import create_app
+from parplan.service.auth.service import Scope
+from parplan.service.runtime import Runtime
+from parplan.service.settings import Settings
+from parplan.service.testing import (
+    committed_db,
+    db,
+    make_settings,
+    make_token,
+    pg_engine,
+    pg_url,
+    queue_name,
+    redis_url,
+)
+from parplan.workers.celery_app import CeleryJobQueue
+
+Headers = dict[str, str]
+
+# The shared fixtures, re-exported so pytest finds them here.
+__all__ = ["committed_db", "db", "pg_engine", "pg_url", "queue_name", "redis_url"]
+
+
+@pytest.fixture
+def settings(pg_url: str, redis_url: str, queue_name: str) -> Settings:
+    return make_settings(pg_url, redis_url, queue_name, max_graph_nodes=200, max_devices=4096)
+
+
+@pytest.fixture
+def queue(settings: Settings) -> Iterator[CeleryJobQueue]:
+    q = CeleryJobQueue(settings)
+    q.purge()
+    yield q
+    q.purge()
+    q.close()
+
+
+@pytest.fixture
+def runtime(settings: Settings, db: sessionmaker[Session], queue: CeleryJobQueue) -> Runtime:
+    return Runtime(settings=settings, session_factory=db, queue=queue, run_sweeper=False)
+
+
+@pytest.fixture
+def client(runtime: Runtime) -> Iterator[TestClient]:
+    with TestClient(create_app(runtime=runtime), raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.fixture
+def auth(db: sessionmaker[Session]) -> Callable[..., Headers]:
+    """``auth(Scope.PLANS_WRITE)`` → headers carrying a fresh token with those scopes."""
+    def headers(*scopes: Scope) -> Headers:
+        return {"Authorization": f"Bearer {make_token(db, *scopes)}"}
+    return headers
+
+
+@pytest.fixture
+def writer(auth: Callable[..., Headers]) -> Headers:
+    return auth(Scope.PLANS_WRITE)
+
+
+@pytest.fixture
+def reader(auth: Callable[..., Headers]) -> Headers:
+    return auth(Scope.PLANS_READ)
+
+
+@pytest.fixture
+def agent(auth: Callable[..., Headers]) -> Headers:
+    return auth(Scope.AGENT)
+
+
+@pytest.fixture
+def admin(auth: Callable[..., Headers]) -> Headers:
+    return auth(Scope.ADMIN)
+
+
+@pytest.fixture
+def mlp_graph() -> dict[str, Any]:
+    """A small valid graph in the wire format (a two-matmul MLP block)."""
+    return {
+        "format": "parplan.graph/v1", "name": "mlp",
+        "nodes": [
+            {"id": "x", "kind": "input", "dims": {"batch": 4, "hidden": 8}, "dtype": "bf16"},
+            {"id": "w1", "kind": "parameter", "dims": {"hidden": 8, "ffn": 32}},
+            {"id": "h", "kind": "einsum", "inputs": ["x", "w1"], "dims": {"batch": 4, "ffn": 32},
+             "attrs": {"equation": "batch hidden, hidden ffn -> batch ffn"}, "layer": "layers.0"},
+            {"id": "a", "kind": "elementwise", "inputs": ["h"], "dims": {"batch": 4, "ffn": 32},
+             "attrs": {"fn": "gelu"}, "layer": "layers.0"},
+            {"id": "w2", "kind": "parameter", "dims": {"ffn": 32, "hidden": 8}},
+            {"id": "y", "kind": "einsum", "inputs": ["a", "w2"], "dims": {"batch": 4, "hidden": 8},
+             "attrs": {"equation": "batch ffn, ffn hidden -> batch hidden"}, "layer": "layers.0"},
+        ],
+    }

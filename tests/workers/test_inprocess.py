@@ -1,0 +1,83 @@
+"""The embedded default's executor: jobs run in solver child processes behind a thread pool."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from parplan.service.database import utcnow
+from parplan.service.models import Job, JobStatus
+from parplan.service.settings import Settings
+from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST
+from parplan.workers.inprocess import InProcessJobQueue
+from parplan.workers.solve_process import ORPHANED, SolveProcess
+
+SF = sessionmaker[Session]
+
+
+def add(sf: SF, body: dict[str, object]) -> uuid.UUID:
+    now = utcnow()
+    with sf() as s:
+        j = Job(status="queued", request=body, request_hash="h", cache_key=uuid.uuid4().hex, progress_fraction=0.0,
+                attempts=0, created_at=now, updated_at=now, enqueued_at=now)
+        s.add(j)
+        s.commit()
+        return j.id
+
+
+def wait(sf: SF, jid: uuid.UUID, want: set[str], timeout: float = 60) -> Job:
+    deadline = time.monotonic() + timeout
+    while True:
+        with sf() as s:
+            j = s.get(Job, jid)
+            assert j is not None
+            if j.status in want:
+                return j
+        assert time.monotonic() < deadline, j.status
+        time.sleep(0.05)
+
+
+def test_jobs_run_and_duplicates_are_ignored(committed_db: SF, settings: Settings) -> None:
+    q = InProcessJobQueue(settings.model_copy(update={"executor_workers": 1}), committed_db)
+    q.start()
+    try:
+        jid = add(committed_db, FAST_REQUEST)
+        assert q.enqueue(jid) and q.enqueue(jid)
+        assert wait(committed_db, jid, {"succeeded", "failed"}).status == "succeeded"
+        assert q.ping() and q.depth() == 0
+    finally:
+        q.close()
+    assert not q.ping() and not q.enqueue(jid)
+
+
+def test_closing_releases_running_jobs(committed_db: SF, settings: Settings) -> None:
+    q = InProcessJobQueue(settings, committed_db)
+    q.start()
+    jid = add(committed_db, SLOW_REQUEST)
+    q.enqueue(jid)
+    wait(committed_db, jid, {JobStatus.RUNNING.value})
+    q.close()
+    j = wait(committed_db, jid, {JobStatus.QUEUED.value}, timeout=5)
+    assert j.lease_owner is None and j.attempts == 0
+
+
+def test_an_orphaned_solver_exits_when_its_parent_goes_away() -> None:
+    proc = SolveProcess(SLOW_REQUEST, None)
+    assert proc.read(timeout=10)  # running: it reported progress
+    proc._stdin.close()  # what the parent's death looks like from the child
+    t0 = time.monotonic()
+    while not proc.finished:
+        proc.read(timeout=0.1)
+        assert time.monotonic() - t0 < 5
+    assert proc._proc.returncode == ORPHANED
+    proc.close()
+
+
+def test_kill_terminates_a_solve() -> None:
+    proc = SolveProcess(SLOW_REQUEST, None)
+    proc.read(timeout=10)
+    t0 = time.monotonic()
+    proc.kill()
+    assert time.monotonic() - t0 < 3 and proc._proc.returncode is not None
