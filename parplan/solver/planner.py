@@ -81,7 +81,12 @@ def _int(body: Mapping[str, Any], key: str, where: str, default: int | None = No
     return v
 
 
-def _num(body: Mapping[str, Any], key: str, where: str, default: float | None) -> float | None:
+#: Largest memory a request may name, GiB (a device or a budget).
+MAX_MEMORY_GIB = float(2**20)
+
+
+def _num(body: Mapping[str, Any], key: str, where: str, default: float | None,
+         hi: float | None = None) -> float | None:
     v = body.get(key)
     if v is None:
         v = default
@@ -89,6 +94,8 @@ def _num(body: Mapping[str, Any], key: str, where: str, default: float | None) -
         return None
     if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v < 0:
         raise RequestError(f"{where}.{key}", f"expected a non-negative number, got {v!r}")
+    if hi is not None and v > hi:
+        raise RequestError(f"{where}.{key}", f"must be at most {hi:g}")
     return float(v)
 
 
@@ -126,7 +133,7 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
         raise RequestError("cluster.gpus", "required")
     try:
         cluster = make_cluster(gpus, _int(cl, "gpus_per_node", "cluster"), str(cl.get("gpu") or "A100-80GB"),
-                               _num(cl, "gpu_memory_gib", "cluster", None))
+                               _num(cl, "gpu_memory_gib", "cluster", None, MAX_MEMORY_GIB))
     except ConfigError as e:
         raise RequestError("cluster", str(e)) from None
     tr = body.get("training") or {}
@@ -143,7 +150,7 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
         raise RequestError("objective.kind", "must be min-memory or max-throughput")
     kind: Objective = "max-throughput" if kind_text == "max-throughput" else "min-memory"
     slowdown = _num(ob, "max_slowdown", "objective", 0.1)
-    budget_gib = _num(ob, "memory_budget_gib", "objective", None)
+    budget_gib = _num(ob, "memory_budget_gib", "objective", None, MAX_MEMORY_GIB)
     search_text = body.get("search") or "auto"
     searches: dict[str, Search] = {"auto": "auto", "ilp": "ilp", "dp": "dp"}
     if search_text not in searches:

@@ -268,3 +268,10 @@ def test_strategy_describes_itself() -> None:
     mesh = Mesh((("m0", 2), ("m1", 4)))
     assert OpStrategy(("batch", "heads"), 3).describe(mesh) == "batch:m0 heads:m1 zero3"
     assert OpStrategy((None, None)).describe(mesh) == "replicated"
+
+
+@pytest.mark.parametrize("body", [{"cluster": {"gpus": 4, "gpu_memory_gib": 1e308}},
+                                  {"objective": {"memory_budget_gib": 1e308}}])
+def test_absurd_memory_is_a_request_error_not_an_overflow(body: dict[str, object]) -> None:
+    with pytest.raises(RequestError, match="at most"):
+        parse_plan_request(_body(**body))
