@@ -15,7 +15,7 @@ from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.hetero import HeteroEvaluator, HeteroPlan
 from parplan.solver.cost.units import GraphCosts
-from parplan.solver.dp.dynamic import brute_force_stage, solve_stage
+from parplan.solver.dp.dynamic import brute_force_stage, solve_stage, solve_stage_keyed
 from parplan.solver.dp.search import DpSearch, balanced_partition, even_split, search
 from parplan.solver.dp.space import GALVATRON, SpaceOptions, count_strategies, layer_strategies
 from parplan.solver.frontends.builder import build_graph
@@ -51,6 +51,28 @@ def test_stage_dp_equals_brute_force(layers: int, strategies: int, budget: int, 
     choice = sol.choices(budget)
     if choice is not None:
         assert sum(int(mem[i, s]) for i, s in enumerate(choice)) <= budget
+        total = sum(t[i, s] for i, s in enumerate(choice)) + sum(switch[i - 1][choice[i - 1], choice[i]]
+                                                                  for i in range(1, layers))
+        assert total == pytest.approx(oracle)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(0, 24), st.integers(0, 2**31 - 1))
+def test_keyed_stage_dp_equals_brute_force(layers: int, strategies: int, budget: int, seed: int) -> None:
+    """Switching costs the cost model's way: the entering strategy's re-layout, when keys differ."""
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0, 10, (layers, strategies))
+    mem = rng.integers(0, 7, (layers, strategies))
+    keys = [int(k) for k in rng.integers(0, 3, strategies)]
+    relayout = rng.uniform(0, 3, (max(layers - 1, 0), strategies))
+    switch = [np.array([[relayout[i][b] if keys[a] != keys[b] else 0.0 for b in range(strategies)]
+                        for a in range(strategies)]) for i in range(layers - 1)]
+    sol = solve_stage_keyed(t, mem, keys, relayout, budget)
+    oracle = brute_force_stage(t, mem, switch, budget)
+    got = float(sol.best_by_budget[budget])
+    assert (math.isinf(oracle) and math.isinf(got)) or got == pytest.approx(oracle)
+    choice = sol.choices(budget)
+    if choice is not None:
         total = sum(t[i, s] for i, s in enumerate(choice)) + sum(switch[i - 1][choice[i - 1], choice[i]]
                                                                   for i in range(1, layers))
         assert total == pytest.approx(oracle)

@@ -51,29 +51,44 @@ class StageSolution:
         return out
 
 
+def _first_layer(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64], budget_units: int) -> npt.NDArray[
+        np.float64]:
+    """f[s, e] for the first layer: its time when its memory fits in ``e`` units, else inf."""
+    f = np.full((time.shape[1], budget_units + 1), INF)
+    for s in range(time.shape[1]):
+        if mem[0, s] <= budget_units:
+            f[s, mem[0, s]:] = time[0, s]
+    return f
+
+
+def _add_layer(h: npt.NDArray[np.float64], arg: npt.NDArray[np.int32], time_row: npt.NDArray[np.float64],
+               mem_row: npt.NDArray[np.int64], budget_units: int) -> tuple[
+        npt.NDArray[np.float64], npt.NDArray[np.int32]]:
+    """Enter a layer: ``h[s', e]`` is the best cost before it ending so that ``s'`` may follow; the
+    layer's memory shifts the budget axis and its time adds on. Returns f and the back-pointers."""
+    n_strat, width = h.shape
+    g = np.full((n_strat, width), INF)
+    b = np.zeros((n_strat, width), dtype=np.int32)
+    for s in range(n_strat):
+        k = int(mem_row[s])
+        if k <= budget_units:
+            g[s, k:] = h[s, : width - k] + time_row[s]
+            b[s, k:] = arg[s, : width - k]
+    return g, b
+
+
 def solve_stage(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64], switch: list[npt.NDArray[np.float64]],
                 budget_units: int) -> StageSolution:
     """``time`` and ``mem`` are [L, S]; ``switch[l-1]`` is [S, S] between layers l-1 and l."""
-    n_layers, n_strat = time.shape
-    width = budget_units + 1
-    f = np.full((n_strat, width), INF)
-    for s in range(n_strat):
-        if mem[0, s] <= budget_units:
-            f[s, mem[0, s]:] = time[0, s]
+    n_layers = time.shape[0]
+    f = _first_layer(time, mem, budget_units)
     back: list[npt.NDArray[np.int32]] = []
     for layer in range(1, n_layers):
         # h[s', e] = min_s f[s, e] + switch[s, s']   (previous strategy s, entering s')
         totals = f[:, None, :] + switch[layer - 1][:, :, None]
         arg = np.argmin(totals, axis=0).astype(np.int32)
         h = np.take_along_axis(totals, arg[None, :, :], axis=0)[0]
-        g = np.full((n_strat, width), INF)
-        b = np.zeros((n_strat, width), dtype=np.int32)
-        for s in range(n_strat):
-            k = int(mem[layer, s])
-            if k <= budget_units:
-                g[s, k:] = h[s, : width - k] + time[layer, s]
-                b[s, k:] = arg[s, : width - k]
-        f = g
+        f, b = _add_layer(h, arg, time[layer], mem[layer], budget_units)
         back.append(b)
     return StageSolution(f.min(axis=0), f, back, mem)
 
@@ -88,10 +103,7 @@ def solve_stage_keyed(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64],
     group_of = np.empty(n_strat, dtype=np.int64)
     for gi, members in enumerate(groups):
         group_of[members] = gi
-    f = np.full((n_strat, width), INF)
-    for s in range(n_strat):
-        if mem[0, s] <= budget_units:
-            f[s, mem[0, s]:] = time[0, s]
+    f = _first_layer(time, mem, budget_units)
     back: list[npt.NDArray[np.int32]] = []
     for layer in range(1, n_layers):
         best_all = f.min(axis=0)
@@ -108,14 +120,7 @@ def solve_stage_keyed(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64],
         use_other = other < same
         h = np.where(use_other, other, same)
         arg = np.where(use_other, arg_all[None, :], group_arg[group_of]).astype(np.int32)
-        g = np.full((n_strat, width), INF)
-        b = np.zeros((n_strat, width), dtype=np.int32)
-        for s in range(n_strat):
-            k = int(mem[layer, s])
-            if k <= budget_units:
-                g[s, k:] = h[s, : width - k] + time[layer, s]
-                b[s, k:] = arg[s, : width - k]
-        f = g
+        f, b = _add_layer(h, arg, time[layer], mem[layer], budget_units)
         back.append(b)
     return StageSolution(f.min(axis=0), f, back, mem)
 
