@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,3 +147,11 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(Exception, _on_unexpected)
+
+
+def parse_id(text: str, what: str) -> uuid.UUID:
+    """A resource id from a path; one that is not a UUID names no resource (404)."""
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise NotFoundError(f"no {what} {text!r}") from None

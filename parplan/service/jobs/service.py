@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import uuid
-
 from sqlalchemy.orm import Session
 
 from parplan.service.database import utcnow
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus
-from parplan.service.problems import ConflictError, NotFoundError
+from parplan.service.problems import ConflictError, NotFoundError, parse_id
 
 
 def get_job(session: Session, job_id: str) -> Job:
-    try:
-        ident = uuid.UUID(job_id)
-    except ValueError:
-        raise NotFoundError(f"no job {job_id!r}") from None
+    ident = parse_id(job_id, "job")
     job = JobRepository(session).get(ident)
     if job is None:
         raise NotFoundError(f"no job {job_id}")
