@@ -8,6 +8,7 @@ returns the plan document whose keys DESIGN.md fixes (the same as ``parplan plan
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -249,10 +250,17 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     elif method == "dp":
         doc = _dp(req, report, bases.get("megatron"))
     else:
-        ilp_doc = _ilp(req, lambda st, f: report(st, 0.3 + 0.35 * f), reference)
-        dp_doc = _dp(req, lambda st, f: report(st, 0.65 + 0.3 * f), bases.get("megatron"))
-        doc = _better(req, ilp_doc, dp_doc)
-        why += f"; chose {doc['solver']['method']}"
+        dp_doc = _dp(req, lambda st, f: report(st, 0.3 + 0.2 * f), bases.get("megatron"))
+        try:  # the ILP gets what is left of the time limit after the (fast) DP
+            left = max(1.0, req.time_limit_seconds - (time.perf_counter() - t0))
+            ilp_doc = _ilp(dataclasses.replace(req, time_limit_seconds=left),
+                           lambda st, f: report(st, 0.5 + 0.45 * f), reference)
+        except SolverError as e:
+            doc = dp_doc
+            why += f"; the ILP stopped ({e}), so the DP's plan"
+        else:
+            doc = _better(req, ilp_doc, dp_doc)
+            why += f"; chose {doc['solver']['method']}"
     doc["baselines"] = {n: b.to_dict() | {"fits": b.fits} if b else None for n, b in bases.items()}
     if doc.get("memory") and doc.get("time"):
         doc["relative"] = {n: _relative_doc(doc, b) for n, b in bases.items()}

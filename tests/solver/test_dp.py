@@ -213,3 +213,12 @@ def test_t5_encoder_and_decoder_blocks_are_priced_apart() -> None:
                  objective="max-throughput", budget_bytes=80 * GIB, max_slowdown=0.1, alpha_gib_per_s=None,
                  calibration=DEFAULT_CALIBRATION)
     assert res["status"] == "optimal"
+
+
+def test_auto_falls_back_to_the_dp_plan_when_the_ilp_runs_out_of_time() -> None:
+    body = _body(model={"preset": "t5-11b"}, cluster={"gpus": 8}, training={"global_batch": 16},
+                 objective={"kind": "min-memory"}, search="auto", time_limit=3)
+    doc = solve(parse_plan_request(body))
+    assert doc["memory"] is not None
+    assert doc["solver"]["method"] == "dp"
+    assert "the ILP stopped" in doc["solver"]["why"]
