@@ -74,10 +74,6 @@ class ParallelConfig:
     def global_batch(self) -> int:
         return self.micro_batch * self.num_microbatches * self.dp
 
-    @property
-    def recompute_policy(self) -> Recompute:
-        return self.recompute
-
     def mesh(self) -> dict[str, int]:
         """Mesh axes, outermost first: pipeline, data (split into expert-data x expert), tensor."""
         ep = self.expert_parallel

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.hetero import HeteroEvaluator, HeteroPlan
+from parplan.solver.cost.pipeline import even_partition
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.dp.dynamic import brute_force_stage, solve_stage, solve_stage_keyed
-from parplan.solver.dp.search import DpSearch, balanced_partition, even_split, search
+from parplan.solver.dp.search import DpSearch, balanced_partition, search
 from parplan.solver.dp.space import GALVATRON, SpaceOptions, count_strategies, layer_strategies
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
@@ -165,7 +166,7 @@ def test_bi_objective_partition_beats_the_even_one_on_an_imbalanced_model() -> N
     ds = DpSearch(lambda b: build_graph(cfg, batch=b), cluster, 32, DEFAULT_CALIBRATION, 80 * GIB)
     m = 8
     strats = ds.strategies(4, m)
-    even = tuple(even_split(8, 4))
+    even = even_partition(8, 4)
     parts = ds.partitions(4, m, strats)
     assert even in parts
     assert parts[0] != even  # the memory-balanced partition is not the even split here

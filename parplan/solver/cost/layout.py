@@ -33,11 +33,6 @@ class TensorLayout:
         keep = None if dims is None else set(dims)
         return math.prod(mesh[a] for d, axes in self.split if keep is None or d in keep for a in axes)
 
-    def replication(self, mesh: Mapping[str, int], extra_axes: Iterable[str] = ()) -> int:
-        """How many devices hold each piece: the product of the axes that split nothing."""
-        used = self.axes | set(extra_axes)
-        return math.prod(s for a, s in mesh.items() if a not in used)
-
     def describe(self) -> str:
         """Compact text, e.g. ``heads:S(tp) seq:S(dp)`` or ``R``."""
         parts = [f"{d}:S({','.join(a)})" for d, a in self.split]

@@ -41,7 +41,7 @@ from parplan.solver.cost.hetero import (
     stage_extra_temporary_bytes,
     unit_temporary_bytes,
 )
-from parplan.solver.cost.pipeline import blocks_of, in_flight_microbatches, stage_of_units, units_of
+from parplan.solver.cost.pipeline import blocks_of, even_partition, in_flight_microbatches, stage_of_units, units_of
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
@@ -264,7 +264,7 @@ class DpSearch:
         """Per block: its least memory (one micro-batch in flight) and least time over the strategies,
         priced where the even split puts it (so the embedding and the LM head weigh on the blocks
         beside them)."""
-        even = tuple(even_split(len(self.blocks), pp))
+        even = even_partition(len(self.blocks), pp)
         mem: dict[str, float] = {}
         t: dict[str, float] = {}
         for stage in range(pp):
@@ -286,13 +286,8 @@ class DpSearch:
         out = [mem_part]
         for alpha in (0.25, 0.5, 0.75, 1.0):
             out.append(interpolate(mem_part, time_part, alpha))
-        out.append(tuple(even_split(len(self.blocks), pp)))
+        out.append(even_partition(len(self.blocks), pp))
         return list(dict.fromkeys(out))
-
-
-def even_split(n: int, p: int) -> list[int]:
-    base, extra = divmod(n, p)
-    return [base + (1 if i >= p - extra else 0) for i in range(p)]
 
 
 def balanced_partition(weights: list[float], p: int, scale: Callable[[int, float], float]) -> tuple[int, ...]:
@@ -444,7 +439,7 @@ def _least_memory(ds: DpSearch, cands: list[Candidate]) -> float | None:
         strats = ds.strategies(pp, m)
         if not strats:
             continue
-        part = tuple(even_split(len(ds.blocks), pp))
+        part = even_partition(len(ds.blocks), pp)
         stages = [ds.tables(pp, m, part, stage, strats) for stage in range(pp)]
         least = min(least, max(float(tb.mem.min(axis=1).sum() + tb.temp.min()) for tb in stages))
     return least if math.isfinite(least) else None
