@@ -154,6 +154,18 @@ class RawClient:
         self.idle.clear()
 
 
+async def attempt(client: RawClient, raw: bytes) -> bool:
+    """Send one request; True on a 200, else count the failure (status code or error type) in ERRORS."""
+    try:
+        code = await client.request(raw)
+        ok, status = code == 200, str(code)
+    except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+        ok, status = False, type(e).__name__
+    if not ok:
+        ERRORS[status] = ERRORS.get(status, 0) + 1
+    return ok
+
+
 async def open_loop(client: RawClient, name: str, raw: bytes, rate: float, duration: float) -> Result:
     n = min(int(rate * duration), MAX_REQUESTS)
     lat: list[float] = []
@@ -167,16 +179,10 @@ async def open_loop(client: RawClient, name: str, raw: bytes, rate: float, durat
         delay = scheduled - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        try:
-            code = await client.request(raw)
-            ok, status = code == 200, str(code)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-            ok, status = False, type(e).__name__
-        if ok:
+        if await attempt(client, raw):
             lat.append((loop.time() - scheduled) * 1000)
         else:
             errors += 1
-            ERRORS[status] = ERRORS.get(status, 0) + 1
 
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
@@ -194,16 +200,10 @@ async def closed_loop(client: RawClient, name: str, raw: bytes, concurrency: int
         while time.perf_counter() < stop and sent < MAX_REQUESTS:
             sent += 1
             t = time.perf_counter()
-            try:
-                code = await client.request(raw)
-                ok, status = code == 200, str(code)
-            except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-                ok, status = False, type(e).__name__
-            if ok:
+            if await attempt(client, raw):
                 lat.append((time.perf_counter() - t) * 1000)
             else:
                 errors += 1
-                ERRORS[status] = ERRORS.get(status, 0) + 1
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))

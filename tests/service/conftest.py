@@ -38,15 +38,6 @@ def settings(pg_url: str, redis_url: str, queue_name: str) -> Settings:
 
 
 @pytest.fixture
-def queue(settings: Settings) -> Iterator[CeleryJobQueue]:
-    q = CeleryJobQueue(settings)
-    q.purge()
-    yield q
-    q.purge()
-    q.close()
-
-
-@pytest.fixture
 def runtime(settings: Settings, db: sessionmaker[Session], queue: CeleryJobQueue) -> Runtime:
     return Runtime(settings=settings, session_factory=db, queue=queue, run_sweeper=False)
 

@@ -3,8 +3,6 @@ processes or threads), real Redis, and settings with short leases so fault tests
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from parplan.service.settings import Settings
@@ -17,7 +15,6 @@ from parplan.service.testing import (
     queue_name,
     redis_url,
 )
-from parplan.workers.celery_app import CeleryJobQueue
 
 # The shared fixtures, re-exported so pytest finds them here.
 __all__ = ["committed_db", "db", "pg_engine", "pg_url", "queue_name", "redis_url"]
@@ -29,10 +26,3 @@ def settings(pg_url: str, redis_url: str, queue_name: str) -> Settings:
                          job_max_attempts=3)
 
 
-@pytest.fixture
-def queue(settings: Settings) -> Iterator[CeleryJobQueue]:
-    q = CeleryJobQueue(settings)
-    q.purge()
-    yield q
-    q.purge()
-    q.close()
