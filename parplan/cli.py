@@ -18,6 +18,7 @@ from parplan.solver.cluster import GPU_PRESETS, make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.memory import CATEGORIES
 from parplan.solver.cost.precision import PRECISIONS
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.evaluate import evaluate
 from parplan.solver.frontends.presets import PRESETS
@@ -107,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
                          description="Predict per-device memory (by category) and step time of one strategy.")
     _add_strategy_args(mem)
+    mem.add_argument("--runtime", choices=[r.value for r in Runtime], default="megatron",
+                     help="whose buffers to count: megatron (default), torch (PyTorch-native DTensor/FSDP2 on "
+                          "GPUs) or torch-cpu (the same with CPU kernels); see README")
     mem.set_defaults(handler=cmd_memory)
     plan = sub.add_parser("plan", help="search for a parallelism plan", description="Search for the plan that fits "
                           "with the least redundant memory (or the fastest one), with baselines.")
@@ -157,7 +161,7 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         recompute=Recompute(args.recompute), micro_batch=args.micro_batch, num_microbatches=m,
         schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
         flash_attention=not args.no_flash_attention, precision=args.precision,
-        expert_parallel=args.expert_parallel)
+        expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")))
     return model, cluster, strategy
 
 
@@ -173,7 +177,8 @@ def _memory_table(doc: dict[str, Any]) -> str:
         f"cluster   {doc['cluster']['gpus']} x {doc['cluster']['gpu']} "
         f"({doc['cluster']['gpus_per_node']} per node, {doc['cluster']['device_memory_bytes'] / GIB:.1f} GiB each)",
         f"strategy  {s['summary']}  global batch {s['global_batch']}, precision {s['precision']}"
-        f"{'' if s['flash_attention'] else ', no flash attention'}",
+        f"{'' if s['flash_attention'] else ', no flash attention'}"
+        f"{'' if s.get('runtime', 'megatron') == 'megatron' else ', buffers of the ' + s['runtime'] + ' runtime'}",
         "",
         f"most loaded device: stage {mem['peak_stage']}  (GiB)       held  redundant",
     ]

@@ -160,6 +160,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     max_procs = args.max_procs or (torch.cuda.device_count() if device == "cuda" else 8)
 
     def measure(validation: dict[str, Any]) -> dict[str, Any]:
+        if ((validation.get("plan") or {}).get("strategy") or {}).get("kind") == "intra-operator":
+            from parplan.agent.ilp_validate import measurement_for_validation
+
+            return measurement_for_validation(validation, device, max_procs, hw["key"])
         spec = spec_for_validation(validation, max_procs)
         comparison = run_and_compare([spec], device)[0]
         out = measurement_of(comparison, hw["key"])

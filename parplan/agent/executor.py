@@ -488,7 +488,7 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     out: dict[str, Any] = {
         "rank": rank, "stage": runner.pp_rank, "coords": {"pp": runner.pp_rank, "dp": runner.dp_rank,
                                                           "tp": runner.tp_rank},
-        "label": spec.label,
+        "label": spec.label, "device": device.type,
         "attention_kernel": attention_kernel(device, 0.1 if runner.cfg.family == "gpt" else 0.0),
     }
     if spec.check:
@@ -503,7 +503,7 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     measured = tracker.result(device)
     if spec.diagnose:
         measured["modules"] = tracker.module_peaks(depth=4)
-        measured["contents"] = {k: _summarise(v) for k, v in tracker.peak_contents.items()}
+        measured["contents"] = {k: summarise_contents(v) for k, v in tracker.peak_contents.items()}
     del tracker
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -527,7 +527,7 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     return out
 
 
-def _summarise(items: list[tuple[int, str]], top: int = 16) -> dict[str, list[list[Any]]]:
+def summarise_contents(items: list[tuple[int, str]], top: int = 16) -> dict[str, list[list[Any]]]:
     """The largest live storages by creating op and module, and totals by op with the layer
     index removed (``layers.3.attn`` -> ``layers.*.attn``)."""
     import re

@@ -3,7 +3,9 @@
 The measurement comes from the processes (:mod:`parplan.agent.executor`); the prediction is
 :func:`parplan.solver.evaluate.evaluate` for the same model (the possibly shrunk copy that ran),
 the same degrees, micro-batching and recomputation, in fp32, with ``flash_attention`` set from
-the attention kernel the ranks actually ran. Nothing measured is derived from the prediction.
+the attention kernel the ranks actually ran and the runtime set to PyTorch's own
+(:class:`~parplan.solver.cost.runtime.Runtime`, CPU or CUDA kernels as the ranks ran). Nothing
+measured is derived from the prediction.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from parplan.agent.launch import launch
 from parplan.agent.memtrack import CATEGORIES
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.evaluate import evaluate
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig, Schedule
@@ -26,14 +29,19 @@ from parplan.solver.strategy import ParallelConfig, Schedule
 MODEL_CATEGORIES = CATEGORIES[:5]
 
 
-def strategy_of(spec: RunSpec, flash_attention: bool) -> ParallelConfig:
+def runtime_of(device_kind: str) -> Runtime:
+    """The cost model's runtime for PyTorch ranks on ``device_kind`` (``cpu`` or ``cuda``)."""
+    return Runtime.TORCH_CPU if device_kind == "cpu" else Runtime.TORCH
+
+
+def strategy_of(spec: RunSpec, flash_attention: bool, runtime: Runtime = Runtime.TORCH_CPU) -> ParallelConfig:
     """The cost model's description of what ``spec`` runs (fp32)."""
     schedule = Schedule(spec.schedule)
     return ParallelConfig(
         tp=spec.tp, pp=spec.pp, dp=spec.dp, zero=spec.zero, sequence_parallel=spec.sequence_parallel,
         recompute=Recompute(spec.recompute), micro_batch=spec.micro_batch, num_microbatches=spec.num_microbatches,
         schedule=schedule, virtual_stages=spec.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
-        flash_attention=flash_attention, precision="fp32")
+        flash_attention=flash_attention, precision="fp32", runtime=runtime)
 
 
 def uses_flash(kernel: str) -> bool:
@@ -41,11 +49,12 @@ def uses_flash(kernel: str) -> bool:
     return kernel not in ("unfused", "math")
 
 
-def predict(spec: RunSpec, flash_attention: bool, gpu: str = "A100-80GB") -> dict[str, Any]:
+def predict(spec: RunSpec, flash_attention: bool, gpu: str = "A100-80GB",
+            runtime: Runtime = Runtime.TORCH_CPU) -> dict[str, Any]:
     """``evaluate(...).to_dict()`` for the configuration ``spec`` runs."""
     cfg = spec.config()
     cluster = make_cluster(spec.world, None, gpu, None)
-    return evaluate(ModelSource(cfg.name, config=cfg), cluster, strategy_of(spec, flash_attention),
+    return evaluate(ModelSource(cfg.name, config=cfg), cluster, strategy_of(spec, flash_attention, runtime),
                     seq_len=spec.seq_len).to_dict()
 
 
@@ -58,7 +67,8 @@ def _rel(measured: float, predicted: float) -> float | None:
 def compare(spec: RunSpec, reports: list[dict[str, Any]], gpu: str = "A100-80GB") -> dict[str, Any]:
     """Per rank measured vs predicted memory, relative errors, step time, correctness."""
     kernel = reports[0]["attention_kernel"]
-    doc = predict(spec, uses_flash(kernel), gpu)
+    runtime = runtime_of(str(reports[0].get("device", "cpu")))
+    doc = predict(spec, uses_flash(kernel), gpu, runtime)
     stages = doc["memory"]["stages"]
     ranks = []
     worst = 0.0
@@ -80,7 +90,7 @@ def compare(spec: RunSpec, reports: list[dict[str, Any]], gpu: str = "A100-80GB"
     checks = [x["check"] for x in ranks if "check" in x]
     return {
         "label": spec.label,
-        "config": config_of(spec, kernel),
+        "config": {**config_of(spec, kernel), "runtime": runtime.value},
         "ranks": ranks,
         "max_relative_error": worst,
         "most_loaded": {

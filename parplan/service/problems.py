@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -155,3 +155,14 @@ def parse_id(text: str, what: str) -> uuid.UUID:
         return uuid.UUID(text)
     except ValueError:
         raise NotFoundError(f"no {what} {text!r}") from None
+
+
+T = TypeVar("T")
+
+
+def get_or_404(get: Callable[[uuid.UUID], T | None], text: str, what: str) -> T:
+    """The resource ``get`` finds for the id ``text`` (a path segment); NotFoundError if none."""
+    found = get(parse_id(text, what))
+    if found is None:
+        raise NotFoundError(f"no {what} {text}")
+    return found

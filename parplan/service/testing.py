@@ -33,8 +33,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from parplan.service.auth.service import Scope, create_token
-from parplan.service.database import Base, make_engine
+from parplan.service.database import Base, make_engine, utcnow
 from parplan.service.migrate import upgrade
+from parplan.service.models import Job, JobStatus
 from parplan.service.settings import AuthMode, Settings
 
 POSTGRES_ADMIN_URL = os.environ.get("PARPLAN_TEST_POSTGRES_URL",
@@ -396,3 +397,26 @@ def committed_db(pg_engine: Engine) -> Iterator[sessionmaker[Session]]:
 
 
 __all__ = ["committed_db", "db", "pg_engine", "pg_url", "queue_name", "redis_url"]
+
+
+def insert_job(sf: sessionmaker[Session], request: dict[str, Any], request_hash: str, cache_key: str,
+               **fields: Any) -> uuid.UUID:
+    """A queued job row, committed (``fields`` override any column); its id."""
+    now = utcnow()
+    with sf() as s:
+        job = Job(status=JobStatus.QUEUED.value, request=request, request_hash=request_hash, cache_key=cache_key,
+                  progress_stage="queued", progress_fraction=0.0, attempts=0, created_at=now, updated_at=now,
+                  enqueued_at=now)
+        for k, v in fields.items():
+            setattr(job, k, v)
+        s.add(job)
+        s.commit()
+        return job.id
+
+
+def load_job(sf: sessionmaker[Session], job_id: uuid.UUID) -> Job:
+    """The job row as committed now."""
+    with sf() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        return job

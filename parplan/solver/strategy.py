@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph
 
@@ -48,6 +49,7 @@ class ParallelConfig:
     precision: str = "bf16"
     expert_parallel: int = 1
     partition: tuple[int, ...] | None = field(default=None)
+    runtime: Runtime = Runtime.MEGATRON  # the framework whose buffers memory counts (cost.runtime)
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel"):

@@ -161,3 +161,18 @@ def test_console_script_prints_one_json_document() -> None:
     bad = subprocess.run([PARPLAN, "memory", "--model", "nope", "--gpus", "2", "--tp", "1", "--pp", "1"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stdout == ""
+
+
+def test_runtime_flag_counts_pytorch_buffers(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--runtime torch``: sequence parallelism keeps the gathered QKV and MLP inputs, two 2sbh
+    tensors per layer in bf16, (1 - 1/t) more of each per device; JSON says which runtime."""
+    args = ("memory", "--model", "gpt-1.7b", "--gpus", "4", "--tp", "2", "--pp", "1", "--sequence-parallel",
+            "--micro-batch", "2", "--json")
+    megatron = run_json(capsys, *args)
+    torch_doc = run_json(capsys, *args, "--runtime", "torch")
+    assert megatron["strategy"]["runtime"] == "megatron" and torch_doc["strategy"]["runtime"] == "torch"
+    cfg = get_preset("gpt-1.7b")
+    s, b, h = cfg.seq_len, 2, cfg.hidden
+    extra = (2 * cfg.layers + 1) * 2 * s * b * h * (1 - 1 / 2)  # every norm output, the head's included
+    got = torch_doc["memory"]["breakdown"]["activations"] - megatron["memory"]["breakdown"]["activations"]
+    assert got == pytest.approx(extra, rel=1e-9)

@@ -72,3 +72,17 @@ def test_link_validation() -> None:
         Link(0, 1e-6)
     with pytest.raises(ConfigError):
         Link(1e9, -1e-6)
+
+
+def test_data_parallel_traffic_per_zero_stage() -> None:
+    """ZeRO 0: all-reduce the gradients; 1-2: reduce-scatter them and all-gather the weights;
+    3: also all-gather the weights in each micro-batch's forward and backward; one rank: nothing."""
+    from parplan.solver.cost.collectives import data_parallel_seconds
+
+    link = Link(100e9, 5e-6)
+    g, w = 8e8, 4e8
+    assert data_parallel_seconds(4, g, w, 0, link) == (all_reduce_seconds(4, g, link), 0.0)
+    rs_ag = reduce_scatter_seconds(4, g, link) + all_gather_seconds(4, w, link)
+    assert data_parallel_seconds(4, g, w, 2, link) == (rs_ag, 0.0)
+    assert data_parallel_seconds(4, g, w, 3, link) == (rs_ag, 2 * all_gather_seconds(4, w, link))
+    assert data_parallel_seconds(1, g, w, 3, link) == (0.0, 0.0)

@@ -23,7 +23,7 @@ from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem, InfeasibleError, PeakTerm, brute_force, solve_aux
 from parplan.solver.ilp.problem import build_problem
 from parplan.solver.ilp.resharding import reshard_seconds
-from parplan.solver.ilp.search import certify, temporary_bytes
+from parplan.solver.ilp.search import certify, distinct_meshes, temporary_bytes
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, candidate_strategies, enumerate_assignments
 from parplan.solver.ir import Graph, make_node
 from parplan.solver.planner import RequestError, parse_plan_request, solve
@@ -57,6 +57,8 @@ def aux_problems(draw: st.DrawFn) -> AuxProblem:
 @given(aux_problems(), st.floats(0.01, 5), st.floats(5, 60), st.floats(5, 60))
 def test_ilp_optimum_equals_brute_force_for_all_three_objectives(p: AuxProblem, alpha: float, budget_gib: float,
                                                                  time_limit: float) -> None:
+    least = brute_force(p, "memory")
+    assert least is not None and p.memory_lower_bound() <= least[0] * (1 + 1e-12)  # what lets the search skip
     for objective, kwargs in (("weighted", {"alpha": alpha * GIB}), ("time", {"budget": budget_gib * GIB}),
                               ("memory", {"time_limit": time_limit, "budget": 2 * budget_gib * GIB})):
         oracle = brute_force(p, objective, **kwargs)  # type: ignore[arg-type]
@@ -68,6 +70,14 @@ def test_ilp_optimum_equals_brute_force_for_all_three_objectives(p: AuxProblem, 
         assert oracle is not None
         assert got.objective == pytest.approx(oracle[0], rel=1e-5, abs=1e-6)
         assert p.totals(got.choice)[0] == pytest.approx(got.memory)
+        # a cutoff asks only for better than a known value: above the optimum it finds it, clearly
+        # below it finds nothing (how the search skips candidates that cannot beat the best so far)
+        unit = 1.0 if objective == "time" else GIB  # the objective's unit inside the model
+        above = solve_aux(p, objective, cutoff=oracle[0] * 1.01 + 1e-3 * unit, **kwargs)  # type: ignore[arg-type]
+        assert above.objective == pytest.approx(oracle[0], rel=1e-5, abs=1e-5 * unit)
+        if oracle[0] > 1e-2 * unit:
+            with pytest.raises(InfeasibleError):
+                solve_aux(p, objective, cutoff=oracle[0] * 0.99, **kwargs)  # type: ignore[arg-type]
 
 
 def _mlp_graph(batch: int = 4, hidden: int = 8, ffn: int = 16) -> Graph:
@@ -187,8 +197,11 @@ def test_pure_data_parallel_plan_costs_what_the_uniform_model_says(n: int) -> No
 def test_shared_layers_share_variables_and_the_certificate_matches() -> None:
     cfg = get_preset("gpt-1.7b").with_(layers=6)
     gp = _problem(build_graph(cfg, batch=4, seq_len=128), Mesh((("m0", 2), ("m1", 2))))
-    # six blocks, two sets of variables: the last block's output feeds the head, not a block
-    assert len(gp.problem.nodes) < len(gp.ops) / 2
+    # six blocks, one set of variables; the last block, whose output feeds the head and so saves
+    # other buffers, is priced on its own under the same variables
+    assert gp.rep_of["layers.5.attn.q.mm"] == "layers.0.attn.q.mm"
+    assert gp.copies["layers.0.residual2"] == {"layers.0.residual2": 5, "layers.5.residual2": 1}
+    assert len(gp.problem.nodes) < len(gp.ops) / 4
     r = solve_aux(gp.problem, "time", budget=80 * GIB)
     cert = certify(gp, r.choice)
     total = cert.memory.total + temporary_bytes(gp, r.choice)
@@ -196,6 +209,29 @@ def test_shared_layers_share_variables_and_the_certificate_matches() -> None:
     assert cert.seconds == pytest.approx(r.seconds, rel=1e-6)
     blocks = {gp.strategy_of(f"layers.{i}.attn.q.mm", r.choice) for i in range(6)}
     assert len(blocks) == 1
+
+
+def test_meshes_that_differ_only_in_axis_order_have_the_same_optima() -> None:
+    """What lets the search solve only one of ``4x2`` and ``2x4`` inside a node."""
+    cfg = get_preset("gpt-1.7b").with_(layers=2, hidden=256, heads=8, ffn=1024, vocab=1024, seq_len=64)
+    graph = build_graph(cfg, batch=8)
+    cl = make_cluster(8, 8, "A100-80GB")
+    results = []
+    for mesh in (Mesh((("m0", 4), ("m1", 2))), Mesh((("m0", 2), ("m1", 4)))):
+        gp = build_problem(graph, mesh, dict.fromkeys(mesh.names, cl.intra_node), cl.gpu, DEFAULT_CALIBRATION,
+                           get_precision("bf16"), 2, Recompute.SELECTIVE, True)
+        fast = solve_aux(gp.problem, "time", budget=80 * GIB)
+        lean = solve_aux(gp.problem, "memory", time_limit=fast.seconds * 1.1)
+        results.append((fast.seconds, lean.memory))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
+    assert results[0][1] == pytest.approx(results[1][1], rel=1e-4)  # HiGHS's optimality gap
+    one_node = distinct_meshes([Mesh((("m0", 4), ("m1", 2))), Mesh((("m0", 2), ("m1", 4)))], cl)
+    assert [m.describe() for m in one_node] == ["4x2"]
+    # across two nodes the outer axis runs over the slower link: 8x2 and 2x8 differ, 2x2x4 and 2x4x2 do not
+    two = make_cluster(16, 8, "A100-80GB")
+    meshes = [Mesh((("m0", 8), ("m1", 2))), Mesh((("m0", 2), ("m1", 8))),
+              Mesh((("m0", 2), ("m1", 2), ("m2", 4))), Mesh((("m0", 2), ("m1", 4), ("m2", 2)))]
+    assert [m.describe() for m in distinct_meshes(meshes, two)] == ["8x2", "2x8", "2x2x4"]
 
 
 def test_views_follow_their_producer_without_loss() -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.pipeline import in_flight_microbatches
 from parplan.solver.cost.plan_memory import plan_memory
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
@@ -206,3 +207,62 @@ def test_tp_must_divide_heads() -> None:
     graph = build_graph(_gpt(2, 192, 12), batch=1)
     with pytest.raises(StrategyError, match="heads"):
         plan_memory(graph, ParallelConfig(tp=8))
+
+
+# ---------------------------------------------------------------- PyTorch-native runtime (cost.runtime)
+
+@settings(max_examples=15, deadline=None)
+@given(_shapes)
+def test_torch_sequence_parallel_saves_the_gathered_linear_inputs_plus_4sbh_times_1_minus_1_over_t(
+        shape: tuple[int, ...]) -> None:
+    """Korthikanti's TP+SP layer, except that the QKV and MLP inputs (2sbh each) are kept
+    all-gathered instead of sharded: + 2 x 2sbh(1 - 1/t)."""
+    s, b, a, d, t = shape
+    h = a * d
+    t = max(t, 2)
+    par = ParallelConfig(tp=t, sequence_parallel=True, recompute=Recompute.NONE, flash_attention=False,
+                         runtime=Runtime.TORCH)
+    expected = s * b * h / t * (34 + 5 * a * s / h) + 4 * s * b * h * (1 - 1 / t)
+    assert _per_layer_activation_bytes(_gpt(2, h, a, seq=s), b, par) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_cpu_rmsnorm_also_saves_x_times_rstd_2sbh_per_norm(t: int) -> None:
+    """Two RMSNorms per Llama layer, each keeping its normalised input (2sbh in bf16) on CPU."""
+    cfg = get_preset("llama-2-7b").with_(layers=2, hidden=256, heads=8, kv_heads=None, ffn=688, vocab=512,
+                                         seq_len=128)
+    s, b, h = 128, 2, 256
+    cuda = _per_layer_activation_bytes(cfg, b, ParallelConfig(tp=t, runtime=Runtime.TORCH))
+    cpu = _per_layer_activation_bytes(cfg, b, ParallelConfig(tp=t, runtime=Runtime.TORCH_CPU))
+    assert cpu - cuda == pytest.approx(2 * 2 * s * b * h, rel=1e-12)
+
+
+def test_torch_replicate_keeps_one_unsharded_copy_of_the_parameters_through_backward() -> None:
+    """TP x plain DP in PyTorch: the temporary peak grows by exactly the local parameters' bytes;
+    Megatron-LM's DP (and PyTorch's ZeRO) keep no such copy."""
+    graph = build_graph(_gpt(2, 256, 8), batch=2)
+
+    def temp_and_params(runtime: Runtime, dp: int, zero: int = 0) -> tuple[float, float]:
+        cfg = ParallelConfig(tp=2, dp=dp, zero=zero, runtime=runtime)
+        mem = plan_memory(graph, cfg).stages[0].memory.bytes
+        return mem.temporary, mem.parameters
+
+    alone, _ = temp_and_params(Runtime.TORCH, dp=1)
+    replicated, params = temp_and_params(Runtime.TORCH, dp=2)
+    assert replicated - alone == pytest.approx(params, rel=1e-12)
+    assert temp_and_params(Runtime.MEGATRON, dp=2)[0] == temp_and_params(Runtime.MEGATRON, dp=1)[0]
+    assert temp_and_params(Runtime.TORCH, dp=2, zero=1)[0] == temp_and_params(Runtime.TORCH, dp=1, zero=1)[0]
+
+
+def test_torch_vocab_parallel_embedding_backward_makes_the_whole_table_gradient() -> None:
+    """The embedding's gradient workspace: V x h gradients under PyTorch, V/t x h under Megatron-LM."""
+    from parplan.solver.cost.precision import get_precision
+    from parplan.solver.cost.units import GraphCosts, UnitStrategy
+
+    cfg = _gpt(2, 256, 8, seq=64, vocab=1024)
+    gc = GraphCosts(build_graph(cfg, batch=2))
+    prec = get_precision("bf16")
+    per_runtime = {r: gc.unit_cost("embed", UnitStrategy(tp=2, runtime=r), prec).grad_workspace_bytes
+                   for r in (Runtime.MEGATRON, Runtime.TORCH)}
+    assert per_runtime[Runtime.TORCH] == 1024 * 256 * prec.grad_bytes
+    assert per_runtime[Runtime.MEGATRON] == 1024 * 256 * prec.grad_bytes / 2

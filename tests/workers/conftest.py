@@ -3,10 +3,13 @@ processes or threads), real Redis, and settings with short leases so fault tests
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from parplan.service.settings import Settings
 from parplan.service.testing import (
+    Proc,
     committed_db,
     db,
     make_settings,
@@ -26,3 +29,12 @@ def settings(pg_url: str, redis_url: str, queue_name: str) -> Settings:
                          job_max_attempts=3)
 
 
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    """Server and worker processes a test starts; stopped when it ends."""
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop()

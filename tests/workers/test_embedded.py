@@ -4,7 +4,6 @@ executor, loopback, no tokens — solves plans end to end and survives a restart
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,14 +24,6 @@ from parplan.service.testing import (
 def env(tmp_path: Path) -> dict[str, str]:
     return service_env({"PARPLAN_DATA_DIR": str(tmp_path), "PARPLAN_SWEEP_INTERVAL_SECONDS": "0.3",
                         "PARPLAN_JOB_LEASE_SECONDS": "2"})
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def test_plans_without_any_server_or_token(env: dict[str, str], procs: list[Proc], tmp_path: Path) -> None:

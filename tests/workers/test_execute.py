@@ -15,10 +15,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.database import utcnow
 from parplan.service.jobs.repository import JobRepository
-from parplan.service.models import Job, JobStatus, Plan
+from parplan.service.models import Job, Plan
 from parplan.service.plans.service import cache_key
 from parplan.service.settings import Settings
-from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST
+from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST, insert_job, load_job
 from parplan.solver.planner import request_hash
 from parplan.workers.execute import Outcome, execute_job
 
@@ -27,29 +27,13 @@ SF = sessionmaker[Session]
 
 def add_job(sf: SF, body: dict[str, Any], calibration: dict[str, Any] | None = None, **fields: Any) -> uuid.UUID:
     rh = request_hash(body)
-    now = utcnow()
-    with sf() as s:
-        job = Job(status=JobStatus.QUEUED.value, request=body, request_hash=rh, cache_key=cache_key(rh, calibration),
-                  calibration=calibration, progress_stage="queued", progress_fraction=0.0, attempts=0,
-                  created_at=now, updated_at=now, enqueued_at=now)
-        for k, v in fields.items():
-            setattr(job, k, v)
-        s.add(job)
-        s.commit()
-        return job.id
-
-
-def get(sf: SF, job_id: uuid.UUID) -> Job:
-    with sf() as s:
-        job = s.get(Job, job_id)
-        assert job is not None
-        return job
+    return insert_job(sf, body, rh, cache_key(rh, calibration), calibration=calibration, **fields)
 
 
 def test_a_job_is_solved_and_its_plan_stored(db: SF, settings: Settings) -> None:
     jid = add_job(db, FAST_REQUEST)
     assert execute_job(jid, db, settings) is Outcome.SUCCEEDED
-    job = get(db, jid)
+    job = load_job(db, jid)
     assert job.status == "succeeded" and job.attempts == 1 and job.error is None
     assert (job.progress_stage, job.progress_fraction) == ("done", 1.0)
     assert job.started_at and job.finished_at and job.solve_seconds and job.solve_seconds > 0
@@ -69,14 +53,14 @@ def test_running_it_again_is_a_no_op(db: SF, settings: Settings) -> None:
     assert execute_job(uuid.uuid4(), db, settings) is Outcome.SKIPPED
     with db() as s:
         assert s.scalar(select(func.count()).select_from(Plan)) == 1
-        assert get(db, jid).attempts == 1
+        assert load_job(db, jid).attempts == 1
 
 
 def test_a_second_job_for_a_solved_request_reuses_the_plan(db: SF, settings: Settings) -> None:
     a, b = add_job(db, FAST_REQUEST), add_job(db, FAST_REQUEST)
     assert execute_job(a, db, settings) is Outcome.SUCCEEDED
     assert execute_job(b, db, settings) is Outcome.SUCCEEDED
-    assert get(db, a).plan_id == get(db, b).plan_id and get(db, b).solve_seconds is None
+    assert load_job(db, a).plan_id == load_job(db, b).plan_id and load_job(db, b).solve_seconds is None
 
 
 def test_the_calibration_is_used_and_named(db: SF, settings: Settings) -> None:
@@ -86,7 +70,7 @@ def test_the_calibration_is_used_and_named(db: SF, settings: Settings) -> None:
     for jid in (plain, calibrated):
         assert execute_job(jid, db, settings) is Outcome.SUCCEEDED
     with db() as s:
-        p0, p1 = (s.get(Plan, get(db, j).plan_id) for j in (plain, calibrated))
+        p0, p1 = (s.get(Plan, load_job(db, j).plan_id) for j in (plain, calibrated))
         assert p0 is not None and p1 is not None and p0.id != p1.id
         assert p1.calibration_source == "agent:A100-80GB@test" == p1.document["time"]["calibration"]
         assert p1.document["time"]["step_seconds"] > p0.document["time"]["step_seconds"]  # 30 % vs 55 % of peak
@@ -95,7 +79,7 @@ def test_the_calibration_is_used_and_named(db: SF, settings: Settings) -> None:
 def test_a_solver_error_fails_the_job(db: SF, settings: Settings) -> None:
     jid = add_job(db, FAST_REQUEST, calibration={"memory_efficiency": 7})
     assert execute_job(jid, db, settings) is Outcome.FAILED
-    job = get(db, jid)
+    job = load_job(db, jid)
     assert job.status == "failed" and job.error is not None and job.error["code"] == "unsolvable"
     assert "memory_efficiency" in job.error["message"] and job.plan_id is None
 
@@ -108,7 +92,7 @@ def test_a_job_held_by_a_live_worker_is_left_alone(db: SF, settings: Settings) -
         s.execute(update(Job).where(Job.id == jid).values(deadline_at=utcnow() - timedelta(seconds=1)))
         s.commit()
     assert execute_job(jid, db, settings) is Outcome.SUCCEEDED
-    assert get(db, jid).attempts == 2
+    assert load_job(db, jid).attempts == 2
 
 
 def test_no_claim_past_the_attempt_limit(db: SF, settings: Settings) -> None:
@@ -124,7 +108,7 @@ def _in_thread(fn: Callable[[], Outcome]) -> tuple[ThreadPoolExecutor, Future[Ou
 
 def _wait_running(sf: SF, jid: uuid.UUID, timeout: float = 30) -> Job:
     deadline = time.monotonic() + timeout
-    while (job := get(sf, jid)).status != "running" or job.progress_stage == "starting":
+    while (job := load_job(sf, jid)).status != "running" or job.progress_stage == "starting":
         assert time.monotonic() < deadline, job.status
         time.sleep(0.02)
     return job
@@ -143,7 +127,7 @@ def test_cancel_stops_a_running_solve(committed_db: SF, settings: Settings) -> N
         assert time.monotonic() - t0 < 5
     finally:
         pool.shutdown()
-    job = get(committed_db, jid)
+    job = load_job(committed_db, jid)
     assert job.status == "cancelled" and job.plan_id is None and job.error and job.error["code"] == "cancelled"
 
 
@@ -158,7 +142,7 @@ def test_a_worker_that_lost_its_lease_writes_nothing(committed_db: SF, settings:
         assert fut.result(timeout=15) is Outcome.LOST
     finally:
         pool.shutdown()
-    job = get(committed_db, jid)
+    job = load_job(committed_db, jid)
     assert job.status == "running" and job.lease_owner == "someone-else" and job.plan_id is None
 
 
@@ -172,7 +156,7 @@ def test_stopping_releases_the_job(committed_db: SF, settings: Settings) -> None
         assert fut.result(timeout=15) is Outcome.RELEASED
     finally:
         pool.shutdown()
-    job = get(committed_db, jid)
+    job = load_job(committed_db, jid)
     assert job.status == "queued" and job.attempts == 0 and job.lease_owner is None
 
 
@@ -189,7 +173,7 @@ def test_progress_and_lease_are_renewed_while_solving(committed_db: SF, settings
     try:
         deadline = time.monotonic() + 60
         while not fut.done() and time.monotonic() < deadline:
-            job = get(committed_db, jid)
+            job = load_job(committed_db, jid)
             seen.append((job.progress_stage, job.progress_fraction, job.deadline_at))
             if len({d for _, _, d in seen if d is not None}) >= 3 and len({f for _, f, _ in seen}) >= 2:
                 break

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -42,14 +41,6 @@ def env(pg_url: str, redis_url: str, queue_name: str, committed_db: SF) -> dict[
     return service_env(settings_env(pg_url, redis_url, queue_name))
 
 
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
-
-
 def _client(base: str, committed_db: SF) -> httpx.Client:
     token = make_token(committed_db, Scope.PLANS_WRITE)
     return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10)
@@ -76,7 +67,12 @@ def _counts(sf: SF) -> tuple[int, int]:
                 int(s.scalar(select(func.count()).select_from(Plan)) or 0))
 
 
-def test_a_worker_killed_mid_solve_loses_nothing(env: dict[str, str], procs: list[Proc], committed_db: SF) -> None:
+def test_a_worker_killed_mid_solve_loses_nothing(pg_url: str, redis_url: str, queue_name: str, procs: list[Proc],
+                                                 committed_db: SF) -> None:
+    # A 5 s lease, not the fixture's 2 s: on a loaded 2-core CI machine a heartbeat can lag by
+    # more than 2 s, the sweeper then requeues the job before the kill, and the test would no
+    # longer be killing a worker that holds the job (seen once in CI).
+    env = service_env(settings_env(pg_url, redis_url, queue_name, job_lease_seconds=5))
     server, base = start_server(env)
     procs.append(server)
     worker = start_worker(env)
@@ -94,8 +90,12 @@ def test_a_worker_killed_mid_solve_loses_nothing(env: dict[str, str], procs: lis
         while not (solvers := solver_children(worker.pid)):
             assert time.monotonic() < deadline, "no solver process found under the worker"
             time.sleep(0.01)
+        before = _job_row(committed_db, job_id)
         worker.kill()
         row = _job_row(committed_db, job_id)
+        assert before.status == "running" and before.attempts == 1, (
+            f"the job was requeued before the kill (its heartbeat lagged past the lease): {before.status}, "
+            f"attempt {before.attempts}\n{worker.output()[-3000:]}")
         assert row.status == "running" and row.plan_id is None, (
             "the solve finished before the kill; MEDIUM_REQUEST has become too fast for this test")
         # The orphaned solver notices (stdin closed) and exits: no stray solve keeps a CPU busy.
@@ -104,8 +104,10 @@ def test_a_worker_killed_mid_solve_loses_nothing(env: dict[str, str], procs: lis
             assert time.monotonic() < deadline, "an orphaned solver outlived its worker"
             time.sleep(0.05)
         # With no worker, the job waits; its lease runs out and the sweeper puts it back in the queue.
-        time.sleep(3)
-        assert _job_row(committed_db, job_id).status == "queued"
+        deadline = time.monotonic() + 15
+        while (status := _job_row(committed_db, job_id).status) != "queued":
+            assert status == "running" and time.monotonic() < deadline, f"not requeued after its lease: {status}"
+            time.sleep(0.1)
         procs.append(start_worker(env))
         job = poll_job(c, url, finished, timeout=120)
     assert job["status"] == "succeeded", job

@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.database import utcnow
-from parplan.service.models import Job, JobStatus
+from parplan.service.models import Job
 from parplan.service.settings import Settings
+from parplan.service.testing import insert_job, load_job
 from parplan.workers.celery_app import CeleryJobQueue
 from parplan.workers.sweeper import sweep
 
@@ -19,23 +20,8 @@ SF = sessionmaker[Session]
 
 
 def job(sf: SF, **fields: Any) -> uuid.UUID:
-    now = utcnow()
-    with sf() as s:
-        j = Job(status=JobStatus.QUEUED.value, request={"model": {"preset": "bert-large"}, "cluster": {"gpus": 2}},
-                request_hash="h", cache_key=uuid.uuid4().hex, progress_stage="queued", progress_fraction=0.0,
-                attempts=0, created_at=now, updated_at=now, enqueued_at=now)
-        for k, v in fields.items():
-            setattr(j, k, v)
-        s.add(j)
-        s.commit()
-        return j.id
-
-
-def status(sf: SF, jid: uuid.UUID) -> Job:
-    with sf() as s:
-        j = s.get(Job, jid)
-        assert j is not None
-        return j
+    return insert_job(sf, {"model": {"preset": "bert-large"}, "cluster": {"gpus": 2}}, "h", uuid.uuid4().hex,
+                      **fields)
 
 
 def ago(seconds: float) -> Any:
@@ -48,9 +34,9 @@ def test_a_running_job_past_its_lease_is_requeued_and_enqueued(db: SF, settings:
     alive = job(db, status="running", lease_owner="w2", attempts=1, deadline_at=utcnow() + timedelta(seconds=30))
     report = sweep(db, queue, settings)
     assert report.requeued_running == [str(dead)]
-    j = status(db, dead)
+    j = load_job(db, dead)
     assert j.status == "queued" and j.lease_owner is None and j.attempts == 1 and j.progress_stage == "requeued"
-    assert status(db, alive).status == "running"
+    assert load_job(db, alive).status == "running"
     assert queue.depth() == 1
     assert sweep(db, queue, settings).empty  # nothing left to do
 
@@ -59,7 +45,7 @@ def test_a_job_out_of_attempts_fails(db: SF, settings: Settings, queue: CeleryJo
     jid = job(db, status="running", lease_owner="w", worker="host:9", attempts=settings.job_max_attempts,
               deadline_at=ago(1))
     assert sweep(db, queue, settings).failed == [str(jid)]
-    j = status(db, jid)
+    j = load_job(db, jid)
     assert j.status == "failed" and j.error is not None and j.error["code"] == "worker-lost"
     assert "host:9" in j.error["message"] and queue.depth() == 0
 
@@ -67,7 +53,7 @@ def test_a_job_out_of_attempts_fails(db: SF, settings: Settings, queue: CeleryJo
 def test_a_cancelled_job_whose_worker_died_is_cancelled(db: SF, settings: Settings, queue: CeleryJobQueue) -> None:
     jid = job(db, status="running", lease_owner="w", attempts=1, deadline_at=ago(1), cancel_requested=True)
     assert sweep(db, queue, settings).cancelled == [str(jid)]
-    assert status(db, jid).status == "cancelled" and queue.depth() == 0
+    assert load_job(db, jid).status == "cancelled" and queue.depth() == 0
 
 
 def test_stale_queued_jobs_are_resent_only_when_their_messages_are_missing(db: SF, settings: Settings,
@@ -94,4 +80,4 @@ def test_after_the_broker_lost_everything_all_stale_jobs_are_resent(db: SF, sett
     queue.purge()
     report = sweep(db, queue, settings)
     assert sorted(report.resent_queued) == sorted(map(str, ids)) and queue.depth() == 4
-    assert all(status(db, j).enqueued_at > ago(1) for j in ids)  # type: ignore[operator]
+    assert all(load_job(db, j).enqueued_at > ago(1) for j in ids)  # type: ignore[operator]

@@ -7,15 +7,11 @@ from sqlalchemy.orm import Session
 from parplan.service.database import utcnow
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus
-from parplan.service.problems import ConflictError, NotFoundError, parse_id
+from parplan.service.problems import ConflictError, get_or_404
 
 
 def get_job(session: Session, job_id: str) -> Job:
-    ident = parse_id(job_id, "job")
-    job = JobRepository(session).get(ident)
-    if job is None:
-        raise NotFoundError(f"no job {job_id}")
-    return job
+    return get_or_404(JobRepository(session).get, job_id, "job")
 
 
 def list_jobs(session: Session, statuses: list[JobStatus] | None, cursor: str | None,

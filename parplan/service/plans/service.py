@@ -18,7 +18,7 @@ from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus, Plan
 from parplan.service.plans.repository import PlanRepository
 from parplan.service.plans.schemas import PlanRequestIn
-from parplan.service.problems import InvalidError, NotFoundError, TooLargeError, field_error, parse_id
+from parplan.service.problems import InvalidError, TooLargeError, field_error, get_or_404
 from parplan.service.profiles.repository import ProfileRepository
 from parplan.service.settings import Settings
 from parplan.solver.errors import GraphIssue, GraphValidationError, SolverError
@@ -158,11 +158,7 @@ def submit(v: Validated, calibration: dict[str, Any] | None, session: Session, u
 
 
 def get_plan(session: Session, plan_id: str) -> Plan:
-    ident = parse_id(plan_id, "plan")
-    plan = PlanRepository(session).get(ident)
-    if plan is None:
-        raise NotFoundError(f"no plan {plan_id}")
-    return plan
+    return get_or_404(PlanRepository(session).get, plan_id, "plan")
 
 
 def plan_out(plan: Plan) -> dict[str, Any]:

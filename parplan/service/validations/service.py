@@ -14,7 +14,7 @@ from parplan.service.database import new_id, utcnow
 from parplan.service.models import Validation, ValidationStatus
 from parplan.service.plans.repository import PlanRepository
 from parplan.service.plans.service import get_plan, plan_out
-from parplan.service.problems import ConflictError, NotFoundError, parse_id
+from parplan.service.problems import ConflictError, get_or_404
 from parplan.service.profiles import service as profiles
 from parplan.service.profiles.schemas import ProfileIn
 from parplan.service.validations.repository import ValidationRepository
@@ -29,11 +29,7 @@ def create(session: Session, plan_id: str, shrink: Shrink | None) -> Validation:
 
 
 def get(session: Session, validation_id: str) -> Validation:
-    ident = parse_id(validation_id, "validation")
-    v = ValidationRepository(session).get(ident)
-    if v is None:
-        raise NotFoundError(f"no validation {validation_id}")
-    return v
+    return get_or_404(ValidationRepository(session).get, validation_id, "validation")
 
 
 def claim_once(session: Session, agent_id: uuid.UUID, principal: Principal, *, beat: bool) -> dict[str, Any] | None:

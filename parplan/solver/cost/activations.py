@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, attention_geometry
 
 _FLOATS = frozenset({"bf16", "fp16", "fp32", "tf32", "fp8"})
@@ -66,7 +67,7 @@ def _tensor(node: Node, activation_bytes: int) -> SavedItem:
 
 
 def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_attention: bool,
-                   recompute: Recompute) -> list[SavedItem]:
+                   recompute: Recompute, runtime: Runtime = Runtime.MEGATRON) -> list[SavedItem]:
     """Buffers ``node`` keeps for backward (parameters are never activations)."""
     ins = [graph.node(i) for i in node.inputs]
     acts = [i for i in ins if not i.is_parameter and i.kind is not OpKind.PARAMETER]
@@ -86,6 +87,10 @@ def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_att
         return [SavedItem(f"{node.id}#mask", node.id, node.numel, 1.0)]
     if k is OpKind.SOFTMAX:
         return [_tensor(node, activation_bytes)]
+    if k is OpKind.RMSNORM and runtime.rmsnorm_saves_normalized:
+        # composite RMSNorm: x for the norm's gradient, x·rstd for the weight's
+        return [_tensor(ins[0], activation_bytes),
+                SavedItem(f"{node.id}#normalized", node.id, node.numel, tensor_bytes(node, activation_bytes))]
     if k in (OpKind.LAYERNORM, OpKind.RMSNORM, OpKind.EMBEDDING):
         return [_tensor(ins[0], activation_bytes)]
     if k is OpKind.ATTENTION:
@@ -116,7 +121,7 @@ def block_of(node: Node) -> str | None:
 
 
 def saved_items(graph: Graph, nodes: Iterable[Node], activation_bytes: int, *, flash_attention: bool,
-                recompute: Recompute) -> Iterator[SavedItem]:
+                recompute: Recompute, runtime: Runtime = Runtime.MEGATRON) -> Iterator[SavedItem]:
     """Saved buffers of ``nodes`` under a recomputation policy (duplicates possible; key them).
 
     With full recomputation, each block keeps only the non-parameter tensors it reads from outside
@@ -126,7 +131,7 @@ def saved_items(graph: Graph, nodes: Iterable[Node], activation_bytes: int, *, f
         blk = block_of(n) if recompute is Recompute.FULL else None
         if blk is None:
             yield from op_saved_items(n, graph, activation_bytes, flash_attention=flash_attention,
-                                      recompute=recompute)
+                                      recompute=recompute, runtime=runtime)
             continue
         for i in n.inputs:
             src = graph.node(i)

@@ -68,3 +68,19 @@ def p2p_seconds(size_bytes: float, link: Link) -> float:
     if size_bytes == 0:
         return 0.0
     return size_bytes / link.bandwidth_bytes_per_s + link.latency_seconds
+
+
+def data_parallel_seconds(n: int, grad_bytes: float, weight_bytes: float, zero: int,
+                          link: Link) -> tuple[float, float]:
+    """(once-per-step gradient sync, one micro-batch's weight gathers) of parameters replicated
+    over ``n`` data-parallel ranks: an all-reduce of the gradients (ZeRO 0) or a reduce-scatter
+    and an all-gather of the updated weights (ZeRO 1-3); ZeRO-3 also gathers the weights in every
+    micro-batch's forward and backward."""
+    if n == 1:
+        return 0.0, 0.0
+    if zero == 0:
+        sync = all_reduce_seconds(n, grad_bytes, link)
+    else:
+        sync = reduce_scatter_seconds(n, grad_bytes, link) + all_gather_seconds(n, weight_bytes, link)
+    gathers = 2 * all_gather_seconds(n, weight_bytes, link) if zero >= 3 else 0.0
+    return sync, gathers

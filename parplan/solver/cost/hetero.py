@@ -32,15 +32,14 @@ from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.collectives import (
-    all_gather_seconds,
-    all_reduce_seconds,
     all_to_all_seconds,
+    data_parallel_seconds,
     p2p_seconds,
-    reduce_scatter_seconds,
 )
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv, UnitCost, UnitStrategy
 from parplan.solver.errors import StrategyError
 from parplan.solver.strategy import Schedule
@@ -58,9 +57,9 @@ class LayerStrategy:
     tp_inner: bool = True  # TP ranks are consecutive devices (else the DP ranks are)
     ep: int = 1  # expert-parallel degree (MoE), dividing dp
 
-    def unit(self, flash_attention: bool) -> UnitStrategy:
+    def unit(self, flash_attention: bool, runtime: Runtime = Runtime.MEGATRON) -> UnitStrategy:
         return UnitStrategy(tp=self.tp, sp=self.sp, ep=self.ep, recompute=self.recompute,
-                            flash_attention=flash_attention)
+                            flash_attention=flash_attention, runtime=runtime)
 
     @property
     def layout_key(self) -> tuple[int, int, bool, bool, int]:
@@ -94,6 +93,7 @@ class HeteroPlan:
     virtual_stages: int = 1
     flash_attention: bool = True
     precision: str = "bf16"
+    runtime: Runtime = Runtime.MEGATRON  # whose buffers the memory counts (see cost.runtime)
     _devices: int = field(default=0, compare=False)
 
     def local_batch(self, s: LayerStrategy) -> int:
@@ -310,7 +310,8 @@ class HeteroEvaluator:
     # ---------------------------------------------------------------- costs of one unit
     def unit_cost(self, plan: HeteroPlan, u: str, s: LayerStrategy, prec: Precision, timed: bool) -> UnitCost:
         gc = self.costs_for(plan.local_batch(s))
-        return gc.unit_cost(u, s.unit(plan.flash_attention), prec, self.env(plan, s, prec) if timed else None)
+        env = self.env(plan, s, prec) if timed else None
+        return gc.unit_cost(u, s.unit(plan.flash_attention, plan.runtime), prec, env)
 
     def sync_seconds(self, plan: HeteroPlan, s: LayerStrategy, groups: Mapping[ParamGroup, float],
                      prec: Precision) -> tuple[float, float]:
@@ -321,14 +322,10 @@ class HeteroEvaluator:
             n = s.dp // s.ep if expert else s.dp
             if not elems or n == 1:
                 continue
-            link = self.data_link(plan, s, expert)
-            grads, weights = elems * prec.grad_bytes, elems * prec.param_bytes
-            if s.zero == 0:
-                sync += all_reduce_seconds(n, grads, link)
-            else:
-                sync += reduce_scatter_seconds(n, grads, link) + all_gather_seconds(n, weights, link)
-            if s.zero >= 3:
-                gathers += 2 * all_gather_seconds(n, weights, link)
+            step, micro = data_parallel_seconds(n, elems * prec.grad_bytes, elems * prec.param_bytes, s.zero,
+                                                self.data_link(plan, s, expert))
+            sync += step
+            gathers += micro
         return sync, gathers
 
     def optimizer_seconds(self, states: MemoryBreakdown) -> float:
@@ -345,12 +342,14 @@ class HeteroEvaluator:
         for stage, units in enumerate(by_stage):
             states = Memory(MemoryBreakdown(), MemoryBreakdown())
             act = act_red = temp = 0.0
-            root = largest = 0.0
+            root = largest = copies = 0.0
             zero3 = False
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
                 states = states + model_states(c.params, s, prec)
+                if plan.runtime.keeps_parameter_copy(s.tp, s.dp, s.zero):
+                    copies += sum(c.params.values()) * prec.param_bytes
                 act += c.act_bytes
                 act_red += c.act_redundant_bytes
                 is_block = u in plan.layers
@@ -361,11 +360,14 @@ class HeteroEvaluator:
                     root += c.param_elems_all
             first = strat[units[0]]
             gc = self.costs_for(plan.local_batch(first))
-            shared = gc.shared_param_elems(units, first.unit(plan.flash_attention))
+            shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
             states = states + model_states(shared, first, prec)
             always, optimizer = stage_extra_temporary_bytes(root, sum(shared.values()), largest, zero3, prec)
-            temp = max(temp + always, optimizer)
-            shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention),
+            if plan.runtime.keeps_parameter_copy(first.tp, first.dp, first.zero):
+                copies += sum(shared.values()) * prec.param_bytes
+            # the parameter copies live through backward, not into the optimizer step
+            temp = max(temp + always + copies, optimizer)
+            shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention, plan.runtime),
                                                           prec.activation_bytes)
             act += shared_act
             act_red += shared_red
@@ -404,7 +406,7 @@ class HeteroEvaluator:
                 previous = s
             first = strat[units[0]]
             gc = self.costs_for(plan.local_batch(first))
-            shared = gc.shared_param_elems(units, first.unit(plan.flash_attention))
+            shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
             if shared:
                 sync, gathers = self.sync_seconds(plan, first, shared, prec)
                 sync_total += sync + plan.num_microbatches * gathers
@@ -414,7 +416,7 @@ class HeteroEvaluator:
             if plan.pp > 1:
                 link = self.mesh(plan, first).link("pp", self.cluster)
                 boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
-                                             first.unit(plan.flash_attention), prec.activation_bytes)
+                                             first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
                 p2p = sum(2 * p2p_seconds(b, link) for b in boundary)
             stages.append(StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout))
         v = plan.virtual_stages if plan.schedule is Schedule.INTERLEAVED else 1

@@ -32,7 +32,7 @@ def hetero_plan(graph: Graph, cfg: ParallelConfig) -> HeteroPlan:
     return HeteroPlan(pp=cfg.pp, num_microbatches=cfg.num_microbatches, global_batch=cfg.global_batch,
                       layers=dict.fromkeys(blocks_of(graph), layer), partition=cfg.partition,
                       schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
-                      flash_attention=cfg.flash_attention, precision=cfg.precision)
+                      flash_attention=cfg.flash_attention, precision=cfg.precision, runtime=cfg.runtime)
 
 
 def plan_memory(graph: Graph, cfg: ParallelConfig, costs: GraphCosts | None = None) -> PlanMemory:

@@ -25,6 +25,7 @@ from parplan.solver.cost.compute import backward_seconds, forward_seconds
 from parplan.solver.cost.layout import REPLICATED, TensorLayout
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.ir import Graph, Node, OpKind
 from parplan.solver.strategy import SEQ_DIMS, TP_DIMS
 
@@ -41,6 +42,7 @@ class UnitStrategy:
     ep: int = 1
     recompute: Recompute = Recompute.SELECTIVE
     flash_attention: bool = True
+    runtime: Runtime = Runtime.MEGATRON
 
 
 def unit_layout(node: Node, s: UnitStrategy) -> TensorLayout:
@@ -137,15 +139,30 @@ class GraphCosts:
             self.external_inputs[u] = list(ext)
         self._consumers = graph.consumers()
         signatures: dict[Hashable, str] = {}
+        structures: dict[Hashable, str] = {}
         self.representative: dict[str, str] = {}
+        #: unit -> the first unit with the same operators, shapes and wiring, however their outputs
+        #: are used outside (coarser than ``representative``: the last block, feeding the head, is
+        #: structurally alike the others but saves different buffers)
+        self.structural_representative: dict[str, str] = {}
         for u in self.nodes:
-            sig = self._signature(u)
-            self.representative[u] = signatures.setdefault(sig, u)
-        self._items: dict[tuple[Recompute, bool, int], tuple[dict[str, list[SavedItem]], set[str]]] = {}
+            self.representative[u] = signatures.setdefault(self._signature(u), u)
+            self.structural_representative[u] = structures.setdefault(self._signature(u, uses=False), u)
+        self._items: dict[tuple[Recompute, bool, int, Runtime], tuple[dict[str, list[SavedItem]], set[str]]] = {}
         self._costs: dict[tuple[str, UnitStrategy, TimeEnv | None], UnitCost] = {}
 
+    def node_representatives(self, structural: bool = False) -> dict[str, str]:
+        """Node id -> the node at the same position of its unit's representative
+        (``structural``: of the first unit alike in its own operators, however its outputs are used)."""
+        reps = self.structural_representative if structural else self.representative
+        out: dict[str, str] = {}
+        for u, nodes in self.nodes.items():
+            for n, r in zip(nodes, self.nodes[reps[u]], strict=True):
+                out[n.id] = r.id
+        return out
+
     # ------------------------------------------------------------------ analysis
-    def _signature(self, unit: str) -> Hashable:
+    def _signature(self, unit: str, uses: bool = True) -> Hashable:
         local = {n.id: k for k, n in enumerate(self.nodes[unit])}
         plocal = {p.id: k for k, p in enumerate(self.params[unit])}
         sig: list[Any] = [tuple((p.dims, p.id in self.shared_params) for p in self.params[unit])]
@@ -162,18 +179,21 @@ class GraphCosts:
             # how the output is used outside the unit decides what is saved for it (a block whose
             # output only feeds a view differs from one whose output feeds the next block's matmuls)
             outside = tuple(sorted((c.kind.value, str(c.attrs.get("fn", "")), c.inputs.index(n.id))
-                                   for c in map(self.graph.node, self._consumers[n.id]) if c.id not in local))
+                                   for c in map(self.graph.node, self._consumers[n.id]) if c.id not in local)
+                            ) if uses else ()
             sig.append((n.kind.value, n.dims, n.dtype, _freeze(n.attrs), tuple(refs), block_of(n) is None, outside))
         return tuple(sig)
 
-    def saved(self, recompute: Recompute, flash: bool, act_bytes: int) -> tuple[dict[str, list[SavedItem]], set[str]]:
+    def saved(self, recompute: Recompute, flash: bool, act_bytes: int,
+              runtime: Runtime = Runtime.MEGATRON) -> tuple[dict[str, list[SavedItem]], set[str]]:
         """Saved items per unit, and the keys that several units save (counted once per stage)."""
-        key = (recompute, flash, act_bytes)
+        key = (recompute, flash, act_bytes, runtime)
         if key not in self._items:
             per_unit: dict[str, list[SavedItem]] = {}
             savers: dict[str, set[str]] = {}
             for u, nodes in self.nodes.items():
-                items = list(saved_items(self.graph, nodes, act_bytes, flash_attention=flash, recompute=recompute))
+                items = list(saved_items(self.graph, nodes, act_bytes, flash_attention=flash, recompute=recompute,
+                                         runtime=runtime))
                 per_unit[u] = items
                 for it in items:
                     savers.setdefault(it.key, set()).add(u)
@@ -204,13 +224,13 @@ class GraphCosts:
                 continue
             group = ParamGroup(tp_replicated=s.tp > 1 and "tp" not in lay.axes, expert="ep" in lay.axes)
             c.params[group] = c.params.get(group, 0.0) + local
-        per_unit, shared = self.saved(s.recompute, s.flash_attention, prec.activation_bytes)
+        per_unit, shared = self.saved(s.recompute, s.flash_attention, prec.activation_bytes, s.runtime)
         c.act_bytes, c.act_redundant_bytes = self.item_bytes((it for it in per_unit[unit] if it.key not in shared), s)
         nodes = self.nodes[unit]
         if nodes and s.recompute is Recompute.FULL and block_of(nodes[0]) is not None:
             # backward re-runs the block's forward as if nothing were checkpointed (same attention kernel)
             inner = saved_items(self.graph, nodes, prec.activation_bytes, flash_attention=s.flash_attention,
-                                recompute=Recompute.NONE)
+                                recompute=Recompute.NONE, runtime=s.runtime)
             c.recompute_peak_bytes = self.item_bytes(inner, s)[0]
         for n in nodes:
             if n.kind not in (OpKind.EINSUM, OpKind.EMBEDDING):
@@ -220,7 +240,9 @@ class GraphCosts:
             acts = [x for x in ins if not x.is_parameter and x.kind is not OpKind.INPUT]
             if not weights:
                 continue
-            wgrad = sum(w.numel / unit_layout(w, s).shards(mesh) for w in weights) * prec.grad_bytes
+            # (PyTorch's vocabulary-parallel embedding computes the whole table's gradient first)
+            whole = n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient
+            wgrad = sum(w.numel / (1 if whole else unit_layout(w, s).shards(mesh)) for w in weights) * prec.grad_bytes
             igrad = sum(a.numel / unit_layout(a, s).shards(mesh) for a in acts) * prec.activation_bytes
             c.grad_workspace_bytes = max(c.grad_workspace_bytes, wgrad + igrad)
         for n in nodes:
@@ -243,7 +265,12 @@ class GraphCosts:
             if it.key in seen:
                 continue
             seen.add(it.key)
-            lay = unit_layout(self.graph.node(it.owner), s)
+            owner = self.graph.node(it.owner)
+            lay = unit_layout(owner, s)
+            if (s.sp and s.runtime.saves_gathered_sp_inputs and it.key == owner.id
+                    and owner.kind in (OpKind.LAYERNORM, OpKind.RMSNORM)):
+                # a norm's output is saved by the column-parallel linears it feeds, all-gathered
+                lay = TensorLayout(tuple((d, a) for d, a in lay.split if d not in SEQ_DIMS), lay.partial)
             local = it.total_bytes / lay.shards(mesh, it.dims)
             held += local
             if s.tp > 1 and "tp" not in lay.axes:
@@ -320,7 +347,7 @@ class GraphCosts:
 
     def shared_item_bytes(self, units: Iterable[str], s: UnitStrategy, act_bytes: int) -> tuple[float, float]:
         """Saved buffers several units share, counted once for the given units."""
-        per_unit, shared = self.saved(s.recompute, s.flash_attention, act_bytes)
+        per_unit, shared = self.saved(s.recompute, s.flash_attention, act_bytes, s.runtime)
         items = (it for u in units for it in per_unit[u] if it.key in shared)
         return self.item_bytes(items, s)
 

@@ -33,10 +33,9 @@ from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of
 from parplan.solver.cost.collectives import (
-    all_gather_seconds,
     all_reduce_seconds,
     all_to_all_seconds,
-    reduce_scatter_seconds,
+    data_parallel_seconds,
 )
 from parplan.solver.cost.compute import backward_seconds, forward_seconds
 from parplan.solver.cost.layout import TensorLayout
@@ -84,6 +83,13 @@ class StrategyCost:
     @property
     def memory_bytes(self) -> float:
         return self.memory.total
+
+    def __add__(self, other: StrategyCost) -> StrategyCost:
+        return StrategyCost(self.memory + other.memory, self.redundant + other.redundant, self.seconds + other.seconds)
+
+    def times(self, copies: int) -> StrategyCost:
+        """The cost of ``copies`` operators alike."""
+        return StrategyCost(self.memory.scaled(copies), self.redundant.scaled(copies), self.seconds * copies)
 
 
 def _local(nbytes: float, layout: TensorLayout, mesh: Mesh, dims: frozenset[str] | None = None) -> float:
@@ -136,13 +142,10 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
             if other:
                 sync += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
             if dp_axes:
-                n, link = ctx.group_size(dp_axes), ctx.group_link(dp_axes)
-                if s.zero == 0:
-                    sync += all_reduce_seconds(n, grads, link)
-                else:
-                    sync += reduce_scatter_seconds(n, grads, link) + all_gather_seconds(n, weights, link)
-                if s.zero >= 3:
-                    gathers += 2 * all_gather_seconds(n, weights, link)
+                step, micro = data_parallel_seconds(ctx.group_size(dp_axes), grads, weights, s.zero,
+                                                    ctx.group_link(dp_axes))
+                sync += step
+                gathers += micro
     # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward, ZeRO-3's
     # gathers are prefetched during compute; only what exceeds that compute is exposed.
     seconds += max(0.0, sync - bwd) + m * max(0.0, gathers - (fwd + bwd))

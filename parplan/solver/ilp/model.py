@@ -109,6 +109,15 @@ class AuxProblem:
                 mem += e.count * e.memory[s][t]
         return mem, sec
 
+    def memory_lower_bound(self) -> float:
+        """Bytes every choice needs at least: each node's least memory (edges and the temporary
+        peak add nothing negative). Above the budget, no choice fits and no solve is needed."""
+        bound = sum(n.count * min(n.memory) for n in self.nodes.values())
+        for e in self.edges:
+            if e.memory is not None:
+                bound += e.count * min(min(row) for row in e.memory)
+        return bound
+
     @property
     def size(self) -> tuple[int, int]:
         """(vertices, edges) of the auxiliary graph."""
@@ -136,10 +145,12 @@ class InfeasibleError(SolverError):
 
 def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,
               time_limit: float | None = None, timeout_seconds: float = 60.0, backend: str = "highs",
-              start: dict[str, int] | None = None) -> IlpResult:
+              start: dict[str, int] | None = None, cutoff: float | None = None) -> IlpResult:
     """Build the PuLP model, solve it, and extract the choice (raises InfeasibleError).
 
-    ``start`` is a known feasible choice handed to the solver as its first incumbent."""
+    ``start`` is a known feasible choice handed to the solver as its first incumbent. ``cutoff``
+    (the objective's unit) asks only for a choice better than it: none is InfeasibleError, which
+    often proved sooner than an optimum is found."""
     t0 = time.perf_counter()
     lp = pulp.LpProblem("parplan_aux", pulp.LpMinimize)
     X: dict[str, list[pulp.LpVariable]] = {}
@@ -207,7 +218,10 @@ def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
     if time_limit is not None:
         # step time within (1 + epsilon) of the best
         lp += sec_expr <= time_limit, "time_limit"
-    status, gap, used = _run(lp, timeout_seconds, backend, warm=start is not None)
+    if cutoff is not None:
+        # only a choice better than one already known is of interest
+        lp += lp.objective <= cutoff / (1.0 if objective == "time" else _MEM), "better_than_known"
+    status, gap, used = _run(lp, timeout_seconds, backend, warm=start is not None and cutoff is None)
     if status == "infeasible":
         raise InfeasibleError("no strategy assignment satisfies the constraints")
     choice = {k: max(range(len(v)), key=lambda s, v=v: v[s].value() or 0.0) for k, v in X.items()}  # type: ignore[misc]

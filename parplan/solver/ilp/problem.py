@@ -1,10 +1,13 @@
 """Build the auxiliary problem of a graph on a mesh, with repeated layers sharing variables.
 
-Operators of structurally identical units (``layers.0`` ... ``layers.N``, see
-:class:`~parplan.solver.cost.units.GraphCosts`) map to the operator at the same position of the
-first such unit; the ILP decides for that representative and the choice applies to every copy, its
-costs counted once per copy. Original edges map to classes ``(rep producer, rep consumer,
-argument position)``; a class's costs are counted once per original edge in it.
+Operators of structurally identical units (``layers.0`` ... ``layers.N``: the same operators,
+shapes and wiring, see :class:`~parplan.solver.cost.units.GraphCosts`) map to the operator at the
+same position of the first such unit; the ILP decides for that representative and the choice
+applies to every copy. Each copy is priced as what it is: copies whose outputs are used alike
+(``layers.0`` ... ``layers.N-1``) cost the same and are priced once and counted, while the last
+block, whose output feeds the head and so saves other buffers, is priced on its own, under the
+same variables. Original edges map to classes ``(rep producer, rep consumer, argument position)``;
+a class's costs are counted once per original edge in it.
 
 Zero-cost views (``reshape``) with a single producer *follow* it: they take the layout their
 producer gives them and are not ILP variables. This loses nothing: a view costs nothing itself, and
@@ -47,6 +50,7 @@ class GraphProblem:
     ctx: IlpContext
     ops: list[Node]  # every operator (not inputs or parameters), graph order
     rep_of: dict[str, str]  # operator -> the representative whose variables it uses
+    copies: dict[str, dict[str, int]]  # representative -> {operator priced for its copies: how many}
     strategies: dict[str, list[OpStrategy]]  # representative -> candidates
     costs: dict[str, list[StrategyCost]]  # representative -> cost per candidate
     partial_dims: dict[str, frozenset[str]]
@@ -101,22 +105,20 @@ def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, 
 def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuSpec, calibration: Calibration,
                   precision: Precision, microbatches: int, recompute: Recompute, flash_attention: bool,
                   zero_stages: tuple[int, ...] = (0, 1, 2, 3), max_strategies: int | None = None,
-                  follow_views: bool = True) -> GraphProblem:
+                  follow_views: bool = True, prune: bool = True) -> GraphProblem:
     """The auxiliary problem of ``graph`` (built for one micro-batch) on ``mesh``.
 
     ``max_strategies`` caps the candidates per operator (after dropping dominated ones) by keeping
-    the least-memory and the fastest halves; None keeps all (exact)."""
+    the least-memory and the fastest halves; None keeps all (exact). ``prune=False`` keeps even
+    dominated candidates (to price a given plan)."""
     ops = [n for n in graph.nodes if not n.is_leaf]
     owned = _owners(graph, ops)
     by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention)
     ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
                      owned, by_owner, at_input)
     gc = GraphCosts(graph)
-    rep_of: dict[str, str] = {}
-    for u, nodes in gc.nodes.items():
-        rep_nodes = gc.nodes[gc.representative[u]]
-        for n, r in zip(nodes, rep_nodes, strict=True):
-            rep_of[n.id] = r.id
+    rep_of = gc.node_representatives(structural=True)  # the operator whose variables it uses
+    price_of = gc.node_representatives()  # the operator that costs what it costs
     partial = {n.id: loop_dims(n, graph)[1] for n in ops}
     follows = {n.id: n.inputs[0] for n in ops if follow_views and _renaming(graph, n) is not None
                and not graph.node(n.inputs[0]).is_leaf and not partial[n.inputs[0]]}
@@ -124,26 +126,29 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         by_owner = _charge_views_to_origins(graph, by_owner, follows)
         ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
                          owned, by_owner, at_input)
-    counts: dict[str, int] = {}
+    copies: dict[str, dict[str, int]] = {}
     for n in ops:
         if n.id not in follows:
-            counts[rep_of[n.id]] = counts.get(rep_of[n.id], 0) + 1
+            priced_as = copies.setdefault(rep_of[n.id], {})
+            priced_as[price_of[n.id]] = priced_as.get(price_of[n.id], 0) + 1
     strategies: dict[str, list[OpStrategy]] = {}
     costs: dict[str, list[StrategyCost]] = {}
     problem = AuxProblem()
-    for rep, count in counts.items():
+    for rep, priced_as in copies.items():
         node = graph.node(rep)
         cands = candidate_strategies(node, graph, mesh, bool(owned.get(rep)), zero_stages)
-        priced = [(s, op_cost(node, s, ctx, partial[rep])) for s in cands]
-        priced = _pareto(node, graph, mesh, priced)
+        priced = [(s, _sum_costs([op_cost(graph.node(p), s, ctx, partial[p]).times(k) for p, k in priced_as.items()]))
+                  for s in cands]
+        if prune:
+            priced = _pareto(node, graph, mesh, priced)
         if max_strategies is not None and len(priced) > max_strategies:
             priced = _cap(priced, max_strategies)
         strategies[rep] = [s for s, _ in priced]
         costs[rep] = [c for _, c in priced]
-        problem.nodes[rep] = AuxNode(rep, [c.memory_bytes for c in costs[rep]], [c.seconds for c in costs[rep]], count)
+        problem.nodes[rep] = AuxNode(rep, [c.memory_bytes for c in costs[rep]], [c.seconds for c in costs[rep]])
     edges = _edges(graph, ops, follows)
     param_edges = _param_edges(graph, ops, owned)
-    gp = GraphProblem(problem, ctx, ops, rep_of, strategies, costs, partial, follows, edges, param_edges)
+    gp = GraphProblem(problem, ctx, ops, rep_of, copies, strategies, costs, partial, follows, edges, param_edges)
     classes: dict[tuple[str, str, int], int] = {}
     for src, dst, pos in edges:
         key = (rep_of[src], rep_of[dst], pos)
@@ -159,7 +164,9 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         out_classes, out_reps = _classes(outs)
         in_classes, in_reps = _classes(ins)
         secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in in_reps] for o in out_reps]
-        problem.edges.append(AuxEdge(origin, dst, secs, None, count, out_classes, in_classes))
+        kept = consumer_saves(gp, dst, pos)
+        held_copies = [[resharded_copy_bytes(kept, o, i, sizes) for i in in_reps] for o in out_reps] if kept else None
+        problem.edges.append(AuxEdge(origin, dst, secs, held_copies, count, out_classes, in_classes))
         buffers = [[reshard_buffer_bytes(total, o, i, sizes) for i in in_reps] for o in out_reps]
         if any(any(row) for row in buffers):
             problem.peaks.append(PeakTerm(edges={len(problem.edges) - 1: buffers}))
@@ -178,6 +185,30 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in in_reps] for o in out_reps]
         problem.edges.append(AuxEdge(owner, user, secs, None, count, out_classes, in_classes))
     return gp
+
+
+def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
+    """Bytes (whole tensor) of input ``position`` that operator ``op`` keeps for its backward, 0 if none."""
+    ctx = gp.ctx
+    graph = ctx.graph
+    node = graph.node(op)
+    key = node.inputs[position]
+    items = (saved_items(graph, [node], ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
+                         recompute=ctx.recompute)
+             if ctx.recompute is Recompute.FULL else
+             op_saved_items(node, graph, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
+                            recompute=ctx.recompute))
+    return next((it.total_bytes for it in items if it.key == key and it.dims is None), 0.0)
+
+
+def resharded_copy_bytes(kept_bytes: float, produced: TensorLayout, needed: TensorLayout,
+                         sizes: Mapping[str, int]) -> float:
+    """A consumer that keeps an input for backward keeps the copy it received: when the input
+    arrives in another layout than its producer's (reduced) one, that copy is held besides the
+    producer's, which the producer is charged for."""
+    if dict(produced.split) == dict(needed.split):
+        return 0.0
+    return kept_bytes / needed.shards(sizes)
 
 
 def op_peak_bytes(gp: GraphProblem, op: str, s: OpStrategy) -> tuple[float, float]:
@@ -217,15 +248,20 @@ def op_peak_bytes(gp: GraphProblem, op: str, s: OpStrategy) -> tuple[float, floa
 
 
 def _add_op_peaks(gp: GraphProblem) -> None:
-    """Peak terms of blocks (their operators' block buffers together) and of single operators."""
+    """Peak terms of blocks (their operators' block buffers together) and of single operators, for
+    every differently priced copy of a representative (under the representative's variables)."""
     by_unit: dict[str, dict[str, list[float]]] = {}
+    own_terms: set[tuple[str, tuple[float, ...]]] = set()
     for rep, cands in gp.strategies.items():
-        values = [op_peak_bytes(gp, rep, s) for s in cands]
-        if any(b for b, _ in values):
-            unit = gp.ctx.graph.node(rep).layer or ""
-            by_unit.setdefault(unit, {})[rep] = [b for b, _ in values]
-        if any(o for _, o in values):
-            gp.problem.peaks.append(PeakTerm(nodes={rep: [o for _, o in values]}))
+        for priced in gp.copies[rep]:
+            values = [op_peak_bytes(gp, priced, s) for s in cands]
+            if any(b for b, _ in values):
+                unit = gp.ctx.graph.node(priced).layer or ""
+                by_unit.setdefault(unit, {})[rep] = [b for b, _ in values]
+            own = tuple(o for _, o in values)
+            if any(own) and (rep, own) not in own_terms:
+                own_terms.add((rep, own))
+                gp.problem.peaks.append(PeakTerm(nodes={rep: list(own)}))
     for nodes in by_unit.values():
         gp.problem.peaks.append(PeakTerm(nodes=nodes))
 
@@ -315,6 +351,13 @@ def _edges(graph: Graph, ops: list[Node], follows: Mapping[str, str]) -> list[tu
             if i in is_op:
                 out.append((i, n.id, pos))
     return out
+
+
+def _sum_costs(parts: list[StrategyCost]) -> StrategyCost:
+    total = parts[0]
+    for c in parts[1:]:
+        total = total + c
+    return total
 
 
 def _cap(priced: list[tuple[OpStrategy, StrategyCost]], k: int) -> list[tuple[OpStrategy, StrategyCost]]:

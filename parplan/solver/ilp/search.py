@@ -34,7 +34,13 @@ from parplan.solver.cost.precision import get_precision
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
 from parplan.solver.ilp.model import IlpResult, InfeasibleError, solve_aux
-from parplan.solver.ilp.problem import GraphProblem, build_problem, op_peak_bytes
+from parplan.solver.ilp.problem import (
+    GraphProblem,
+    build_problem,
+    consumer_saves,
+    op_peak_bytes,
+    resharded_copy_bytes,
+)
 from parplan.solver.ilp.resharding import reshard_buffer_bytes, reshard_seconds
 from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes
 from parplan.solver.ir import Graph
@@ -93,6 +99,8 @@ def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
         total = tensor.numel * elem_bytes(tensor, ctx.precision.activation_bytes)
         dst_layout = input_layout(graph.node(dst), pos, graph, gp.strategy_of(dst, choice), mesh)
         seconds += ctx.microbatches * reshard_seconds(total, gp.out_layout(src, choice), dst_layout, sizes, ctx.links)
+        copy = resharded_copy_bytes(consumer_saves(gp, dst, pos), gp.out_layout(src, choice), dst_layout, sizes)
+        held = held + MemoryBreakdown(activations=copy)
     for owner, opos, user, upos in gp.param_edges:
         owner_node, user_node = graph.node(owner), graph.node(user)
         param = graph.node(owner_node.inputs[opos])
@@ -141,27 +149,48 @@ def micro_step_batch(global_batch: int, devices: int, micro_batch: int | None) -
     return max(d for d in range(1, min(global_batch, devices) + 1) if global_batch % d == 0)
 
 
-def _links(cluster: Cluster, mesh: Mesh) -> dict[str, Any]:
+def mesh_links(cluster: Cluster, mesh: Mesh) -> dict[str, Any]:
+    """The link each axis of ``mesh`` runs its collectives over on ``cluster``."""
     dm = DeviceMesh.of(cluster, mesh.axes)
     return {a: dm.link(a, cluster) for a in mesh.names}
 
 
+def distinct_meshes(meshes: list[Mesh], cluster: Cluster) -> list[Mesh]:
+    """The meshes that differ by more than the order of their axes.
+
+    Strategies name mesh axes, and every cost depends on an axis only through its size and its
+    link; two meshes whose axes have the same (size, link) pairs in another order give the same
+    auxiliary problem with the axes renamed (``4x2`` and ``2x4`` inside one node), so one of them
+    is enough. The first of each kind is kept."""
+    seen: set[tuple[tuple[int, float, float], ...]] = set()
+    out = []
+    for mesh in meshes:
+        links = mesh_links(cluster, mesh)
+        key = tuple(sorted((size, links[a].bandwidth_bytes_per_s, links[a].latency_seconds) for a, size in mesh.axes))
+        if key not in seen:
+            seen.add(key)
+            out.append(mesh)
+    return out
+
+
 def micro_step_candidates(global_batch: int, devices: int, micro_batch: int | None) -> list[int]:
-    """Micro-step sizes to try: the given one, else ``b0`` and ``4·b0`` (or the whole batch) that
-    divide the global batch, ``b0`` being the largest divisor not above the device count (smaller
-    micro-steps keep fewer activations; larger ones pay per-micro-step collectives fewer times)."""
+    """Micro-step sizes to try: the given one, else ``b0``, ``4·b0`` (or ``2·b0``) when it divides
+    the global batch, and the whole batch, ``b0`` being the largest divisor not above the device
+    count (smaller micro-steps keep fewer activations; larger ones pay per-micro-step collectives
+    fewer times and keep the devices busier)."""
     b0 = micro_step_batch(global_batch, devices, micro_batch)
     if micro_batch is not None:
         return [b0]
     large = next((b0 * k for k in (4, 2) if global_batch % (b0 * k) == 0), global_batch)
-    return sorted({b0, min(large, global_batch)})
+    return sorted({b0, min(large, global_batch), global_batch})
 
 
 def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, micro_batch: int | None,
            objective: str, budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None,
            calibration: Any, precision: str = "bf16", flash_attention: bool = True, timeout_seconds: float = 60.0,
            progress: ProgressFn | None = None, max_mesh_dims: int = 3,
-           reference_seconds: float | None = None, fixed_mesh: tuple[int, ...] | None = None) -> dict[str, Any]:
+           reference_seconds: float | None = None, fixed_mesh: tuple[int, ...] | None = None,
+           zero_stages: tuple[int, ...] = (0, 1, 2, 3)) -> dict[str, Any]:
     """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics).
 
     Candidates are (mesh, micro-step size) pairs. ``reference_seconds`` is the step time of the best
@@ -178,7 +207,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         if meshes[0].num_devices != cl.num_devices:
             raise SolverError(f"mesh {meshes[0].describe()} does not factor the {cl.num_devices} devices")
     else:
-        meshes = mesh_shapes(cl.num_devices, cl.gpus_per_node, max_mesh_dims)
+        meshes = distinct_meshes(mesh_shapes(cl.num_devices, cl.gpus_per_node, max_mesh_dims), cl)
     deadline = t0 + timeout_seconds
     graphs = {b: graph_for(b) for b in sizes}
 
@@ -195,10 +224,12 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         combos = [(mesh, b) for mesh in meshes for b in sizes]
         for i, (mesh, b) in enumerate(combos):
             report("building and solving: best time", 0.05 + 0.55 * i / len(combos))
-            gp = build_problem(graphs[b], mesh, _links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
-                               recompute, flash_attention,
+            gp = build_problem(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
+                               recompute, flash_attention, zero_stages=zero_stages,
                                max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None)
             try:
+                if gp.problem.memory_lower_bound() > budget_bytes:
+                    raise InfeasibleError("even the least memory of every operator exceeds the budget")
                 r = solve_aux(gp.problem, "time", budget=budget_bytes, timeout_seconds=remaining())
             except InfeasibleError:
                 problems.append(Candidate(mesh, gp, None, b))
@@ -221,21 +252,28 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             reference = best_time  # the ILP cannot get within the slowdown of the other plan
         limit = reference * (1 + max_slowdown)
         best_time = reference
-        per_mesh: dict[str, Candidate] = {}
-        for c in sorted(fastest, key=lambda c: c.b):
-            if c.res.seconds <= limit:
-                per_mesh.setdefault(c.mesh.describe(), c)  # the smallest micro-step meeting the limit
-        pool = []
-        for i, c in enumerate(per_mesh.values()):
-            report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(per_mesh))
-            if alpha_gib_per_s is not None:
-                r = solve_aux(c.gp.problem, "weighted", alpha=alpha_gib_per_s * 2**30, budget=budget_bytes,
-                              timeout_seconds=remaining())
-            else:
-                r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=limit * (1 + 1e-9),
-                              timeout_seconds=remaining(), start=c.res.choice)
+        # every candidate that can meet the time limit, smallest micro-steps (fewest activations)
+        # first; each later solve only looks for a plan better than the best so far
+        within = sorted((c for c in fastest if c.res.seconds <= limit), key=lambda c: (c.b, c.res.memory))
+        pool: list[Candidate] = []
+        for i, c in enumerate(within):
+            report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(within))
+            cutoff = min((p.res.objective for p in pool), default=None)
+            if cutoff is not None and alpha_gib_per_s is None and c.gp.problem.memory_lower_bound() >= cutoff:
+                continue  # even each operator's least memory is no better than the best so far
+            try:
+                if alpha_gib_per_s is not None:
+                    r = solve_aux(c.gp.problem, "weighted", alpha=alpha_gib_per_s * 2**30, budget=budget_bytes,
+                                  timeout_seconds=remaining(), cutoff=cutoff)
+                else:
+                    r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=limit * (1 + 1e-9),
+                                  timeout_seconds=remaining(), start=c.res.choice, cutoff=cutoff)
+            except InfeasibleError:
+                if cutoff is None:
+                    raise
+                continue  # nothing here beats the best so far
             pool.append(Candidate(c.mesh, c.gp, r, c.b))
-        chosen = min(pool, key=lambda c: (c.res.memory, c.res.seconds))
+        chosen = min(pool, key=lambda c: (c.res.objective, c.res.seconds))
     status = "optimal" if chosen.res.status == "optimal" else "feasible"
     report("done", 1.0)
     return _document(chosen, cl, status, time.perf_counter() - t0, meshes, budget_bytes, objective, best_time,

@@ -1,0 +1,46 @@
+"""The training framework a plan runs on, where frameworks keep different buffers.
+
+The cost model follows Megatron-LM by default. PyTorch's own distributed engine (DTensor tensor
+and sequence parallelism, FSDP2), which the validation agent runs, keeps some buffers that
+Megatron-LM frees or never makes; each rule below was found by the agent's measurements
+(``tests/agent/test_agent_matrix.py``) and is applied only for that runtime:
+
+- sequence parallelism: a column-parallel linear saves the all-gathered (full-sequence) input it
+  receives, where Megatron-LM saves the sharded one and gathers it again in backward;
+- a vocabulary-parallel embedding's backward makes the gradient of the whole table before keeping
+  its own rows;
+- on CPU, RMSNorm is a composite of eager operators that also saves the normalised input ``x·rstd``
+  (the CUDA kernel saves ``x`` and ``rstd`` only);
+- plain data parallelism of tensor-parallel modules: DDP rejects DTensor parameters, so PyTorch
+  replicates them with ``replicate`` (FSDP2's machinery over a shard group of one), which keeps an
+  unsharded copy of every parameter from its forward until its backward.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Runtime(StrEnum):
+    """Which framework's buffers the memory model counts."""
+
+    MEGATRON = "megatron"
+    TORCH = "torch"  # PyTorch-native (DTensor TP/SP, FSDP2), CUDA kernels
+    TORCH_CPU = "torch-cpu"  # the same with CPU kernels (the agent's gloo runs)
+
+    @property
+    def saves_gathered_sp_inputs(self) -> bool:
+        return self is not Runtime.MEGATRON
+
+    @property
+    def full_embedding_gradient(self) -> bool:
+        return self is not Runtime.MEGATRON
+
+    @property
+    def rmsnorm_saves_normalized(self) -> bool:
+        return self is Runtime.TORCH_CPU
+
+    def keeps_parameter_copy(self, tp: int, dp: int, zero: int) -> bool:
+        """Whether data parallelism keeps a second, unsharded copy of the parameters through the
+        forward and backward passes (PyTorch's ``replicate`` of TP modules)."""
+        return self is not Runtime.MEGATRON and tp > 1 and dp > 1 and zero == 0
