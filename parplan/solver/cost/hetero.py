@@ -41,6 +41,7 @@ from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv, UnitCost, UnitStrategy
+from parplan.solver.cost.zero3 import StageUnit, zero3_backward_peak
 from parplan.solver.errors import StrategyError
 from parplan.solver.strategy import Schedule
 
@@ -114,9 +115,9 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     Backward materialises a weight's gradient and its input's gradient before accumulating them
     (the *gradient workspace*); under full recomputation the block's forward is re-run alongside,
     keeping everything an uncheckpointed forward keeps; under ZeRO-3 one gathered copy of the
-    block's weights and three unsharded copies of its gradients (the gradient being produced and the
-    reduce-scatter buffers of this block and the previous one, as FSDP2 keeps them) coexist with
-    the workspace. The logits' gradient and a sequence-parallel gather are peaks of their own.
+    block's weights and three unsharded copies of its gradients coexist with the workspace (a bound:
+    the DP search adds these per layer; whole-plan memory walks FSDP's backward instead, see
+    :mod:`.zero3`). The logits' gradient and a sequence-parallel gather are peaks of their own.
     """
     workspace = c.grad_workspace_bytes
     peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
@@ -164,10 +165,12 @@ class StageMemory:
     memory: Memory
     activation_bytes_per_microbatch: float
     in_flight_microbatches: float
+    #: the stage's peak where categories peak at different moments (ZeRO-3: see :mod:`.zero3`)
+    walked_peak_bytes: float | None = None
 
     @property
     def peak_bytes(self) -> float:
-        return self.memory.bytes.total
+        return self.memory.bytes.total if self.walked_peak_bytes is None else self.walked_peak_bytes
 
 
 @dataclass(frozen=True)
@@ -344,9 +347,12 @@ class HeteroEvaluator:
             act = act_red = temp = 0.0
             root = largest = copies = 0.0
             zero3 = False
+            walk: list[StageUnit] = []
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
+                walk.append(StageUnit(u, self.costs_for(plan.local_batch(s)),
+                                      s.unit(plan.flash_attention, plan.runtime), c, s.zero >= 3, u in plan.layers))
                 states = states + model_states(c.params, s, prec)
                 if plan.runtime.keeps_parameter_copy(s.tp, s.dp, s.zero):
                     copies += sum(c.params.values()) * prec.param_bytes
@@ -373,9 +379,16 @@ class HeteroEvaluator:
             act_red += shared_red
             flight = in_flight_microbatches(stage, plan.pp, plan.num_microbatches, plan.schedule,
                                             plan.virtual_stages)
+            peak: float | None = None
+            if zero3:
+                # FSDP's buffers peak in backward, after part of the activations is freed
+                walked = zero3_backward_peak(walk, prec, shared_act)
+                temp = max(walked.temporary + copies, optimizer)
+                peak = states.bytes.total + copies + act * (flight - 1) + walked.above_resident
+                peak = max(peak, states.bytes.total + optimizer)
             held = states.bytes.replace(activations=act * flight, temporary=temp)
             red = states.redundant.replace(activations=act_red * flight)
-            stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight))
+            stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak))
         return PlanMemory(tuple(stages))
 
     def time(self, plan: HeteroPlan) -> PlanTime:

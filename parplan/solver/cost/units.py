@@ -20,6 +20,7 @@ from typing import Any
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of, saved_items
+from parplan.solver.cost.backward import BackwardProfile, backward_profile
 from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from parplan.solver.cost.compute import backward_seconds, forward_seconds
 from parplan.solver.cost.layout import REPLICATED, TensorLayout
@@ -150,6 +151,7 @@ class GraphCosts:
             self.structural_representative[u] = structures.setdefault(self._signature(u, uses=False), u)
         self._items: dict[tuple[Recompute, bool, int, Runtime], tuple[dict[str, list[SavedItem]], set[str]]] = {}
         self._costs: dict[tuple[str, UnitStrategy, TimeEnv | None], UnitCost] = {}
+        self._profiles: dict[tuple[str, UnitStrategy, Precision], BackwardProfile] = {}
 
     def node_representatives(self, structural: bool = False) -> dict[str, str]:
         """Node id -> the node at the same position of its unit's representative
@@ -211,6 +213,14 @@ class GraphCosts:
             cost = self._price(rep, s, precision, env)
             self._costs[key] = cost
         return cost
+
+    def backward_profile(self, unit: str, s: UnitStrategy, precision: Precision) -> BackwardProfile:
+        """What ``unit`` holds at the busiest moment of its backward (see :mod:`.backward`)."""
+        key = (self.representative[unit], s, precision)
+        if key not in self._profiles:
+            shared = self.saved(s.recompute, s.flash_attention, precision.activation_bytes, s.runtime)[1]
+            self._profiles[key] = backward_profile(self, key[0], s, precision, shared)
+        return self._profiles[key]
 
     def _price(self, unit: str, s: UnitStrategy, prec: Precision, env: TimeEnv | None) -> UnitCost:
         mesh = {"tp": s.tp, "ep": s.ep}

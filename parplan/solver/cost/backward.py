@@ -1,0 +1,119 @@
+"""One unit's backward pass, operator by operator: what it holds at its busiest moment.
+
+The stage-level model adds category peaks (all saved activations + the largest temporary), which
+is right where temporaries are small. Under ZeRO-3 they are not: gathered weights, unsharded
+gradients and reduce-scatter buffers of a whole block peak *during* backward, after part of the
+activations is already freed. :mod:`.zero3` walks a stage's backward block by block; this module
+gives it each unit's profile, walking the unit's operators in reverse order:
+
+- a saved tensor is freed after the backward of the first operator (in forward order) that
+  saved it, the last of its savers that backward reaches;
+- while an operator's backward runs, the gradient of its output, the gradients of its
+  activation inputs and its weight gradients are alive (``transient``);
+- under ZeRO-3 the unit's weight gradients stay unsharded until the unit's backward ends
+  (FSDP reduce-scatters them per unit), so they accumulate.
+
+With full recomputation a block first re-runs its forward, keeping what an uncheckpointed forward
+keeps, and then walks those buffers like any other unit. Sizes are per device (the unit's tensor-
+and sequence-parallel layout), bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, tensor_bytes
+from parplan.solver.ir import Node, OpKind
+
+if TYPE_CHECKING:
+    from parplan.solver.cost.precision import Precision
+    from parplan.solver.cost.units import GraphCosts, UnitStrategy
+
+
+@dataclass(frozen=True)
+class BackwardProfile:
+    """A unit's backward, relative to what the rest of the stage holds meanwhile (bytes)."""
+
+    peak: float  # the unit's own saved tensors still alive + the running operator's gradients
+    peak_unsharded: float  # the same plus the unit's weight gradients produced so far (ZeRO-3)
+    transient_peak: float  # the running operator's gradients (+ what recomputation rebuilt, still alive)
+    transient_peak_unsharded: float  # the same plus the weight gradients produced so far
+
+
+def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision,
+                     shared_keys: set[str]) -> BackwardProfile:
+    """Profile of ``unit``'s backward under ``s``; items in ``shared_keys`` (saved by several units,
+    counted once per stage) are left to the stage."""
+    graph, act = gc.graph, prec.activation_bytes
+    nodes = gc.nodes[unit]
+    rebuilt = bool(nodes) and s.recompute is Recompute.FULL and block_of(nodes[0]) is not None
+    policy = Recompute.NONE if rebuilt else s.recompute
+
+    # tensors kept from forward (a checkpointed block: its inputs) are activations; what the
+    # recomputation rebuilds is temporary
+    kept = {it.key for it in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0][unit]} if rebuilt else None
+    # the first saver (forward order) of each key frees it; bytes in the unit's layout
+    freed_by: dict[str, list[tuple[float, bool]]] = {}
+    seen: set[str] = set()
+    for n in nodes:
+        for it in op_saved_items(n, graph, act, flash_attention=s.flash_attention, recompute=policy,
+                                 runtime=s.runtime):
+            if it.key in seen or it.key in shared_keys:
+                continue
+            seen.add(it.key)
+            freed_by.setdefault(n.id, []).append((_item_bytes(gc, it, s), kept is not None and it.key not in kept))
+    alive = sum(b for v in freed_by.values() for b, _ in v)
+    rebuilt_alive = sum(b for v in freed_by.values() for b, r in v if r)
+    grads = peak = peak_g = trans = trans_g = 0.0
+    for n in reversed(nodes):
+        t = _transient(gc, n, s, act, prec.grad_bytes)
+        peak, peak_g = max(peak, alive + t), max(peak_g, alive + t + grads)
+        trans, trans_g = max(trans, rebuilt_alive + t), max(trans_g, rebuilt_alive + t + grads)
+        grads += _weight_grad_bytes(gc, n, s, prec.grad_bytes)
+        for b, r in freed_by.get(n.id, ()):
+            alive -= b
+            rebuilt_alive -= b if r else 0.0
+    return BackwardProfile(peak, peak_g, trans, trans_g)
+
+
+def _item_bytes(gc: GraphCosts, it: SavedItem, s: UnitStrategy) -> float:
+    return gc.item_bytes((it,), s)[0]
+
+
+def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
+    """Gradients alive while ``n``'s backward runs: its output's, its activation inputs', its
+    weights' (a sequence-parallel norm's gathered output too)."""
+    from parplan.solver.cost.units import unit_layout  # units imports this module
+
+    graph, mesh = gc.graph, {"tp": s.tp, "ep": s.ep}
+    out = n.numel * tensor_bytes(n, act) / unit_layout(n, s).shards(mesh) if _is_float(n) else 0.0
+    ins = 0.0
+    for i in n.inputs:
+        src = graph.node(i)
+        if src.is_parameter or src.kind is OpKind.INPUT or not _is_float(src):
+            continue
+        ins += src.numel * act / unit_layout(src, s).shards(mesh)
+    gather = 0.0
+    if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
+        gather = n.numel * act
+    return out + ins + _weight_grad_bytes(gc, n, s, grad_bytes) + gather
+
+
+def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
+    """Per-device bytes of the weight gradients ``n``'s backward makes (PyTorch's vocabulary-
+    parallel embedding makes the whole table's)."""
+    from parplan.solver.cost.units import unit_layout
+
+    mesh = {"tp": s.tp, "ep": s.ep}
+    whole = n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient
+    total = 0.0
+    for i in n.inputs:
+        p = gc.graph.node(i)
+        if p.is_parameter:
+            total += p.numel * grad_bytes / (1 if whole else unit_layout(p, s).shards(mesh))
+    return total
+
+
+def _is_float(n: Node) -> bool:
+    return n.dtype in ("bf16", "fp16", "fp32", "tf32", "fp8")
