@@ -266,3 +266,35 @@ def test_torch_vocab_parallel_embedding_backward_makes_the_whole_table_gradient(
                    for r in (Runtime.MEGATRON, Runtime.TORCH)}
     assert per_runtime[Runtime.TORCH] == 1024 * 256 * prec.grad_bytes
     assert per_runtime[Runtime.MEGATRON] == 1024 * 256 * prec.grad_bytes / 2
+
+
+@pytest.mark.parametrize(("pp", "t"), [(2, 1), (4, 1), (2, 2)])
+def test_torch_pipelining_keeps_each_sent_output_sbh_per_micro_batch(pp: int, t: int) -> None:
+    """torch.distributed.pipelining holds the output a stage sent (s·b·h, replicated over TP)
+    until that micro-batch's backward; Megatron-LM frees it once sent. The last stage sends
+    nothing, and without sequence parallelism the runtimes differ in nothing else here."""
+    s, b, h = 128, 2, 256
+    graph = build_graph(_gpt(2 * pp, h, 8, seq=s), batch=b)
+
+    def per_microbatch(runtime: Runtime) -> list[float]:
+        cfg = ParallelConfig(tp=t, pp=pp, num_microbatches=4, runtime=runtime)
+        return [st.activation_bytes_per_microbatch for st in plan_memory(graph, cfg).stages]
+
+    sent = 2 * s * b * h  # bf16
+    diff = [a - m for a, m in zip(per_microbatch(Runtime.TORCH), per_microbatch(Runtime.MEGATRON), strict=True)]
+    assert diff == pytest.approx([sent] * (pp - 1) + [0.0], rel=1e-12)
+
+
+def test_tied_embedding_gradients_coexist_only_on_a_stage_that_holds_both_uses() -> None:
+    """One stage with the embedding and the LM head: the head's gradient of the tied table waits
+    for the embedding's, and both coexist (2·V·h gradient elements more than with untied weights).
+    Pipelined, each stage uses the table once; the two copies are summed across stages instead."""
+    s, b, h, v = 512, 8, 256, 4096  # the logits' gradient, not Adam's workspace, is the largest buffer
+    tied, untied = _gpt(4, h, 8, seq=s, vocab=v), _gpt(4, h, 8, seq=s, vocab=v).with_(tied_embeddings=False)
+
+    def temps(cfg: TransformerConfig, pp: int) -> list[float]:
+        par = ParallelConfig(pp=pp, num_microbatches=4, precision="fp32")
+        return [st.memory.bytes.temporary for st in plan_memory(build_graph(cfg, batch=b), par).stages]
+
+    assert temps(tied, 1)[0] - temps(untied, 1)[0] == pytest.approx(2 * v * h * 4, rel=1e-12)
+    assert temps(tied, 2) == pytest.approx(temps(untied, 2), rel=1e-12)

@@ -339,7 +339,7 @@ class HeteroEvaluator:
     def memory(self, plan: HeteroPlan) -> PlanMemory:
         self.check(plan)
         prec = get_precision(plan.precision)
-        _, by_stage = self.units(plan)
+        unit_stage, by_stage = self.units(plan)
         strat = self.strategies(plan, by_stage)
         stages = []
         for stage, units in enumerate(by_stage):
@@ -368,13 +368,21 @@ class HeteroEvaluator:
             gc = self.costs_for(plan.local_batch(first))
             shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
             states = states + model_states(shared, first, prec)
-            always, optimizer = stage_extra_temporary_bytes(root, sum(shared.values()), largest, zero3, prec)
+            tied = gc.tied_within(units, first.unit(plan.flash_attention, plan.runtime))
+            always, optimizer = stage_extra_temporary_bytes(root, tied, largest, zero3, prec)
             if plan.runtime.keeps_parameter_copy(first.tp, first.dp, first.zero):
                 copies += sum(shared.values()) * prec.param_bytes
             # the parameter copies live through backward, not into the optimizer step
             temp = max(temp + always + copies, optimizer)
             shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention, plan.runtime),
                                                           prec.activation_bytes)
+            if plan.runtime.holds_stage_outputs and stage < plan.pp - 1:
+                # the output sent to the next stage, kept until this micro-batch's backward
+                last = strat[units[-1]]
+                sent = self.costs_for(plan.local_batch(last)).boundary_bytes(
+                    by_stage[stage + 1], lambda x: unit_stage.get(x, 0), stage + 1,
+                    last.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
+                shared_act += sum(sent)
             act += shared_act
             act_red += shared_red
             flight = in_flight_microbatches(stage, plan.pp, plan.num_microbatches, plan.schedule,

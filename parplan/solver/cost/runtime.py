@@ -13,7 +13,9 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   (the CUDA kernel saves ``x`` and ``rstd`` only);
 - plain data parallelism of tensor-parallel modules: DDP rejects DTensor parameters, so PyTorch
   replicates them with ``replicate`` (FSDP2's machinery over a shard group of one), which keeps an
-  unsharded copy of every parameter from its forward until its backward.
+  unsharded copy of every parameter from its forward until its backward;
+- pipelining: ``torch.distributed.pipelining`` keeps the output a stage sent for each micro-batch
+  until that micro-batch's backward (Megatron-LM frees the output's data once it is sent).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class Runtime(StrEnum):
     @property
     def rmsnorm_saves_normalized(self) -> bool:
         return self is Runtime.TORCH_CPU
+
+    @property
+    def holds_stage_outputs(self) -> bool:
+        return self is not Runtime.MEGATRON
 
     def keeps_parameter_copy(self, tp: int, dp: int, zero: int) -> bool:
         """Whether data parallelism keeps a second, unsharded copy of the parameters through the

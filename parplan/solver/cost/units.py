@@ -355,6 +355,19 @@ class GraphCosts:
                     out[g] = out.get(g, 0.0) + p.numel / lay.shards(mesh)
         return out
 
+    def tied_within(self, units: Iterable[str], s: UnitStrategy) -> float:
+        """Local elements of the parameters two or more of ``units`` use (a tied embedding on a stage
+        that holds both the embedding and the LM head), each once."""
+        mesh = {"tp": s.tp, "ep": s.ep}
+        uses: dict[str, int] = {}
+        nodes: dict[str, Node] = {}
+        for u in units:
+            for p in self.params[u]:
+                if p.id in self.shared_params:
+                    uses[p.id] = uses.get(p.id, 0) + 1
+                    nodes[p.id] = p
+        return sum(nodes[p].numel / unit_layout(nodes[p], s).shards(mesh) for p, n in uses.items() if n > 1)
+
     def shared_item_bytes(self, units: Iterable[str], s: UnitStrategy, act_bytes: int) -> tuple[float, float]:
         """Saved buffers several units share, counted once for the given units."""
         per_unit, shared = self.saved(s.recompute, s.flash_attention, act_bytes, s.runtime)

@@ -194,8 +194,8 @@ class DpSearch:
             gc = self.costs_for(plan.local_batch(s))
             us = s.unit(self.flash)
             shared = gc.shared_param_elems(units, us)
-            always, optimizer = stage_extra_temporary_bytes(float(root[j]), sum(shared.values()), float(largest[j]),
-                                                            s.zero >= 3, self.prec)
+            always, optimizer = stage_extra_temporary_bytes(float(root[j]), gc.tied_within(units, us),
+                                                            float(largest[j]), s.zero >= 3, self.prec)
             temp[:, j] = np.maximum(temp[:, j] + always, optimizer)
             if shared:
                 st = model_states(shared, s, self.prec)
