@@ -50,6 +50,7 @@ def zero3_backward_peak(units: Sequence[StageUnit], prec: Precision, shared_act_
     """Peak of one micro-batch's backward through ``units`` (forward order); ``shared_act_bytes``:
     saved tensors several units share, freed only at the end."""
     blocks = [i for i, u in enumerate(units) if u.is_block and u.zero3]
+    previous = {i: blocks[k - 1] for k, i in enumerate(blocks) if k > 0}  # the block before, in forward order
     gathered = {i: units[i].cost.param_elems_all * prec.param_bytes for i in blocks}
     unsharded = {i: units[i].cost.param_elems_all * prec.grad_bytes for i in blocks}
     root_params = _root_param_elems(units)
@@ -61,9 +62,9 @@ def zero3_backward_peak(units: Sequence[StageUnit], prec: Precision, shared_act_
     for i in reversed(range(len(units))):
         u = units[i]
         prof = u.costs.backward_profile(u.name, u.strategy, prec)
-        if i in blocks:
-            k = blocks.index(i)
-            weights = gathered[i] + (gathered[blocks[k - 1]] if k > 0 else 0.0)
+        prefetched = gathered[previous[i]] if i in previous else 0.0
+        if i in gathered:
+            weights = gathered[i] + prefetched
         else:
             # units after the last block run while its weights are still gathered from forward
             weights = gathered[blocks[-1]] if blocks and i > blocks[-1] else 0.0
@@ -72,12 +73,10 @@ def zero3_backward_peak(units: Sequence[StageUnit], prec: Precision, shared_act_
                           else (prof.peak, prof.transient_peak))
         total = max(total, held_before[i] + fixed + own)
         temp = max(temp, fixed + transient)
-        if i in blocks:
+        if i in gathered:
             # end of the block's backward: its weights freed, the older buffer released, its
             # gradients copied into a new reduce-scatter buffer
-            k = blocks.index(i)
-            fixed = (root_params * prec.param_bytes + root_grads + (gathered[blocks[k - 1]] if k > 0 else 0.0)
-                     + 2 * unsharded[i])
+            fixed = root_params * prec.param_bytes + root_grads + prefetched + 2 * unsharded[i]
             total = max(total, held_before[i] + fixed)
             temp = max(temp, fixed)
             reduce_buffer = unsharded[i]
