@@ -187,6 +187,10 @@ def _memory_table(doc: dict[str, Any]) -> str:
     verdict = "fits" if mem["fits"] else "DOES NOT FIT"
     lines.append(f"  {'peak':<18s}          {_gib(mem['peak_bytes'])}  ({verdict} in "
                  f"{mem['device_memory_bytes'] / GIB:.1f} GiB)")
+    total = sum(mem["breakdown"][cat] for cat in CATEGORIES)
+    if mem["peak_bytes"] < total * (1 - 1e-9):
+        lines.append(f"  (each category at its own peak; they add up to {total / GIB:.2f} GiB, but ZeRO-3's "
+                     "buffers peak in backward once activations are being freed)")
     if len(mem["stages"]) > 1:
         lines += ["", "per stage (GiB)   params    grads  optim    activ    temp     peak   in-flight  blocks"]
         for st in mem["stages"]:

@@ -86,6 +86,18 @@ def test_table_output_shows_breakdown_in_gib(capsys: pytest.CaptureFixture[str])
         assert word in out
 
 
+def test_zero3_peak_below_the_sum_of_categories_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero", "3"]
+    doc = run_json(capsys, *args)
+    total = sum(doc["memory"]["breakdown"].values())
+    assert doc["memory"]["peak_bytes"] < total
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"they add up to {total / 2**30:.2f} GiB" in out
+    assert main(args[:-2]) == 0  # no ZeRO-3: the categories add up to the peak, nothing to explain
+    assert "add up to" not in capsys.readouterr().out
+
+
 def test_models_lists_every_preset_with_parameter_counts(capsys: pytest.CaptureFixture[str]) -> None:
     doc = run_json(capsys, "models")
     names = [m["name"] for m in doc["models"]]

@@ -101,18 +101,11 @@ def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: i
 
 
 def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
-    """Per-device bytes of the weight gradients ``n``'s backward makes (PyTorch's vocabulary-
-    parallel embedding makes the whole table's)."""
-    from parplan.solver.cost.units import unit_layout
+    """Per-device bytes of the weight gradients ``n``'s backward makes."""
+    from parplan.solver.cost.units import weight_grad_workspace
 
-    mesh = {"tp": s.tp, "ep": s.ep}
-    whole = n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient
-    total = 0.0
-    for i in n.inputs:
-        p = gc.graph.node(i)
-        if p.is_parameter:
-            total += p.numel * grad_bytes / (1 if whole else unit_layout(p, s).shards(mesh))
-    return total
+    weights = (gc.graph.node(i) for i in n.inputs)
+    return sum(weight_grad_workspace(n, p, s) for p in weights if p.is_parameter) * grad_bytes
 
 
 def _is_float(n: Node) -> bool:

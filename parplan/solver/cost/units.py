@@ -65,6 +65,16 @@ def unit_layout(node: Node, s: UnitStrategy) -> TensorLayout:
     return TensorLayout.of(split) if split else REPLICATED
 
 
+def weight_grad_workspace(n: Node, w: Node, s: UnitStrategy) -> float:
+    """Gradient elements the backward of ``n`` makes for its weight ``w`` on one device. PyTorch's
+    vocabulary-parallel embedding first makes the whole table's gradient, then copies its own rows
+    out of it."""
+    local = w.numel / unit_layout(w, s).shards({"tp": s.tp, "ep": s.ep})
+    if n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient:
+        return w.numel + (local if local < w.numel else 0.0)
+    return local
+
+
 @dataclass(frozen=True)
 class ParamGroup:
     """Parameter elements one device holds (before ZeRO), grouped by how they replicate."""
@@ -250,9 +260,7 @@ class GraphCosts:
             acts = [x for x in ins if not x.is_parameter and x.kind is not OpKind.INPUT]
             if not weights:
                 continue
-            # (PyTorch's vocabulary-parallel embedding computes the whole table's gradient first)
-            whole = n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient
-            wgrad = sum(w.numel / (1 if whole else unit_layout(w, s).shards(mesh)) for w in weights) * prec.grad_bytes
+            wgrad = sum(weight_grad_workspace(n, w, s) for w in weights) * prec.grad_bytes
             igrad = sum(a.numel / unit_layout(a, s).shards(mesh) for a in acts) * prec.activation_bytes
             c.grad_workspace_bytes = max(c.grad_workspace_bytes, wgrad + igrad)
         for n in nodes:
