@@ -8,7 +8,7 @@ operator
 
 - each input is redistributed to the layout the operator's strategy needs (slicing, all-gather,
   all-to-all, reduce-scatter or all-reduce, as DTensor's ``redistribute`` chooses for the pair of
-  placements);
+  placements; on gloo, where DTensor has no all-to-all, :mod:`.alltoall` does that exchange);
 - the operator runs on those DTensors (DTensor's own sharding propagation computes the local
   part; a split contracted dim leaves partial sums);
 - its output is redistributed to the layout the strategy gives it.
@@ -43,6 +43,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils.checkpoint import checkpoint
 
+from parplan.agent.alltoall import all_to_all_redistribute
 from parplan.agent.executor import device_for_rank, summarise_contents
 from parplan.agent.memtrack import CategoryTracker, mark_activation
 from parplan.solver.cost.layout import TensorLayout
@@ -296,6 +297,10 @@ class PlanInterpreter:
         want = placements(layout, node, self.mesh)
         if tuple(t.placements) == tuple(want):
             return t
+        if self.dm.device_type == "cpu":  # gloo: DTensor has no all-to-all there (see .alltoall)
+            swapped = all_to_all_redistribute(t, want)
+            if swapped is not None:
+                return swapped
         return t.redistribute(self.dm, want)
 
     def distribute(self, node: Node, full: torch.Tensor, layout: TensorLayout) -> Any:

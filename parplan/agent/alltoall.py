@@ -1,0 +1,72 @@
+"""Shard(i) → Shard(j) along one mesh axis with a real all-to-all, where DTensor has none.
+
+DTensor's ``redistribute`` turns a tensor split along dim ``i`` into one split along dim ``j``
+with an all-to-all on NCCL; on gloo it falls back to an all-gather of the whole tensor and a
+slice, which holds ``n`` times the memory a GPU run holds. The ILP prices the all-to-all (each
+device exchanges its local part), so the agent's CPU runs would measure the fallback, not the
+plan. gloo does have ``all_to_all_single``; this module performs the exchange with it, in
+autograd (the backward is the reverse exchange), and hands back a DTensor in the new placements.
+Only the simple case is taken: one mesh axis changes, and no other axis splits either dim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard
+
+
+def exchange_axis(current: tuple[Any, ...], want: tuple[Any, ...]) -> tuple[int, int, int] | None:
+    """(mesh axis, from dim, to dim) when ``current`` → ``want`` is one Shard(i) → Shard(j) swap
+    that :func:`all_to_all_redistribute` can do; None otherwise."""
+    diff = [k for k, (a, b) in enumerate(zip(current, want, strict=True)) if a != b]
+    if len(diff) != 1:
+        return None
+    k = diff[0]
+    a, b = current[k], want[k]
+    if not (type(a) is Shard and type(b) is Shard):
+        return None
+    others = [p for m, p in enumerate(current) if m != k]
+    if any(isinstance(p, Shard) and p.dim in (a.dim, b.dim) for p in others):
+        return None
+    return k, a.dim, b.dim
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, src: int, dst: int) -> torch.Tensor:
+        ctx.group, ctx.src, ctx.dst = group, src, dst
+        return _exchange(x, group, src, dst)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _exchange(grad.contiguous(), ctx.group, ctx.dst, ctx.src), None, None, None
+
+
+def _exchange(x: torch.Tensor, group: Any, src: int, dst: int) -> torch.Tensor:
+    """Local part split along ``src`` → local part split along ``dst``: chunk ``k`` of ``dst`` goes
+    to rank ``k`` of the group; what arrives is stacked along ``src`` in rank order."""
+    n = dist.get_world_size(group)
+    # all_to_all_single sends block k of dim 0 to rank k: lay the dst-chunks one after another
+    send = x.contiguous() if dst == 0 else torch.cat([c.contiguous() for c in x.chunk(n, dim=dst)], dim=0)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    shape = list(x.shape)
+    shape[dst] //= n
+    return torch.cat(list(recv.view(n, *shape)), dim=src)
+
+
+def all_to_all_redistribute(t: DTensor, want: list[Any]) -> DTensor | None:
+    """``t`` in placements ``want`` through gloo's all-to-all, or None when the case is not simple."""
+    found = exchange_axis(tuple(t.placements), tuple(want))
+    if found is None:
+        return None
+    axis, src, dst = found
+    local = t.to_local()
+    n = t.device_mesh.size(axis)
+    if t.shape[dst] % n or t.shape[src] % n or local.shape[dst] % n:
+        return None
+    out = _AllToAll.apply(local, t.device_mesh.get_group(axis), src, dst)  # type: ignore[no-untyped-call]
+    return DTensor.from_local(out, t.device_mesh, want, run_check=False, shape=t.shape, stride=t.stride())
