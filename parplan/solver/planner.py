@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,10 +26,10 @@ from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.evaluate import Evaluation
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource, model_from_json
+from parplan.solver.progress import ProgressFn
 
 Objective = Literal["min-memory", "max-throughput"]
 Search = Literal["auto", "ilp", "dp"]
-ProgressFn = Callable[[str, float], None]
 
 #: Limits that keep one request within what a worker can solve (also enforced by the service).
 MAX_DEVICES = 1 << 17

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,21 +17,9 @@ from parplan.solver.wire import graph_from_json, graph_to_dict
 
 
 def _mlp_doc() -> dict[str, Any]:
-    return {
-        "format": "parplan.graph/v1",
-        "name": "mlp",
-        "nodes": [
-            {"id": "x", "kind": "input", "dims": {"batch": 4, "hidden": 8}, "dtype": "bf16"},
-            {"id": "w1", "kind": "parameter", "dims": {"hidden": 8, "ffn": 32}},
-            {"id": "h", "kind": "einsum", "inputs": ["x", "w1"], "dims": {"batch": 4, "ffn": 32},
-             "attrs": {"equation": "batch hidden, hidden ffn -> batch ffn"}, "layer": "layers.0"},
-            {"id": "a", "kind": "elementwise", "inputs": ["h"], "dims": {"batch": 4, "ffn": 32},
-             "attrs": {"fn": "gelu"}, "layer": "layers.0"},
-            {"id": "w2", "kind": "parameter", "dims": {"ffn": 32, "hidden": 8}},
-            {"id": "y", "kind": "einsum", "inputs": ["a", "w2"], "dims": {"batch": 4, "hidden": 8},
-             "attrs": {"equation": "batch ffn, ffn hidden -> batch hidden"}, "layer": "layers.0"},
-        ],
-    }
+    """A small valid graph in the wire format (a two-matmul MLP block), a fresh copy per call."""
+    doc: dict[str, Any] = json.loads((Path(__file__).parent.parent / "data" / "mlp_graph.json").read_text())
+    return doc
 
 
 def _issues(doc: dict[str, Any]) -> list[tuple[str | None, str, str]]:

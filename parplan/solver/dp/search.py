@@ -48,9 +48,8 @@ from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
 from parplan.solver.dp.space import SpaceOptions, degrees, layer_strategies
 from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
+from parplan.solver.progress import ProgressFn
 from parplan.solver.strategy import Schedule
-
-ProgressFn = Callable[[str, float], None]
 
 #: Memory granularity of the DP: the budget is cut into this many units.
 MEMORY_UNITS = 512

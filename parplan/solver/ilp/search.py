@@ -44,8 +44,7 @@ from parplan.solver.ilp.problem import (
 from parplan.solver.ilp.resharding import reshard_buffer_bytes, reshard_seconds
 from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes
 from parplan.solver.ir import Graph
-
-ProgressFn = Callable[[str, float], None]
+from parplan.solver.progress import ProgressFn
 
 #: Candidates per operator kept on 3-D meshes (1-D and 2-D meshes keep all: exact).
 MAX_STRATEGIES_3D = 16
