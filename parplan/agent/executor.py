@@ -497,7 +497,7 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     runner.train_step()  # warm-up, outside the tracker
     dist.barrier()
     tracker = CategoryTracker(diagnose=spec.diagnose)
-    tracker.register_state(runner.stage_modules, [runner.optimizer], other=runner.pipeline_buffers())
+    tracker.register_state(runner.stage_modules, [runner.optimizer], communication=runner.pipeline_buffers())
     with tracker.measuring():
         runner.train_step()
     measured = tracker.result(device)

@@ -16,9 +16,11 @@ categories mean:
   autograd keeps it for backward (a checkpointed block's input; a pipeline stage's output, which
   ``torch.distributed.pipelining`` holds until that micro-batch's backward);
 - ``temporary``: every other storage created during the step (gradients of activations, gathered
-  ZeRO-3 weights, communication buffers, recomputed activations, workspace);
-- ``other``: resident storages that are none of the above (module buffers, the receive buffers
-  ``torch.distributed.pipelining`` allocates once per micro-batch).
+  ZeRO-3 weights, communication buffers, recomputed activations, workspace), and the receive
+  buffers ``torch.distributed.pipelining`` allocates once per micro-batch before the step
+  (communication buffers, DESIGN.md's definition of temporary; registered as resident, so a
+  received activation that autograd saves stays there);
+- ``other``: resident storages that are none of the above (module buffers such as RoPE tables).
 
 Two measurements come out: the breakdown at the moment of the peak total, and the peak of each
 category over the step (the cost model's categories are themselves per-category peaks).
@@ -77,8 +79,9 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
 
     # ----------------------------------------------------------------- registration
     def register_state(self, modules: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer],
-                       other: Iterable[torch.Tensor] = ()) -> None:
-        """Record the resident storages (call before entering the tracker)."""
+                       other: Iterable[torch.Tensor] = (), communication: Iterable[torch.Tensor] = ()) -> None:
+        """Record the resident storages (call before entering the tracker); ``communication``:
+        buffers allocated before the step for its collectives (temporary)."""
         for m in modules:
             for p in m.parameters():
                 self._register(p, _MemRefType.PARAM)
@@ -93,6 +96,8 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
                         self._register(v, _MemRefType.OPT)
         for t in other:
             self._register(t, _MemRefType.OTH)
+        for t in communication:
+            self._register(t, _MemRefType.TEMP)
 
     def _register(self, t: torch.Tensor, reftype: _MemRefType) -> None:
         for st in get_untyped_storages(t):

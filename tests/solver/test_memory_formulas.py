@@ -269,21 +269,30 @@ def test_torch_vocab_parallel_embedding_backward_makes_the_whole_table_gradient(
     assert per_runtime[Runtime.MEGATRON] == 1024 * 256 * prec.grad_bytes / 2
 
 
-@pytest.mark.parametrize(("pp", "t"), [(2, 1), (4, 1), (2, 2)])
-def test_torch_pipelining_keeps_each_sent_output_sbh_per_micro_batch(pp: int, t: int) -> None:
-    """torch.distributed.pipelining holds the output a stage sent (s·b·h, replicated over TP)
-    until that micro-batch's backward; Megatron-LM frees it once sent. The last stage sends
-    nothing, and without sequence parallelism the runtimes differ in nothing else here."""
+@pytest.mark.parametrize(("pp", "t", "m"), [(2, 1, 4), (4, 1, 8), (2, 2, 4)])
+def test_torch_pipelining_buffers_sbh_per_boundary_and_micro_batch(pp: int, t: int, m: int) -> None:
+    """torch.distributed.pipelining, per stage, against Megatron-LM's accounting (s·b·h bf16 per
+    boundary tensor, replicated over TP without sequence parallelism):
+
+    - it holds the output a stage sent until that micro-batch's backward (+sbh activations per
+      micro-batch, every stage but the last); Megatron-LM frees it once sent;
+    - it allocates a receive buffer for every micro-batch's input (every stage but the first) and
+      output gradient (every stage but the last) for the whole step (temporary), and the input a
+      stage saves for backward is that buffer (-sbh activations per micro-batch).
+    Without sequence parallelism the runtimes differ in nothing else here."""
     s, b, h = 128, 2, 256
     graph = build_graph(_gpt(2 * pp, h, 8, seq=s), batch=b)
 
-    def per_microbatch(runtime: Runtime) -> list[float]:
-        cfg = ParallelConfig(tp=t, pp=pp, num_microbatches=4, runtime=runtime)
-        return [st.activation_bytes_per_microbatch for st in plan_memory(graph, cfg).stages]
+    def stages(runtime: Runtime) -> list[tuple[float, float]]:
+        cfg = ParallelConfig(tp=t, pp=pp, num_microbatches=m, runtime=runtime)
+        return [(st.activation_bytes_per_microbatch, st.memory.bytes.temporary)
+                for st in plan_memory(graph, cfg).stages]
 
-    sent = 2 * s * b * h  # bf16
-    diff = [a - m for a, m in zip(per_microbatch(Runtime.TORCH), per_microbatch(Runtime.MEGATRON), strict=True)]
-    assert diff == pytest.approx([sent] * (pp - 1) + [0.0], rel=1e-12)
+    sbh = 2 * s * b * h
+    for i, (torch_, megatron) in enumerate(zip(stages(Runtime.TORCH), stages(Runtime.MEGATRON), strict=True)):
+        sends, receives = i < pp - 1, i > 0
+        assert torch_[0] - megatron[0] == pytest.approx(sbh * (sends - receives), abs=1e-6)
+        assert torch_[1] - megatron[1] == pytest.approx(m * sbh * (sends + receives), rel=1e-12)
 
 
 def test_tied_embedding_gradients_coexist_only_on_a_stage_that_holds_both_uses() -> None:

@@ -376,13 +376,15 @@ class HeteroEvaluator:
             temp = max(temp + always + copies, optimizer)
             shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention, plan.runtime),
                                                           prec.activation_bytes)
-            if plan.runtime.holds_stage_outputs and stage < plan.pp - 1:
-                # the output sent to the next stage, kept until this micro-batch's backward
-                last = strat[units[-1]]
-                sent = self.costs_for(plan.local_batch(last)).boundary_bytes(
-                    by_stage[stage + 1], lambda x: unit_stage.get(x, 0), stage + 1,
-                    last.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
-                shared_act += sum(sent)
+            receive = 0.0  # pipelining's receive buffers, for the whole step
+            if plan.runtime.holds_stage_outputs and plan.pp > 1:
+                received, saved_there, sent = self._pipeline_boundaries(plan, stage, by_stage, unit_stage, strat,
+                                                                        prec)
+                # the output sent to the next stage, kept until this micro-batch's backward; a
+                # received input saved for backward lives in its receive buffer
+                shared_act += sent - saved_there
+                receive = plan.num_microbatches * (received + sent)  # activations in, gradients in
+                temp += receive
             act += shared_act
             act_red += shared_red
             flight = in_flight_microbatches(stage, plan.pp, plan.num_microbatches, plan.schedule,
@@ -391,13 +393,38 @@ class HeteroEvaluator:
             if zero3:
                 # FSDP's buffers peak in backward, after part of the activations is freed
                 walked = zero3_backward_peak(walk, prec, shared_act)
-                temp = max(walked.temporary + copies, optimizer)
+                temp = max(walked.temporary + copies, optimizer) + receive
                 peak = states.bytes.total + copies + act * (flight - 1) + walked.above_resident
-                peak = max(peak, states.bytes.total + optimizer)
+                peak = max(peak, states.bytes.total + optimizer) + receive
             held = states.bytes.replace(activations=act * flight, temporary=temp)
             red = states.redundant.replace(activations=act_red * flight)
             stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak))
         return PlanMemory(tuple(stages))
+
+    def _pipeline_boundaries(self, plan: HeteroPlan, stage: int, by_stage: list[list[str]],
+                             unit_stage: Mapping[str, int], strat: Mapping[str, LayerStrategy],
+                             prec: Precision) -> tuple[float, float, float]:
+        """Per-device bytes of one micro-batch's (activation received, of it what the stage saves
+        for backward, activation sent) at a stage's pipeline boundaries."""
+        units = by_stage[stage]
+        first, last = strat[units[0]], strat[units[-1]]
+        received = saved = sent = 0.0
+
+        def stage_of(u: str) -> int:
+            return unit_stage.get(u, 0)
+
+        if stage > 0:
+            gc = self.costs_for(plan.local_batch(first))
+            us = first.unit(plan.flash_attention, plan.runtime)
+            received = sum(gc.boundary_bytes(units, stage_of, stage, us, prec.activation_bytes))
+            ids = {i for u in units for i in gc.external_inputs[u] if stage_of(gc.unit_of[i]) != stage}
+            items = gc.saved(us.recompute, us.flash_attention, prec.activation_bytes, us.runtime)[0]
+            saved = gc.item_bytes((it for u in units for it in items[u] if it.key in ids), us)[0]
+        if stage < plan.pp - 1:
+            sent = sum(self.costs_for(plan.local_batch(last)).boundary_bytes(
+                by_stage[stage + 1], stage_of, stage + 1, last.unit(plan.flash_attention, plan.runtime),
+                prec.activation_bytes))
+        return received, saved, sent
 
     def time(self, plan: HeteroPlan) -> PlanTime:
         self.check(plan)

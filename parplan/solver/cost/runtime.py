@@ -15,7 +15,10 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   replicates them with ``replicate`` (FSDP2's machinery over a shard group of one), which keeps an
   unsharded copy of every parameter from its forward until its backward;
 - pipelining: ``torch.distributed.pipelining`` keeps the output a stage sent for each micro-batch
-  until that micro-batch's backward (Megatron-LM frees the output's data once it is sent).
+  until that micro-batch's backward (Megatron-LM frees the output's data once it is sent), and
+  allocates, before the step, a receive buffer for every micro-batch's input activation and output
+  gradient (communication buffers: temporary); a received activation that the stage saves for
+  backward stays in its buffer instead of counting again as an activation.
 """
 
 from __future__ import annotations
