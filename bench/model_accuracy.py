@@ -38,7 +38,8 @@ def _pct(x: float | None) -> str:
 def table(results: list[dict[str, Any]]) -> list[str]:
     lines = ["Measured / predicted, MiB, per category peak over one step (fp32, Adam); error = (meas - pred) / pred.",
              "One row per pipeline stage (ranks of a stage are alike); 'other' = buffers the cost model has no",
-             "category for (RoPE tables; torch.pipelining's receive buffers count as temporary). peak = the step's highest total.",
+             "category for (RoPE tables; torch.pipelining's receive buffers count as temporary).",
+             "peak = the step's highest total.",
              ""]
     head = f"{'configuration':30s} {'st':>2s} " + " ".join(f"{SHORT[c]:>22s}" for c in CATS) + \
         f" {'other':>6s} {'peak':>22s} {'ok':>3s}"

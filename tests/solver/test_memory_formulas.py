@@ -296,15 +296,20 @@ def test_torch_pipelining_buffers_sbh_per_boundary_and_micro_batch(pp: int, t: i
 
 
 def test_tied_embedding_gradients_coexist_only_on_a_stage_that_holds_both_uses() -> None:
-    """One stage with the embedding and the LM head: the head's gradient of the tied table waits
-    for the embedding's, and both coexist (2·V·h gradient elements more than with untied weights).
-    Pipelined, each stage uses the table once; the two copies are summed across stages instead."""
-    s, b, h, v = 512, 8, 256, 4096  # the logits' gradient, not Adam's workspace, is the largest buffer
-    tied, untied = _gpt(4, h, 8, seq=s, vocab=v), _gpt(4, h, 8, seq=s, vocab=v).with_(tied_embeddings=False)
+    """One stage with the embedding and the LM head: the head's gradient of the tied table (V·h)
+    is made first and waits through the rest of backward (+V·h on every later peak); at the
+    embedding's backward its own gradient and their sum join it (3·V·h at once). Pipelined, each
+    stage uses the table once; the two copies are summed across stages instead. fp32: 4 bytes."""
+    h, v = 256, 4096
+    tied = _gpt(4, h, 8, seq=512, vocab=v)
+    untied = tied.with_(tied_embeddings=False)
 
-    def temps(cfg: TransformerConfig, pp: int) -> list[float]:
+    def temps(cfg: TransformerConfig, pp: int, b: int, s: int) -> list[float]:
         par = ParallelConfig(pp=pp, num_microbatches=4, precision="fp32")
-        return [st.memory.bytes.temporary for st in plan_memory(build_graph(cfg, batch=b), par).stages]
+        return [st.memory.bytes.temporary for st in plan_memory(build_graph(cfg, batch=b, seq_len=s), par).stages]
 
-    assert temps(tied, 1)[0] - temps(untied, 1)[0] == pytest.approx(2 * v * h * 4, rel=1e-12)
-    assert temps(tied, 2) == pytest.approx(temps(untied, 2), rel=1e-12)
+    # the logits' gradient (b·s·V) is the largest buffer: the waiting V·h adds to it
+    assert temps(tied, 1, 8, 512)[0] - temps(untied, 1, 8, 512)[0] == pytest.approx(v * h * 4, rel=1e-12)
+    # a short sequence: the embedding's moment, 3·V·h, is the stage's temporary peak
+    assert temps(tied, 1, 1, 16)[0] == pytest.approx(3 * v * h * 4, rel=1e-12)
+    assert temps(tied, 2, 8, 512) == pytest.approx(temps(untied, 2, 8, 512), rel=1e-12)

@@ -127,15 +127,20 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     return peak
 
 
-def stage_extra_temporary_bytes(root_elems: float, tied_elems: float, largest_param_elems: float,
-                                zero3: bool, prec: Precision) -> tuple[float, float]:
-    """(added to every backward peak, a peak of its own) for a whole stage: under ZeRO-3 the
+def stage_extra_temporary_bytes(root_elems: float, tied_elems: float, tied_workspace_elems: float,
+                                largest_param_elems: float, zero3: bool,
+                                prec: Precision) -> tuple[float, float, float]:
+    """(added to every backward peak, a backward peak of its own, the optimizer's peak) for a whole
+    stage: under ZeRO-3 the
     parameters outside the blocks stay gathered for the whole step; a tied embedding's gradient from
-    the LM head waits for the embedding's own, then both and their sum coexist; Adam's update
-    (PyTorch's reference implementation) works on two temporaries the size of the largest tensor."""
-    always = (root_elems * prec.param_bytes if zero3 else 0.0) + 2 * tied_elems * prec.grad_bytes
+    the LM head (whose backward comes first) waits through the rest of backward for the
+    embedding's own, then both and their sum coexist; Adam's update (PyTorch's reference
+    implementation) works on two temporaries the size of the largest tensor."""
+    root = root_elems * prec.param_bytes if zero3 else 0.0
+    always = root + tied_elems * prec.grad_bytes
+    tied_peak = root + (2 * tied_elems + tied_workspace_elems) * prec.grad_bytes if tied_elems else 0.0
     optimizer = 2 * largest_param_elems * max(prec.master_bytes, prec.param_bytes)
-    return always, optimizer
+    return always, tied_peak, optimizer
 
 
 def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Precision) -> Memory:
@@ -368,12 +373,13 @@ class HeteroEvaluator:
             gc = self.costs_for(plan.local_batch(first))
             shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
             states = states + model_states(shared, first, prec)
-            tied = gc.tied_within(units, first.unit(plan.flash_attention, plan.runtime))
-            always, optimizer = stage_extra_temporary_bytes(root, tied, largest, zero3, prec)
+            us = first.unit(plan.flash_attention, plan.runtime)
+            always, tied_peak, optimizer = stage_extra_temporary_bytes(
+                root, gc.tied_within(units, us), gc.tied_gradient_workspace(units, us), largest, zero3, prec)
             if plan.runtime.keeps_parameter_copy(first.tp, first.dp, first.zero):
                 copies += sum(shared.values()) * prec.param_bytes
             # the parameter copies live through backward, not into the optimizer step
-            temp = max(temp + always + copies, optimizer)
+            temp = max(max(temp + always, tied_peak) + copies, optimizer)
             shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention, plan.runtime),
                                                           prec.activation_bytes)
             receive = 0.0  # pipelining's receive buffers, for the whole step
@@ -393,7 +399,7 @@ class HeteroEvaluator:
             if zero3:
                 # FSDP's buffers peak in backward, after part of the activations is freed
                 walked = zero3_backward_peak(walk, prec, shared_act)
-                temp = max(walked.temporary + copies, optimizer) + receive
+                temp = max(max(walked.temporary, tied_peak) + copies, optimizer) + receive
                 peak = states.bytes.total + copies + act * (flight - 1) + walked.above_resident
                 peak = max(peak, states.bytes.total + optimizer) + receive
             held = states.bytes.replace(activations=act * flight, temporary=temp)

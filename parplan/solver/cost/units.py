@@ -367,6 +367,22 @@ class GraphCosts:
         """Local elements of the parameters two or more of ``units`` use (a tied embedding on a stage
         that holds both the embedding and the LM head), each once."""
         mesh = {"tp": s.tp, "ep": s.ep}
+        return sum(p.numel / unit_layout(p, s).shards(mesh) for p in self._tied(list(units)))
+
+    def tied_gradient_workspace(self, units: Iterable[str], s: UnitStrategy) -> float:
+        """The largest gradient (elements) that one operator of ``units`` makes for a parameter two
+        of them share (the embedding's backward for a tied table)."""
+        units = list(units)
+        tied = {p.id for p in self._tied(units)}
+        out = 0.0
+        for u in units:
+            for n in self.nodes[u]:
+                for i in n.inputs:
+                    if i in tied:
+                        out = max(out, weight_grad_workspace(n, self.graph.node(i), s))
+        return out
+
+    def _tied(self, units: list[str]) -> list[Node]:
         uses: dict[str, int] = {}
         nodes: dict[str, Node] = {}
         for u in units:
@@ -374,7 +390,7 @@ class GraphCosts:
                 if p.id in self.shared_params:
                     uses[p.id] = uses.get(p.id, 0) + 1
                     nodes[p.id] = p
-        return sum(nodes[p].numel / unit_layout(nodes[p], s).shards(mesh) for p, n in uses.items() if n > 1)
+        return [nodes[p] for p, n in uses.items() if n > 1]
 
     def shared_item_bytes(self, units: Iterable[str], s: UnitStrategy, act_bytes: int) -> tuple[float, float]:
         """Saved buffers several units share, counted once for the given units."""

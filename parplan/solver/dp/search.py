@@ -193,9 +193,10 @@ class DpSearch:
             gc = self.costs_for(plan.local_batch(s))
             us = s.unit(self.flash)
             shared = gc.shared_param_elems(units, us)
-            always, optimizer = stage_extra_temporary_bytes(float(root[j]), gc.tied_within(units, us),
-                                                            float(largest[j]), s.zero >= 3, self.prec)
-            temp[:, j] = np.maximum(temp[:, j] + always, optimizer)
+            always, tied_peak, optimizer = stage_extra_temporary_bytes(
+                float(root[j]), gc.tied_within(units, us), gc.tied_gradient_workspace(units, us),
+                float(largest[j]), s.zero >= 3, self.prec)
+            temp[:, j] = np.maximum(temp[:, j] + always, max(tied_peak, optimizer))
             if shared:
                 st = model_states(shared, s, self.prec)
                 sync, gathers = self.ev.sync_seconds(plan, s, shared, self.prec)
