@@ -295,6 +295,21 @@ def test_torch_pipelining_buffers_sbh_per_boundary_and_micro_batch(pp: int, t: i
         assert torch_[1] - megatron[1] == pytest.approx(m * sbh * (sends + receives), rel=1e-12)
 
 
+@pytest.mark.parametrize("schedule", [Schedule.ONE_F_ONE_B, Schedule.GPIPE])
+def test_torch_1f1b_keeps_one_more_sent_output_through_the_steady_phase(schedule: Schedule) -> None:
+    """PyTorch's 1F1B keeps its first warm-up send's handle, and with it that micro-batch's sent
+    output (s·b·h), until the steady phase ends: one output beyond the in-flight micro-batches on
+    every stage but the last. GPipe holds every micro-batch anyway: nothing more."""
+    s, b, h, pp = 128, 2, 256, 4
+    graph = build_graph(_gpt(2 * pp, h, 8, seq=s), batch=b)
+    cfg = ParallelConfig(pp=pp, num_microbatches=8, schedule=schedule, runtime=Runtime.TORCH)
+    extra = [st.memory.bytes.activations - st.activation_bytes_per_microbatch * st.in_flight_microbatches
+             for st in plan_memory(graph, cfg).stages]
+    sbh = 2 * s * b * h
+    expected = [sbh] * (pp - 1) + [0.0] if schedule is Schedule.ONE_F_ONE_B else [0.0] * pp
+    assert extra == pytest.approx(expected, abs=1e-6)
+
+
 def test_tied_embedding_gradients_coexist_only_on_a_stage_that_holds_both_uses() -> None:
     """One stage with the embedding and the LM head: the head's gradient of the tied table (V·h)
     is made first and waits through the rest of backward (+V·h on every later peak); at the

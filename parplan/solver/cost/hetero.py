@@ -382,7 +382,7 @@ class HeteroEvaluator:
             temp = max(max(temp + always, tied_peak) + copies, optimizer)
             shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention, plan.runtime),
                                                           prec.activation_bytes)
-            receive = 0.0  # pipelining's receive buffers, for the whole step
+            receive = pinned = sent = 0.0  # pipelining's receive buffers; a sent output its send keeps
             if plan.runtime.holds_stage_outputs and plan.pp > 1:
                 received, saved_there, sent = self._pipeline_boundaries(plan, stage, by_stage, unit_stage, strat,
                                                                         prec)
@@ -395,14 +395,18 @@ class HeteroEvaluator:
             act_red += shared_red
             flight = in_flight_microbatches(stage, plan.pp, plan.num_microbatches, plan.schedule,
                                             plan.virtual_stages)
+            if plan.runtime.holds_stage_outputs and plan.schedule is Schedule.ONE_F_ONE_B and flight >= 2:
+                # PyTorch's 1F1B keeps the handle of the first warm-up send until the steady phase
+                # ends, and the handle keeps that micro-batch's output alive after its backward
+                pinned = sent
             peak: float | None = None
             if zero3:
                 # FSDP's buffers peak in backward, after part of the activations is freed
                 walked = zero3_backward_peak(walk, prec, shared_act)
                 temp = max(max(walked.temporary, tied_peak) + copies, optimizer) + receive
                 peak = states.bytes.total + copies + act * (flight - 1) + walked.above_resident
-                peak = max(peak, states.bytes.total + optimizer) + receive
-            held = states.bytes.replace(activations=act * flight, temporary=temp)
+                peak = max(peak, states.bytes.total + optimizer) + receive + pinned
+            held = states.bytes.replace(activations=act * flight + pinned, temporary=temp)
             red = states.redundant.replace(activations=act_red * flight)
             stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak))
         return PlanMemory(tuple(stages))

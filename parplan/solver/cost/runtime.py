@@ -18,7 +18,9 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   until that micro-batch's backward (Megatron-LM frees the output's data once it is sent), and
   allocates, before the step, a receive buffer for every micro-batch's input activation and output
   gradient (communication buffers: temporary); a received activation that the stage saves for
-  backward stays in its buffer instead of counting again as an activation.
+  backward stays in its buffer instead of counting again as an activation. Under its 1F1B
+  schedule the handle of the first warm-up send lives until the steady phase ends and keeps that
+  micro-batch's output alive after its backward: one more output on every stage but the last.
 """
 
 from __future__ import annotations
