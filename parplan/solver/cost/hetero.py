@@ -356,8 +356,10 @@ class HeteroEvaluator:
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
+                replicated = plan.runtime.keeps_parameter_copy(s.tp, s.dp, s.zero)
                 walk.append(StageUnit(u, self.costs_for(plan.local_batch(s)),
-                                      s.unit(plan.flash_attention, plan.runtime), c, s.zero >= 3, u in plan.layers))
+                                      s.unit(plan.flash_attention, plan.runtime), c, s.zero >= 3, u in plan.layers,
+                                      replicated))
                 states = states + model_states(c.params, s, prec)
                 if plan.runtime.keeps_parameter_copy(s.tp, s.dp, s.zero):
                     copies += sum(c.params.values()) * prec.param_bytes
@@ -400,11 +402,12 @@ class HeteroEvaluator:
                 # ends, and the handle keeps that micro-batch's output alive after its backward
                 pinned = sent
             peak: float | None = None
-            if zero3:
-                # FSDP's buffers peak in backward, after part of the activations is freed
+            if zero3 or any(w.replicated for w in walk):
+                # FSDP's buffers peak in backward, after part of the activations is freed (the
+                # walk counts replicate's parameter copies itself)
                 walked = zero3_backward_peak(walk, prec, shared_act)
-                temp = max(max(walked.temporary, tied_peak) + copies, optimizer) + receive
-                peak = states.bytes.total + copies + act * (flight - 1) + walked.above_resident
+                temp = max(walked.temporary, tied_peak, optimizer) + receive
+                peak = states.bytes.total + act * (flight - 1) + walked.above_resident
                 peak = max(peak, states.bytes.total + optimizer) + receive + pinned
             held = states.bytes.replace(activations=act * flight + pinned, temporary=temp)
             red = states.redundant.replace(activations=act_red * flight)

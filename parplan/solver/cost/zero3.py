@@ -1,4 +1,5 @@
-"""A pipeline stage's backward under ZeRO-3 (FSDP), unit by unit: its memory peak.
+"""A pipeline stage's backward under ZeRO-3 (FSDP) or PyTorch's ``replicate``, unit by unit: its
+memory peak.
 
 Adding category peaks (every saved activation + the largest temporary) over-predicts ZeRO-3 by
 10–20% (the validation agent's FSDP2 runs, bench/RESULTS.md G9): its temporaries are whole
@@ -14,6 +15,10 @@ micro-batch's backward runs through the stage, last unit first:
   released (one in flight), and its unsharded gradients are copied into a reduce-scatter buffer
   of the same size, which stays until the next block ends;
 - inside a unit, saved tensors are freed operator by operator (:mod:`.backward`).
+
+PyTorch's ``replicate`` (its data parallelism for tensor-parallel modules) is FSDP2 over a shard
+group of one: the same walk, except that the unsharded copy of every unit's weights made in
+forward is kept until that unit's backward ends (all of them at the start of backward).
 
 Bytes per device. The caller adds the resident model states and the other micro-batches in flight.
 """
@@ -38,6 +43,9 @@ class StageUnit:
     cost: UnitCost
     zero3: bool
     is_block: bool
+    #: PyTorch's ``replicate`` (FSDP2 over a shard group of one): an unsharded copy of the weights
+    #: made in forward is kept until the unit's backward ends (see Runtime.keeps_parameter_copy)
+    replicated: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,9 +57,15 @@ class StagePeak:
 def zero3_backward_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float) -> StagePeak:
     """Peak of one micro-batch's backward through ``units`` (forward order); ``shared_act_bytes``:
     saved tensors several units share, freed only at the end."""
-    blocks = [i for i, u in enumerate(units) if u.is_block and u.zero3]
+    blocks = [i for i, u in enumerate(units) if u.is_block and (u.zero3 or u.replicated)]
     previous = {i: blocks[k - 1] for k, i in enumerate(blocks) if k > 0}  # the block before, in forward order
     gathered = {i: units[i].cost.param_elems_all * prec.param_bytes for i in blocks}
+    # weights gathered (or copied) while a block's backward runs, and once it has ended
+    kept_before: dict[int, float] = {}
+    running = 0.0
+    for i in blocks:
+        kept_before[i] = running if units[i].replicated else gathered.get(previous.get(i, -1), 0.0)
+        running += gathered[i]
     unsharded = {i: units[i].cost.param_elems_all * prec.grad_bytes for i in blocks}
     root_params = _root_param_elems(units)
     held_before = [shared_act_bytes]  # saved tensors of the units before each one
@@ -62,25 +76,33 @@ def zero3_backward_peak(units: Sequence[StageUnit], prec: Precision, shared_act_
     for i in reversed(range(len(units))):
         u = units[i]
         prof = u.costs.backward_profile(u.name, u.strategy, prec)
-        prefetched = gathered[previous[i]] if i in previous else 0.0
+        prefetched = kept_before.get(i, 0.0)  # ZeRO-3: the prefetched block; replicate: every earlier copy
         if i in gathered:
             weights = gathered[i] + prefetched
-        else:
+        elif blocks and i > blocks[-1]:
             # units after the last block run while its weights are still gathered from forward
-            weights = gathered[blocks[-1]] if blocks and i > blocks[-1] else 0.0
+            # (replicate: every block's copy)
+            last = blocks[-1]
+            weights = gathered[last] + (kept_before[last] if units[last].replicated else 0.0)
+        else:
+            weights = 0.0
         fixed = root_params * prec.param_bytes + root_grads + weights + reduce_buffer
-        own, transient = ((prof.peak_unsharded, prof.transient_peak_unsharded) if u.zero3
+        unsharded_grads = u.zero3 or u.replicated
+        own, transient = ((prof.peak_unsharded, prof.transient_peak_unsharded) if unsharded_grads
                           else (prof.peak, prof.transient_peak))
         total = max(total, held_before[i] + fixed + own)
         temp = max(temp, fixed + transient)
         if i in gathered:
             # end of the block's backward: its weights freed, the older buffer released, its
             # gradients copied into a new reduce-scatter buffer
-            fixed = root_params * prec.param_bytes + root_grads + prefetched + 2 * unsharded[i]
+            # (replicate: the reduce-scatter over a group of one outputs the whole gradient again,
+            # and that output is all-reduced and kept as long as the input buffer)
+            buffers = (2 if u.replicated else 1) * unsharded[i]
+            fixed = root_params * prec.param_bytes + root_grads + prefetched + unsharded[i] + buffers
             total = max(total, held_before[i] + fixed)
             temp = max(temp, fixed)
-            reduce_buffer = unsharded[i]
-        elif u.zero3:
+            reduce_buffer = buffers
+        elif unsharded_grads:
             for p in u.costs.params[u.name]:
                 if p.id not in seen_root_grads:
                     seen_root_grads.add(p.id)
@@ -93,7 +115,7 @@ def _root_param_elems(units: Sequence[StageUnit]) -> float:
     seen: set[str] = set()
     total = 0.0
     for u in units:
-        if u.is_block or not u.zero3:
+        if u.is_block or not (u.zero3 or u.replicated):
             continue
         for p in u.costs.params[u.name]:
             if p.id not in seen:
