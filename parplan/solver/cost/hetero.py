@@ -131,11 +131,10 @@ def stage_extra_temporary_bytes(root_elems: float, tied_elems: float, tied_works
                                 largest_param_elems: float, zero3: bool,
                                 prec: Precision) -> tuple[float, float, float]:
     """(added to every backward peak, a backward peak of its own, the optimizer's peak) for a whole
-    stage: under ZeRO-3 the
-    parameters outside the blocks stay gathered for the whole step; a tied embedding's gradient from
-    the LM head (whose backward comes first) waits through the rest of backward for the
-    embedding's own, then both and their sum coexist; Adam's update (PyTorch's reference
-    implementation) works on two temporaries the size of the largest tensor."""
+    stage: under ZeRO-3 the parameters outside the blocks stay gathered for the whole step; a tied
+    embedding's gradient from the LM head (whose backward comes first) waits through the rest of
+    backward for the embedding's own, then both and their sum coexist; Adam's update (PyTorch's
+    reference implementation) works on two temporaries the size of the largest tensor."""
     root = root_elems * prec.param_bytes if zero3 else 0.0
     always = root + tied_elems * prec.grad_bytes
     tied_peak = root + (2 * tied_elems + tied_workspace_elems) * prec.grad_bytes if tied_elems else 0.0
@@ -350,7 +349,7 @@ class HeteroEvaluator:
         for stage, units in enumerate(by_stage):
             states = Memory(MemoryBreakdown(), MemoryBreakdown())
             act = act_red = temp = 0.0
-            root = largest = copies = 0.0
+            root = largest = 0.0
             zero3 = False
             walk: list[StageUnit] = []
             for u in units:
@@ -361,8 +360,6 @@ class HeteroEvaluator:
                                       s.unit(plan.flash_attention, plan.runtime), c, s.zero >= 3, u in plan.layers,
                                       replicated))
                 states = states + model_states(c.params, s, prec)
-                if plan.runtime.keeps_parameter_copy(s.tp, s.dp, s.zero):
-                    copies += sum(c.params.values()) * prec.param_bytes
                 act += c.act_bytes
                 act_red += c.act_redundant_bytes
                 is_block = u in plan.layers
@@ -373,17 +370,12 @@ class HeteroEvaluator:
                     root += c.param_elems_all
             first = strat[units[0]]
             gc = self.costs_for(plan.local_batch(first))
-            shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
-            states = states + model_states(shared, first, prec)
             us = first.unit(plan.flash_attention, plan.runtime)
+            states = states + model_states(gc.shared_param_elems(units, us), first, prec)
             always, tied_peak, optimizer = stage_extra_temporary_bytes(
                 root, gc.tied_within(units, us), gc.tied_gradient_workspace(units, us), largest, zero3, prec)
-            if plan.runtime.keeps_parameter_copy(first.tp, first.dp, first.zero):
-                copies += sum(shared.values()) * prec.param_bytes
-            # the parameter copies live through backward, not into the optimizer step
-            temp = max(max(temp + always, tied_peak) + copies, optimizer)
-            shared_act, shared_red = gc.shared_item_bytes(units, first.unit(plan.flash_attention, plan.runtime),
-                                                          prec.activation_bytes)
+            temp = max(temp + always, tied_peak, optimizer)
+            shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
             receive = pinned = sent = 0.0  # pipelining's receive buffers; a sent output its send keeps
             if plan.runtime.holds_stage_outputs and plan.pp > 1:
                 received, saved_there, sent = self._pipeline_boundaries(plan, stage, by_stage, unit_stage, strat,
@@ -403,8 +395,8 @@ class HeteroEvaluator:
                 pinned = sent
             peak: float | None = None
             if zero3 or any(w.replicated for w in walk):
-                # FSDP's buffers peak in backward, after part of the activations is freed (the
-                # walk counts replicate's parameter copies itself)
+                # FSDP's buffers (and replicate's parameter copies) peak in backward, after part of
+                # the activations is freed
                 walked = zero3_backward_peak(walk, prec, shared_act)
                 temp = max(walked.temporary, tied_peak, optimizer) + receive
                 peak = states.bytes.total + act * (flight - 1) + walked.above_resident
