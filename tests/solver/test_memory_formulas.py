@@ -268,7 +268,8 @@ def test_torch_vocab_parallel_embedding_backward_makes_the_whole_table_gradient(
     """The embedding's gradient workspace: V x h gradients and then a copy of its own V/t x h rows
     under PyTorch, V/t x h under Megatron-LM."""
     from parplan.solver.cost.precision import get_precision
-    from parplan.solver.cost.units import GraphCosts, UnitStrategy
+    from parplan.solver.cost.unit_strategy import UnitStrategy
+    from parplan.solver.cost.units import GraphCosts
 
     cfg = _gpt(2, 256, 8, seq=64, vocab=1024)
     gc = GraphCosts(build_graph(cfg, batch=2))

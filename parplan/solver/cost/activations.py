@@ -54,10 +54,15 @@ class SavedItem:
         return self.numel * self.elem_bytes
 
 
+def is_float(node: Node) -> bool:
+    """Whether ``node``'s tensor holds floating-point values (and so has a gradient)."""
+    return node.dtype in _FLOATS
+
+
 def tensor_bytes(node: Node, activation_bytes: int) -> int:
     """Bytes per element of a node's output: floats at the training activation precision
     (fp32 stays fp32 when explicitly declared so by a loss), integers at their own size."""
-    if node.dtype in _FLOATS:
+    if is_float(node):
         return 4 if node.dtype == "fp32" else activation_bytes
     return DTYPE_BYTES[node.dtype]
 

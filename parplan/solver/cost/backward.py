@@ -23,12 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, tensor_bytes
+from parplan.solver.cost.activations import Recompute, block_of, is_float, op_saved_items, tensor_bytes
+from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems, weight_grad_workspace
 from parplan.solver.ir import Node, OpKind
 
 if TYPE_CHECKING:
     from parplan.solver.cost.precision import Precision
-    from parplan.solver.cost.units import GraphCosts, UnitStrategy
+    from parplan.solver.cost.units import GraphCosts
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision
             if it.key in seen or it.key in shared_keys:
                 continue
             seen.add(it.key)
-            freed_by.setdefault(n.id, []).append((_item_bytes(gc, it, s), kept is not None and it.key not in kept))
+            freed_by.setdefault(n.id, []).append((gc.item_bytes((it,), s)[0], kept is not None and it.key not in kept))
     alive = sum(b for v in freed_by.values() for b, _ in v)
     rebuilt_alive = sum(b for v in freed_by.values() for b, r in v if r)
     grads = peak = peak_g = trans = trans_g = 0.0
@@ -77,23 +78,16 @@ def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision
     return BackwardProfile(peak, peak_g, trans, trans_g)
 
 
-def _item_bytes(gc: GraphCosts, it: SavedItem, s: UnitStrategy) -> float:
-    return gc.item_bytes((it,), s)[0]
-
-
 def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
     """Gradients alive while ``n``'s backward runs: its output's, its activation inputs', its
     weights' (a sequence-parallel norm's gathered output too)."""
-    from parplan.solver.cost.units import unit_layout  # units imports this module
-
-    graph, mesh = gc.graph, {"tp": s.tp, "ep": s.ep}
-    out = n.numel * tensor_bytes(n, act) / unit_layout(n, s).shards(mesh) if _is_float(n) else 0.0
+    out = local_elems(n, s) * tensor_bytes(n, act) if is_float(n) else 0.0
     ins = 0.0
     for i in n.inputs:
-        src = graph.node(i)
-        if src.is_parameter or src.kind is OpKind.INPUT or not _is_float(src):
+        src = gc.graph.node(i)
+        if src.is_parameter or src.kind is OpKind.INPUT or not is_float(src):
             continue
-        ins += src.numel * act / unit_layout(src, s).shards(mesh)
+        ins += local_elems(src, s) * act
     gather = 0.0
     if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
         gather = n.numel * act
@@ -102,11 +96,5 @@ def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: i
 
 def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
     """Per-device bytes of the weight gradients ``n``'s backward makes."""
-    from parplan.solver.cost.units import weight_grad_workspace
-
     weights = (gc.graph.node(i) for i in n.inputs)
     return sum(weight_grad_workspace(n, p, s) for p in weights if p.is_parameter) * grad_bytes
-
-
-def _is_float(n: Node) -> bool:
-    return n.dtype in ("bf16", "fp16", "fp32", "tf32", "fp8")

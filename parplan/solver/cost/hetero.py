@@ -40,7 +40,8 @@ from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv, UnitCost, UnitStrategy
+from parplan.solver.cost.unit_strategy import UnitStrategy
+from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv, UnitCost
 from parplan.solver.cost.zero3 import StageUnit, zero3_backward_peak
 from parplan.solver.errors import StrategyError
 from parplan.solver.strategy import Schedule

@@ -23,56 +23,15 @@ from parplan.solver.cost.activations import Recompute, SavedItem, block_of, save
 from parplan.solver.cost.backward import BackwardProfile, backward_profile
 from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from parplan.solver.cost.compute import backward_seconds, forward_seconds
-from parplan.solver.cost.layout import REPLICATED, TensorLayout
+from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems, unit_layout, weight_grad_workspace
 from parplan.solver.ir import Graph, Node, OpKind
-from parplan.solver.strategy import SEQ_DIMS, TP_DIMS
+from parplan.solver.strategy import SEQ_DIMS
 
 _FLOATS = frozenset({"bf16", "fp16", "fp32", "tf32"})
-
-
-@dataclass(frozen=True)
-class UnitStrategy:
-    """What changes a unit's per-device costs apart from data parallelism: TP degree, sequence
-    parallelism, expert-parallel degree, recomputation, flash attention."""
-
-    tp: int = 1
-    sp: bool = False
-    ep: int = 1
-    recompute: Recompute = Recompute.SELECTIVE
-    flash_attention: bool = True
-    runtime: Runtime = Runtime.MEGATRON
-
-
-def unit_layout(node: Node, s: UnitStrategy) -> TensorLayout:
-    """Megatron-LM layout of a tensor: TP splits heads / ffn / vocab, SP splits the sequence of
-    the other activations, EP splits the experts of expert weights. Graph built per replica, so
-    nothing is split over data axes."""
-    dims = node.shape
-    split: dict[str, tuple[str, ...]] = {}
-    if s.tp > 1:
-        tp_dim = next((d for d in TP_DIMS if d in dims), None)
-        if tp_dim is not None:
-            split[tp_dim] = ("tp",)
-        elif s.sp and not node.is_parameter:
-            seq_dim = next((d for d in SEQ_DIMS if d in dims), None)
-            if seq_dim is not None:
-                split[seq_dim] = ("tp",)
-    if s.ep > 1 and node.is_parameter and "expert" in dims:
-        split["expert"] = ("ep",)
-    return TensorLayout.of(split) if split else REPLICATED
-
-
-def weight_grad_workspace(n: Node, w: Node, s: UnitStrategy) -> float:
-    """Gradient elements the backward of ``n`` makes for its weight ``w`` on one device. PyTorch's
-    vocabulary-parallel embedding first makes the whole table's gradient, then copies its own rows
-    out of it."""
-    local = w.numel / unit_layout(w, s).shards({"tp": s.tp, "ep": s.ep})
-    if n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient:
-        return w.numel + (local if local < w.numel else 0.0)
-    return local
 
 
 @dataclass(frozen=True)
@@ -366,8 +325,7 @@ class GraphCosts:
     def tied_within(self, units: Iterable[str], s: UnitStrategy) -> float:
         """Local elements of the parameters two or more of ``units`` use (a tied embedding on a stage
         that holds both the embedding and the LM head), each once."""
-        mesh = {"tp": s.tp, "ep": s.ep}
-        return sum(p.numel / unit_layout(p, s).shards(mesh) for p in self._tied(list(units)))
+        return sum(local_elems(p, s) for p in self._tied(list(units)))
 
     def tied_gradient_workspace(self, units: Iterable[str], s: UnitStrategy) -> float:
         """The largest gradient (elements) that one operator of ``units`` makes for a parameter two

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from parplan.solver.cost.precision import Precision
-from parplan.solver.cost.units import GraphCosts, UnitCost, UnitStrategy, unit_layout
-from parplan.solver.ir import Node
+from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems
+from parplan.solver.cost.units import GraphCosts, UnitCost
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def zero3_backward_peak(units: Sequence[StageUnit], prec: Precision, shared_act_
             for p in u.costs.params[u.name]:
                 if p.id not in seen_root_grads:
                     seen_root_grads.add(p.id)
-                    root_grads += p.numel * prec.grad_bytes / _shards(p, u.strategy)
+                    root_grads += local_elems(p, u.strategy) * prec.grad_bytes
     return StagePeak(total, temp)
 
 
@@ -120,9 +120,5 @@ def _root_param_elems(units: Sequence[StageUnit]) -> float:
         for p in u.costs.params[u.name]:
             if p.id not in seen:
                 seen.add(p.id)
-                total += p.numel / _shards(p, u.strategy)
+                total += local_elems(p, u.strategy)
     return total
-
-
-def _shards(p: Node, s: UnitStrategy) -> int:
-    return unit_layout(p, s).shards({"tp": s.tp, "ep": s.ep})

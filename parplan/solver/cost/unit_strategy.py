@@ -1,0 +1,62 @@
+"""A unit's strategy apart from data parallelism, and the per-device layout of its tensors.
+
+Kept apart from :mod:`.units` so that :mod:`.backward` (which :mod:`.units` uses) can size tensors
+the same way without a circular import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.layout import REPLICATED, TensorLayout
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.ir import Node, OpKind
+from parplan.solver.strategy import SEQ_DIMS, TP_DIMS
+
+
+@dataclass(frozen=True)
+class UnitStrategy:
+    """What changes a unit's per-device costs apart from data parallelism: TP degree, sequence
+    parallelism, expert-parallel degree, recomputation, flash attention."""
+
+    tp: int = 1
+    sp: bool = False
+    ep: int = 1
+    recompute: Recompute = Recompute.SELECTIVE
+    flash_attention: bool = True
+    runtime: Runtime = Runtime.MEGATRON
+
+
+def unit_layout(node: Node, s: UnitStrategy) -> TensorLayout:
+    """Megatron-LM layout of a tensor: TP splits heads / ffn / vocab, SP splits the sequence of
+    the other activations, EP splits the experts of expert weights. Graph built per replica, so
+    nothing is split over data axes."""
+    dims = node.shape
+    split: dict[str, tuple[str, ...]] = {}
+    if s.tp > 1:
+        tp_dim = next((d for d in TP_DIMS if d in dims), None)
+        if tp_dim is not None:
+            split[tp_dim] = ("tp",)
+        elif s.sp and not node.is_parameter:
+            seq_dim = next((d for d in SEQ_DIMS if d in dims), None)
+            if seq_dim is not None:
+                split[seq_dim] = ("tp",)
+    if s.ep > 1 and node.is_parameter and "expert" in dims:
+        split["expert"] = ("ep",)
+    return TensorLayout.of(split) if split else REPLICATED
+
+
+def local_elems(node: Node, s: UnitStrategy) -> float:
+    """Elements of ``node``'s tensor on one device, in its :func:`unit_layout`."""
+    return node.numel / unit_layout(node, s).shards({"tp": s.tp, "ep": s.ep})
+
+
+def weight_grad_workspace(n: Node, w: Node, s: UnitStrategy) -> float:
+    """Gradient elements the backward of ``n`` makes for its weight ``w`` on one device. PyTorch's
+    vocabulary-parallel embedding first makes the whole table's gradient, then copies its own rows
+    out of it."""
+    local = local_elems(w, s)
+    if n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient:
+        return w.numel + (local if local < w.numel else 0.0)
+    return local
