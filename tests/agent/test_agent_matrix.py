@@ -30,7 +30,7 @@ TARGET = 0.05
 #: G1 (backward gradient workspace, tied-embedding gradients, Adam's workspace), G2 (a recomputed
 #: block keeps what an uncheckpointed forward keeps), G3 (FSDP2's gathered root and reduce-scatter
 #: buffers), G9 (the model added every category's peak; under FSDP2 the gathered-weight and
-#: gradient buffers peak after part of the activations is freed: parplan.solver.cost.zero3 walks
+#: gradient buffers peak after part of the activations is freed: parplan.solver.cost.fsdp walks
 #: the backward instead, and the ZeRO-3 runs went from -19..-8% to within 1%); and, as rules of
 #: PyTorch's runtime (parplan.solver.cost.runtime, which the agent
 #: predicts for): G5 (CPU RMSNorm keeps x*rstd), G6 (`replicate` of TP modules keeps an unsharded

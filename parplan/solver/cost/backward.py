@@ -3,7 +3,7 @@
 The stage-level model adds category peaks (all saved activations + the largest temporary), which
 is right where temporaries are small. Under ZeRO-3 they are not: gathered weights, unsharded
 gradients and reduce-scatter buffers of a whole block peak *during* backward, after part of the
-activations is already freed. :mod:`.zero3` walks a stage's backward block by block; this module
+activations is already freed. :mod:`.fsdp` walks a stage's backward block by block; this module
 gives it each unit's profile, walking the unit's operators in reverse order:
 
 - a saved tensor is freed after the backward of the first operator (in forward order) that

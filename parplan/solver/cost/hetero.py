@@ -36,13 +36,13 @@ from parplan.solver.cost.collectives import (
     data_parallel_seconds,
     p2p_seconds,
 )
+from parplan.solver.cost.fsdp import StageUnit, fsdp_backward_peak
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv, UnitCost
-from parplan.solver.cost.zero3 import StageUnit, zero3_backward_peak
 from parplan.solver.errors import StrategyError
 from parplan.solver.strategy import Schedule
 
@@ -118,7 +118,7 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     keeping everything an uncheckpointed forward keeps; under ZeRO-3 one gathered copy of the
     block's weights and three unsharded copies of its gradients coexist with the workspace (a bound:
     the DP search adds these per layer; whole-plan memory walks FSDP's backward instead, see
-    :mod:`.zero3`). The logits' gradient and a sequence-parallel gather are peaks of their own.
+    :mod:`.fsdp`). The logits' gradient and a sequence-parallel gather are peaks of their own.
     """
     workspace = c.grad_workspace_bytes
     peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
@@ -170,7 +170,7 @@ class StageMemory:
     memory: Memory
     activation_bytes_per_microbatch: float
     in_flight_microbatches: float
-    #: the stage's peak where categories peak at different moments (ZeRO-3: see :mod:`.zero3`)
+    #: the stage's peak where categories peak at different moments (ZeRO-3: see :mod:`.fsdp`)
     walked_peak_bytes: float | None = None
 
     @property
@@ -398,7 +398,7 @@ class HeteroEvaluator:
             if zero3 or any(w.replicated for w in walk):
                 # FSDP's buffers (and replicate's parameter copies) peak in backward, after part of
                 # the activations is freed
-                walked = zero3_backward_peak(walk, prec, shared_act)
+                walked = fsdp_backward_peak(walk, prec, shared_act)
                 temp = max(walked.temporary, tied_peak, optimizer) + receive
                 peak = states.bytes.total + act * (flight - 1) + walked.above_resident
                 peak = max(peak, states.bytes.total + optimizer) + receive + pinned

@@ -12,7 +12,7 @@ micro-batch times the stage's in-flight count, and a temporary peak: the largest
 
 The stage's peak is the sum of those categories, except under ZeRO-3: there the gathered weights,
 unsharded gradients and reduce-scatter buffers peak in backward after part of the activations is
-freed, and a walk through the backward (:mod:`parplan.solver.cost.zero3`) gives the peak, below
+freed, and a walk through the backward (:mod:`parplan.solver.cost.fsdp`) gives the peak, below
 the sum; the temporary category is then the walk's own temporary peak.
 
 A uniform strategy is a :class:`~parplan.solver.cost.hetero.HeteroPlan` whose blocks all agree;

@@ -54,7 +54,7 @@ class StagePeak:
     temporary: float  # the temporaries' own peak (gathered weights, unsharded gradients, buffers)
 
 
-def zero3_backward_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float) -> StagePeak:
+def fsdp_backward_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float) -> StagePeak:
     """Peak of one micro-batch's backward through ``units`` (forward order); ``shared_act_bytes``:
     saved tensors several units share, freed only at the end."""
     blocks = [i for i, u in enumerate(units) if u.is_block and (u.zero3 or u.replicated)]

@@ -1,4 +1,4 @@
-"""ZeRO-3's stage peak from the backward walk (parplan.solver.cost.zero3).
+"""ZeRO-3's stage peak from the backward walk (parplan.solver.cost.fsdp).
 
 The walk's accuracy is checked against measurement by the agent's matrix
 (tests/agent/test_agent_matrix.py, FSDP2 runs). Here, bounds that hold whatever the walk's
