@@ -50,7 +50,7 @@ def _exchange(x: torch.Tensor, group: Any, src: int, dst: int) -> torch.Tensor:
     to rank ``k`` of the group; what arrives is stacked along ``src`` in rank order."""
     n = dist.get_world_size(group)
     # all_to_all_single sends block k of dim 0 to rank k: lay the dst-chunks one after another
-    send = x.contiguous() if dst == 0 else torch.cat([c.contiguous() for c in x.chunk(n, dim=dst)], dim=0)
+    send = x.contiguous() if dst == 0 else torch.cat(x.chunk(n, dim=dst), dim=0)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     shape = list(x.shape)
@@ -64,9 +64,8 @@ def all_to_all_redistribute(t: DTensor, want: list[Any]) -> DTensor | None:
     if found is None:
         return None
     axis, src, dst = found
-    local = t.to_local()
     n = t.device_mesh.size(axis)
-    if t.shape[dst] % n or t.shape[src] % n or local.shape[dst] % n:
+    if t.shape[dst] % n or t.shape[src] % n:  # no other axis splits either dim (exchange_axis)
         return None
-    out = _AllToAll.apply(local, t.device_mesh.get_group(axis), src, dst)  # type: ignore[no-untyped-call]
+    out = _AllToAll.apply(t.to_local(), t.device_mesh.get_group(axis), src, dst)  # type: ignore[no-untyped-call]
     return DTensor.from_local(out, t.device_mesh, want, run_check=False, shape=t.shape, stride=t.stride())
