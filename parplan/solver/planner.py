@@ -315,12 +315,12 @@ def _better(req: PlanRequest, a: dict[str, Any], b: dict[str, Any]) -> dict[str,
 
 
 def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> dict[str, Any]:
-    from parplan.solver.cost.plan_memory import hetero_plan
+    from parplan.solver.cost.plan_memory import layer_plan
     from parplan.solver.dp.search import search
 
     reference = None
     if megatron is not None and megatron.fits:
-        reference = hetero_plan(req.model.build(megatron.strategy.micro_batch, req.seq_len), megatron.strategy)
+        reference = layer_plan(req.model.build(megatron.strategy.micro_batch, req.seq_len), megatron.strategy)
     res = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
                  objective=req.objective, budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown,
                  alpha_gib_per_s=req.alpha, calibration=req.calibration, reference=reference,
@@ -329,7 +329,7 @@ def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> di
         out = _infeasible(req, res["least"], None)
         out["solver"] = {"method": "dp", "status": "infeasible", "gap": None, "candidates": res["candidates"]}
         return out
-    doc = hetero_document(res["plan"], res["evaluator"], req)
+    doc = layer_plan_document(res["plan"], res["evaluator"], req)
     doc["solver"] = {"method": "dp", "status": "optimal", "gap": None, "candidates": res["candidates"],
                      "best_time_seconds": res["best_seconds"], "search_seconds": res["seconds"],
                      "note": "exact per stage for the memory granularity (1/512 of the budget); pipeline degree, "
@@ -345,7 +345,7 @@ def plan_summary(plan: Any) -> str:
             + "; ".join(kinds))
 
 
-def hetero_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
+def layer_plan_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
     """A per-layer plan as the plan document (DESIGN.md's keys)."""
     mem = ev.memory(plan)
     t = ev.time(plan)

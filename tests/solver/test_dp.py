@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import make_cluster
-from parplan.solver.cost.hetero import HeteroEvaluator, HeteroPlan
 from parplan.solver.cost.pipeline import even_partition
+from parplan.solver.cost.plan_evaluator import LayerPlan, PlanEvaluator
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.dp.dynamic import brute_force_stage, solve_stage, solve_stage_keyed
 from parplan.solver.dp.search import DpSearch, balanced_partition, search
@@ -94,14 +94,14 @@ def test_dp_search_equals_brute_force_over_per_layer_assignments() -> None:
     def costs_for(b: int) -> GraphCosts:
         return costs.setdefault(b, GraphCosts(graph_for(b)))
 
-    ev = HeteroEvaluator(costs_for, cluster, DEFAULT_CALIBRATION)
+    ev = PlanEvaluator(costs_for, cluster, DEFAULT_CALIBRATION)
     opts = SpaceOptions(zero_stages=(0, 3), checkpointing=True, sequence_parallel="never", both_orders=False)
     strats = [s for s in layer_strategies(4, opts) if 8 % (2 * s.dp) == 0]
     blocks = [f"layers.{i}" for i in range(2)]
     budget = 2.2 * GIB
     best = math.inf
     for combo in itertools.product(strats, repeat=2):
-        plan = HeteroPlan(pp=1, num_microbatches=2, global_batch=8, layers=dict(zip(blocks, combo, strict=True)))
+        plan = LayerPlan(pp=1, num_microbatches=2, global_batch=8, layers=dict(zip(blocks, combo, strict=True)))
         if ev.memory(plan).peak_bytes <= budget:
             best = min(best, ev.time(plan).step_seconds)
     res = search(graph_for, cluster, global_batch=8, objective="max-throughput", budget_bytes=budget,
@@ -113,7 +113,7 @@ def test_dp_search_equals_brute_force_over_per_layer_assignments() -> None:
     assert res["step_seconds"] >= best - 1e-12
     lenient = math.inf
     for combo in itertools.product(strats, repeat=2):
-        plan = HeteroPlan(pp=1, num_microbatches=2, global_batch=8, layers=dict(zip(blocks, combo, strict=True)))
+        plan = LayerPlan(pp=1, num_microbatches=2, global_batch=8, layers=dict(zip(blocks, combo, strict=True)))
         if ev.memory(plan).peak_bytes <= budget * (1 - 8 / 512):
             lenient = min(lenient, ev.time(plan).step_seconds)
     assert res["step_seconds"] <= lenient + 1e-12

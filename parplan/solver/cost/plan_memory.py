@@ -15,26 +15,26 @@ unsharded gradients and reduce-scatter buffers peak in backward after part of th
 freed, and a walk through the backward (:mod:`parplan.solver.cost.fsdp`) gives the peak, below
 the sum; the temporary category is then the walk's own temporary peak.
 
-A uniform strategy is a :class:`~parplan.solver.cost.hetero.HeteroPlan` whose blocks all agree;
-:mod:`parplan.solver.cost.hetero` does the accounting.
+A uniform strategy is a :class:`~parplan.solver.cost.plan_evaluator.LayerPlan` whose blocks all agree;
+:mod:`parplan.solver.cost.plan_evaluator` does the accounting.
 """
 
 from __future__ import annotations
 
-from parplan.solver.cost.hetero import HeteroEvaluator, HeteroPlan, LayerStrategy, PlanMemory, StageMemory
 from parplan.solver.cost.pipeline import blocks_of
+from parplan.solver.cost.plan_evaluator import LayerPlan, LayerStrategy, PlanEvaluator, PlanMemory, StageMemory
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.ir import Graph
 from parplan.solver.strategy import ParallelConfig, check_divisibility
 
-__all__ = ["PlanMemory", "StageMemory", "hetero_plan", "plan_memory"]
+__all__ = ["PlanMemory", "StageMemory", "layer_plan", "plan_memory"]
 
 
-def hetero_plan(graph: Graph, cfg: ParallelConfig) -> HeteroPlan:
+def layer_plan(graph: Graph, cfg: ParallelConfig) -> LayerPlan:
     """The uniform strategy ``cfg`` as a per-layer plan (every block the same)."""
     layer = LayerStrategy(tp=cfg.tp, dp=cfg.dp, zero=cfg.zero, sp=cfg.sequence_parallel, recompute=cfg.recompute,
                           tp_inner=True, ep=cfg.expert_parallel)
-    return HeteroPlan(pp=cfg.pp, num_microbatches=cfg.num_microbatches, global_batch=cfg.global_batch,
+    return LayerPlan(pp=cfg.pp, num_microbatches=cfg.num_microbatches, global_batch=cfg.global_batch,
                       layers=dict.fromkeys(blocks_of(graph), layer), partition=cfg.partition,
                       schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
                       flash_attention=cfg.flash_attention, precision=cfg.precision, runtime=cfg.runtime)
@@ -44,4 +44,4 @@ def plan_memory(graph: Graph, cfg: ParallelConfig, costs: GraphCosts | None = No
     """Memory of every stage of ``graph`` (built for one micro-batch) under ``cfg``."""
     check_divisibility(graph, cfg)
     gc = costs or GraphCosts(graph)
-    return HeteroEvaluator(lambda b: gc, None).memory(hetero_plan(graph, cfg))
+    return PlanEvaluator(lambda b: gc, None).memory(layer_plan(graph, cfg))

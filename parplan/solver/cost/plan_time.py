@@ -16,15 +16,15 @@ A step is ``m·t_max + (Σ_s t_s − t_max)/v`` (1F1B/GPipe with ``v = 1``: the 
 the pipeline ``Σ_s t_s − t_max`` after the slowest stage finishes its ``m``; interleaving with ``v``
 chunks divides that bubble by ``v``), plus the slowest stage's once-per-step work: gradient
 synchronisation not hidden behind each layer's backward, and the optimizer step (memory bound).
-The accounting is :mod:`parplan.solver.cost.hetero`'s.
+The accounting is :mod:`parplan.solver.cost.plan_evaluator`'s.
 """
 
 from __future__ import annotations
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
-from parplan.solver.cost.hetero import HeteroEvaluator, PlanTime, StageTime
-from parplan.solver.cost.plan_memory import hetero_plan
+from parplan.solver.cost.plan_evaluator import PlanEvaluator, PlanTime, StageTime
+from parplan.solver.cost.plan_memory import layer_plan
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph
@@ -39,4 +39,4 @@ def plan_time(graph: Graph, cfg: ParallelConfig, cluster: Cluster, calibration: 
     if cfg.world != cluster.num_devices:
         raise StrategyError(f"tp*pp*dp = {cfg.world} but the cluster has {cluster.num_devices} devices")
     gc = costs or GraphCosts(graph)
-    return HeteroEvaluator(lambda b: gc, cluster, calibration).time(hetero_plan(graph, cfg))
+    return PlanEvaluator(lambda b: gc, cluster, calibration).time(layer_plan(graph, cfg))

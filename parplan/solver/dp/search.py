@@ -6,7 +6,7 @@ count ``m``:
 1. every block is priced under every strategy of the decision tree (:mod:`.space`) on its stage —
    time per step (``m`` micro-batches plus the once-per-step gradient sync and optimizer work),
    memory (model states plus its activations times the stage's in-flight micro-batches), and its
-   temporary buffers — with :class:`~parplan.solver.cost.hetero.HeteroEvaluator`, the cost model the
+   temporary buffers — with :class:`~parplan.solver.cost.plan_evaluator.PlanEvaluator`, the cost model the
    baselines use; embedding, LM head and the like are priced with the block next to them;
 2. partitions are tried from the *memory-balanced* one (stage memory as even as possible, later
    stages holding fewer micro-batches get more blocks) towards the *time-balanced* one, stopping at
@@ -33,15 +33,15 @@ import numpy as np
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.hetero import (
-    HeteroEvaluator,
-    HeteroPlan,
+from parplan.solver.cost.pipeline import blocks_of, even_partition, in_flight_microbatches, stage_of_units, units_of
+from parplan.solver.cost.plan_evaluator import (
+    LayerPlan,
     LayerStrategy,
+    PlanEvaluator,
     model_states,
     stage_extra_temporary_bytes,
     unit_temporary_bytes,
 )
-from parplan.solver.cost.pipeline import blocks_of, even_partition, in_flight_microbatches, stage_of_units, units_of
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
@@ -105,7 +105,7 @@ class DpSearch:
         self.options = options or SpaceOptions(max_tp=cluster.gpus_per_node)
         self.prec = get_precision(precision)
         self.flash = flash_attention
-        self.ev = HeteroEvaluator(self.costs_for, cluster, calibration)
+        self.ev = PlanEvaluator(self.costs_for, cluster, calibration)
         probe = self.costs_for(1)
         self.blocks = blocks_of(probe.graph)
         self.units = units_of(probe.graph)
@@ -120,8 +120,8 @@ class DpSearch:
         return self._graphs[batch]
 
     # ------------------------------------------------------------------ pricing
-    def probe_plan(self, pp: int, m: int, partition: tuple[int, ...] | None = None) -> HeteroPlan:
-        return HeteroPlan(pp=pp, num_microbatches=m, global_batch=self.B, layers={}, partition=partition,
+    def probe_plan(self, pp: int, m: int, partition: tuple[int, ...] | None = None) -> LayerPlan:
+        return LayerPlan(pp=pp, num_microbatches=m, global_batch=self.B, layers={}, partition=partition,
                           flash_attention=self.flash, precision=self.prec.name)
 
     def strategies(self, pp: int, m: int) -> list[LayerStrategy]:
@@ -237,7 +237,7 @@ class DpSearch:
         return cand
 
     # ------------------------------------------------------------------ reading answers
-    def plan_at(self, cand: Candidate, budget_units: int) -> HeteroPlan | None:
+    def plan_at(self, cand: Candidate, budget_units: int) -> LayerPlan | None:
         """The candidate's plan when every stage may use ``budget_units`` (temporary included)."""
         layers: dict[str, LayerStrategy] = {}
         first = 0
@@ -248,7 +248,7 @@ class DpSearch:
             blocks = self.blocks[first:first + cand.partition[stage]]
             first += cand.partition[stage]
             layers.update({b: cand.strategies[c] for b, c in zip(blocks, choice, strict=True)})
-        return HeteroPlan(pp=cand.pp, num_microbatches=cand.m, global_batch=self.B, layers=layers,
+        return LayerPlan(pp=cand.pp, num_microbatches=cand.m, global_batch=self.B, layers=layers,
                           partition=cand.partition, flash_attention=self.flash, precision=self.prec.name)
 
     def predicted(self, cand: Candidate, budget_units: int) -> float:
@@ -345,7 +345,7 @@ def microbatch_counts(global_batch: int, pp: int) -> list[int]:
 
 def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, objective: str,
            budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None, calibration: Calibration,
-           reference: HeteroPlan | None = None, options: SpaceOptions | None = None,
+           reference: LayerPlan | None = None, options: SpaceOptions | None = None,
            timeout_seconds: float = 60.0, progress: ProgressFn | None = None,
            pareto: bool = False, pp_choices: list[int] | None = None,
            m_choices: list[int] | None = None) -> dict[str, Any]:
@@ -374,9 +374,9 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
                     break  # moving further towards time balance would not fit either
                 cands.append(cand)
     report("choosing", 0.9)
-    evaluated: list[tuple[float, float, HeteroPlan]] = []  # (step seconds, peak bytes, plan)
+    evaluated: list[tuple[float, float, LayerPlan]] = []  # (step seconds, peak bytes, plan)
 
-    def evaluate(plan: HeteroPlan) -> tuple[float, float]:
+    def evaluate(plan: LayerPlan) -> tuple[float, float]:
         mem = ds.ev.memory(plan)
         return ds.ev.time(plan).step_seconds, mem.peak_bytes
 
@@ -395,7 +395,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
                 "least": _least_memory(ds, cands), "candidates": len(cands)}
     best_secs, best_peak, best_plan = min(evaluated, key=lambda x: (x[0], x[1]))
     chosen = (best_secs, best_peak, best_plan)
-    frontier: list[tuple[float, float, HeteroPlan]] = []
+    frontier: list[tuple[float, float, LayerPlan]] = []
     if objective == "min-memory" or pareto:
         limit = best_secs * (1 + max_slowdown)
         pool = list(evaluated)
@@ -445,9 +445,9 @@ def _least_memory(ds: DpSearch, cands: list[Candidate]) -> float | None:
     return least if math.isfinite(least) else None
 
 
-def _frontier(points: list[tuple[float, float, HeteroPlan]]) -> list[tuple[float, float, HeteroPlan]]:
+def _frontier(points: list[tuple[float, float, LayerPlan]]) -> list[tuple[float, float, LayerPlan]]:
     """Plans no other plan beats on both step time and memory."""
-    out: list[tuple[float, float, HeteroPlan]] = []
+    out: list[tuple[float, float, LayerPlan]] = []
     for secs, peak, plan in sorted(points, key=lambda x: (x[0], x[1])):
         if not out or peak < out[-1][1]:
             out.append((secs, peak, plan))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.hetero import LayerStrategy
+from parplan.solver.cost.plan_evaluator import LayerStrategy
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,7 @@ def op_peak_bytes(gp: GraphProblem, op: str, s: OpStrategy) -> tuple[float, floa
     ZeRO-3's gathered weights and three unsharded gradient buffers of its parameters, and under full
     recomputation what it saves when its block's forward is re-run; its own gradient workspace (its
     weights' and inputs' gradients before accumulation) or the cross-entropy's logits gradient.
-    The same rules as the uniform model's (:func:`parplan.solver.cost.hetero.unit_temporary_bytes`)."""
+    The same rules as the uniform model's (:func:`parplan.solver.cost.plan_evaluator.unit_temporary_bytes`)."""
     ctx = gp.ctx
     graph, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
     sizes = mesh.sizes

@@ -1,6 +1,6 @@
 """Memory and step time of a plan whose layers may each use a different strategy.
 
-A :class:`HeteroPlan` cuts the blocks into pipeline stages and gives every block a
+A :class:`LayerPlan` cuts the blocks into pipeline stages and gives every block a
 :class:`LayerStrategy` — its tensor- and data-parallel degrees inside the stage, their nesting
 order, the ZeRO stage of its data parallelism, sequence parallelism, recomputation and expert
 parallelism (Galvatron-BMW's per-layer decision tree). Units that are not blocks (embedding, LM
@@ -83,7 +83,7 @@ class LayerStrategy:
 
 
 @dataclass(frozen=True)
-class HeteroPlan:
+class LayerPlan:
     """Pipeline degree, micro-batching, and a strategy per block."""
 
     pp: int
@@ -241,7 +241,7 @@ def pipeline_seconds(per_microbatch: list[float], once: list[float], m: int, v: 
     return m * t_max + (sum(per_microbatch) - t_max) / v + max(once)
 
 
-class HeteroEvaluator:
+class PlanEvaluator:
     """Evaluates plans of one model on one cluster; caches unit costs across plans."""
 
     def __init__(self, costs_for: CostsFor, cluster: Cluster | None,
@@ -259,7 +259,7 @@ class HeteroEvaluator:
         return self._cluster
 
     # ---------------------------------------------------------------- structure
-    def units(self, plan: HeteroPlan) -> tuple[dict[str, int], list[list[str]]]:
+    def units(self, plan: LayerPlan) -> tuple[dict[str, int], list[list[str]]]:
         gc = self.costs_for(plan.local_batch(next(iter(plan.layers.values()))))
         unit_stage = stage_of_units(gc.graph, plan.pp, plan.partition)
         by_stage: list[list[str]] = [[] for _ in range(plan.pp)]
@@ -267,7 +267,7 @@ class HeteroEvaluator:
             by_stage[unit_stage.get(u, 0)].append(u)
         return unit_stage, by_stage
 
-    def strategies(self, plan: HeteroPlan, by_stage: list[list[str]]) -> dict[str, LayerStrategy]:
+    def strategies(self, plan: LayerPlan, by_stage: list[list[str]]) -> dict[str, LayerStrategy]:
         """Every unit's strategy: blocks their own, the others their neighbour block's."""
         out: dict[str, LayerStrategy] = {}
         for units in by_stage:
@@ -280,7 +280,7 @@ class HeteroEvaluator:
                 out[u] = current
         return out
 
-    def mesh(self, plan: HeteroPlan, s: LayerStrategy) -> DeviceMesh:
+    def mesh(self, plan: LayerPlan, s: LayerStrategy) -> DeviceMesh:
         key = (plan.pp, s)
         if key not in self._meshes:
             if s.dp % s.ep:
@@ -290,7 +290,7 @@ class HeteroEvaluator:
             self._meshes[key] = DeviceMesh.of(self.cluster, [("pp", plan.pp), *inner])
         return self._meshes[key]
 
-    def env(self, plan: HeteroPlan, s: LayerStrategy, prec: Precision) -> TimeEnv:
+    def env(self, plan: LayerPlan, s: LayerStrategy, prec: Precision) -> TimeEnv:
         key = (plan.pp, s, prec.name)
         if key not in self._envs:
             mesh = self.mesh(plan, s)
@@ -298,12 +298,12 @@ class HeteroEvaluator:
             self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link)
         return self._envs[key]
 
-    def data_link(self, plan: HeteroPlan, s: LayerStrategy, expert: bool = False) -> Link:
+    def data_link(self, plan: LayerPlan, s: LayerStrategy, expert: bool = False) -> Link:
         mesh = self.mesh(plan, s)
         axes = ["edp"] if expert else ["edp", "ep"]
         return mesh.group_link([a for a in axes if dict(mesh.axes)[a] > 1], self.cluster)
 
-    def check(self, plan: HeteroPlan) -> None:
+    def check(self, plan: LayerPlan) -> None:
         """Every block's degrees use exactly the stage's devices (the cluster's, when known)."""
         sizes = {s.tp * s.dp for s in plan.layers.values()}
         if len(sizes) > 1:
@@ -316,12 +316,12 @@ class HeteroEvaluator:
                 raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
 
     # ---------------------------------------------------------------- costs of one unit
-    def unit_cost(self, plan: HeteroPlan, u: str, s: LayerStrategy, prec: Precision, timed: bool) -> UnitCost:
+    def unit_cost(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision, timed: bool) -> UnitCost:
         gc = self.costs_for(plan.local_batch(s))
         env = self.env(plan, s, prec) if timed else None
         return gc.unit_cost(u, s.unit(plan.flash_attention, plan.runtime), prec, env)
 
-    def sync_seconds(self, plan: HeteroPlan, s: LayerStrategy, groups: Mapping[ParamGroup, float],
+    def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, groups: Mapping[ParamGroup, float],
                      prec: Precision) -> tuple[float, float]:
         """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers) of some parameters."""
         sync = gathers = 0.0
@@ -341,7 +341,7 @@ class HeteroEvaluator:
         return nbytes / (self.cluster.gpu.hbm_bandwidth_bytes_per_s * self.calibration.memory_efficiency)
 
     # ---------------------------------------------------------------- whole plans
-    def memory(self, plan: HeteroPlan) -> PlanMemory:
+    def memory(self, plan: LayerPlan) -> PlanMemory:
         self.check(plan)
         prec = get_precision(plan.precision)
         unit_stage, by_stage = self.units(plan)
@@ -407,7 +407,7 @@ class HeteroEvaluator:
             stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak))
         return PlanMemory(tuple(stages))
 
-    def _pipeline_boundaries(self, plan: HeteroPlan, stage: int, by_stage: list[list[str]],
+    def _pipeline_boundaries(self, plan: LayerPlan, stage: int, by_stage: list[list[str]],
                              unit_stage: Mapping[str, int], strat: Mapping[str, LayerStrategy],
                              prec: Precision) -> tuple[float, float, float]:
         """Per-device bytes of one micro-batch's (activation received, of it what the stage saves
@@ -432,7 +432,7 @@ class HeteroEvaluator:
                 prec.activation_bytes))
         return received, saved, sent
 
-    def time(self, plan: HeteroPlan) -> PlanTime:
+    def time(self, plan: LayerPlan) -> PlanTime:
         self.check(plan)
         prec = get_precision(plan.precision)
         unit_stage, by_stage = self.units(plan)
@@ -480,7 +480,7 @@ class HeteroEvaluator:
         seq = int(gc.graph.meta.get("seq_len", 0) or 0)
         return PlanTime(tuple(stages), step, plan.global_batch * seq, plan.num_microbatches)
 
-    def relayout_seconds(self, plan: HeteroPlan, u: str, s: LayerStrategy, prec: Precision) -> float:
+    def relayout_seconds(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision) -> float:
         """Re-distributing the activation entering block ``u`` when its layout differs from the
         previous block's: an all-to-all over the stage's devices, forward and backward."""
         gc = self.costs_for(plan.local_batch(s))
