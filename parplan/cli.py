@@ -189,8 +189,8 @@ def _memory_table(doc: dict[str, Any]) -> str:
                  f"{mem['device_memory_bytes'] / GIB:.1f} GiB)")
     total = sum(mem["breakdown"][cat] for cat in CATEGORIES)
     if mem["peak_bytes"] < total * (1 - 1e-9):
-        lines.append(f"  (each category at its own peak; they add up to {total / GIB:.2f} GiB, but FSDP's "
-                     "buffers peak in backward once activations are being freed)")
+        lines.append(f"  (each category at its own peak; they add up to {total / GIB:.2f} GiB, but they do not "
+                     "peak at the same moment of the step)")
     if len(mem["stages"]) > 1:
         lines += ["", "per stage (GiB)   params    grads  optim    activ    temp     peak   in-flight  blocks"]
         for st in mem["stages"]:

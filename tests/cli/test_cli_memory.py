@@ -56,7 +56,8 @@ def test_issue_command_matches_megatron_and_korthikanti(capsys: pytest.CaptureFi
     s, b_, h, L, t, p = 2048, 1, 4096, 36, 4, 2
     korthikanti = (s * b_ * h * 34 * L + 8 * s * b_ * p + s * b_ * h * p) / t
     assert b["activations"] == pytest.approx(korthikanti, rel=1e-5)
-    assert doc["memory"]["peak_bytes"] == sum(b.values())
+    # the peak is a moment: at most every category at its own peak, at least states + activations
+    assert weights + b["activations"] <= doc["memory"]["peak_bytes"] <= sum(b.values())
     assert doc["time"]["step_seconds"] > 0 and doc["time"]["tokens_per_second"] > 0
     assert doc["strategy"]["dp"] == 1 and doc["strategy"]["num_microbatches"] == 64
 
@@ -94,8 +95,13 @@ def test_zero3_peak_below_the_sum_of_categories_is_explained(capsys: pytest.Capt
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"they add up to {total / 2**30:.2f} GiB" in out
-    assert main(args[:-2]) == 0  # no ZeRO-3: the categories add up to the peak, nothing to explain
-    assert "add up to" not in capsys.readouterr().out
+    # the note appears exactly when the peak is below the sum
+    for extra in (["--pp", "4", "--global-batch", "4"], ["--recompute", "none"]):
+        other = [*args[:-2], *extra]
+        doc = run_json(capsys, *other)
+        below = doc["memory"]["peak_bytes"] < sum(doc["memory"]["breakdown"].values()) - 8
+        assert main(other) == 0
+        assert ("add up to" in capsys.readouterr().out) == below
 
 
 def test_models_lists_every_preset_with_parameter_counts(capsys: pytest.CaptureFixture[str]) -> None:

@@ -248,7 +248,7 @@ def test_torch_replicate_keeps_a_copy_of_every_parameter_until_its_backward() ->
 
     A GPT block under TP 2 has 6h² + 9.5h local elements (halved weights and QKV / MLP-in biases;
     the other biases and LayerNorms whole). Megatron-LM's DP, PyTorch without TP (DDP) and ZeRO
-    keep no copy: their peak is the sum of the categories."""
+    keep no copy."""
     h, layers = 512, 2
     graph = build_graph(_gpt(layers, h, 8, seq=32), batch=1)  # few activations: the gradients peak
     st = plan_memory(graph, ParallelConfig(tp=2, dp=2, runtime=Runtime.TORCH)).stages[0]
@@ -261,7 +261,7 @@ def test_torch_replicate_keeps_a_copy_of_every_parameter_until_its_backward() ->
     for cfg in (ParallelConfig(tp=2, dp=2), ParallelConfig(tp=1, dp=2, runtime=Runtime.TORCH),
                 ParallelConfig(tp=2, dp=2, zero=1, runtime=Runtime.TORCH)):
         other = plan_memory(graph, cfg).stages[0]
-        assert other.peak_bytes == other.memory.bytes.total
+        assert other.memory.bytes.parameters < m.parameters or other.memory.bytes.temporary < m.temporary
 
 
 def test_torch_vocab_parallel_embedding_backward_makes_the_whole_table_gradient() -> None:
@@ -323,9 +323,10 @@ def test_torch_1f1b_keeps_one_more_sent_output_through_the_steady_phase(schedule
 
 def test_tied_embedding_gradients_coexist_only_on_a_stage_that_holds_both_uses() -> None:
     """One stage with the embedding and the LM head: the head's gradient of the tied table (V·h)
-    is made first and waits through the rest of backward (+V·h on every later peak); at the
-    embedding's backward its own gradient and their sum join it (3·V·h at once). Pipelined, each
-    stage uses the table once; the two copies are summed across stages instead. fp32: 4 bytes."""
+    is made during the head's backward, as an untied head's would be, and then waits through the
+    rest of backward; at the embedding's backward its own gradient and their sum join it (3·V·h
+    at once). Pipelined, each stage uses the table once; the two copies are summed across stages
+    instead. fp32: 4 bytes."""
     h, v = 256, 4096
     tied = _gpt(4, h, 8, seq=512, vocab=v)
     untied = tied.with_(tied_embeddings=False)
@@ -334,8 +335,8 @@ def test_tied_embedding_gradients_coexist_only_on_a_stage_that_holds_both_uses()
         par = ParallelConfig(pp=pp, num_microbatches=4, precision="fp32")
         return [st.memory.bytes.temporary for st in plan_memory(build_graph(cfg, batch=b, seq_len=s), par).stages]
 
-    # the logits' gradient (b·s·V) is the largest buffer: the waiting V·h adds to it
-    assert temps(tied, 1, 8, 512)[0] - temps(untied, 1, 8, 512)[0] == pytest.approx(v * h * 4, rel=1e-12)
+    # the logits' gradient (b·s·V) is the largest buffer, while the head's weight gradient is made
+    assert temps(tied, 1, 8, 512)[0] == pytest.approx(temps(untied, 1, 8, 512)[0], rel=1e-12)
     # a short sequence: the embedding's moment, 3·V·h, is the stage's temporary peak
     assert temps(tied, 1, 1, 16)[0] == pytest.approx(3 * v * h * 4, rel=1e-12)
     assert temps(tied, 2, 8, 512) == pytest.approx(temps(untied, 2, 8, 512), rel=1e-12)

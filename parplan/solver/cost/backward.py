@@ -1,10 +1,9 @@
 """One unit's backward pass, operator by operator: what it holds at its busiest moment.
 
-The stage-level model adds category peaks (all saved activations + the largest temporary), which
-is right where temporaries are small. Under ZeRO-3 they are not: gathered weights, unsharded
-gradients and reduce-scatter buffers of a whole block peak *during* backward, after part of the
-activations is already freed. :mod:`.fsdp` walks a stage's backward block by block; this module
-gives it each unit's profile, walking the unit's operators in reverse order:
+Adding category peaks (all saved activations + the largest temporary) over-predicts: gradients,
+gathered weights and buffers peak *during* backward, after part of the activations is already
+freed. :mod:`.peak` walks a stage's step unit by unit; this module gives it each unit's profile,
+walking the unit's operators in reverse order:
 
 - a saved tensor is freed after the backward of the first operator (in forward order) that
   saved it, the last of its savers that backward reaches;
@@ -78,6 +77,30 @@ def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision
     return BackwardProfile(peak, peak_g, trans, trans_g)
 
 
+def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision) -> float:
+    """The most bytes of tensors ``unit``'s forward makes and does not keep for backward, alive at
+    once (an operator's output and the unsaved inputs still to be read: the logits while the loss
+    reads them). Views cost nothing; tensors read by other units stay to the end of the unit."""
+    act = prec.activation_bytes
+    nodes = gc.nodes[unit]
+    local = {n.id for n in nodes}
+    kept = {it.key for items in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0].values() for it in items}
+    consumers = gc.consumers
+    remaining = {n.id: len(consumers[n.id]) if all(c in local for c in consumers[n.id]) else -1 for n in nodes}
+    live: dict[str, float] = {}
+    peak = 0.0
+    for n in nodes:
+        if n.id not in kept and n.kind is not OpKind.RESHAPE:
+            live[n.id] = local_elems(n, s) * tensor_bytes(n, act)
+        peak = max(peak, sum(live.values()))
+        for i in dict.fromkeys(n.inputs):
+            if i in remaining and remaining[i] > 0:
+                remaining[i] -= 1
+                if remaining[i] == 0:
+                    live.pop(i, None)
+    return peak
+
+
 def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
     """Gradients alive while ``n``'s backward runs: its output's, its activation inputs', its
     weights' (a sequence-parallel norm's gathered output too)."""
@@ -91,7 +114,13 @@ def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: i
     gather = 0.0
     if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
         gather = n.numel * act
-    return out + ins + _weight_grad_bytes(gc, n, s, grad_bytes) + gather
+    weights = _weight_grad_bytes(gc, n, s, grad_bytes)
+    if n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient:
+        # the whole table's gradient is made from the output's; the output's gradient is freed
+        # before the device's own rows are copied out of it
+        whole = sum(p.numel for p in map(gc.graph.node, n.inputs) if p.is_parameter) * grad_bytes
+        return max(out + ins + whole, weights) + gather
+    return out + ins + weights + gather
 
 
 def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:

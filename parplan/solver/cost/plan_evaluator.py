@@ -36,8 +36,8 @@ from parplan.solver.cost.collectives import (
     data_parallel_seconds,
     p2p_seconds,
 )
-from parplan.solver.cost.fsdp import StageUnit, fsdp_backward_peak
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
+from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.runtime import Runtime
@@ -118,7 +118,7 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     keeping everything an uncheckpointed forward keeps; under ZeRO-3 one gathered copy of the
     block's weights and three unsharded copies of its gradients coexist with the workspace (a bound:
     the DP search adds these per layer; whole-plan memory walks FSDP's backward instead, see
-    :mod:`.fsdp`). The logits' gradient and a sequence-parallel gather are peaks of their own.
+    :mod:`.peak`). The logits' gradient and a sequence-parallel gather are peaks of their own.
     """
     workspace = c.grad_workspace_bytes
     peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
@@ -139,16 +139,25 @@ def stage_extra_temporary_bytes(root_elems: float, tied_elems: float, tied_works
     root = root_elems * prec.param_bytes if zero3 else 0.0
     always = root + tied_elems * prec.grad_bytes
     tied_peak = root + (2 * tied_elems + tied_workspace_elems) * prec.grad_bytes if tied_elems else 0.0
-    optimizer = 2 * largest_param_elems * max(prec.master_bytes, prec.param_bytes)
-    return always, tied_peak, optimizer
+    return always, tied_peak, optimizer_temporary_bytes(largest_param_elems, prec)
 
 
-def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Precision) -> Memory:
+def optimizer_temporary_bytes(largest_param_elems: float, prec: Precision) -> float:
+    """Adam's update (PyTorch's reference implementation) works on two temporaries the size of the
+    largest tensor, in the optimizer's precision."""
+    return 2 * largest_param_elems * max(prec.master_bytes, prec.param_bytes)
+
+
+def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Precision,
+                 shards_parameters: bool | None = None) -> Memory:
     """Weights, gradients and optimizer states of parameter elements, with ZeRO over the data
-    axes: dense parameters shard over all ``dp`` ranks, expert parameters over ``dp / ep``."""
+    axes: dense parameters shard over all ``dp`` ranks, expert parameters over ``dp / ep``.
+    ``shards_parameters``: whether the weights are sharded between steps (default: ZeRO-3; the
+    runtime decides, see :meth:`~parplan.solver.cost.runtime.Runtime.data_parallel`)."""
     held = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
     redundant = dict(held)
-    per_elem = {"parameters": (prec.param_bytes, s.zero >= 3), "gradients": (prec.grad_bytes, s.zero >= 2),
+    shard_weights = s.zero >= 3 if shards_parameters is None else shards_parameters
+    per_elem = {"parameters": (prec.param_bytes, shard_weights), "gradients": (prec.grad_bytes, s.zero >= 2),
                 "optimizer_states": (prec.optimizer_state_bytes, s.zero >= 1)}
     for group, elems in groups.items():
         nz = s.dp // s.ep if group.expert else s.dp
@@ -170,12 +179,9 @@ class StageMemory:
     memory: Memory
     activation_bytes_per_microbatch: float
     in_flight_microbatches: float
-    #: the stage's peak where categories peak at different moments (ZeRO-3: see :mod:`.fsdp`)
-    walked_peak_bytes: float | None = None
-
-    @property
-    def peak_bytes(self) -> float:
-        return self.memory.bytes.total if self.walked_peak_bytes is None else self.walked_peak_bytes
+    #: the most the stage holds at one moment of the step (see :mod:`.peak`); at most the sum of
+    #: the categories' own peaks
+    peak_bytes: float
 
 
 @dataclass(frozen=True)
@@ -349,33 +355,23 @@ class PlanEvaluator:
         stages = []
         for stage, units in enumerate(by_stage):
             states = Memory(MemoryBreakdown(), MemoryBreakdown())
-            act = act_red = temp = 0.0
-            root = largest = 0.0
-            zero3 = False
+            act = act_red = largest = 0.0
             walk: list[StageUnit] = []
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
-                replicated = plan.runtime.keeps_parameter_copy(s.tp, s.dp, s.zero)
+                dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
                 walk.append(StageUnit(u, self.costs_for(plan.local_batch(s)),
-                                      s.unit(plan.flash_attention, plan.runtime), c, s.zero >= 3, u in plan.layers,
-                                      replicated))
-                states = states + model_states(c.params, s, prec)
+                                      s.unit(plan.flash_attention, plan.runtime), c, u in plan.layers, dp))
+                states = states + model_states(c.params, s, prec, dp.shards_parameters)
                 act += c.act_bytes
                 act_red += c.act_redundant_bytes
-                is_block = u in plan.layers
-                temp = max(temp, unit_temporary_bytes(c, s, prec, is_block))
                 largest = max(largest, c.largest_param_elems)
-                zero3 = zero3 or s.zero >= 3
-                if not is_block:
-                    root += c.param_elems_all
             first = strat[units[0]]
             gc = self.costs_for(plan.local_batch(first))
             us = first.unit(plan.flash_attention, plan.runtime)
-            states = states + model_states(gc.shared_param_elems(units, us), first, prec)
-            always, tied_peak, optimizer = stage_extra_temporary_bytes(
-                root, gc.tied_within(units, us), gc.tied_gradient_workspace(units, us), largest, zero3, prec)
-            temp = max(temp + always, tied_peak, optimizer)
+            first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
+            states = states + model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
             shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
             receive = pinned = sent = 0.0  # pipelining's receive buffers; a sent output its send keeps
             if plan.runtime.holds_stage_outputs and plan.pp > 1:
@@ -385,7 +381,6 @@ class PlanEvaluator:
                 # received input saved for backward lives in its receive buffer
                 shared_act += sent - saved_there
                 receive = plan.num_microbatches * (received + sent)  # activations in, gradients in
-                temp += receive
             act += shared_act
             act_red += shared_red
             flight = in_flight_microbatches(stage, plan.pp, plan.num_microbatches, plan.schedule,
@@ -394,17 +389,17 @@ class PlanEvaluator:
                 # PyTorch's 1F1B keeps the handle of the first warm-up send until the steady phase
                 # ends, and the handle keeps that micro-batch's output alive after its backward
                 pinned = sent
-            peak: float | None = None
-            if zero3 or any(w.replicated for w in walk):
-                # FSDP's buffers (and replicate's parameter copies) peak in backward, after part of
-                # the activations is freed
-                walked = fsdp_backward_peak(walk, prec, shared_act)
-                temp = max(walked.temporary, tied_peak, optimizer) + receive
-                peak = states.bytes.total + act * (flight - 1) + walked.above_resident
-                peak = max(peak, states.bytes.total + optimizer) + receive + pinned
-            held = states.bytes.replace(activations=act * flight + pinned, temporary=temp)
+            walked = stage_peak(walk, prec, shared_act, gc.tied_within(units, us),
+                                gc.tied_gradient_workspace(units, us),
+                                accumulating=plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded,
+                                pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs)
+            optimizer = optimizer_temporary_bytes(largest, prec)
+            resident = states.bytes.total
+            peak = max(resident + act * (flight - 1) + walked.above_resident, resident + optimizer)
+            held = states.bytes.replace(activations=act * flight + pinned,
+                                        temporary=max(walked.temporary, optimizer) + receive)
             red = states.redundant.replace(activations=act_red * flight)
-            stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak))
+            stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + receive + pinned))
         return PlanMemory(tuple(stages))
 
     def _pipeline_boundaries(self, plan: LayerPlan, stage: int, by_stage: list[list[str]],

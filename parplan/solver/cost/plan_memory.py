@@ -2,18 +2,10 @@
 
 Each pipeline stage's devices hold: the model states of the parameters its nodes use (a tied
 embedding used on the first and last stage is resident on both), the saved activations of one
-micro-batch times the stage's in-flight count, and a temporary peak: the largest of
-
-- the activations of one block while it is recomputed in backward (full recomputation),
-- ZeRO-3's gathered parameters of one block, twice (the current and the prefetched one), plus
-  that block's unsharded gradient before its reduce-scatter,
-- the gradient of the logits (the last stage),
-- a sequence-parallel all-gather of one block's input.
-
-The stage's peak is the sum of those categories, except under ZeRO-3: there the gathered weights,
-unsharded gradients and reduce-scatter buffers peak in backward after part of the activations is
-freed, and a walk through the backward (:mod:`parplan.solver.cost.fsdp`) gives the peak, below
-the sum; the temporary category is then the walk's own temporary peak.
+micro-batch times the stage's in-flight count, and temporary buffers (gradient workspaces, a
+recomputed block, the logits' gradient, a sequence-parallel gather, FSDP's gathered weights and
+unsharded gradients). The stage's peak is the busiest moment of the step, found by walking its
+forward and backward (:mod:`parplan.solver.cost.peak`): at most the sum of the categories' peaks.
 
 A uniform strategy is a :class:`~parplan.solver.cost.plan_evaluator.LayerPlan` whose blocks all agree;
 :mod:`parplan.solver.cost.plan_evaluator` does the accounting.

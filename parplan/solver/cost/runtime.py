@@ -14,6 +14,12 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
 - plain data parallelism of tensor-parallel modules: DDP rejects DTensor parameters, so PyTorch
   replicates them with ``replicate`` (FSDP2's machinery over a shard group of one), which keeps an
   unsharded copy of every parameter from its forward until its backward;
+- ZeRO-2 is FSDP2 without resharding after forward: parameters are sharded between steps (Megatron
+  and DeepSpeed keep them whole), and each unit's gathered weights stay from its forward until its
+  backward ends;
+- gradient accumulation under FSDP2 (and ``replicate``) skips gradient synchronisation until the
+  last micro-batch, so every gathering unit's unsharded gradient lives from the first
+  micro-batch's backward to the last's;
 - pipelining: ``torch.distributed.pipelining`` keeps the output a stage sent for each micro-batch
   until that micro-batch's backward (Megatron-LM frees the output's data once it is sent), and
   allocates, before the step, a receive buffer for every micro-batch's input activation and output
@@ -25,7 +31,33 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class DataParallelBuffers:
+    """What a unit's data parallelism holds during a step besides the resident model states.
+
+    ``gathers``: the unit computes with an unsharded copy of its weights (FSDP, ``replicate``), and
+    its gradients are made unsharded and reduced when its backward ends, into ``reduce_buffers``
+    gradient-sized buffers that stay until the next unit's backward ends. ``kept_from_forward``:
+    that copy lives from the unit's forward until its backward ends (else it is gathered again
+    for backward, the next unit's prefetched alongside). ``gather_buffer``: the all-gather's own
+    output buffer of the last unit gathered in forward stays until the forward ends (FSDP2 frees
+    each forward all-gather's output only at the next one, or at the end of the root's forward).
+    Without ``gathers`` gradients accumulate in place in a resident buffer (DDP's buckets,
+    Megatron-LM's main gradients)."""
+
+    shards_parameters: bool = False  # parameters sharded over the data-parallel ranks between steps
+    gathers: bool = False
+    kept_from_forward: bool = False
+    reduce_buffers: int = 0
+    gather_buffer: bool = False
+
+
+IN_PLACE = DataParallelBuffers()
+FSDP = DataParallelBuffers(shards_parameters=True, gathers=True, reduce_buffers=1, gather_buffer=True)
 
 
 class Runtime(StrEnum):
@@ -48,10 +80,31 @@ class Runtime(StrEnum):
         return self is Runtime.TORCH_CPU
 
     @property
+    def accumulates_unsharded(self) -> bool:
+        """Whether gradient accumulation keeps gathering units' gradients unsharded from the first
+        micro-batch to the last (FSDP2 skips the reduce-scatter until the last micro-batch; Megatron
+        reduces into sharded buffers every micro-batch)."""
+        return self is not Runtime.MEGATRON
+
+    @property
     def holds_stage_outputs(self) -> bool:
         return self is not Runtime.MEGATRON
 
-    def keeps_parameter_copy(self, tp: int, dp: int, zero: int) -> bool:
-        """Whether data parallelism keeps a second, unsharded copy of the parameters through the
-        forward and backward passes (PyTorch's ``replicate`` of TP modules)."""
-        return self is not Runtime.MEGATRON and tp > 1 and dp > 1 and zero == 0
+    def data_parallel(self, tp: int, dp: int, zero: int) -> DataParallelBuffers:
+        """How data parallelism of degree ``dp`` with ZeRO stage ``zero`` holds weights and
+        gradients during a step, for a unit with tensor-parallel degree ``tp``."""
+        if dp == 1:
+            return IN_PLACE
+        if zero >= 3:
+            return FSDP
+        if self is Runtime.MEGATRON:
+            return IN_PLACE  # ZeRO-1/2: optimizer states and main gradients sharded in place
+        if zero == 2:  # FSDP2 without resharding after forward
+            return DataParallelBuffers(shards_parameters=True, gathers=True, kept_from_forward=True,
+                                       reduce_buffers=1, gather_buffer=True)
+        if tp > 1 and zero == 0:
+            # replicate: the reduce-scatter over a shard group of one outputs the whole gradient,
+            # which is then all-reduced, as long-lived as its input; its "all-gather" over a group
+            # of one copies in place (no buffer)
+            return DataParallelBuffers(gathers=True, kept_from_forward=True, reduce_buffers=2)
+        return IN_PLACE

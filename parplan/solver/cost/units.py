@@ -20,7 +20,7 @@ from typing import Any
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of, saved_items
-from parplan.solver.cost.backward import BackwardProfile, backward_profile
+from parplan.solver.cost.backward import BackwardProfile, backward_profile, forward_transient
 from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from parplan.solver.cost.compute import backward_seconds, forward_seconds
 from parplan.solver.cost.layout import TensorLayout
@@ -107,7 +107,7 @@ class GraphCosts:
                     if self.unit_of[i] != u and not src.is_parameter and src.kind is not OpKind.INPUT:
                         ext.setdefault(i, None)
             self.external_inputs[u] = list(ext)
-        self._consumers = graph.consumers()
+        self.consumers = graph.consumers()
         signatures: dict[Hashable, str] = {}
         structures: dict[Hashable, str] = {}
         self.representative: dict[str, str] = {}
@@ -121,6 +121,7 @@ class GraphCosts:
         self._items: dict[tuple[Recompute, bool, int, Runtime], tuple[dict[str, list[SavedItem]], set[str]]] = {}
         self._costs: dict[tuple[str, UnitStrategy, TimeEnv | None], UnitCost] = {}
         self._profiles: dict[tuple[str, UnitStrategy, Precision], BackwardProfile] = {}
+        self._forward: dict[tuple[str, UnitStrategy, Precision], float] = {}
 
     def node_representatives(self, structural: bool = False) -> dict[str, str]:
         """Node id -> the node at the same position of its unit's representative
@@ -150,7 +151,7 @@ class GraphCosts:
             # how the output is used outside the unit decides what is saved for it (a block whose
             # output only feeds a view differs from one whose output feeds the next block's matmuls)
             outside = tuple(sorted((c.kind.value, str(c.attrs.get("fn", "")), c.inputs.index(n.id))
-                                   for c in map(self.graph.node, self._consumers[n.id]) if c.id not in local)
+                                   for c in map(self.graph.node, self.consumers[n.id]) if c.id not in local)
                             ) if uses else ()
             sig.append((n.kind.value, n.dims, n.dtype, _freeze(n.attrs), tuple(refs), block_of(n) is None, outside))
         return tuple(sig)
@@ -190,6 +191,13 @@ class GraphCosts:
             shared = self.saved(s.recompute, s.flash_attention, precision.activation_bytes, s.runtime)[1]
             self._profiles[key] = backward_profile(self, key[0], s, precision, shared)
         return self._profiles[key]
+
+    def forward_transient(self, unit: str, s: UnitStrategy, precision: Precision) -> float:
+        """Bytes ``unit``'s forward holds at once beyond what it saves (see :mod:`.backward`)."""
+        key = (self.representative[unit], s, precision)
+        if key not in self._forward:
+            self._forward[key] = forward_transient(self, key[0], s, precision)
+        return self._forward[key]
 
     def _price(self, unit: str, s: UnitStrategy, prec: Precision, env: TimeEnv | None) -> UnitCost:
         mesh = {"tp": s.tp, "ep": s.ep}

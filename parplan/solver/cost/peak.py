@@ -1,0 +1,222 @@
+"""The moment of a training step at which a pipeline stage holds the most memory.
+
+Adding every category's own peak over-predicts: the temporaries of backward (a gradient
+workspace, FSDP's gathered weights and unsharded gradients, a recomputed block) peak after part of
+the activations is already freed. This walk follows one micro-batch's backward through a stage,
+unit by unit, last unit first, while the resident model states and the other in-flight
+micro-batches' activations stay; inside a unit, saved tensors are freed operator by operator
+(:mod:`.backward`). At each moment the stage holds, besides those:
+
+- the saved tensors of the units before the current one, and the current unit's own that its
+  backward has not freed yet, plus its running operator's gradients;
+- by how each unit's data parallelism runs (:class:`~parplan.solver.cost.runtime.DataParallelBuffers`):
+  units outside the blocks (embedding, head) that gather keep their weights gathered from forward
+  to the end of backward, and their unsharded gradients accumulate until then; a gathering block
+  runs its backward with its own weights gathered and, unless every block keeps its copy from
+  forward, the next block's (in backward order) prefetched; the copies that blocks keep from
+  forward stay until their own backward ends; when a block's backward ends its weights are freed,
+  the previous reduce buffers released, and its unsharded gradients copied into new ones;
+- a tied embedding's gradient from the LM head (whose backward comes first) waits through the rest
+  of backward for the embedding's own; at the embedding's backward both and their sum coexist.
+
+The stage's other busy moment is the optimizer step (Adam's two temporaries the size of the largest
+tensor, after the activations are freed). Bytes per device throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.runtime import DataParallelBuffers
+from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems
+from parplan.solver.cost.units import GraphCosts, UnitCost
+
+
+@dataclass(frozen=True)
+class StageUnit:
+    """One unit of the stage, in forward order, with what its strategy makes of it."""
+
+    name: str
+    costs: GraphCosts  # built for this unit's local batch
+    strategy: UnitStrategy
+    cost: UnitCost
+    is_block: bool
+    dp: DataParallelBuffers
+
+
+@dataclass(frozen=True)
+class StagePeak:
+    above_resident: float  # one micro-batch's saved tensors + every temporary, at the busiest moment
+    temporary: float  # the temporaries' own peak over the backward (gathered weights, gradients, buffers)
+
+
+def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float, tied_elems: float,
+               tied_workspace_elems: float, accumulating: bool = False, pipelined: bool = False) -> StagePeak:
+    """The busiest moment of one micro-batch's forward and backward through ``units`` (forward
+    order), above the resident model states and the other micro-batches in flight.
+
+    ``shared_act_bytes``: saved tensors several units share, freed only at the end;
+    ``tied_elems``: local elements of parameters two units of the stage use (a tied embedding);
+    ``tied_workspace_elems``: the gradient elements the first user's backward makes for them;
+    ``accumulating``: the step accumulates gradients over several micro-batches, and gathering
+    units keep their unsharded gradients from the first micro-batch's backward until the last's
+    (FSDP2 without gradient synchronisation), so every micro-batch but the first sees all of them;
+    ``pipelined``: with that, gathering units also keep their weights gathered from their first
+    backward until the last (``torch.distributed.pipelining`` turns resharding after backward off
+    for every micro-batch but the last), so later micro-batches gather nothing."""
+    w = _Walk(units, prec, shared_act_bytes)
+    tied = tied_elems * prec.grad_bytes
+    tied_ids, tied_users = _tied(units) if tied_elems else (set(), [])
+    # unsharded gradient bytes of each gathering unit: parameters first used there, tied ones apart
+    grads: dict[int, float] = {}
+    seen: set[str] = set(tied_ids)
+    for i, u in enumerate(units):
+        if u.dp.gathers:
+            new = [p for p in u.costs.params[u.name] if p.id not in seen]
+            seen.update(p.id for p in new)
+            grads[i] = sum(local_elems(p, u.strategy) for p in new) * prec.grad_bytes
+    tied_accumulated = tied if accumulating and any(units[i].dp.gathers for i in tied_users) else 0.0
+    accumulated = sum(grads.values()) + tied_accumulated if accumulating else 0.0
+    all_gathered = sum(w.gathered.values())
+    later = pipelined and accumulating  # later micro-batches find every unit's weights still gathered
+    for first in (True, False) if accumulating else (True,):  # the first micro-batch's forward, a later one's
+        acc = 0.0 if first else accumulated
+        for i, u in enumerate(units):  # forward: every unit's busiest moment, with its saved tensors
+            fixed = acc + w.root_params + (all_gathered if later and not first else w.weights_in_forward(i))
+            extra = u.costs.forward_transient(u.name, u.strategy, prec)
+            w.moment(w.held_before[i] + u.cost.act_bytes + fixed + extra, fixed + extra)
+            if i in w.gathered and u.dp.gather_buffer and (first or not later):
+                # the block's all-gather: its output buffer and the previous one's, besides the copy
+                earlier = [j for j in w.blocks if j < i]
+                previous = w.gathered[earlier[-1]] if earlier else w.root_params
+                fixed = acc + w.root_params + w.kept_before[i] + 2 * w.gathered[i] + previous
+                w.moment(w.held_before[i] + fixed, fixed)
+    if accumulating:  # a micro-batch before the last: nothing reduced, every unsharded gradient alive
+        for i in reversed(range(len(units))):
+            u = units[i]
+            prof = u.costs.backward_profile(u.name, u.strategy, prec)
+            fixed = accumulated + w.root_params + (all_gathered if later else w.weights_in_backward(i))
+            w.moment(w.held_before[i] + fixed + prof.peak, fixed + prof.transient_peak)
+    # the last (or only) micro-batch: gradients reduced block by block
+    root_grads = reduce_buffer = pending_tied = 0.0
+    for i in reversed(range(len(units))):
+        u = units[i]
+        prof = u.costs.backward_profile(u.name, u.strategy, prec)
+        # pipelined: the blocks not reached yet are still gathered from the earlier micro-batches
+        weights = sum(g for j, g in w.gathered.items() if j <= i) if later else w.weights_in_backward(i)
+        if accumulating:  # gradients accumulated earlier, not reduced yet: outside the blocks, and blocks up to i
+            root_grads = tied_accumulated + sum(g for j, g in grads.items() if j not in w.gathered or j <= i)
+        fixed = w.root_params + root_grads + weights + reduce_buffer + pending_tied
+        own, transient = ((prof.peak_unsharded, prof.transient_peak_unsharded) if u.dp.gathers and not accumulating
+                          else (prof.peak, prof.transient_peak))
+        w.moment(w.held_before[i] + fixed + own, fixed + transient)
+        if i in w.gathered:
+            # end of the block's backward: its weights freed, the older buffers released, its
+            # gradients copied into new reduce buffers
+            unsharded = u.cost.param_elems_all * prec.grad_bytes
+            reduce_buffer = u.dp.reduce_buffers * unsharded
+            fixed = w.root_params + root_grads + weights - w.gathered[i] + reduce_buffer + pending_tied + (
+                0.0 if accumulating else unsharded)
+            w.moment(w.held_before[i] + fixed, fixed)
+        elif i in grads and not accumulating:  # outside the blocks: unsharded to the end of backward
+            root_grads += grads[i]
+        if tied_users and i == tied_users[-1] and len(tied_users) > 1:
+            pending_tied = tied  # the head's gradient of the tied table waits for the embedding's
+        if tied_users and i == tied_users[0]:
+            # the first user's own gradient of the table, the one waiting, and their sum
+            fixed = w.root_params + root_grads + weights + reduce_buffer + pending_tied + tied
+            w.moment(w.held_before[i] + fixed + tied_workspace_elems * prec.grad_bytes,
+                     fixed + tied_workspace_elems * prec.grad_bytes)
+            pending_tied = 0.0
+    return StagePeak(w.total, w.temp)
+
+
+class _Walk:
+    """What the stage holds besides resident states: saved tensors before each unit, gathered
+    weights, and the largest moment seen (``total``) and its temporaries' peak (``temp``)."""
+
+    def __init__(self, units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float) -> None:
+        self.units = units
+        self.gathered = {i: u.cost.param_elems_all * prec.param_bytes for i, u in enumerate(units)
+                         if u.is_block and u.dp.gathers}
+        self.blocks = list(self.gathered)
+        # copies blocks keep from forward, alive when block i's backward starts (its own excluded)
+        self.kept_before: dict[int, float] = {}
+        running = 0.0
+        for i in self.blocks:
+            self.kept_before[i] = running
+            if units[i].dp.kept_from_forward:
+                running += self.gathered[i]
+        self.root_params = _root_param_elems(units) * prec.param_bytes
+        self.held_before = [shared_act_bytes]  # saved tensors of the units before each one
+        for u in units[:-1]:
+            self.held_before.append(self.held_before[-1] + u.cost.act_bytes)
+        self.total = self.temp = 0.0
+
+    def moment(self, total: float, temporary: float) -> None:
+        """A moment holding ``total`` bytes above the resident states, ``temporary`` of them buffers."""
+        self.total = max(self.total, total)
+        self.temp = max(self.temp, temporary)
+
+    def weights_in_forward(self, i: int) -> float:
+        return _weights_in_forward(i, self.blocks, self.gathered, self.kept_before, self.units)
+
+    def weights_in_backward(self, i: int) -> float:
+        return _weights_alive(i, self.blocks, self.gathered, self.kept_before, self.units)
+
+
+def _weights_in_forward(i: int, blocks: list[int], gathered: dict[int, float], kept_before: dict[int, float],
+                        units: Sequence[StageUnit]) -> float:
+    """Gathered weights alive while unit ``i``'s forward runs: the copies blocks up to it keep from
+    forward (its own included), and the all-gather output buffer of the last block gathered (with
+    that block's weights, when it is the unit running)."""
+    before = [j for j in blocks if j <= i]
+    if not before:
+        return 0.0
+    last = before[-1]
+    own = gathered[last] if last == i or units[last].dp.kept_from_forward else 0.0
+    buffer = gathered[last] if units[last].dp.gather_buffer else 0.0
+    return kept_before[last] + own + buffer
+
+
+def _weights_alive(i: int, blocks: list[int], gathered: dict[int, float], kept_before: dict[int, float],
+                   units: Sequence[StageUnit]) -> float:
+    """Gathered weights alive while unit ``i``'s backward runs: its own (a block), the copies
+    earlier blocks keep from forward, and the block prefetched next (or, for a unit after the
+    blocks, the last block's weights, still gathered from forward)."""
+    if i in gathered:
+        earlier = [j for j in blocks if j < i]
+        prefetched = gathered[earlier[-1]] if earlier and not units[earlier[-1]].dp.kept_from_forward else 0.0
+        return gathered[i] + kept_before[i] + prefetched
+    before = [j for j in blocks if j < i]
+    if not before:
+        return 0.0
+    last = before[-1]
+    return gathered[last] + kept_before[last]
+
+
+def _root_param_elems(units: Sequence[StageUnit]) -> float:
+    """Local elements of the parameters of gathering units that are not blocks, each once."""
+    seen: set[str] = set()
+    total = 0.0
+    for u in units:
+        if u.is_block or not u.dp.gathers:
+            continue
+        for p in u.costs.params[u.name]:
+            if p.id not in seen:
+                seen.add(p.id)
+                total += local_elems(p, u.strategy)
+    return total
+
+
+def _tied(units: Sequence[StageUnit]) -> tuple[set[str], list[int]]:
+    """Parameters two units of the stage use, and those units' indices (forward order)."""
+    users: dict[str, list[int]] = {}
+    for i, u in enumerate(units):
+        for p in u.costs.params[u.name]:
+            if p.id in u.costs.shared_params:
+                users.setdefault(p.id, []).append(i)
+    tied = {p: us for p, us in users.items() if len(us) > 1}
+    return set(tied), sorted({i for us in tied.values() for i in us})
