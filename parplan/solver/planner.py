@@ -9,11 +9,12 @@ returns the plan document whose keys DESIGN.md fixes (the same as ``parplan plan
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -233,7 +234,10 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
 
     The baselines (Megatron-LM, ZeRO-3, DP) are always computed in the same cost model. ``search``
     picks the method: ``ilp`` (intra-operator ILP, the memory-redundancy paper), ``dp``
-    (Galvatron-BMW dynamic programming), ``auto`` (see :func:`choose_method`)."""
+    (Galvatron-BMW dynamic programming), ``auto`` (see :func:`choose_method`). The answer is the
+    best, for the objective, of every plan known: the search's, its Pareto frontier's, the other
+    search's under ``auto``, and the baselines' (see :func:`choose`), so no baseline and no point
+    of the frontier beats it on both memory and time."""
     t0 = time.perf_counter()
     report: ProgressFn = progress or (lambda stage, fraction: None)
     report("building", 0.0)
@@ -245,27 +249,38 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     reference = min((b.time.step_seconds for b in fitting), default=None)
     method, why = choose_method(req)
     report("search", 0.3)
+    docs: list[dict[str, Any]] = []
     if method == "ilp":
-        doc = _ilp(req, report, reference)
+        docs.append(_ilp(req, report, reference))
     elif method == "dp":
-        doc = _dp(req, report, bases.get("megatron"))
+        docs.append(_dp(req, report, bases.get("megatron")))
     else:
-        dp_doc = _dp(req, lambda st, f: report(st, 0.3 + 0.2 * f), bases.get("megatron"))
+        docs.append(_dp(req, lambda st, f: report(st, 0.3 + 0.2 * f), bases.get("megatron")))
         try:  # the ILP gets what is left of the time limit after the (fast) DP
             left = max(1.0, req.time_limit_seconds - (time.perf_counter() - t0))
-            ilp_doc = _ilp(dataclasses.replace(req, time_limit_seconds=left),
-                           lambda st, f: report(st, 0.5 + 0.45 * f), reference)
+            docs.append(_ilp(dataclasses.replace(req, time_limit_seconds=left),
+                             lambda st, f: report(st, 0.5 + 0.45 * f), reference))
         except SolverError as e:
-            doc = dp_doc
             why += f"; the ILP stopped ({e}), so the DP's plan"
-        else:
-            doc = _better(req, ilp_doc, dp_doc)
-            why += f"; chose {doc['solver']['method']}"
+    searched = docs[-1] if method == "ilp" else docs[0]
+    candidates = [Known(d["solver"]["method"], d["time"]["step_seconds"], d["memory"]["peak_bytes"],
+                        functools.partial(_itself, d)) for d in docs if d.get("memory") and d.get("time")]
+    candidates += [k for d in docs for k in d.pop("_frontier", [])]
+    candidates += [Known(f"baseline {n}", b.time.step_seconds, b.memory.peak_bytes,
+                         functools.partial(_baseline_document, n, b)) for n, b in bases.items() if b is not None]
+    best = choose(req, candidates)
+    doc = searched if best is None else best.document()
+    if best is not None and doc is not searched:
+        doc.setdefault("solver", {})["chosen_over"] = searched.get("solver", {})
+        why += f"; chose {best.label}" + ("" if best.label in ("ilp", "dp") else
+                                          " (no searched plan beats it for the objective)")
     doc["baselines"] = {n: b.to_dict() | {"fits": b.fits} if b else None for n, b in bases.items()}
     if doc.get("memory") and doc.get("time"):
         doc["relative"] = {n: _relative_doc(doc, b) for n, b in bases.items()}
     doc["objective"] = {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
-                        "memory_budget_bytes": req.budget_bytes}
+                        "memory_budget_bytes": req.budget_bytes,
+                        "fastest_known_seconds": min((k.step_seconds for k in candidates
+                                                      if k.peak_bytes <= req.budget_bytes), default=None)}
     solver = doc.setdefault("solver", {})
     solver.update({"method": solver.get("method", method), "seconds": time.perf_counter() - t0,
                    "version": SOLVER_VERSION, "why": why})
@@ -275,6 +290,48 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     doc.setdefault("cluster", {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
                                "gpu": req.cluster.gpu.name, "device_memory_bytes": req.cluster.device_memory_bytes})
     report("done", 1.0)
+    return doc
+
+
+@dataclass(frozen=True)
+class Known:
+    """A plan known to the planner: its step time (s), peak memory per device (bytes), and how to
+    write its document (built only for the one chosen)."""
+
+    label: str
+    step_seconds: float
+    peak_bytes: float
+    document: Callable[[], dict[str, Any]]
+
+
+def choose(req: PlanRequest, known: list[Known]) -> Known | None:
+    """The best known plan that fits the budget, for the objective (None: none fits).
+
+    ``max-throughput``: the fastest (then the least memory). ``min-memory``: the least memory (then
+    the fastest) among plans within ``(1 + max_slowdown)`` of the fastest known plan, baselines
+    included; with ``alpha``, the least ``memory + alpha·time``. Either way no known plan is at
+    least as good on both memory and time and better on one."""
+    fits = [k for k in known if k.peak_bytes <= req.budget_bytes]
+    if not fits:
+        return None
+    if req.objective == "max-throughput":
+        return min(fits, key=lambda k: (k.step_seconds, k.peak_bytes))
+    if req.alpha is not None:
+        alpha = req.alpha * 2**30
+        return min(fits, key=lambda k: (k.peak_bytes + alpha * k.step_seconds, k.step_seconds))
+    limit = min(k.step_seconds for k in fits) * (1 + req.max_slowdown) * (1 + 1e-9)
+    return min((k for k in fits if k.step_seconds <= limit), key=lambda k: (k.peak_bytes, k.step_seconds))
+
+
+def _itself(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc
+
+
+def _baseline_document(name: str, e: Evaluation) -> dict[str, Any]:
+    """A baseline's evaluation as the plan document."""
+    doc = e.to_dict()
+    doc["strategy"] = {"kind": "uniform", **doc["strategy"]}
+    doc["solver"] = {"method": f"baseline:{name}", "status": "optimal", "gap": None}
     return doc
 
 
@@ -294,24 +351,6 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
                         "for the objective wins")
     return "dp", ("auto: several nodes — pipeline stages across nodes are needed, which the per-layer DP "
                   "searches (the ILP plans one mesh without pipelining)")
-
-
-def _better(req: PlanRequest, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """The better of two plan documents for the request's objective (a feasible one first)."""
-    if a.get("memory") is None:
-        return b
-    if b.get("memory") is None:
-        return a
-
-    def key(d: dict[str, Any]) -> tuple[float, float]:
-        mem, secs = d["memory"]["peak_bytes"], d["time"]["step_seconds"]
-        return (secs, mem) if req.objective == "max-throughput" else (mem, secs)
-
-    if req.objective == "min-memory" and req.alpha is None:
-        best = min(a["time"]["step_seconds"], b["time"]["step_seconds"]) * (1 + req.max_slowdown)
-        within = [d for d in (a, b) if d["time"]["step_seconds"] <= best * (1 + 1e-9)]
-        return min(within, key=key)
-    return min((a, b), key=key)
 
 
 def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> dict[str, Any]:
@@ -336,6 +375,15 @@ def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> di
                              "micro-batch count and partition searched over candidates"}
     doc["pareto"] = [{"step_seconds": secs, "peak_bytes": round(peak), "summary": plan_summary(plan)}
                      for secs, peak, plan in res["frontier"]]
+    ev = res["evaluator"]
+    doc["_frontier"] = [Known("dp frontier", secs, peak, functools.partial(_frontier_document, plan, ev, req))
+                        for secs, peak, plan in res["frontier"]]
+    return doc
+
+
+def _frontier_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
+    doc = layer_plan_document(plan, ev, req)
+    doc["solver"] = {"method": "dp", "status": "optimal", "gap": None, "note": "a point of the DP's Pareto frontier"}
     return doc
 
 
