@@ -40,6 +40,12 @@ from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
+from parplan.solver.cost.rules import (
+    exposed_seconds,
+    optimizer_step_seconds,
+    optimizer_temporary_bytes,
+    parameter_states,
+)
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv, UnitCost
@@ -142,32 +148,18 @@ def stage_extra_temporary_bytes(root_elems: float, tied_elems: float, tied_works
     return always, tied_peak, optimizer_temporary_bytes(largest_param_elems, prec)
 
 
-def optimizer_temporary_bytes(largest_param_elems: float, prec: Precision) -> float:
-    """Adam's update (PyTorch's reference implementation) works on two temporaries the size of the
-    largest tensor, in the optimizer's precision."""
-    return 2 * largest_param_elems * max(prec.master_bytes, prec.param_bytes)
-
-
 def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Precision,
                  shards_parameters: bool | None = None) -> Memory:
     """Weights, gradients and optimizer states of parameter elements, with ZeRO over the data
     axes: dense parameters shard over all ``dp`` ranks, expert parameters over ``dp / ep``.
     ``shards_parameters``: whether the weights are sharded between steps (default: ZeRO-3; the
     runtime decides, see :meth:`~parplan.solver.cost.runtime.Runtime.data_parallel`)."""
-    held = {"parameters": 0.0, "gradients": 0.0, "optimizer_states": 0.0}
-    redundant = dict(held)
-    shard_weights = s.zero >= 3 if shards_parameters is None else shards_parameters
-    per_elem = {"parameters": (prec.param_bytes, shard_weights), "gradients": (prec.grad_bytes, s.zero >= 2),
-                "optimizer_states": (prec.optimizer_state_bytes, s.zero >= 1)}
+    total = Memory(MemoryBreakdown(), MemoryBreakdown())
     for group, elems in groups.items():
         nz = s.dp // s.ep if group.expert else s.dp
-        rep = s.tp if group.tp_replicated else 1
-        for cat, (nbytes, sharded) in per_elem.items():
-            h = elems * nbytes / (nz if sharded else 1)
-            r = rep * (1 if sharded else nz)
-            held[cat] += h
-            redundant[cat] += h * (1 - 1 / r)
-    return Memory(MemoryBreakdown(**held), MemoryBreakdown(**redundant))
+        replicas = (s.tp if group.tp_replicated else 1) * nz
+        total = total + Memory(*parameter_states(elems, prec, s.zero, nz, replicas, shards_parameters))
+    return total
 
 
 @dataclass(frozen=True)
@@ -343,8 +335,7 @@ class PlanEvaluator:
         return sync, gathers
 
     def optimizer_seconds(self, states: MemoryBreakdown) -> float:
-        nbytes = states.gradients + 2 * states.optimizer_states + states.parameters
-        return nbytes / (self.cluster.gpu.hbm_bandwidth_bytes_per_s * self.calibration.memory_efficiency)
+        return optimizer_step_seconds(states, self.cluster.gpu, self.calibration)
 
     # ---------------------------------------------------------------- whole plans
     def memory(self, plan: LayerPlan) -> PlanMemory:
@@ -447,8 +438,7 @@ class PlanEvaluator:
                 sync, gathers = self.sync_seconds(plan, s, c.params, prec)
                 m = plan.num_microbatches
                 sync_total += sync + m * gathers
-                exposed += max(0.0, sync - c.backward_seconds) + m * max(
-                    0.0, gathers - c.forward_seconds - c.backward_seconds)
+                exposed += exposed_seconds(sync, gathers, c.forward_seconds, c.backward_seconds, m)
                 opt += self.optimizer_seconds(model_states(c.params, s, prec).bytes)
                 if previous is not None and previous.layout_key != s.layout_key:
                     relayout += self.relayout_seconds(plan, u, s, prec)

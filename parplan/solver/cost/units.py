@@ -22,16 +22,14 @@ from parplan.solver.cluster import GpuSpec, Link
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of, saved_items
 from parplan.solver.cost.backward import BackwardProfile, backward_profile, forward_transient
 from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
-from parplan.solver.cost.compute import backward_seconds, forward_seconds
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.rules import op_seconds
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems, unit_layout, weight_grad_workspace
 from parplan.solver.ir import Graph, Node, OpKind
 from parplan.solver.strategy import SEQ_DIMS
-
-_FLOATS = frozenset({"bf16", "fp16", "fp32", "tf32"})
 
 
 @dataclass(frozen=True)
@@ -273,14 +271,10 @@ class GraphCosts:
             k = unit_layout(n, s).shards(mesh)
             for i in n.inputs:
                 k = max(k, unit_layout(graph.node(i), s).shards(mesh))
-            dt = prec.compute_dtype if n.dtype in _FLOATS else n.dtype
-            f = forward_seconds(n, graph, env.gpu, env.calibration, act, dt) / k
+            f, b, r = op_seconds(n, graph, env.gpu, env.calibration, prec, k, s.recompute, s.flash_attention)
             c.forward_seconds += f
-            c.backward_seconds += backward_seconds(n, graph, env.gpu, env.calibration, act, dt) / k
-            recomputed = (s.recompute is Recompute.FULL and block_of(n) is not None) or (
-                s.recompute is Recompute.SELECTIVE and not s.flash_attention and n.kind is OpKind.ATTENTION)
-            if recomputed:
-                c.recompute_seconds += f
+            c.backward_seconds += b
+            c.recompute_seconds += r
         if s.tp > 1 and env.tp_link is not None:
             c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act)
 

@@ -31,20 +31,18 @@ from dataclasses import dataclass
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of
+from parplan.solver.cost.activations import Recompute, SavedItem
 from parplan.solver.cost.collectives import (
     all_reduce_seconds,
     all_to_all_seconds,
     data_parallel_seconds,
 )
-from parplan.solver.cost.compute import backward_seconds, forward_seconds
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.rules import exposed_seconds, op_seconds, optimizer_step_seconds, parameter_states
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, output_layout, work_shards
 from parplan.solver.ir import Graph, Node, OpKind
-
-_FLOATS = frozenset({"bf16", "fp16", "fp32", "tf32"})
 
 
 @dataclass(frozen=True)
@@ -109,13 +107,9 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
 
     # --- compute
     act_bytes = prec.activation_bytes
-    dt = prec.compute_dtype if node.dtype in _FLOATS else node.dtype
-    k = work_shards(s, mesh)
-    fwd = forward_seconds(node, g, ctx.gpu, ctx.calibration, act_bytes, dt) / k
-    bwd = backward_seconds(node, g, ctx.gpu, ctx.calibration, act_bytes, dt) / k
-    recomputed = (ctx.recompute is Recompute.FULL and block_of(node) is not None) or (
-        ctx.recompute is Recompute.SELECTIVE and not ctx.flash_attention and node.kind is OpKind.ATTENTION)
-    seconds += m * (fwd + bwd + (fwd if recomputed else 0.0))
+    fwd, bwd, rec = op_seconds(node, g, ctx.gpu, ctx.calibration, prec, work_shards(s, mesh), ctx.recompute,
+                               ctx.flash_attention)
+    seconds += m * (fwd + bwd + rec)
     sync = 0.0  # once-per-step gradient traffic, hidden behind one micro-batch's backward
     gathers = 0.0  # ZeRO-3 weight gathers of one micro-batch, hidden behind its compute
 
@@ -126,14 +120,11 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
         local = p.numel / lay.shards(sizes)
         replicated = [a for a in mesh.names if a not in lay.axes and sizes[a] > 1]
         zero_axes = [a for a in replicated if a in data]
-        nz = ctx.group_size(zero_axes)
-        rep = ctx.group_size(replicated)
-        for cat, nbytes, sharded in (("parameters", prec.param_bytes, s.zero >= 3),
-                                     ("gradients", prec.grad_bytes, s.zero >= 2),
-                                     ("optimizer_states", prec.optimizer_state_bytes, s.zero >= 1)):
-            h = local * nbytes / (nz if sharded else 1)
-            held[cat] += h
-            redundant[cat] += h * (1 - 1 / (rep // nz if sharded else rep))
+        states, states_red = parameter_states(local, prec, s.zero, ctx.group_size(zero_axes),
+                                              ctx.group_size(replicated))
+        for cat in ("parameters", "gradients", "optimizer_states"):
+            held[cat] += getattr(states, cat)
+            redundant[cat] += getattr(states_red, cat)
         partial = [a for a in replicated if a in worked]
         if partial:
             grads, weights = local * prec.grad_bytes, local * prec.param_bytes
@@ -148,10 +139,8 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
                 gathers += micro
     # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward, ZeRO-3's
     # gathers are prefetched during compute; only what exceeds that compute is exposed.
-    seconds += max(0.0, sync - bwd) + m * max(0.0, gathers - (fwd + bwd))
-    # Adam's step reads gradients and optimizer states and writes weights and states (memory bound).
-    states = held["gradients"] + 2 * held["optimizer_states"] + held["parameters"]
-    seconds += states / (ctx.gpu.hbm_bandwidth_bytes_per_s * ctx.calibration.memory_efficiency)
+    seconds += exposed_seconds(sync, gathers, fwd, bwd, m)
+    seconds += optimizer_step_seconds(MemoryBreakdown(**held), ctx.gpu, ctx.calibration)
 
     # --- saved activations
     out_layout = output_layout(node, s, mesh, partial_dims)

@@ -1,0 +1,88 @@
+"""Rules of one operator and one parameter, shared by the whole-plan evaluator and the ILP.
+
+Every price a search sees comes through these functions, whichever way the search groups
+operators (the evaluator by unit and per-unit strategy, the ILP by operator and per-operator
+strategy):
+
+- :func:`op_seconds`: an operator's forward, backward and recomputed-forward roofline time on the
+  devices its work is split over;
+- :func:`parameter_states`: weights, gradients and optimizer states of parameter elements that
+  ``replicas`` devices hold a copy of, with ZeRO sharding over ``zero_ranks`` of them;
+- :func:`exposed_seconds`: the part of gradient synchronisation (once per step) and of ZeRO-3's
+  weight gathers (every micro-batch) that the backward (and forward) compute does not hide;
+- :func:`optimizer_step_seconds`: Adam's memory-bound update of what a device holds.
+"""
+
+from __future__ import annotations
+
+from parplan.solver.calibration import Calibration
+from parplan.solver.cluster import GpuSpec
+from parplan.solver.cost.activations import Recompute, block_of, is_float
+from parplan.solver.cost.compute import backward_seconds, forward_seconds
+from parplan.solver.cost.memory import MemoryBreakdown
+from parplan.solver.cost.precision import Precision
+from parplan.solver.ir import Graph, Node, OpKind
+
+
+def compute_dtype(node: Node, prec: Precision) -> str:
+    """The dtype ``node``'s arithmetic runs in: the training precision's for floats."""
+    return prec.compute_dtype if is_float(node) else node.dtype
+
+
+def recomputed(node: Node, recompute: Recompute, flash_attention: bool) -> bool:
+    """Whether backward runs ``node``'s forward again: every operator of a block under full
+    recomputation; the attention core under selective recomputation without flash attention."""
+    if recompute is Recompute.FULL:
+        return block_of(node) is not None
+    return recompute is Recompute.SELECTIVE and not flash_attention and node.kind is OpKind.ATTENTION
+
+
+def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, shards: int,
+               recompute: Recompute, flash_attention: bool) -> tuple[float, float, float]:
+    """(forward, backward, recomputed forward) seconds of one micro-batch of ``node`` whose work is
+    divided over ``shards`` devices."""
+    dt = compute_dtype(node, prec)
+    fwd = forward_seconds(node, graph, gpu, calibration, prec.activation_bytes, dt) / shards
+    bwd = backward_seconds(node, graph, gpu, calibration, prec.activation_bytes, dt) / shards
+    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention) else 0.0
+
+
+def parameter_states(elems: float, prec: Precision, zero: int, zero_ranks: int, replicas: int,
+                     shards_parameters: bool | None = None) -> tuple[MemoryBreakdown, MemoryBreakdown]:
+    """(held, redundant) bytes per device of ``elems`` local parameter elements that ``replicas``
+    devices hold before ZeRO, sharded over ``zero_ranks`` of them: optimizer states from ZeRO-1,
+    gradients from ZeRO-2, weights from ZeRO-3 (or as ``shards_parameters`` says: PyTorch's ZeRO-2
+    shards them too, see :meth:`~parplan.solver.cost.runtime.Runtime.data_parallel`)."""
+    weights_sharded = zero >= 3 if shards_parameters is None else shards_parameters
+    held: dict[str, float] = {}
+    redundant: dict[str, float] = {}
+    for cat, nbytes, sharded in (("parameters", prec.param_bytes, weights_sharded),
+                                 ("gradients", prec.grad_bytes, zero >= 2),
+                                 ("optimizer_states", prec.optimizer_state_bytes, zero >= 1)):
+        h = elems * nbytes / (zero_ranks if sharded else 1)
+        copies = replicas // zero_ranks if sharded else replicas
+        held[cat] = h
+        redundant[cat] = h * (1 - 1 / copies)
+    return MemoryBreakdown(**held), MemoryBreakdown(**redundant)
+
+
+def exposed_seconds(sync_seconds: float, gather_seconds: float, forward_seconds: float, backward_seconds: float,
+                    microbatches: int) -> float:
+    """Seconds per step that overlap does not hide: gradient synchronisation runs during one
+    micro-batch's backward of the same operators, ZeRO-3's weight gathers during each
+    micro-batch's forward and backward (prefetched), as DDP and FSDP overlap them."""
+    return (max(0.0, sync_seconds - backward_seconds)
+            + microbatches * max(0.0, gather_seconds - forward_seconds - backward_seconds))
+
+
+def optimizer_step_seconds(states: MemoryBreakdown, gpu: GpuSpec, calibration: Calibration) -> float:
+    """Adam's update reads the gradients and optimizer states and writes the weights and states
+    (memory bound)."""
+    nbytes = states.gradients + 2 * states.optimizer_states + states.parameters
+    return nbytes / (gpu.hbm_bandwidth_bytes_per_s * calibration.memory_efficiency)
+
+
+def optimizer_temporary_bytes(largest_param_elems: float, prec: Precision) -> float:
+    """Adam's update (PyTorch's reference implementation) works on two temporaries the size of the
+    largest tensor, in the optimizer's precision."""
+    return 2 * largest_param_elems * max(prec.master_bytes, prec.param_bytes)
