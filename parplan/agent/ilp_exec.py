@@ -347,8 +347,12 @@ class PlanInterpreter:
             if n.kind is not OpKind.INPUT:
                 continue
             shape = [s for _, s in n.dims]
-            out[n.id] = torch.arange(shape[0]) if n.id == "position_ids" else torch.randint(0, self.vocab, shape,
-                                                                                            generator=g)
+            if n.id == "position_ids":  # 0 .. seq-1 along the sequence, for every sample
+                seq = dict(n.dims).get("seq", shape[-1])
+                out[n.id] = torch.arange(seq).expand(*shape[:-1], seq).contiguous() if len(shape) > 1 else \
+                    torch.arange(seq)
+            else:
+                out[n.id] = torch.randint(0, self.vocab, shape, generator=g)
         return out
 
     def _locals(self, n: Node, s: OpStrategy | None, dist_ins: list[Any]) -> list[torch.Tensor]:

@@ -3,7 +3,8 @@
 The plan is the ILP's own (:func:`parplan.solver.ilp.search.search` on a fixed mesh, fp32,
 fused attention, ZeRO 0 or 3, one micro-step), executed operator by operator by
 :mod:`parplan.agent.ilp_exec`. The prediction is the plan's per-device memory (the ILP's
-certificate); the measurement is each rank's MemTracker peak by category.
+certificate) under PyTorch's rules (``Runtime.TORCH_CPU``: DTensor keeps the copy of an input it
+converted for an operator); the measurement is each rank's MemTracker peak by category.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
@@ -39,7 +41,8 @@ def ilp_plan(cfg: TransformerConfig, mesh: tuple[int, ...], batch: int, seq_len:
     return search(lambda b: build_graph(cfg, batch=b, seq_len=seq_len), cluster, global_batch=batch,
                   micro_batch=batch, objective=objective, budget_bytes=cluster.device_memory_bytes,
                   max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32",
-                  flash_attention=True, timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3))
+                  flash_attention=True, timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3),
+                  runtime=Runtime.TORCH_CPU)
 
 
 def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: IlpRunSpec,
@@ -53,7 +56,7 @@ def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: Ilp
     mesh = Mesh(tuple((f"m{i}", s) for i, s in enumerate(spec.mesh)))
     cluster = make_cluster(mesh.num_devices, mesh.num_devices, "A100-80GB")
     gp = build_problem(graph, mesh, mesh_links(cluster, mesh), cluster.gpu, DEFAULT_CALIBRATION, get_precision("fp32"),
-                       1, Recompute(recompute), True, prune=False)
+                       1, Recompute(recompute), True, prune=False, runtime=Runtime.TORCH_CPU)
     choice = {}
     for rep, cands in gp.strategies.items():
         want = OpStrategy(tuple(spec.strategies[rep]["assignment"]), int(spec.strategies[rep]["zero"]))

@@ -221,5 +221,5 @@ def test_auto_falls_back_to_the_dp_plan_when_the_ilp_runs_out_of_time() -> None:
                  objective={"kind": "min-memory"}, search="auto", time_limit=3)
     doc = solve(parse_plan_request(body))
     assert doc["memory"] is not None
-    assert doc["solver"]["method"] == "dp"
+    assert doc["solver"]["method"] != "ilp"  # the DP's plan, or a baseline better than it
     assert "the ILP stopped" in doc["solver"]["why"]

@@ -16,13 +16,13 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.plan_memory import plan_memory
 from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.resharding import reshard_seconds
 from parplan.solver.errors import SolverError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem, InfeasibleError, PeakTerm, brute_force, solve_aux
 from parplan.solver.ilp.problem import build_problem
-from parplan.solver.ilp.resharding import reshard_seconds
 from parplan.solver.ilp.search import certify, distinct_meshes, temporary_bytes
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, candidate_strategies, enumerate_assignments
 from parplan.solver.ir import Graph, make_node

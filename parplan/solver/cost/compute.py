@@ -23,7 +23,7 @@ accounting (recomputation adds one more forward).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import GpuSpec
@@ -118,13 +118,16 @@ def backward_flops(node: Node, graph: Graph) -> float:
     return 2.0 * forward_flops(node, graph)
 
 
-def bytes_moved(node: Node, graph: Graph, activation_bytes: int | None = 2) -> float:
+def bytes_moved(node: Node, graph: Graph, activation_bytes: int | None = 2,
+                input_shards: Sequence[float] | None = None, output_shards: float = 1.0) -> float:
     """Bytes of memory traffic of ``node``'s forward pass: read each distinct input, write the output.
 
     Every tensor counts ``activation_bytes`` per element, or its own dtype's size when None.
     ``input``, ``parameter`` and ``reshape`` (a view) move nothing; ``embedding`` reads the ids and
     only the gathered table rows (as many elements as its output). ``attention`` counts q, k, v
-    and the output only (a fused kernel: the score matrix is never written to HBM).
+    and the output only (a fused kernel: the score matrix is never written to HBM). On a device
+    that holds ``1 / input_shards[i]`` of input ``i`` and ``1 / output_shards`` of the output,
+    the traffic is of those pieces.
     """
     if node.kind in (OpKind.INPUT, OpKind.PARAMETER, OpKind.RESHAPE):
         return 0.0
@@ -133,11 +136,14 @@ def bytes_moved(node: Node, graph: Graph, activation_bytes: int | None = 2) -> f
         return activation_bytes if activation_bytes is not None else DTYPE_BYTES.get(n.dtype, 2)
 
     ins = _inputs(node, graph)
-    out = node.numel * size(node)
+    shards = list(input_shards) if input_shards is not None else [1.0] * len(ins)
+    out = node.numel * size(node) / output_shards
     if node.kind is OpKind.EMBEDDING:
-        return float(ins[0].numel * size(ins[0]) + node.numel * size(ins[1]) + out)
-    seen = {n.id: n for n in ins}
-    return float(sum(n.numel * size(n) for n in seen.values()) + out)
+        return float(ins[0].numel * size(ins[0]) / shards[0] + node.numel * size(ins[1]) / output_shards + out)
+    seen: dict[str, float] = {}
+    for n, k in zip(ins, shards, strict=True):
+        seen.setdefault(n.id, n.numel * size(n) / k)
+    return float(sum(seen.values()) + out)
 
 
 def op_seconds(flops: float, traffic_bytes: float, gpu: GpuSpec, dtype: str = "bf16",

@@ -25,13 +25,14 @@ A step takes ``m·t_max + (Σ_s t_s − t_max)/v`` plus the slowest stage's once
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.collectives import (
+    all_reduce_seconds,
     all_to_all_seconds,
     data_parallel_seconds,
     p2p_seconds,
@@ -48,7 +49,7 @@ from parplan.solver.cost.rules import (
 )
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
-from parplan.solver.cost.units import GraphCosts, ParamGroup, TimeEnv, UnitCost
+from parplan.solver.cost.units import GraphCosts, OwnedParam, ParamGroup, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
 from parplan.solver.strategy import Schedule
 
@@ -319,20 +320,42 @@ class PlanEvaluator:
         env = self.env(plan, s, prec) if timed else None
         return gc.unit_cost(u, s.unit(plan.flash_attention, plan.runtime), prec, env)
 
-    def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, groups: Mapping[ParamGroup, float],
+    def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam],
                      prec: Precision) -> tuple[float, float]:
-        """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers) of some parameters."""
+        """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers) of one operator's
+        parameters, synchronised together (one bucket): over their data-parallel group (dense:
+        ``dp`` ranks, experts: ``dp / ep``), and those TP replicates while the operator's work is
+        split all-reduced over TP."""
+        elems = {False: 0.0, True: 0.0}
+        tp_partial = 0.0
+        for p in params:
+            elems[p.group.expert] += p.elems
+            tp_partial += p.elems if p.tp_partial else 0.0
         sync = gathers = 0.0
-        for expert in (False, True):
-            elems = sum(e for g, e in groups.items() if g.expert == expert)
+        for expert, e in elems.items():
             n = s.dp // s.ep if expert else s.dp
-            if not elems or n == 1:
-                continue
-            step, micro = data_parallel_seconds(n, elems * prec.grad_bytes, elems * prec.param_bytes, s.zero,
-                                                self.data_link(plan, s, expert))
-            sync += step
-            gathers += micro
+            if n > 1 and e:
+                step, micro = data_parallel_seconds(n, e * prec.grad_bytes, e * prec.param_bytes, s.zero,
+                                                    self.data_link(plan, s, expert))
+                sync += step
+                gathers += micro
+        if tp_partial:
+            sync += all_reduce_seconds(s.tp, tp_partial * prec.grad_bytes, self.mesh(plan, s).link("tp", self.cluster))
         return sync, gathers
+
+    def once_per_step(self, plan: LayerPlan, c: UnitCost, s: LayerStrategy, prec: Precision,
+                      synced: set[str], own: bool = True, shared: bool = True) -> tuple[float, float]:
+        """(gradient traffic, of it what overlap does not hide) of the parameters ``c``'s operators
+        own, each operator's overlapped with its own backward; a shared parameter only the first time
+        (``synced`` collects them). ``own`` / ``shared``: which parameters to count."""
+        total = exposed = 0.0
+        for op in c.owners:
+            params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
+            synced.update(p.id for p in params if p.shared)
+            sync, gathers = self.sync_seconds(plan, s, params, prec)
+            total += sync + plan.num_microbatches * gathers
+            exposed += exposed_seconds(sync, gathers, op.forward_seconds, op.backward_seconds, plan.num_microbatches)
+        return total, exposed
 
     def optimizer_seconds(self, states: MemoryBreakdown) -> float:
         return optimizer_step_seconds(states, self.cluster.gpu, self.calibration)
@@ -428,6 +451,7 @@ class PlanEvaluator:
             fwd = bwd = rec = tp = relayout = 0.0
             sync_total = exposed = opt = 0.0
             previous: LayerStrategy | None = None
+            synced: set[str] = set()  # shared parameters synchronised once per stage
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=True)
@@ -435,10 +459,9 @@ class PlanEvaluator:
                 bwd += c.backward_seconds
                 rec += c.recompute_seconds
                 tp += c.tp_comm_seconds
-                sync, gathers = self.sync_seconds(plan, s, c.params, prec)
-                m = plan.num_microbatches
-                sync_total += sync + m * gathers
-                exposed += exposed_seconds(sync, gathers, c.forward_seconds, c.backward_seconds, m)
+                traffic, hidden_not = self.once_per_step(plan, c, s, prec, synced)
+                sync_total += traffic
+                exposed += hidden_not
                 opt += self.optimizer_seconds(model_states(c.params, s, prec).bytes)
                 if previous is not None and previous.layout_key != s.layout_key:
                     relayout += self.relayout_seconds(plan, u, s, prec)
@@ -447,9 +470,6 @@ class PlanEvaluator:
             gc = self.costs_for(plan.local_batch(first))
             shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
             if shared:
-                sync, gathers = self.sync_seconds(plan, first, shared, prec)
-                sync_total += sync + plan.num_microbatches * gathers
-                exposed += sync + plan.num_microbatches * gathers
                 opt += self.optimizer_seconds(model_states(shared, first, prec).bytes)
             p2p = 0.0
             if plan.pp > 1:

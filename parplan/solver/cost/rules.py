@@ -18,8 +18,10 @@ from __future__ import annotations
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
 from parplan.solver.cost.activations import Recompute, block_of, is_float
-from parplan.solver.cost.compute import backward_seconds, forward_seconds
+from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
+from parplan.solver.cost.compute import op_seconds as roofline_seconds
 from parplan.solver.cost.memory import MemoryBreakdown
+from parplan.solver.cost.op_layout import Mesh, OpStrategy, input_layout, loop_dims, output_layout, work_shards
 from parplan.solver.cost.precision import Precision
 from parplan.solver.ir import Graph, Node, OpKind
 
@@ -37,13 +39,20 @@ def recomputed(node: Node, recompute: Recompute, flash_attention: bool) -> bool:
     return recompute is Recompute.SELECTIVE and not flash_attention and node.kind is OpKind.ATTENTION
 
 
-def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, shards: int,
-               recompute: Recompute, flash_attention: bool) -> tuple[float, float, float]:
-    """(forward, backward, recomputed forward) seconds of one micro-batch of ``node`` whose work is
-    divided over ``shards`` devices."""
+def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
+               mesh: Mesh, recompute: Recompute, flash_attention: bool) -> tuple[float, float, float]:
+    """(forward, backward, recomputed forward) roofline seconds of one micro-batch of ``node`` under
+    strategy ``s``: its FLOPs divided over the devices its work is split over, its memory traffic
+    that of the pieces of its inputs and output one device holds (backward: twice both)."""
     dt = compute_dtype(node, prec)
-    fwd = forward_seconds(node, graph, gpu, calibration, prec.activation_bytes, dt) / shards
-    bwd = backward_seconds(node, graph, gpu, calibration, prec.activation_bytes, dt) / shards
+    work = work_shards(s, mesh)
+    sizes = mesh.sizes
+    partial = loop_dims(node, graph)[1]
+    ins = [input_layout(node, pos, graph, s, mesh).shards(sizes) for pos in range(len(node.inputs))]
+    traffic = bytes_moved(node, graph, prec.activation_bytes, ins, output_layout(node, s, mesh, partial).shards(sizes))
+    m_eff, b_eff = calibration.matmul_efficiency_for(dt), calibration.memory_efficiency
+    fwd = roofline_seconds(forward_flops(node, graph) / work, traffic, gpu, dt, m_eff, b_eff)
+    bwd = roofline_seconds(backward_flops(node, graph) / work, 2 * traffic, gpu, dt, m_eff, b_eff)
     return fwd, bwd, fwd if recomputed(node, recompute, flash_attention) else 0.0
 
 

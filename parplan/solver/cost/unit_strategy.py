@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.layout import REPLICATED, TensorLayout
+from parplan.solver.cost.op_layout import Mesh, OpStrategy, uniform_assignment
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.ir import Node, OpKind
+from parplan.solver.ir import Graph, Node, OpKind
 from parplan.solver.strategy import SEQ_DIMS, TP_DIMS
 
 
@@ -38,13 +39,25 @@ def unit_layout(node: Node, s: UnitStrategy) -> TensorLayout:
         tp_dim = next((d for d in TP_DIMS if d in dims), None)
         if tp_dim is not None:
             split[tp_dim] = ("tp",)
-        elif s.sp and not node.is_parameter:
+        elif s.sp and not node.is_parameter and node.kind is not OpKind.INPUT:  # ids stay whole
             seq_dim = next((d for d in SEQ_DIMS if d in dims), None)
             if seq_dim is not None:
                 split[seq_dim] = ("tp",)
     if s.ep > 1 and node.is_parameter and "expert" in dims:
         split["expert"] = ("ep",)
     return TensorLayout.of(split) if split else REPLICATED
+
+
+def op_mesh(s: UnitStrategy) -> Mesh:
+    """The mesh of one data-parallel replica under ``s``: the tensor axis and the expert axis."""
+    return Mesh((("tp", s.tp), ("ep", s.ep)))
+
+
+def uniform_strategy(node: Node, graph: Graph, s: UnitStrategy) -> OpStrategy:
+    """``node``'s split under ``s`` as an operator strategy on :func:`op_mesh` (the graph is one
+    replica's: the batch is not split here)."""
+    return OpStrategy(uniform_assignment(node, graph, op_mesh(s), None, "tp" if s.tp > 1 else None, s.sp,
+                                         "ep" if s.ep > 1 else None))
 
 
 def local_elems(node: Node, s: UnitStrategy) -> float:

@@ -19,15 +19,24 @@ from typing import Any
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of, saved_items
+from parplan.solver.cost.activations import Recompute, SavedItem, block_of, saved_items, tensor_bytes
 from parplan.solver.cost.backward import BackwardProfile, backward_profile, forward_transient
-from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
+from parplan.solver.cost.collectives import all_reduce_seconds
 from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout, partial_gradient_axes, renaming
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.resharding import edge_seconds
 from parplan.solver.cost.rules import op_seconds
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems, unit_layout, weight_grad_workspace
+from parplan.solver.cost.unit_strategy import (
+    UnitStrategy,
+    local_elems,
+    op_mesh,
+    uniform_strategy,
+    unit_layout,
+    weight_grad_workspace,
+)
 from parplan.solver.ir import Graph, Node, OpKind
 from parplan.solver.strategy import SEQ_DIMS
 
@@ -38,6 +47,27 @@ class ParamGroup:
 
     tp_replicated: bool  # not split by TP, so every TP rank holds a copy
     expert: bool  # split over the expert-parallel axis (ZeRO shards them over the rest of DP)
+
+
+@dataclass(frozen=True)
+class OwnedParam:
+    """A parameter an operator reads first in its unit: its gradient is synchronised once per step,
+    overlapped with that operator's backward."""
+
+    id: str
+    group: ParamGroup
+    elems: float  # local elements, before ZeRO
+    shared: bool  # read by several units (a tied embedding): synchronised once per stage
+    tp_partial: bool  # replicated over TP by an operator whose work TP splits: its gradient is all-reduced over TP
+
+
+@dataclass(frozen=True)
+class OwnerOp:
+    """An operator's forward and backward seconds (one micro-batch) and the parameters it owns."""
+
+    forward_seconds: float
+    backward_seconds: float
+    params: tuple[OwnedParam, ...]
 
 
 @dataclass
@@ -57,6 +87,7 @@ class UnitCost:
     backward_seconds: float = 0.0
     recompute_seconds: float = 0.0
     tp_comm_seconds: float = 0.0
+    owners: list[OwnerOp] = field(default_factory=list)  # with time: operators owning parameters, in order
 
 
 @dataclass(frozen=True)
@@ -265,49 +296,61 @@ class GraphCosts:
         prec = env.precision
         act = prec.activation_bytes
         graph = self.graph
+        seen: set[str] = set()
         for n in self.nodes[unit]:
             if n.kind is OpKind.INPUT:
                 continue
-            k = unit_layout(n, s).shards(mesh)
-            for i in n.inputs:
-                k = max(k, unit_layout(graph.node(i), s).shards(mesh))
-            f, b, r = op_seconds(n, graph, env.gpu, env.calibration, prec, k, s.recompute, s.flash_attention)
+            op = uniform_strategy(n, graph, s)
+            f, b, r = op_seconds(n, graph, env.gpu, env.calibration, prec, op, op_mesh(s), s.recompute,
+                                 s.flash_attention)
             c.forward_seconds += f
             c.backward_seconds += b
             c.recompute_seconds += r
+            owned = []
+            for i in dict.fromkeys(n.inputs):
+                p = graph.node(i)
+                if not p.is_parameter or p.id in seen:
+                    continue
+                seen.add(p.id)
+                lay = unit_layout(p, s)
+                replicated = s.tp > 1 and "tp" not in lay.axes
+                owned.append(OwnedParam(p.id, ParamGroup(tp_replicated=replicated, expert="ep" in lay.axes),
+                                        p.numel / lay.shards(mesh), p.id in self.shared_params,
+                                        replicated and op.assignment[0] is not None))
+            if owned:
+                c.owners.append(OwnerOp(f, b, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:
             c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act)
 
     def _tp_comm(self, unit: str, s: UnitStrategy, link: Link, act: int) -> float:
-        """Megatron-LM's tensor-parallel collectives implied by the layouts (see plan_time)."""
+        """Tensor-parallel collectives of one micro-batch: every tensor entering an operator of the
+        unit converted from its producer's layout to the one the operator needs, and the gradient
+        it leaves partial reduced (the ILP's edge rules, :func:`~.resharding.edge_seconds`; readers
+        of one tensor share it), and vocabulary-parallel cross entropy's statistics."""
+        graph = self.graph
+        mesh = op_mesh(s)
+        sizes, links = mesh.sizes, {"tp": link, "ep": link}
         seconds = 0.0
-        column_inputs: set[str] = set()
-        n_tp = s.tp
+        per_tensor: dict[str, float] = {}
         for n in self.nodes[unit]:
-            if n.kind not in (OpKind.EINSUM, OpKind.EMBEDDING):
+            if n.kind is OpKind.INPUT or _follows_producer(graph, n):
                 continue
-            ins = [self.graph.node(i) for i in n.inputs]
-            weights = [i for i in ins if i.is_parameter]
-            acts = [i for i in ins if not i.is_parameter]
-            if not weights or not acts:
-                continue
-            w_split = {d for d, _ in unit_layout(weights[0], s).split if d != "expert"}
-            out_dims = set(n.shape)
-            full_bytes = n.numel * act
-            if n.kind is OpKind.EMBEDDING or (w_split and not w_split & out_dims):
-                if s.sp:
-                    seconds += reduce_scatter_seconds(n_tp, full_bytes, link) + all_gather_seconds(n_tp, full_bytes,
-                                                                                                    link)
-                else:
-                    seconds += all_reduce_seconds(n_tp, full_bytes, link)
-            elif w_split & out_dims and acts[0].id not in column_inputs:
-                column_inputs.add(acts[0].id)
-                in_bytes = acts[0].numel * act
-                if s.sp:
-                    seconds += all_gather_seconds(n_tp, in_bytes, link) + reduce_scatter_seconds(n_tp, in_bytes, link)
-                else:
-                    seconds += all_reduce_seconds(n_tp, in_bytes, link)
-        return seconds
+            op = uniform_strategy(n, graph, s)
+            if n.kind is OpKind.CROSS_ENTROPY and "tp" in unit_layout(graph.node(n.inputs[0]), s).axes:
+                # vocabulary-parallel cross entropy: the logits' max, the sum of exponentials and the
+                # target logit, per token in fp32, all-reduced over TP
+                local = n.numel * 4 / output_layout(n, op, mesh, frozenset()).shards(sizes)
+                seconds += 3 * all_reduce_seconds(s.tp, local, link)
+            for pos, i in enumerate(n.inputs):
+                src = graph.node(i)
+                if src.is_parameter or src.kind is OpKind.INPUT:
+                    continue
+                origin, produced = _produced_layout(graph, src, s)
+                cost = edge_seconds(origin.numel * tensor_bytes(origin, act), produced,
+                                    input_layout(n, pos, graph, op, mesh),
+                                    partial_gradient_axes(n, pos, graph, op, mesh), sizes, links)
+                per_tensor[origin.id] = max(per_tensor.get(origin.id, 0.0), cost)
+        return seconds + sum(per_tensor.values())
 
     # ------------------------------------------------------------------ shared pieces of a stage
     def shared_param_elems(self, units: Iterable[str], s: UnitStrategy) -> dict[ParamGroup, float]:
@@ -372,6 +415,28 @@ class GraphCosts:
                 src = self.graph.node(i)
                 out.append(src.numel * act_bytes / unit_layout(src, s).shards(mesh))
         return out
+
+
+def _follows_producer(graph: Graph, node: Node) -> bool:
+    """A view that only renames its producer's dims takes the producer's layout (as in the ILP)."""
+    if renaming(graph, node) is None:
+        return False
+    src = graph.node(node.inputs[0])
+    return not src.is_leaf and not loop_dims(src, graph)[1]
+
+
+def _produced_layout(graph: Graph, node: Node, s: UnitStrategy) -> tuple[Node, TensorLayout]:
+    """The operator that made ``node``'s tensor (views followed) and the layout it is in, named as
+    ``node`` names its dims."""
+    chain = []
+    while _follows_producer(graph, node):
+        chain.append(node)
+        node = graph.node(node.inputs[0])
+    lay = output_layout(node, uniform_strategy(node, graph, s), op_mesh(s), loop_dims(node, graph)[1])
+    for view in reversed(chain):
+        rename = renaming(graph, view) or {}
+        lay = TensorLayout(tuple((rename.get(d, d), a) for d, a in lay.split), lay.partial)
+    return node, lay
 
 
 def _freeze(value: Any) -> Hashable:

@@ -150,9 +150,7 @@ class DpSearch:
         for j, s in enumerate(strats):
             c = self.ev.unit_cost(plan, unit, s, self.prec, timed=True)
             states = model_states(c.params, s, self.prec)
-            sync, gathers = self.ev.sync_seconds(plan, s, c.params, self.prec)
-            exposed = max(0.0, sync - c.backward_seconds) + m * max(0.0, gathers - c.forward_seconds
-                                                                   - c.backward_seconds)
+            _, exposed = self.ev.once_per_step(plan, c, s, self.prec, set(), shared=False)
             mb = c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds
             r.time[j] = m * mb + exposed + self.ev.optimizer_seconds(states.bytes)
             r.states[j] = states.bytes.total
@@ -199,8 +197,10 @@ class DpSearch:
             temp[:, j] = np.maximum(temp[:, j] + always, max(tied_peak, optimizer))
             if shared:
                 st = model_states(shared, s, self.prec)
-                sync, gathers = self.ev.sync_seconds(plan, s, shared, self.prec)
-                t[0, j] += sync + m * gathers + self.ev.optimizer_seconds(st.bytes)
+                synced: set[str] = set()
+                exposed = sum(self.ev.once_per_step(plan, self.ev.unit_cost(plan, u, s, self.prec, timed=True), s,
+                                                    self.prec, synced, own=False)[1] for u in units)
+                t[0, j] += exposed + self.ev.optimizer_seconds(st.bytes)
                 mem[0, j] += st.bytes.total
             mem[0, j] += gc.shared_item_bytes(units, us, self.prec.activation_bytes)[0] * flight
         relayout = np.array([self.row(pp, m, b, strats).relayout for b in blocks[1:]]).reshape(max(n_l - 1, 0), n_s)

@@ -136,9 +136,10 @@ def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> 
     x = b.add("embed.tokens", OpKind.EMBEDDING, [tokens, wte], {"batch": batch, "seq": seq, "hidden": cfg.hidden},
               index_dim="vocab")
     if gpt:
-        pos = b.input("position_ids", {"seq": seq})
+        # position ids per sample, as Megatron-LM's [b, s]: the lookup splits the batch like the rest
+        pos = b.input("position_ids", {"batch": batch, "seq": seq})
         wpe = b.param("embed.positions.weight", {"positions": cfg.seq_len, "hidden": cfg.hidden})
-        pe = b.add("embed.positions", OpKind.EMBEDDING, [pos, wpe], {"seq": seq, "hidden": cfg.hidden},
+        pe = b.add("embed.positions", OpKind.EMBEDDING, [pos, wpe], {"batch": batch, "seq": seq, "hidden": cfg.hidden},
                    index_dim="positions")
         x = b.ew("embed.sum", "add", x, pe)
     x = b.dropout("embed.dropout", x, drop)
@@ -174,13 +175,14 @@ def _bert(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> None:
     drop = 0.1
     tokens = b.input("tokens", {"batch": batch, "seq": seq})
     types = b.input("token_type_ids", {"batch": batch, "seq": seq})
-    pos = b.input("position_ids", {"seq": seq})
+    pos = b.input("position_ids", {"batch": batch, "seq": seq})
     h = cfg.hidden
     wte = b.param("embed.tokens.weight", {"vocab": cfg.vocab, "hidden": h})
     we = b.add("embed.tokens", OpKind.EMBEDDING, [tokens, wte], {"batch": batch, "seq": seq, "hidden": h},
                index_dim="vocab")
     wpe = b.param("embed.positions.weight", {"positions": cfg.seq_len, "hidden": h})
-    pe = b.add("embed.positions", OpKind.EMBEDDING, [pos, wpe], {"seq": seq, "hidden": h}, index_dim="positions")
+    pe = b.add("embed.positions", OpKind.EMBEDDING, [pos, wpe], {"batch": batch, "seq": seq, "hidden": h},
+               index_dim="positions")
     wtt = b.param("embed.types.weight", {"types": cfg.type_vocab, "hidden": h})
     te = b.add("embed.types", OpKind.EMBEDDING, [types, wtt], {"batch": batch, "seq": seq, "hidden": h},
                index_dim="types")

@@ -10,14 +10,15 @@ Memory (bytes per device, the redundant-memory cost model):
 
 Time (seconds per training step of ``m`` micro-batches):
 
-- forward + backward (+ recomputed forward) roofline time divided by the devices the work is split over;
-- the gradient of an activation input is partial along axes that split the work but not that
-  input: an all-reduce per micro-batch;
+- forward + backward (+ recomputed forward) roofline time: the FLOPs divided over the devices the
+  work is split over, the memory traffic of the pieces one device holds (an activation input's
+  gradient that comes out partial is reduced on its edge, see :mod:`.resharding`);
 - parameter gradients are partial along axes that split the work but not the parameter: once per
-  step an all-reduce (ZeRO 0) or a reduce-scatter plus an all-gather of the updated weights
-  (ZeRO 1-2), hidden behind the operator's backward of one micro-batch as far as that lasts;
-  ZeRO-3 also all-gathers the weights in every micro-batch's forward and backward, hidden behind
-  that micro-batch's compute as far as it lasts (the uniform model's overlap rule, per operator);
+  step, the operator's parameters together (one bucket), an all-reduce (ZeRO 0) or a
+  reduce-scatter plus an all-gather of the updated weights (ZeRO 1-2), hidden behind the
+  operator's backward of one micro-batch as far as that lasts; ZeRO-3 also all-gathers the
+  weights in every micro-batch's forward and backward, hidden behind that micro-batch's compute
+  as far as it lasts (:func:`~parplan.solver.cost.rules.exposed_seconds`, as the evaluator);
 - the optimizer step: reading gradients and optimizer states, writing weights and states;
 - vocabulary-parallel cross entropy all-reduces three per-token statistics; expert-parallel
   dispatch and combine each do an all-to-all forward and backward.
@@ -41,7 +42,8 @@ from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import exposed_seconds, op_seconds, optimizer_step_seconds, parameter_states
-from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, output_layout, work_shards
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, output_layout
 from parplan.solver.ir import Graph, Node, OpKind
 
 
@@ -61,6 +63,14 @@ class IlpContext:
     owned_params: Mapping[str, Sequence[int]]  # op id -> input positions of the parameters it owns
     saved_by_owner: Mapping[str, Sequence[SavedItem]]  # op id -> buffers saved at its output
     saved_at_input: Mapping[str, Sequence[tuple[int, SavedItem]]]  # op id -> (position, item) of input-owned
+    runtime: Runtime = Runtime.MEGATRON
+
+    @property
+    def keeps_resharded_copies(self) -> bool:
+        """Whether a consumer that receives an input in another layout keeps that copy for its
+        backward (PyTorch's DTensor); Megatron-LM keeps the producer's (a sequence-parallel input
+        sharded) and converts it again in backward."""
+        return self.runtime.saves_gathered_sp_inputs
 
     def group_link(self, axes: Sequence[str]) -> Link:
         """Slowest link among ``axes`` (the group spans all of them)."""
@@ -107,13 +117,13 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
 
     # --- compute
     act_bytes = prec.activation_bytes
-    fwd, bwd, rec = op_seconds(node, g, ctx.gpu, ctx.calibration, prec, work_shards(s, mesh), ctx.recompute,
-                               ctx.flash_attention)
+    fwd, bwd, rec = op_seconds(node, g, ctx.gpu, ctx.calibration, prec, s, mesh, ctx.recompute, ctx.flash_attention)
     seconds += m * (fwd + bwd + rec)
     sync = 0.0  # once-per-step gradient traffic, hidden behind one micro-batch's backward
     gathers = 0.0  # ZeRO-3 weight gathers of one micro-batch, hidden behind its compute
 
     # --- parameters it owns
+    buckets: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}  # (data axes, other axes) -> elements
     for pos in ctx.owned_params.get(node.id, ()):
         p = g.node(node.inputs[pos])
         lay = input_layout(node, pos, g, s, mesh)
@@ -126,17 +136,19 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
             held[cat] += getattr(states, cat)
             redundant[cat] += getattr(states_red, cat)
         partial = [a for a in replicated if a in worked]
-        if partial:
-            grads, weights = local * prec.grad_bytes, local * prec.param_bytes
-            dp_axes = [a for a in partial if a in data]
-            other = [a for a in partial if a not in data]
-            if other:
-                sync += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
-            if dp_axes:
-                step, micro = data_parallel_seconds(ctx.group_size(dp_axes), grads, weights, s.zero,
-                                                    ctx.group_link(dp_axes))
-                sync += step
-                gathers += micro
+        if partial:  # the operator's parameters synchronise together, one collective per group of axes
+            dp_axes = tuple(a for a in partial if a in data)
+            other = tuple(a for a in partial if a not in data)
+            buckets[(dp_axes, other)] = buckets.get((dp_axes, other), 0.0) + local
+    for (dp_axes, other), local in buckets.items():
+        grads, weights = local * prec.grad_bytes, local * prec.param_bytes
+        if other:
+            sync += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
+        if dp_axes:
+            step, micro = data_parallel_seconds(ctx.group_size(dp_axes), grads, weights, s.zero,
+                                                ctx.group_link(dp_axes))
+            sync += step
+            gathers += micro
     # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward, ZeRO-3's
     # gathers are prefetched during compute; only what exceeds that compute is exposed.
     seconds += exposed_seconds(sync, gathers, fwd, bwd, m)
@@ -144,9 +156,10 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
 
     # --- saved activations
     out_layout = output_layout(node, s, mesh, partial_dims)
-    saved_layout = TensorLayout(out_layout.split)  # partial sums are reduced before anyone saves them
+    saved_layout = TensorLayout(out_layout.split)
     act_replicas = math.prod(sizes[a] for a in mesh.names if a not in saved_layout.axes)
-    for it in ctx.saved_by_owner.get(node.id, ()):
+    for it in ctx.saved_by_owner.get(node.id, ()) if not out_layout.partial else ():
+        # (partial sums are saved as their first reader receives them: on that edge, see problem.py)
         local = _local(it.total_bytes, saved_layout, mesh, it.dims)
         held["activations"] += local
         redundant["activations"] += local * (1 - 1 / act_replicas)
@@ -155,17 +168,6 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
         local = _local(it.total_bytes, lay, mesh, it.dims)
         held["activations"] += local
         redundant["activations"] += local * (1 - 1 / math.prod(sizes[a] for a in mesh.names if a not in lay.axes))
-
-    # --- gradients of activation inputs that come out partial
-    for pos, i in enumerate(node.inputs):
-        src = g.node(i)
-        if src.is_parameter or src.kind is OpKind.INPUT:
-            continue
-        lay = input_layout(node, pos, g, s, mesh)
-        axes = [a for a in worked if a not in lay.axes and sizes[a] > 1]
-        if axes:
-            local = src.numel * act_bytes / lay.shards(sizes)
-            seconds += m * all_reduce_seconds(ctx.group_size(axes), local, ctx.group_link(axes))
 
     # --- operator-specific collectives
     if node.kind is OpKind.CROSS_ENTROPY:

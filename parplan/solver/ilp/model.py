@@ -69,6 +69,10 @@ class AuxEdge:
         classes = self.src_class if side == "src" else self.dst_class
         return strategy if classes is None else classes[strategy]
 
+    def seconds_of(self, choice: dict[str, int]) -> float:
+        """Seconds of the ``count`` copies of this edge under a choice."""
+        return self.count * self.seconds[self.cls("src", choice[self.src])][self.cls("dst", choice[self.dst])]
+
 
 @dataclass
 class PeakTerm:
@@ -92,6 +96,16 @@ class AuxProblem:
     nodes: dict[str, AuxNode] = field(default_factory=dict)
     edges: list[AuxEdge] = field(default_factory=list)
     peaks: list[PeakTerm] = field(default_factory=list)
+    #: groups of edges reading one tensor (their counts equal): the group costs the most expensive of
+    #: its edges' seconds, not their sum (one conversion and one gradient reduction serve every reader
+    #: that needs the tensor alike, as Megatron-LM's fused QKV projection gathers its input once)
+    shared: list[list[int]] = field(default_factory=list)
+
+    def edge_seconds(self, choice: dict[str, int]) -> float:
+        """Seconds of every edge under a choice, shared groups at their costliest member."""
+        grouped = {ei for g in self.shared for ei in g}
+        sec = sum(e.seconds_of(choice) for ei, e in enumerate(self.edges) if ei not in grouped)
+        return sec + sum(max(self.edges[ei].seconds_of(choice) for ei in g) for g in self.shared)
 
     def peak(self, choice: dict[str, int]) -> float:
         """The temporary peak of a choice: its largest peak term (0 without any)."""
@@ -101,12 +115,10 @@ class AuxProblem:
         """(memory, seconds) of a full choice of strategies, recomputed from the cost tables;
         memory includes the temporary peak."""
         mem = self.peak(choice) + sum(n.count * n.memory[choice[k]] for k, n in self.nodes.items())
-        sec = sum(n.count * n.seconds[choice[k]] for k, n in self.nodes.items())
+        sec = sum(n.count * n.seconds[choice[k]] for k, n in self.nodes.items()) + self.edge_seconds(choice)
         for e in self.edges:
-            s, t = e.cls("src", choice[e.src]), e.cls("dst", choice[e.dst])
-            sec += e.count * e.seconds[s][t]
             if e.memory is not None:
-                mem += e.count * e.memory[s][t]
+                mem += e.count * e.memory[e.cls("src", choice[e.src])][e.cls("dst", choice[e.dst])]
         return mem, sec
 
     def memory_lower_bound(self) -> float:
@@ -168,6 +180,7 @@ def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
         for s, var in enumerate(X[k]):
             mem_terms.append((var, node.count * node.memory[s] / _MEM))
             sec_terms.append((var, node.count * node.seconds[s]))
+    grouped = {ei for g in problem.shared for ei in g}
     for ei, e in enumerate(problem.edges):
         ns, nt = len(e.seconds), len(e.seconds[0])
         B = [[pulp.LpVariable(f"B_{ei}_{s}_{t}", lowBound=0, upBound=1) for t in range(nt)] for s in range(ns)]
@@ -187,10 +200,22 @@ def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
                    == pulp.lpSum(x for k, x in enumerate(X[e.src]) if e.cls("src", k) == s)), f"edge_out__{ei}_{s}"
         for s in range(ns):
             for t in range(nt):
-                if e.seconds[s][t]:
+                if e.seconds[s][t] and ei not in grouped:
                     sec_terms.append((B[s][t], e.count * e.seconds[s][t]))
                 if e.memory is not None and e.memory[s][t]:
                     mem_terms.append((B[s][t], e.count * e.memory[s][t] / _MEM))
+    for gi, group in enumerate(problem.shared):
+        Z = pulp.LpVariable(f"Z_shared_{gi}", lowBound=0)
+        if start is not None:
+            Z.setInitialValue(max(problem.edges[ei].seconds_of(start) for ei in group))
+        sec_terms.append((Z, 1.0))
+        for ei in group:
+            e = problem.edges[ei]
+            expr = [(edge_vars[ei][s][t], e.count * e.seconds[s][t]) for s in range(len(e.seconds))
+                    for t in range(len(e.seconds[0])) if e.seconds[s][t]]
+            if expr:
+                # readers of one tensor share its conversion: the group costs its costliest edge
+                lp += pulp.LpAffineExpression(expr) <= Z, f"shared__{gi}_{ei}"
     if problem.peaks:
         T = pulp.LpVariable("T_temporary_peak", lowBound=0)
         if start is not None:

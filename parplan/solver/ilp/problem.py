@@ -18,19 +18,22 @@ its consumers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.op_layout import renaming
 from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.resharding import edge_seconds, reduced_layout, reshard_buffer_bytes, reshard_seconds
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.ilp.costs import IlpContext, StrategyCost, op_cost
 from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem, PeakTerm
-from parplan.solver.ilp.resharding import reshard_buffer_bytes, reshard_seconds
 from parplan.solver.ilp.strategies import (
     Mesh,
     OpStrategy,
@@ -38,8 +41,11 @@ from parplan.solver.ilp.strategies import (
     input_layout,
     loop_dims,
     output_layout,
+    partial_gradient_axes,
 )
 from parplan.solver.ir import Graph, Node, OpKind
+
+_K = TypeVar("_K")
 
 
 @dataclass
@@ -105,7 +111,7 @@ def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, 
 def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuSpec, calibration: Calibration,
                   precision: Precision, microbatches: int, recompute: Recompute, flash_attention: bool,
                   zero_stages: tuple[int, ...] = (0, 1, 2, 3), max_strategies: int | None = None,
-                  follow_views: bool = True, prune: bool = True) -> GraphProblem:
+                  follow_views: bool = True, prune: bool = True, runtime: Runtime = Runtime.MEGATRON) -> GraphProblem:
     """The auxiliary problem of ``graph`` (built for one micro-batch) on ``mesh``.
 
     ``max_strategies`` caps the candidates per operator (after dropping dominated ones) by keeping
@@ -115,17 +121,17 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
     owned = _owners(graph, ops)
     by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention)
     ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
-                     owned, by_owner, at_input)
+                     owned, by_owner, at_input, runtime)
     gc = GraphCosts(graph)
     rep_of = gc.node_representatives(structural=True)  # the operator whose variables it uses
     price_of = gc.node_representatives()  # the operator that costs what it costs
     partial = {n.id: loop_dims(n, graph)[1] for n in ops}
-    follows = {n.id: n.inputs[0] for n in ops if follow_views and _renaming(graph, n) is not None
+    follows = {n.id: n.inputs[0] for n in ops if follow_views and renaming(graph, n) is not None
                and not graph.node(n.inputs[0]).is_leaf and not partial[n.inputs[0]]}
     if follows:
         by_owner = _charge_views_to_origins(graph, by_owner, follows)
         ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
-                         owned, by_owner, at_input)
+                         owned, by_owner, at_input, runtime)
     copies: dict[str, dict[str, int]] = {}
     for n in ops:
         if n.id not in follows:
@@ -154,22 +160,33 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         key = (rep_of[src], rep_of[dst], pos)
         classes[key] = classes.get(key, 0) + 1
     sizes = mesh.sizes
+    readers: dict[tuple[str, int], list[int]] = {}  # (tensor's representative, copies) -> its edges
+    first_reader: dict[str, tuple[str, str, int]] = {}  # tensor -> its first reading edge
+    for edge in edges:
+        first_reader.setdefault(_origin(edge[0], follows), edge)
     for (src, dst, pos), count in classes.items():
         tensor = graph.node(_origin(src, follows))
         consumer = graph.node(dst)
         total = tensor.numel * elem_bytes(tensor, precision.activation_bytes)
         origin = rep_of[_origin(src, follows)]
         outs = [_source_layout(gp, src, s) for s in range(len(strategies[origin]))]
-        ins = [input_layout(consumer, pos, graph, t, mesh) for t in strategies[dst]]
+        # the consumer's side of the edge: the layout it needs and the axes its gradient comes out partial over
+        ins = [(input_layout(consumer, pos, graph, t, mesh), partial_gradient_axes(consumer, pos, graph, t, mesh))
+               for t in strategies[dst]]
         out_classes, out_reps = _classes(outs)
         in_classes, in_reps = _classes(ins)
-        secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in in_reps] for o in out_reps]
+        secs = [[microbatches * edge_seconds(total, o, i, p, sizes, links) for i, p in in_reps] for o in out_reps]
         kept = consumer_saves(gp, dst, pos)
-        held_copies = [[resharded_copy_bytes(kept, o, i, sizes) for i in in_reps] for o in out_reps] if kept else None
+        first = (src, dst, pos) == first_reader.get(_origin(src, follows))
+        saved = gp.ctx.saved_by_owner.get(_origin(src, follows), ()) if first else ()
+        held_copies = ([[resharded_copy_bytes(kept, o, i, sizes) + partial_saved_bytes(saved, o, i, sizes)
+                         for i, _ in in_reps] for o in out_reps] if kept or saved else None)
         problem.edges.append(AuxEdge(origin, dst, secs, held_copies, count, out_classes, in_classes))
-        buffers = [[reshard_buffer_bytes(total, o, i, sizes) for i in in_reps] for o in out_reps]
+        readers.setdefault((origin, count), []).append(len(problem.edges) - 1)
+        buffers = [[reshard_buffer_bytes(total, o, i, sizes) for i, _ in in_reps] for o in out_reps]
         if any(any(row) for row in buffers):
             problem.peaks.append(PeakTerm(edges={len(problem.edges) - 1: buffers}))
+    problem.shared = [group for group in readers.values() if len(group) > 1]
     _add_op_peaks(gp)
     pclasses: dict[tuple[str, int, str, int], int] = {}
     for owner, opos, user, upos in param_edges:
@@ -178,18 +195,21 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
     for (owner, opos, user, upos), count in pclasses.items():
         param = graph.node(graph.node(owner).inputs[opos])
         total = param.numel * precision.param_bytes
-        outs = [input_layout(graph.node(owner), opos, graph, s, mesh) for s in strategies[owner]]
-        ins = [input_layout(graph.node(user), upos, graph, t, mesh) for t in strategies[user]]
-        out_classes, out_reps = _classes(outs)
-        in_classes, in_reps = _classes(ins)
-        secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in in_reps] for o in out_reps]
-        problem.edges.append(AuxEdge(owner, user, secs, None, count, out_classes, in_classes))
+        owner_layouts = [input_layout(graph.node(owner), opos, graph, s, mesh) for s in strategies[owner]]
+        user_layouts = [input_layout(graph.node(user), upos, graph, t, mesh) for t in strategies[user]]
+        owner_classes, owner_reps = _classes(owner_layouts)
+        user_classes, user_reps = _classes(user_layouts)
+        secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in user_reps] for o in owner_reps]
+        problem.edges.append(AuxEdge(owner, user, secs, None, count, owner_classes, user_classes))
     return gp
 
 
 def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
-    """Bytes (whole tensor) of input ``position`` that operator ``op`` keeps for its backward, 0 if none."""
+    """Bytes (whole tensor) of input ``position`` that operator ``op`` keeps for its backward, 0 if none
+    (or when the runtime keeps the producer's copy instead, see ``IlpContext.keeps_resharded_copies``)."""
     ctx = gp.ctx
+    if not ctx.keeps_resharded_copies:
+        return 0.0
     graph = ctx.graph
     node = graph.node(op)
     key = node.inputs[position]
@@ -201,12 +221,24 @@ def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
     return next((it.total_bytes for it in items if it.key == key and it.dims is None), 0.0)
 
 
+def partial_saved_bytes(items: Sequence[SavedItem], produced: TensorLayout, needed: TensorLayout,
+                        sizes: Mapping[str, int]) -> float:
+    """Bytes of a tensor's saved buffers held on each device when the producer leaves it partial:
+    as reduced for its first reader (charged on that edge), none otherwise (charged with the
+    producer, see :func:`~parplan.solver.ilp.costs.op_cost`)."""
+    if not produced.partial:
+        return 0.0
+    lay = reduced_layout(produced, needed)
+    return sum(it.total_bytes / lay.shards(sizes, it.dims) for it in items)
+
+
 def resharded_copy_bytes(kept_bytes: float, produced: TensorLayout, needed: TensorLayout,
                          sizes: Mapping[str, int]) -> float:
     """A consumer that keeps an input for backward keeps the copy it received: when the input
     arrives in another layout than its producer's (reduced) one, that copy is held besides the
     producer's, which the producer is charged for."""
-    if dict(produced.split) == dict(needed.split):
+    base = reduced_layout(produced, needed) if produced.partial else produced
+    if dict(base.split) == dict(needed.split):
         return 0.0
     return kept_bytes / needed.shards(sizes)
 
@@ -282,16 +314,6 @@ def _param_edges(graph: Graph, ops: list[Node], owned: Mapping[str, list[int]]) 
     return out
 
 
-def _renaming(graph: Graph, node: Node) -> dict[str, str] | None:
-    """For a view that only renames dims (same sizes, same order): input dim -> output dim."""
-    if node.kind is not OpKind.RESHAPE or len(node.inputs) != 1:
-        return None
-    src = graph.node(node.inputs[0])
-    if [s for _, s in src.dims] != [s for _, s in node.dims]:
-        return None
-    return {a: b for (a, _), (b, _) in zip(src.dims, node.dims, strict=True)}
-
-
 def _charge_views_to_origins(graph: Graph, by_owner: dict[str, list[SavedItem]],
                              follows: Mapping[str, str]) -> dict[str, list[SavedItem]]:
     """Buffers saved of a view's output are the origin's tensor under other names: charge them to
@@ -300,7 +322,7 @@ def _charge_views_to_origins(graph: Graph, by_owner: dict[str, list[SavedItem]],
     for view in follows:
         origin, names = view, dict[str, str]()
         while origin in follows:
-            rename = _renaming(graph, graph.node(origin)) or {}
+            rename = renaming(graph, graph.node(origin)) or {}
             back = {b: a for a, b in rename.items()}
             names = {k: back.get(v, v) for k, v in names.items()} if names else dict(back)
             origin = follows[origin]
@@ -310,9 +332,9 @@ def _charge_views_to_origins(graph: Graph, by_owner: dict[str, list[SavedItem]],
     return out
 
 
-def _classes(layouts: list[TensorLayout]) -> tuple[list[int], list[TensorLayout]]:
+def _classes(layouts: list[_K]) -> tuple[list[int], list[_K]]:
     """Class index of each layout (equal layouts share one) and one layout per class."""
-    index: dict[TensorLayout, int] = {}
+    index: dict[_K, int] = {}
     for lay in layouts:
         index.setdefault(lay, len(index))
     return [index[lay] for lay in layouts], list(index)
@@ -335,7 +357,7 @@ def _source_layout(gp: GraphProblem, src: str, s: int) -> TensorLayout:
         chain.append(op)
         op = gp.follows[op]
     for view in reversed(chain):  # rename dims from the origin outwards
-        rename = _renaming(gp.ctx.graph, gp.ctx.graph.node(view)) or {}
+        rename = renaming(gp.ctx.graph, gp.ctx.graph.node(view)) or {}
         lay = TensorLayout(tuple((rename.get(d, d), a) for d, a in lay.split), lay.partial)
     return lay
 

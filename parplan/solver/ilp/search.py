@@ -31,6 +31,8 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
 from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.resharding import edge_seconds, reshard_buffer_bytes, reshard_seconds
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
 from parplan.solver.ilp.model import IlpResult, InfeasibleError, solve_aux
@@ -39,10 +41,10 @@ from parplan.solver.ilp.problem import (
     build_problem,
     consumer_saves,
     op_peak_bytes,
+    partial_saved_bytes,
     resharded_copy_bytes,
 )
-from parplan.solver.ilp.resharding import reshard_buffer_bytes, reshard_seconds
-from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes
+from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes, partial_gradient_axes
 from parplan.solver.ir import Graph
 from parplan.solver.progress import ProgressFn
 
@@ -93,13 +95,24 @@ def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
             continue
         c = op_cost(n, gp.strategy_of(n.id, choice), ctx, gp.partial_dims[n.id])
         held, redundant, seconds = held + c.memory, redundant + c.redundant, seconds + c.seconds
+    per_tensor: dict[str, float] = {}  # the readers of a tensor share its conversion: the costliest counts
+    first_read: set[str] = set()
     for src, dst, pos in gp.edges:
         tensor = graph.node(_origin(gp, src))
         total = tensor.numel * elem_bytes(tensor, ctx.precision.activation_bytes)
-        dst_layout = input_layout(graph.node(dst), pos, graph, gp.strategy_of(dst, choice), mesh)
-        seconds += ctx.microbatches * reshard_seconds(total, gp.out_layout(src, choice), dst_layout, sizes, ctx.links)
+        strategy = gp.strategy_of(dst, choice)
+        dst_layout = input_layout(graph.node(dst), pos, graph, strategy, mesh)
+        partial = partial_gradient_axes(graph.node(dst), pos, graph, strategy, mesh)
+        cost = ctx.microbatches * edge_seconds(total, gp.out_layout(src, choice), dst_layout, partial, sizes,
+                                               ctx.links)
+        per_tensor[tensor.id] = max(per_tensor.get(tensor.id, 0.0), cost)
         copy = resharded_copy_bytes(consumer_saves(gp, dst, pos), gp.out_layout(src, choice), dst_layout, sizes)
+        if tensor.id not in first_read:  # a partial output is saved as its first reader receives it
+            first_read.add(tensor.id)
+            copy += partial_saved_bytes(ctx.saved_by_owner.get(tensor.id, ()), gp.out_layout(src, choice),
+                                        dst_layout, sizes)
         held = held + MemoryBreakdown(activations=copy)
+    seconds += sum(per_tensor.values())
     for owner, opos, user, upos in gp.param_edges:
         owner_node, user_node = graph.node(owner), graph.node(user)
         param = graph.node(owner_node.inputs[opos])
@@ -189,7 +202,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            calibration: Any, precision: str = "bf16", flash_attention: bool = True, timeout_seconds: float = 60.0,
            progress: ProgressFn | None = None, max_mesh_dims: int = 3,
            reference_seconds: float | None = None, fixed_mesh: tuple[int, ...] | None = None,
-           zero_stages: tuple[int, ...] = (0, 1, 2, 3)) -> dict[str, Any]:
+           zero_stages: tuple[int, ...] = (0, 1, 2, 3), runtime: Runtime = Runtime.MEGATRON) -> dict[str, Any]:
     """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics).
 
     Candidates are (mesh, micro-step size) pairs. ``reference_seconds`` is the step time of the best
@@ -225,7 +238,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             report("building and solving: best time", 0.05 + 0.55 * i / len(combos))
             gp = build_problem(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
                                recompute, flash_attention, zero_stages=zero_stages,
-                               max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None)
+                               max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime)
             try:
                 if gp.problem.memory_lower_bound() > budget_bytes:
                     raise InfeasibleError("even the least memory of every operator exceeds the budget")

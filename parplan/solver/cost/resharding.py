@@ -14,6 +14,13 @@ partial → replicated        all-reduce                        nothing
 partial → split d           reduce-scatter                    all-gather
 ==========================  ================================  ==========================
 
+A consumer whose work is split over an axis that does not split the input (a column-parallel
+linear reading a replicated input) leaves that input's gradient partial along the axis: backward
+reduces it into the producer's layout, a reduce-scatter where the producer splits a dim over the
+axis (sequence parallelism), an all-reduce where it does not (:func:`gradient_reduction_seconds`).
+Several consumers of one tensor add their partial gradients first and reduce once, so each is
+charged its share.
+
 Axes are converted one after the other; each collective moves the tensor's bytes as held with
 that axis gathered (the other axes as the producer left them), over that axis's link. The
 per-axis costs satisfy the triangle inequality (a direct conversion never costs more than one
@@ -23,7 +30,7 @@ through an intermediate layout), which is what lets zero-cost views follow their
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from parplan.solver.cluster import Link
 from parplan.solver.cost.collectives import (
@@ -72,6 +79,35 @@ def reshard_seconds(total_bytes: float, src: TensorLayout, dst: TensorLayout, me
     return seconds
 
 
+def gradient_reduction_seconds(total_bytes: float, src: TensorLayout, dst: TensorLayout, partial_axes: Iterable[str],
+                               mesh: Mapping[str, int], links: Mapping[str, Link]) -> float:
+    """Backward seconds to reduce a gradient that is partial over ``partial_axes`` (held in the
+    consumer's layout ``dst``) into the producer's layout ``src``: per axis, a reduce-scatter when
+    ``src`` splits a dim over it, else an all-reduce (``total_bytes``: the unsharded tensor)."""
+    seconds = 0.0
+    for axis in partial_axes:
+        n = mesh[axis]
+        if n == 1:
+            continue
+        nbytes = total_bytes / math.prod(mesh[x] for x in dst.axes if x != axis)
+        if _axis_state(src, axis) not in (None, "#partial"):
+            seconds += reduce_scatter_seconds(n, nbytes, links[axis])
+        else:
+            seconds += all_reduce_seconds(n, nbytes, links[axis])
+    return seconds
+
+
+def reduced_layout(produced: TensorLayout, needed: TensorLayout) -> TensorLayout:
+    """The layout a tensor of partial sums has once reduced for a consumer that needs ``needed``:
+    split over a partial axis where the consumer splits (a reduce-scatter), else whole there."""
+    split = {d: list(axes) for d, axes in produced.split}
+    for d, axes in needed.split:
+        for a in axes:
+            if a in produced.partial:
+                split.setdefault(d, []).append(a)
+    return TensorLayout.of(split)
+
+
 def reshard_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLayout, mesh: Mapping[str, int]) -> float:
     """Bytes of the new buffer a conversion materialises on each device: the tensor in the
     consumer's layout when some axis gathers (split → replicated) or exchanges (split → split');
@@ -83,3 +119,12 @@ def reshard_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLayou
         if a not in (None, "#partial") and a != b:
             return total_bytes / dst.shards(mesh)
     return 0.0
+
+
+def edge_seconds(total_bytes: float, produced: TensorLayout, needed: TensorLayout, partial_axes: frozenset[str],
+                 sizes: Mapping[str, int], links: Mapping[str, Link]) -> float:
+    """One micro-batch's forward + backward seconds of an edge: converting the tensor to the layout
+    its consumer needs, and reducing the gradient it leaves partial (readers of one tensor share
+    both: the costliest reader's is paid once)."""
+    return (reshard_seconds(total_bytes, produced, needed, sizes, links)
+            + gradient_reduction_seconds(total_bytes, produced, needed, partial_axes, sizes, links))
