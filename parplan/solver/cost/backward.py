@@ -20,11 +20,18 @@ and sequence-parallel layout), bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from parplan.solver.cost.activations import Recompute, block_of, is_float, op_saved_items, tensor_bytes
-from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems, weight_grad_workspace
-from parplan.solver.ir import Node, OpKind
+from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
+from parplan.solver.cost.unit_strategy import (
+    UnitStrategy,
+    local_elems,
+    op_mesh,
+    uniform_strategy,
+    weight_grad_workspace,
+)
+from parplan.solver.ir import Graph, Node, OpKind
 
 if TYPE_CHECKING:
     from parplan.solver.cost.precision import Precision
@@ -89,9 +96,12 @@ def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precisio
     remaining = {n.id: len(consumers[n.id]) if all(c in local for c in consumers[n.id]) else -1 for n in nodes}
     live: dict[str, float] = {}
     peak = 0.0
+    sizes = UnitSizes(gc.graph, s)
     for n in nodes:
         if n.id not in kept and n.kind is not OpKind.RESHAPE:
-            live[n.id] = local_elems(n, s) * tensor_bytes(n, act)
+            # an operator's output as it makes it; a graph input as the unit's layout holds it
+            elems = local_elems(n, s) if n.kind is OpKind.INPUT else sizes.output(n)
+            live[n.id] = elems * tensor_bytes(n, act)
         peak = max(peak, sum(live.values()))
         for i in dict.fromkeys(n.inputs):
             if i in remaining and remaining[i] > 0:
@@ -101,29 +111,72 @@ def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precisio
     return peak
 
 
-def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
+class OpSizes(Protocol):
+    """Per-device elements of the tensors around one operator, under some strategy."""
+
+    def output(self, n: Node) -> float:
+        """``n``'s output as ``n`` makes it (whole where it leaves partial sums)."""
+
+    def input(self, n: Node, position: int) -> float:
+        """Input ``position`` as ``n`` reads it (a gathered copy where ``n`` needs one)."""
+
+    def weight_grad(self, n: Node, position: int) -> float:
+        """The gradient ``n``'s backward makes for its parameter input ``position``."""
+
+    def sp_gather(self, n: Node) -> float:
+        """A sequence-parallel norm's output gathered whole for backward, 0 for other operators."""
+
+
+def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_bytes: int,
+                       full_embedding_gradient: bool) -> float:
     """Gradients alive while ``n``'s backward runs: its output's, its activation inputs', its
     weights' (a sequence-parallel norm's gathered output too)."""
-    out = local_elems(n, s) * tensor_bytes(n, act) if is_float(n) else 0.0
+    out = sizes.output(n) * tensor_bytes(n, act) if is_float(n) else 0.0
     ins = 0.0
-    for i in n.inputs:
-        src = gc.graph.node(i)
+    for pos, i in enumerate(n.inputs):
+        src = graph.node(i)
         if src.is_parameter or src.kind is OpKind.INPUT or not is_float(src):
             continue
-        ins += local_elems(src, s) * act
-    gather = 0.0
-    if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
-        gather = n.numel * act
-    weights = _weight_grad_bytes(gc, n, s, grad_bytes)
-    if n.kind is OpKind.EMBEDDING and s.runtime.full_embedding_gradient:
+        ins += sizes.input(n, pos) * act
+    gather = sizes.sp_gather(n) * act
+    weights = op_weight_grad_bytes(n, graph, sizes, grad_bytes)
+    if n.kind is OpKind.EMBEDDING and full_embedding_gradient:
         # the whole table's gradient is made from the output's; the output's gradient is freed
         # before the device's own rows are copied out of it
-        whole = sum(p.numel for p in map(gc.graph.node, n.inputs) if p.is_parameter) * grad_bytes
+        whole = sum(p.numel for p in map(graph.node, n.inputs) if p.is_parameter) * grad_bytes
         return max(out + ins + whole, weights) + gather
     return out + ins + weights + gather
 
 
-def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
+def op_weight_grad_bytes(n: Node, graph: Graph, sizes: OpSizes, grad_bytes: int) -> float:
     """Per-device bytes of the weight gradients ``n``'s backward makes."""
-    weights = (gc.graph.node(i) for i in n.inputs)
-    return sum(weight_grad_workspace(n, p, s) for p in weights if p.is_parameter) * grad_bytes
+    return sum(sizes.weight_grad(n, pos) for pos, i in enumerate(n.inputs) if graph.node(i).is_parameter) * grad_bytes
+
+
+class UnitSizes:
+    """:class:`OpSizes` of a unit's operators under a per-unit strategy (Megatron-LM's layouts)."""
+
+    def __init__(self, graph: Graph, s: UnitStrategy) -> None:
+        self.graph, self.s, self.mesh = graph, s, op_mesh(s)
+
+    def output(self, n: Node) -> float:
+        lay = output_layout(n, uniform_strategy(n, self.graph, self.s), self.mesh, loop_dims(n, self.graph)[1])
+        return n.numel / lay.shards(self.mesh.sizes)
+
+    def input(self, n: Node, position: int) -> float:
+        lay = input_layout(n, position, self.graph, uniform_strategy(n, self.graph, self.s), self.mesh)
+        return self.graph.node(n.inputs[position]).numel / lay.shards(self.mesh.sizes)
+
+    def weight_grad(self, n: Node, position: int) -> float:
+        return weight_grad_workspace(n, self.graph.node(n.inputs[position]), self.s)
+
+    def sp_gather(self, n: Node) -> float:
+        return float(n.numel) if self.s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) else 0.0
+
+
+def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
+    return op_transient_bytes(n, gc.graph, UnitSizes(gc.graph, s), act, grad_bytes, s.runtime.full_embedding_gradient)
+
+
+def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
+    return op_weight_grad_bytes(n, gc.graph, UnitSizes(gc.graph, s), grad_bytes)

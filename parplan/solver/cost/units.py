@@ -176,7 +176,10 @@ class GraphCosts:
                     refs.append(("p", plocal[i]))
                 else:
                     src = self.graph.node(i)
-                    refs.append(("x", src.dims, src.dtype))
+                    # what made an outside input decides its layout, so what converting it costs
+                    # (the first block's input is the embedding's partial sums, the next's is not)
+                    made = (src.kind.value, _freeze(src.attrs), src.kind is OpKind.INPUT) if uses else ()
+                    refs.append(("x", src.dims, src.dtype, made))
             # how the output is used outside the unit decides what is saved for it (a block whose
             # output only feeds a view differs from one whose output feeds the next block's matmuls)
             outside = tuple(sorted((c.kind.value, str(c.attrs.get("fn", "")), c.inputs.index(n.id))

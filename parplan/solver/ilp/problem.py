@@ -19,17 +19,17 @@ its consumers.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items
+from parplan.solver.cost.activations import Recompute, SavedItem, op_saved_items, saved_items
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import renaming
 from parplan.solver.cost.precision import Precision
-from parplan.solver.cost.resharding import edge_seconds, reduced_layout, reshard_buffer_bytes, reshard_seconds
+from parplan.solver.cost.resharding import edge_seconds, reduced_layout, reshard_seconds
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.ilp.costs import IlpContext, StrategyCost, op_cost
@@ -63,6 +63,12 @@ class GraphProblem:
     follows: dict[str, str]  # view -> the operator whose layout it takes
     edges: list[tuple[str, str, int]]  # original (producer, consumer, position) among operators
     param_edges: list[tuple[str, int, str, int]]  # (owner, its position, another reader, its position)
+    #: edge class (producer's representative, consumer's representative, position) -> index in problem.edges
+    edge_index: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    #: per edge index: the layout of each producer class and of each consumer class
+    edge_layouts: dict[int, tuple[list[TensorLayout], list[TensorLayout]]] = field(default_factory=dict)
+    #: the temporaries of every moment of the step (reported; see :mod:`.moments`)
+    temporary_terms: list[PeakTerm] = field(default_factory=list)
 
     def strategy_of(self, op: str, choice: Mapping[str, int]) -> OpStrategy:
         rep = self.rep_of[op]
@@ -156,11 +162,13 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
     param_edges = _param_edges(graph, ops, owned)
     gp = GraphProblem(problem, ctx, ops, rep_of, copies, strategies, costs, partial, follows, edges, param_edges)
     classes: dict[tuple[str, str, int], int] = {}
+    tensors_read: dict[tuple[str, str, int], set[str]] = {}  # edge class -> the tensors its edges read
     for src, dst, pos in edges:
         key = (rep_of[src], rep_of[dst], pos)
         classes[key] = classes.get(key, 0) + 1
+        tensors_read.setdefault(key, set()).add(_origin(src, follows))
     sizes = mesh.sizes
-    readers: dict[tuple[str, int], list[int]] = {}  # (tensor's representative, copies) -> its edges
+    readers: dict[frozenset[str], list[int]] = {}  # the tensors some edge classes read -> those classes
     first_reader: dict[str, tuple[str, str, int]] = {}  # tensor -> its first reading edge
     for edge in edges:
         first_reader.setdefault(_origin(edge[0], follows), edge)
@@ -182,12 +190,10 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         held_copies = ([[resharded_copy_bytes(kept, o, i, sizes) + partial_saved_bytes(saved, o, i, sizes)
                          for i, _ in in_reps] for o in out_reps] if kept or saved else None)
         problem.edges.append(AuxEdge(origin, dst, secs, held_copies, count, out_classes, in_classes))
-        readers.setdefault((origin, count), []).append(len(problem.edges) - 1)
-        buffers = [[reshard_buffer_bytes(total, o, i, sizes) for i, _ in in_reps] for o in out_reps]
-        if any(any(row) for row in buffers):
-            problem.peaks.append(PeakTerm(edges={len(problem.edges) - 1: buffers}))
+        gp.edge_index[(src, dst, pos)] = len(problem.edges) - 1
+        gp.edge_layouts[len(problem.edges) - 1] = (out_reps, [lay for lay, _ in in_reps])
+        readers.setdefault(frozenset(tensors_read[(src, dst, pos)]), []).append(len(problem.edges) - 1)
     problem.shared = [group for group in readers.values() if len(group) > 1]
-    _add_op_peaks(gp)
     pclasses: dict[tuple[str, int, str, int], int] = {}
     for owner, opos, user, upos in param_edges:
         pkey = (rep_of[owner], opos, rep_of[user], upos)
@@ -201,6 +207,11 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         user_classes, user_reps = _classes(user_layouts)
         secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in user_reps] for o in owner_reps]
         problem.edges.append(AuxEdge(owner, user, secs, None, count, owner_classes, user_classes))
+    from parplan.solver.ilp.moments import add_moment_terms
+
+    for rep, node_costs in costs.items():  # memory beyond the model states is in the moments
+        problem.nodes[rep].memory = [c.memory.model_states for c in node_costs]
+    add_moment_terms(gp)
     return gp
 
 
@@ -241,61 +252,6 @@ def resharded_copy_bytes(kept_bytes: float, produced: TensorLayout, needed: Tens
     if dict(base.split) == dict(needed.split):
         return 0.0
     return kept_bytes / needed.shards(sizes)
-
-
-def op_peak_bytes(gp: GraphProblem, op: str, s: OpStrategy) -> tuple[float, float]:
-    """(bytes this operator adds to its block's backward peak, bytes of its own transient buffer):
-    ZeRO-3's gathered weights and three unsharded gradient buffers of its parameters, and under full
-    recomputation what it saves when its block's forward is re-run; its own gradient workspace (its
-    weights' and inputs' gradients before accumulation) or the cross-entropy's logits gradient.
-    The same rules as the uniform model's (:func:`parplan.solver.cost.plan_evaluator.unit_temporary_bytes`)."""
-    ctx = gp.ctx
-    graph, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
-    sizes = mesh.sizes
-    node = graph.node(op)
-    block = 0.0
-    if s.zero >= 3:
-        for pos in ctx.owned_params.get(op, ()):
-            p = graph.node(node.inputs[pos])
-            block += p.numel / input_layout(node, pos, graph, s, mesh).shards(sizes) * (
-                prec.param_bytes + 3 * prec.grad_bytes)
-    if ctx.recompute is Recompute.FULL and block_of(node) is not None:
-        out = TensorLayout(output_layout(node, s, mesh, gp.partial_dims[op]).split)
-        for it in op_saved_items(node, graph, prec.activation_bytes, flash_attention=ctx.flash_attention,
-                                 recompute=Recompute.NONE):
-            if it.owner == op:
-                block += it.total_bytes / out.shards(sizes, it.dims)
-    own = 0.0
-    if node.kind in (OpKind.EINSUM, OpKind.EMBEDDING) and any(graph.node(i).is_parameter for i in node.inputs):
-        for pos, i in enumerate(node.inputs):
-            src = graph.node(i)
-            if src.kind is OpKind.INPUT:
-                continue
-            per = prec.grad_bytes if src.is_parameter else prec.activation_bytes
-            own += src.numel * per / input_layout(node, pos, graph, s, mesh).shards(sizes)
-    if node.kind is OpKind.CROSS_ENTROPY:
-        logits = graph.node(node.inputs[0])
-        own = logits.numel * prec.activation_bytes / input_layout(node, 0, graph, s, mesh).shards(sizes)
-    return block, own
-
-
-def _add_op_peaks(gp: GraphProblem) -> None:
-    """Peak terms of blocks (their operators' block buffers together) and of single operators, for
-    every differently priced copy of a representative (under the representative's variables)."""
-    by_unit: dict[str, dict[str, list[float]]] = {}
-    own_terms: set[tuple[str, tuple[float, ...]]] = set()
-    for rep, cands in gp.strategies.items():
-        for priced in gp.copies[rep]:
-            values = [op_peak_bytes(gp, priced, s) for s in cands]
-            if any(b for b, _ in values):
-                unit = gp.ctx.graph.node(priced).layer or ""
-                by_unit.setdefault(unit, {})[rep] = [b for b, _ in values]
-            own = tuple(o for _, o in values)
-            if any(own) and (rep, own) not in own_terms:
-                own_terms.add((rep, own))
-                gp.problem.peaks.append(PeakTerm(nodes={rep: list(own)}))
-    for nodes in by_unit.values():
-        gp.problem.peaks.append(PeakTerm(nodes=nodes))
 
 
 def _param_edges(graph: Graph, ops: list[Node], owned: Mapping[str, list[int]]) -> list[tuple[str, int, str, int]]:
@@ -396,11 +352,13 @@ def _cap(priced: list[tuple[OpStrategy, StrategyCost]], k: int) -> list[tuple[Op
 
 def _pareto(node: Node, graph: Graph, mesh: Mesh,
             priced: list[tuple[OpStrategy, StrategyCost]]) -> list[tuple[OpStrategy, StrategyCost]]:
-    """Drop strategies another strategy with the same layouts beats on both memory and time."""
+    """Drop strategies another strategy with the same layouts and ZeRO-3 choice beats on both memory
+    and time."""
     groups: dict[tuple[object, ...], list[tuple[OpStrategy, StrategyCost]]] = {}
     for s, c in priced:
+        # same layouts and the same ZeRO-3 choice (what the step's moments depend on, see .moments)
         key = (output_layout(node, s, mesh, loop_dims(node, graph)[1]),
-               tuple(input_layout(node, p, graph, s, mesh) for p in range(len(node.inputs))))
+               tuple(input_layout(node, p, graph, s, mesh) for p in range(len(node.inputs))), s.zero >= 3)
         groups.setdefault(key, []).append((s, c))
     kept = []
     for members in groups.values():

@@ -31,7 +31,7 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
 from parplan.solver.cost.precision import get_precision
-from parplan.solver.cost.resharding import edge_seconds, reshard_buffer_bytes, reshard_seconds
+from parplan.solver.cost.resharding import edge_seconds, reshard_seconds
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
@@ -40,7 +40,6 @@ from parplan.solver.ilp.problem import (
     GraphProblem,
     build_problem,
     consumer_saves,
-    op_peak_bytes,
     partial_saved_bytes,
     resharded_copy_bytes,
 )
@@ -76,10 +75,11 @@ class Certificate:
     seconds: float
     solver_memory: float
     solver_seconds: float
+    peak_bytes: float = 0.0  # the model states and the step's busiest moment above them
 
     @property
     def matches(self) -> bool:
-        return (abs(self.memory.total - self.solver_memory) <= 1e-6 * max(1.0, self.solver_memory)
+        return (abs(self.peak_bytes - self.solver_memory) <= 1e-6 * max(1.0, self.solver_memory)
                 and abs(self.seconds - self.solver_seconds) <= 1e-6 * max(1e-9, self.solver_seconds))
 
 
@@ -95,7 +95,12 @@ def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
             continue
         c = op_cost(n, gp.strategy_of(n.id, choice), ctx, gp.partial_dims[n.id])
         held, redundant, seconds = held + c.memory, redundant + c.redundant, seconds + c.seconds
-    per_tensor: dict[str, float] = {}  # the readers of a tensor share its conversion: the costliest counts
+    # the readers of a tensor share its conversion: the costliest counts (among readers whose edges
+    # stand for the same tensors: a block's output read by the next block and by the head is not)
+    alike: dict[tuple[str, str, int], set[str]] = {}
+    for src, dst, pos in gp.edges:
+        alike.setdefault((gp.rep_of[src], gp.rep_of[dst], pos), set()).add(_origin(gp, src))
+    per_tensor: dict[tuple[str, frozenset[str]], float] = {}
     first_read: set[str] = set()
     for src, dst, pos in gp.edges:
         tensor = graph.node(_origin(gp, src))
@@ -105,7 +110,8 @@ def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
         partial = partial_gradient_axes(graph.node(dst), pos, graph, strategy, mesh)
         cost = ctx.microbatches * edge_seconds(total, gp.out_layout(src, choice), dst_layout, partial, sizes,
                                                ctx.links)
-        per_tensor[tensor.id] = max(per_tensor.get(tensor.id, 0.0), cost)
+        group = (tensor.id, frozenset(alike[(gp.rep_of[src], gp.rep_of[dst], pos)]))
+        per_tensor[group] = max(per_tensor.get(group, 0.0), cost)
         copy = resharded_copy_bytes(consumer_saves(gp, dst, pos), gp.out_layout(src, choice), dst_layout, sizes)
         if tensor.id not in first_read:  # a partial output is saved as its first reader receives it
             first_read.add(tensor.id)
@@ -130,25 +136,13 @@ def _origin(gp: GraphProblem, op: str) -> str:
 
 
 def temporary_bytes(gp: GraphProblem, choice: dict[str, int]) -> float:
-    """Temporary peak over every original block, operator and edge (the largest set of coexisting
-    buffers; see :func:`~parplan.solver.ilp.problem.op_peak_bytes`)."""
-    ctx = gp.ctx
-    graph, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
-    sizes = mesh.sizes
-    peak = 0.0
-    per_unit: dict[str, float] = {}
-    for n in gp.ops:
-        if n.id in gp.follows:
-            continue
-        block, own = op_peak_bytes(gp, n.id, gp.strategy_of(n.id, choice))
-        per_unit[n.layer or ""] = per_unit.get(n.layer or "", 0.0) + block
-        peak = max(peak, own)
-    for src, dst, pos in gp.edges:
-        tensor = graph.node(_origin(gp, src))
-        total = tensor.numel * elem_bytes(tensor, prec.activation_bytes)
-        inp = input_layout(graph.node(dst), pos, graph, gp.strategy_of(dst, choice), mesh)
-        peak = max(peak, reshard_buffer_bytes(total, gp.out_layout(src, choice), inp, sizes))
-    return max([peak, *per_unit.values()])
+    """The temporaries' peak over the step's moments (:mod:`.moments`)."""
+    return max((t.value(gp.problem, choice) for t in gp.temporary_terms), default=0.0)
+
+
+def peak_bytes(gp: GraphProblem, choice: dict[str, int], states: MemoryBreakdown) -> float:
+    """The busiest moment of the step: the model states and the largest moment above them."""
+    return states.model_states + gp.problem.peak(choice)
 
 
 def micro_step_batch(global_batch: int, devices: int, micro_batch: int | None) -> int:
@@ -299,7 +293,7 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
     m = gp.ctx.microbatches
     cert = certify(gp, r.choice)
     cert = Certificate(cert.memory.replace(temporary=temporary_bytes(gp, r.choice)), cert.redundant, cert.seconds,
-                       r.memory, r.seconds)
+                       r.memory, r.seconds, peak_bytes(gp, r.choice, cert.memory))
     breakdown = cert.memory
     seq = int(graph.meta.get("seq_len", 0) or 0)
     tokens = b * m * seq
@@ -338,7 +332,7 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
             "precision": gp.ctx.precision.name, "units": units,
         },
         "memory": {
-            "peak_bytes": round(breakdown.total), "fits": breakdown.total <= cluster.device_memory_bytes,
+            "peak_bytes": round(cert.peak_bytes), "fits": cert.peak_bytes <= cluster.device_memory_bytes,
             "device_memory_bytes": cluster.device_memory_bytes, "budget_bytes": round(budget),
             "breakdown": breakdown.as_dict(), "redundant": cert.redundant.as_dict(),
         },
@@ -350,7 +344,7 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
             "meshes_tried": [mm.describe() for mm in meshes], "candidates_solved": tried,
             "aux_graph": {"vertices": gp.problem.size[0], "edges": gp.problem.size[1],
                           "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
-            "certificate": {"memory_bytes": cert.memory.total, "seconds": cert.seconds, "matches": cert.matches},
+            "certificate": {"memory_bytes": cert.peak_bytes, "seconds": cert.seconds, "matches": cert.matches},
         },
         "categories": list(CATEGORIES),
     }

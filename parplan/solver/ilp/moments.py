@@ -1,0 +1,565 @@
+"""The ILP's memory peak: the busiest moment of the step, as the whole-plan evaluator finds it
+(:mod:`parplan.solver.cost.peak`), in linear terms of the operators' strategies.
+
+Every quantity the evaluator's walk adds up is a sum of operator terms that each depend on one
+operator's strategy (a saved tensor's size on its owner's, a gradient's on the operator that makes
+it, a gathered weight on its owner's ZeRO stage) or on one edge's pair of strategies (a tensor
+saved as its reader received it), with the per-operator rules of :mod:`parplan.solver.cost.backward`.
+So every moment is a linear expression of the choice, and the peak is ``T ≥ moment`` for each:
+
+- forward, at every operator: the saved tensors of the units before, the unit's own, the
+  operator's unsaved outputs still to be read, the gathered weights (ZeRO-3: the unit's own and
+  the all-gather buffer; parameters outside the blocks for the whole step);
+- a ZeRO-3 block's all-gather: its output buffer and the previous one's, besides the copy;
+- backward, at every operator (last unit first): the saved tensors not freed yet, the operator's
+  gradients, under ZeRO-3 the unit's unsharded weight gradients so far, the unit's and the
+  prefetched unit's gathered weights, the previous block's reduce-scatter buffer; when a ZeRO-3
+  block ends, its gradients copied into that buffer;
+- the tied embedding's gradients at the embedding's backward, and Adam's update.
+
+Alike blocks share variables and hold the same terms apart from the activations of the units
+before them, which only grow, and the buffers of their neighbours; of a run of alike blocks only
+the first two and the last two are written. Memory in bytes per device; one micro-batch in flight
+(the ILP plans one pipeline stage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items, tensor_bytes
+from parplan.solver.cost.backward import op_transient_bytes
+from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.op_layout import OpStrategy, input_layout, output_layout
+from parplan.solver.cost.pipeline import units_of
+from parplan.solver.cost.rules import optimizer_temporary_bytes
+from parplan.solver.ilp.model import AuxProblem, PeakTerm
+from parplan.solver.ilp.problem import GraphProblem, partial_saved_bytes, resharded_copy_bytes
+from parplan.solver.ir import Node, OpKind
+from parplan.solver.strategy import SEQ_DIMS
+
+
+@dataclass
+class Lin:
+    """A linear expression of the choice: per variable set a value per candidate, per edge a value
+    per pair of classes."""
+
+    nodes: dict[str, list[float]] = field(default_factory=dict)
+    edges: dict[int, list[list[float]]] = field(default_factory=dict)
+
+    def add(self, other: Lin, k: float = 1.0) -> Lin:
+        out = Lin({r: list(v) for r, v in self.nodes.items()},
+                  {e: [list(row) for row in m] for e, m in self.edges.items()})
+        for r, v in other.nodes.items():
+            cur = out.nodes.setdefault(r, [0.0] * len(v))
+            out.nodes[r] = [a + k * b for a, b in zip(cur, v, strict=True)]
+        for e, m in other.edges.items():
+            cur_m = out.edges.setdefault(e, [[0.0] * len(m[0]) for _ in m])
+            out.edges[e] = [[a + k * b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(cur_m, m, strict=True)]
+        return out
+
+    def term(self) -> PeakTerm:
+        return PeakTerm(nodes={r: v for r, v in self.nodes.items() if any(v)},
+                        edges={e: m for e, m in self.edges.items() if any(any(row) for row in m)})
+
+
+def _sum(parts: Iterable[Lin]) -> Lin:
+    total = Lin()
+    for p in parts:
+        total = total.add(p)
+    return total
+
+
+class _IlpSizes:
+    """Per-operator sizes (:class:`~parplan.solver.cost.backward.OpSizes`) of operator ``n`` under
+    candidate ``s`` of its variable set; a view that follows its producer takes the producer's."""
+
+    def __init__(self, gp: GraphProblem, s: OpStrategy, origin: Node) -> None:
+        self.gp, self.s, self.origin = gp, s, origin
+        self.sizes = gp.ctx.mesh.sizes
+
+    def _out_shards(self) -> float:
+        o = self.origin
+        return output_layout(o, self.s, self.gp.ctx.mesh, self.gp.partial_dims[o.id]).shards(self.sizes)
+
+    def output(self, n: Node) -> float:
+        return n.numel / self._out_shards()
+
+    def input(self, n: Node, position: int) -> float:
+        src = self.gp.ctx.graph.node(n.inputs[position])
+        if n.id != self.origin.id:  # a view reads its producer's output as it is
+            return src.numel / self._out_shards()
+        return src.numel / input_layout(n, position, self.gp.ctx.graph, self.s, self.gp.ctx.mesh).shards(self.sizes)
+
+    def weight_grad(self, n: Node, position: int) -> float:
+        graph = self.gp.ctx.graph
+        w = graph.node(n.inputs[position])
+        local = w.numel / input_layout(n, position, graph, self.s, self.gp.ctx.mesh).shards(self.sizes)
+        if n.kind is OpKind.EMBEDDING and self.gp.ctx.runtime.full_embedding_gradient:
+            return w.numel + (local if local < w.numel else 0.0)
+        return local
+
+    def sp_gather(self, n: Node) -> float:
+        if n.kind not in (OpKind.LAYERNORM, OpKind.RMSNORM) or block_of(n) is None:
+            return 0.0
+        lay = output_layout(n, self.s, self.gp.ctx.mesh, self.gp.partial_dims[n.id])
+        if not any(d in SEQ_DIMS for d, _ in lay.split):
+            return 0.0
+        return n.numel / TensorLayout(tuple((d, a) for d, a in lay.split if d not in SEQ_DIMS)).shards(self.sizes)
+
+
+class _Terms:
+    """The per-operator terms of one problem, as linear expressions."""
+
+    def __init__(self, gp: GraphProblem) -> None:
+        self.gp = gp
+        ctx = gp.ctx
+        self.graph = ctx.graph
+        self.act = ctx.precision.activation_bytes
+        self.prec = ctx.precision
+        self.sizes = ctx.mesh.sizes
+        self.owner_of: dict[str, tuple[str, SavedItem]] = {}  # key -> (owner op, item)
+        for op, items in ctx.saved_by_owner.items():
+            for it in items:
+                self.owner_of[it.key] = (op, it)
+        self.first_edge: dict[str, tuple[str, str, int]] = {}
+        for edge in gp.edges:
+            self.first_edge.setdefault(self._origin(edge[0]), edge)
+        layer = {n.id: n.layer for n in self.graph.nodes}
+        self.tied_ids = frozenset(self.graph.node(owner).inputs[opos] for owner, opos, user, _ in gp.param_edges
+                                  if layer[owner] != layer[user])
+
+    def _origin(self, op: str) -> str:
+        while op in self.gp.follows:
+            op = self.gp.follows[op]
+        return op
+
+    def _rep(self, op: str) -> str:
+        return self.gp.rep_of[self._origin(op)]
+
+    def _per_candidate(self, op: str, fn: object) -> Lin:
+        """A term of ``op`` depending on its (origin's) candidate: ``fn(strategy, origin node)``."""
+        origin = self._origin(op)
+        rep = self.gp.rep_of[origin]
+        values = [fn(s, self.graph.node(origin)) for s in self.gp.strategies[rep]]  # type: ignore[operator]
+        return Lin({rep: values})
+
+    # ---------------------------------------------------------------- saved tensors
+    def item(self, key: str, saver: Node, it: SavedItem) -> Lin:
+        """Bytes of saved buffer ``key`` (saved by ``saver``) on one device: in its owner's output
+        layout (a partial output: as its first reader receives it), or for a graph input's (token
+        ids) in the layout the saver reads it."""
+        owner_id, item = self.owner_of.get(key, (it.owner, it))  # items of a view: its producer's
+        owner = self.graph.node(owner_id)
+        if owner.kind is OpKind.INPUT:
+            pos = next(p for p, i in enumerate(saver.inputs) if i == owner_id)
+
+            def at_input(s: OpStrategy, o: Node) -> float:
+                lay = input_layout(saver, pos, self.graph, s, self.gp.ctx.mesh)
+                return item.total_bytes / lay.shards(self.sizes, item.dims)
+
+            return self._per_candidate(saver.id, at_input)
+        mesh, partial = self.gp.ctx.mesh, self.gp.partial_dims
+
+        def held(s: OpStrategy, o: Node) -> float:
+            lay = output_layout(o, s, mesh, partial[o.id])
+            return 0.0 if lay.partial else item.total_bytes / TensorLayout(lay.split).shards(self.sizes, item.dims)
+
+        out = self._per_candidate(owner_id, held)
+        first = self.first_edge.get(self._origin(owner_id))
+        if first is not None:
+            out = out.add(self._edge(first, lambda o, i: partial_saved_bytes([item], o, i, self.sizes)))
+        return out
+
+    def kept_copies(self, saver: Node) -> Lin:
+        """Copies ``saver`` keeps of inputs it received in another layout (PyTorch's runtime)."""
+        out = Lin()
+        for edge in self.gp.edges:
+            if edge[1] != saver.id:
+                continue
+            from parplan.solver.ilp.problem import consumer_saves
+
+            kept = consumer_saves(self.gp, saver.id, edge[2])
+            if kept:
+                out = out.add(self._edge(edge, lambda o, i, kept=kept: resharded_copy_bytes(kept, o, i, self.sizes)))
+        return out
+
+    def _edge(self, edge: tuple[str, str, int], fn: object) -> Lin:
+        """A term of an original edge's class, by the pair of layouts it joins."""
+        src, dst, pos = edge
+        key = (self.gp.rep_of[src], self.gp.rep_of[dst], pos)
+        ei = self.gp.edge_index[key]
+        e = self.gp.problem.edges[ei]
+        outs, ins = self.gp.edge_layouts[ei]
+        matrix = [[fn(o, i) for i in ins] for o in outs]  # type: ignore[operator]
+        del e
+        return Lin(edges={ei: matrix})
+
+    # ---------------------------------------------------------------- one operator's backward
+    def transient(self, n: Node) -> Lin:
+        ctx = self.gp.ctx
+
+        def fn(s: OpStrategy, o: Node) -> float:
+            return op_transient_bytes(n, self.graph, _IlpSizes(self.gp, s, o), self.act, self.prec.grad_bytes,
+                                      ctx.runtime.full_embedding_gradient)
+
+        return self._per_candidate(n.id, fn)
+
+    def weight_grads(self, n: Node, zero3_only: bool, skip: frozenset[str] = frozenset()) -> Lin:
+        def fn(s: OpStrategy, o: Node) -> float:
+            if zero3_only and s.zero < 3:
+                return 0.0
+            sizes = _IlpSizes(self.gp, s, o)
+            return sum(sizes.weight_grad(n, pos) for pos, i in enumerate(n.inputs)
+                       if self.graph.node(i).is_parameter and i not in skip) * self.prec.grad_bytes
+
+        return self._per_candidate(n.id, fn)
+
+    def gathered(self, n: Node, nbytes: int) -> Lin:
+        """Bytes (``nbytes`` per element) of the parameters ``n`` owns, unsharded, when its strategy
+        shards them with ZeRO-3 (FSDP gathers them)."""
+        positions = self.gp.ctx.owned_params.get(n.id, ())
+
+        def fn(s: OpStrategy, o: Node) -> float:
+            if s.zero < 3:
+                return 0.0
+            mesh = self.gp.ctx.mesh
+            return nbytes * sum(self.graph.node(n.inputs[p]).numel
+                                / input_layout(n, p, self.graph, s, mesh).shards(self.sizes) for p in positions)
+
+        return self._per_candidate(n.id, fn) if positions and n.id not in self.gp.follows else Lin()
+
+    def tied(self, units: list[_Unit]) -> tuple[Lin, Lin, list[int]]:
+        """(local gradient bytes of the parameters two units read, the gradient the first reader's
+        backward makes for them, the units reading them): a tied embedding."""
+        unit_of = {n.id: k for k, u in enumerate(units) for n in u.nodes}
+        grad, workspace = Lin(), Lin()
+        users: set[int] = set()
+        for owner, opos, user, _ in self.gp.param_edges:
+            if unit_of.get(owner) == unit_of.get(user):
+                continue
+            users.update({unit_of[owner], unit_of[user]})
+            n = self.graph.node(owner)
+            w = self.graph.node(n.inputs[opos])
+
+            def local(s: OpStrategy, o: Node, n: Node = n, w: Node = w, opos: int = opos) -> float:
+                return w.numel / input_layout(n, opos, self.graph, s, self.gp.ctx.mesh).shards(self.sizes) \
+                    * self.prec.grad_bytes
+
+            def made(s: OpStrategy, o: Node, n: Node = n, opos: int = opos) -> float:
+                return _IlpSizes(self.gp, s, o).weight_grad(n, opos) * self.prec.grad_bytes
+
+            grad = grad.add(self._per_candidate(owner, local))
+            workspace = workspace.add(self._per_candidate(owner, made))
+        return grad, workspace, sorted(users)
+
+    def optimizer(self, n: Node) -> Lin:
+        positions = self.gp.ctx.owned_params.get(n.id, ())
+
+        def fn(s: OpStrategy, o: Node) -> float:
+            largest = max((self.graph.node(n.inputs[p]).numel
+                           / input_layout(n, p, self.graph, s, self.gp.ctx.mesh).shards(self.sizes) for p in positions),
+                          default=0.0)
+            return optimizer_temporary_bytes(largest, self.prec)
+
+        return self._per_candidate(n.id, fn) if positions and n.id not in self.gp.follows else Lin()
+
+    def forward_live(self, nodes: Sequence[Node], kept: set[str]) -> list[Lin]:
+        """Per operator of a unit (forward order): its unsaved outputs still to be read (as
+        :func:`~parplan.solver.cost.backward.forward_transient`)."""
+        consumers = self.graph.consumers()
+        local = {n.id for n in nodes}
+        remaining = {n.id: len(consumers[n.id]) if all(c in local for c in consumers[n.id]) else -1 for n in nodes}
+        live: dict[str, Lin] = {}
+        out = []
+        for n in nodes:
+            if n.id not in kept and n.kind is OpKind.INPUT:
+                # a graph input (token ids, labels): in the layout its first reader takes it
+                reader = self.graph.node(consumers[n.id][0]) if consumers[n.id] else None
+                if reader is not None:
+                    pos = reader.inputs.index(n.id)
+                    live[n.id] = self._per_candidate(
+                        reader.id, lambda s, o, n=n, reader=reader, pos=pos: n.numel * tensor_bytes(n, self.act)
+                        / input_layout(reader, pos, self.graph, s, self.gp.ctx.mesh).shards(self.sizes))
+            elif n.id not in kept and n.kind is not OpKind.RESHAPE:
+                live[n.id] = self._per_candidate(
+                    n.id, lambda s, o, n=n: _IlpSizes(self.gp, s, o).output(n) * tensor_bytes(n, self.act))
+            out.append(_sum(live.values()))
+            for i in dict.fromkeys(n.inputs):
+                if i in remaining and remaining[i] > 0:
+                    remaining[i] -= 1
+                    if remaining[i] == 0:
+                        live.pop(i, None)
+        return out
+
+
+@dataclass
+class _Unit:
+    name: str
+    nodes: list[Node]
+    is_block: bool
+    act: Lin  # saved tensors of the unit (the stage's shared ones apart)
+    alive: list[Lin]  # per operator (forward order): its own saved tensors alive during its backward
+    rebuilt_alive: list[Lin]  # the part of them recomputation rebuilt (temporary)
+    transient: list[Lin]
+    grads_after: list[Lin]  # ZeRO-3 weight gradients its backward has made before the operator's
+    grads: Lin  # ZeRO-3 weight gradients of the whole unit
+    grads_untied: Lin  # the same without a tied table's (outside the blocks: kept to the end of backward)
+    gathered: Lin  # ZeRO-3 weights, unsharded
+    forward_live: list[Lin]
+
+
+def add_moment_terms(gp: GraphProblem) -> None:
+    """Replace the problem's memory terms by the step's moments: node memory keeps the model states
+    only, edge memory moves into the moments, and ``T ≥`` every moment (see the module docstring)."""
+    terms = _Terms(gp)
+    units = _units(gp, terms)
+    shared = _shared_items(gp, terms)
+    moments = list(_moments(gp, terms, units, shared))
+    problem: AuxProblem = gp.problem
+    for e in problem.edges:
+        e.memory = None
+    problem.peaks = [m.term() for m in _dominant(moments, units)]
+    gp.temporary_terms = [t.term() for t in _temporaries(gp, terms, units)]
+
+
+def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
+    ctx = gp.ctx
+    graph = ctx.graph
+    act = ctx.precision.activation_bytes
+    by_unit: dict[str, list[Node]] = {u: [] for u in units_of(graph)}
+    for n in graph.nodes:
+        if not n.is_leaf:
+            by_unit.setdefault(n.layer or "", []).append(n)
+    shared_keys = _shared_keys(gp)
+    in_order: dict[str, list[Node]] = {}  # a unit's operators and graph inputs, in graph order
+    for n in graph.nodes:
+        if not n.is_parameter:
+            in_order.setdefault(n.layer or "", []).append(n)
+    every_saved = {it.key for n in graph.nodes if not n.is_leaf
+                   for it in saved_items(graph, [n], act, flash_attention=ctx.flash_attention, recompute=ctx.recompute)}
+    out = []
+    for name, nodes in by_unit.items():
+        if not nodes:
+            continue
+        is_block = block_of(nodes[0]) is not None
+        rebuilt = is_block and ctx.recompute is Recompute.FULL
+        policy = Recompute.NONE if rebuilt else ctx.recompute
+        kept_keys = {it.key for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention,
+                                                   recompute=ctx.recompute)}
+        unit_act = Lin()
+        seen: set[str] = set()
+        for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention, recompute=ctx.recompute):
+            if it.key in seen or it.key in shared_keys:
+                continue
+            seen.add(it.key)
+            saver = _saver(nodes, it.key, ctx.recompute, graph, act, ctx.flash_attention)
+            unit_act = unit_act.add(terms.item(it.key, saver, it))
+        for n in nodes:
+            unit_act = unit_act.add(terms.kept_copies(n))
+        freed: list[tuple[Lin, Lin]] = []  # per operator: (saved tensors it frees, of them rebuilt)
+        seen = set()
+        for n in nodes:
+            mine, mine_rebuilt = Lin(), Lin()
+            for it in op_saved_items(n, graph, act, flash_attention=ctx.flash_attention, recompute=policy):
+                if it.key in seen or it.key in shared_keys:
+                    continue
+                seen.add(it.key)
+                size = terms.item(it.key, n, it)
+                mine = mine.add(size)
+                if rebuilt and it.key not in kept_keys:
+                    mine_rebuilt = mine_rebuilt.add(size)
+            mine = mine.add(terms.kept_copies(n))
+            freed.append((mine, mine_rebuilt))
+        alive, rebuilt_alive = [], []
+        running, running_r = Lin(), Lin()
+        for mine, mine_r in freed:  # forward order: what is alive at the operator = itself and the earlier ones
+            running, running_r = running.add(mine), running_r.add(mine_r)
+            alive.append(running)
+            rebuilt_alive.append(running_r)
+        grads_after: list[Lin] = [Lin()] * len(nodes)
+        acc = Lin()
+        for k in reversed(range(len(nodes))):
+            grads_after[k] = acc
+            acc = acc.add(terms.weight_grads(nodes[k], zero3_only=True))
+        untied = _sum(terms.weight_grads(n, zero3_only=True, skip=terms.tied_ids) for n in nodes)
+        gathered = _sum(terms.gathered(n, ctx.precision.param_bytes) for n in nodes)
+        out.append(_Unit(name, nodes, is_block, unit_act, alive, rebuilt_alive,
+                         [terms.transient(n) for n in nodes], grads_after, acc, untied, gathered,
+                         terms.forward_live(in_order.get(name, []), every_saved)))
+    return out
+
+
+def _saver(nodes: Sequence[Node], key: str, recompute: Recompute, graph: object, act: int, flash: bool) -> Node:
+    for n in nodes:
+        items = saved_items(graph, [n], act, flash_attention=flash, recompute=recompute)  # type: ignore[arg-type]
+        if any(it.key == key for it in items):
+            return n
+    return nodes[0]
+
+
+def _shared_keys(gp: GraphProblem) -> set[str]:
+    ctx = gp.ctx
+    savers: dict[str, set[str]] = {}
+    by_unit: dict[str, list[Node]] = {}
+    for n in ctx.graph.nodes:
+        if not n.is_leaf:
+            by_unit.setdefault(n.layer or "", []).append(n)
+    for u, nodes in by_unit.items():
+        for it in saved_items(ctx.graph, nodes, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
+                              recompute=ctx.recompute):
+            savers.setdefault(it.key, set()).add(u)
+    return {k for k, us in savers.items() if len(us) > 1}
+
+
+def _shared_items(gp: GraphProblem, terms: _Terms) -> Lin:
+    """Saved buffers several units save (freed only at the end)."""
+    ctx = gp.ctx
+    shared = _shared_keys(gp)
+    out = Lin()
+    seen: set[str] = set()
+    for n in ctx.graph.nodes:
+        if n.is_leaf:
+            continue
+        for it in saved_items(ctx.graph, [n], ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
+                              recompute=ctx.recompute):
+            if it.key in shared and it.key not in seen:
+                seen.add(it.key)
+                out = out.add(terms.item(it.key, n, it))
+    return out
+
+
+@dataclass
+class _Moment:
+    total: Lin
+    unit: int  # the unit it belongs to (for keeping the dominant ones)
+    kind: str
+
+    def term(self) -> PeakTerm:
+        return self.total.term()
+
+
+def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin) -> Iterable[_Moment]:
+    """Every moment of the walk (:func:`parplan.solver.cost.peak.stage_peak` with one micro-batch)."""
+    pbytes = gp.ctx.precision.param_bytes
+    blocks = [i for i, u in enumerate(units) if u.is_block]
+    root_params = _sum(u.gathered for u in units if not u.is_block)
+    held_before = [shared]
+    for u in units[:-1]:
+        held_before.append(held_before[-1].add(u.act))
+    del pbytes
+    # forward
+    for i, u in enumerate(units):
+        before = [j for j in blocks if j <= i]
+        weights = Lin()
+        if before:
+            last = before[-1]
+            weights = units[last].gathered.add(units[last].gathered) if last == i else units[last].gathered
+        fixed = root_params.add(weights)
+        base = held_before[i].add(u.act).add(fixed)
+        for live in u.forward_live:
+            yield _Moment(base.add(live), i, "forward")
+        if i in blocks:
+            earlier = [j for j in blocks if j < i]
+            previous = units[earlier[-1]].gathered if earlier else root_params
+            yield _Moment(held_before[i].add(root_params).add(u.gathered, 2).add(previous), i, "gather")
+    # backward
+    tied, tied_workspace, tied_users = terms.tied(units)
+    root_grads = Lin()
+    reduce_buffer = Lin()
+    pending = Lin()  # the LM head's gradient of a tied table, waiting for the embedding's
+    for i in reversed(range(len(units))):
+        u = units[i]
+        weights = _weights_in_backward(units, blocks, i)
+        fixed = root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending)
+        for k in range(len(u.nodes)):
+            own = u.alive[k].add(u.transient[k]).add(u.grads_after[k])
+            yield _Moment(held_before[i].add(fixed).add(own), i, "backward")
+        if u.is_block:
+            reduce_buffer = u.grads
+            yield _Moment(held_before[i].add(root_params).add(root_grads).add(weights).add(u.gathered, -1)
+                          .add(u.grads, 2).add(pending), i, "block end")
+        else:
+            root_grads = root_grads.add(u.grads_untied)
+        if tied_users and i == tied_users[-1] and len(tied_users) > 1:
+            pending = tied
+        if tied_users and i == tied_users[0]:
+            # the first user's own gradient of the table, the one waiting, and their sum
+            yield _Moment(held_before[i].add(root_params).add(root_grads).add(weights).add(reduce_buffer)
+                          .add(pending).add(tied).add(tied_workspace), i, "tied")
+            pending = Lin()
+    # Adam's update, after the activations are freed
+    for i, u in enumerate(units):
+        for n in u.nodes:
+            opt = terms.optimizer(n)
+            if opt.nodes:
+                yield _Moment(opt, i, "optimizer")
+
+
+def _temporaries(gp: GraphProblem, terms: _Terms, units: list[_Unit]) -> Iterable[Lin]:
+    """The temporaries of every moment (the walk's temporary peak, reported, not optimised)."""
+    blocks = [i for i, u in enumerate(units) if u.is_block]
+    root_params = _sum(u.gathered for u in units if not u.is_block)
+    for i, u in enumerate(units):
+        before = [j for j in blocks if j <= i]
+        weights = Lin()
+        if before:
+            last = before[-1]
+            weights = units[last].gathered.add(units[last].gathered) if last == i else units[last].gathered
+        for live in u.forward_live:
+            yield root_params.add(weights).add(live)
+    tied, tied_workspace, tied_users = terms.tied(units)
+    root_grads = Lin()
+    reduce_buffer = Lin()
+    pending = Lin()
+    for i in reversed(range(len(units))):
+        u = units[i]
+        weights = _weights_in_backward(units, blocks, i)
+        fixed = root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending)
+        for k in range(len(u.nodes)):
+            yield fixed.add(u.rebuilt_alive[k]).add(u.transient[k]).add(u.grads_after[k])
+        if u.is_block:
+            reduce_buffer = u.grads
+            yield root_params.add(root_grads).add(weights).add(u.gathered, -1).add(u.grads, 2).add(pending)
+        else:
+            root_grads = root_grads.add(u.grads_untied)
+        if tied_users and i == tied_users[-1] and len(tied_users) > 1:
+            pending = tied
+        if tied_users and i == tied_users[0]:
+            yield root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending).add(tied).add(
+                tied_workspace)
+            pending = Lin()
+    for u in units:
+        for n in u.nodes:
+            opt = terms.optimizer(n)
+            if opt.nodes:
+                yield opt
+
+
+def _weights_in_backward(units: list[_Unit], blocks: list[int], i: int) -> Lin:
+    """ZeRO-3 weights gathered while unit ``i``'s backward runs: a block's own and the prefetched
+    previous block's; after the blocks, the last block's (still gathered from forward)."""
+    earlier = [j for j in blocks if j < i]
+    if units[i].is_block:
+        return units[i].gathered.add(units[earlier[-1]].gathered) if earlier else units[i].gathered
+    return units[earlier[-1]].gathered if earlier else Lin()
+
+
+def _dominant(moments: list[_Moment], units: list[_Unit]) -> list[_Moment]:
+    """The moments that can be the largest: in a run of blocks alike (same variables), the moments
+    of a block hold the same terms as another's plus the activations of more units before, except
+    near the ends of the run; keep the first two and the last two blocks of each run."""
+    keep: set[int] = set()
+    i = 0
+    while i < len(units):
+        j = i
+        while j + 1 < len(units) and units[j + 1].is_block and units[i].is_block and _alike(units[i], units[j + 1]):
+            j += 1
+        keep.update({i, min(i + 1, j), max(i, j - 1), j})
+        i = j + 1
+    return [m for m in moments if m.unit in keep]
+
+
+def _alike(a: _Unit, b: _Unit) -> bool:
+    return len(a.nodes) == len(b.nodes) and set(a.transient[0].nodes) == set(b.transient[0].nodes)
