@@ -45,23 +45,25 @@ def _pct(x: float | None) -> str:
 
 def table(results: list[dict[str, Any]]) -> list[str]:
     lines = ["Measured / predicted, MiB, per category peak over one step (fp32, Adam); error = (meas - pred) / pred.",
-             "One row per pipeline stage (ranks of a stage are alike); 'other' = buffers the cost model has no",
-             "category for (RoPE tables; torch.pipelining's receive buffers count as temporary).",
+             "One row per pipeline stage, or per rank where ranks of a stage differ (ZeRO-1 gives each rank whole",
+             "tensors' optimizer states); 'other' = buffers the cost model has no category for (RoPE tables;",
+             "torch.pipelining's receive buffers count as temporary).",
              "peak = the step's highest total.",
              ""]
-    head = f"{'configuration':30s} {'st':>2s} " + " ".join(f"{SHORT[c]:>22s}" for c in CATS) + \
+    head = f"{'configuration':36s} {'st':>2s} " + " ".join(f"{SHORT[c]:>22s}" for c in CATS) + \
         f" {'other':>6s} {'peak':>22s} {'ok':>3s}"
     lines += [head, "-" * len(head)]
     for r in results:
-        seen: set[int] = set()
+        seen: set[tuple[int, ...]] = set()
         for rk in r["ranks"]:
-            if rk["stage"] in seen:
-                continue
-            seen.add(rk["stage"])
             m, p, e = rk["measured"]["breakdown"], rk["predicted"]["breakdown"], rk["relative_error"]
+            key = (rk["stage"], rk["measured"]["peak_bytes"], *m.values())
+            if key in seen:
+                continue
+            seen.add(key)
             cells = [f"{m[c] / MIB:6.2f}/{p[c] / MIB:6.2f} {_pct(e[c])}" for c in CATS]
             ok = "yes" if rk.get("check", {}).get("ok") else "NO"
-            lines.append(f"{r['label']:30s} {rk['stage']:>2d} " + " ".join(cells) + f" {m['other'] / MIB:6.2f} "
+            lines.append(f"{r['label']:36s} {rk['stage']:>2d} " + " ".join(cells) + f" {m['other'] / MIB:6.2f} "
                          f"{rk['measured']['peak_bytes'] / MIB:6.2f}/{rk['predicted']['peak_bytes'] / MIB:6.2f} "
                          f"{_pct(e['peak_bytes'])} {ok:>3s}")
     lines += ["", "Most loaded rank (measured peak) vs most loaded stage (predicted peak):"]
@@ -69,7 +71,7 @@ def table(results: list[dict[str, Any]]) -> list[str]:
         ml = r["most_loaded"]
         e = ml["relative_error"] or 0.0
         flag = ("   UNDER-predicted > 2%" if e > UNDER else "") + ("   |error| > 3%" if abs(e) > MISS else "")
-        lines.append(f"  {r['label']:30s} {ml['measured_peak_bytes'] / MIB:7.2f} / "
+        lines.append(f"  {r['label']:36s} {ml['measured_peak_bytes'] / MIB:7.2f} / "
                      f"{ml['predicted_peak_bytes'] / MIB:7.2f} MiB  {_pct(ml['relative_error'])}{flag}")
     return lines
 
@@ -81,7 +83,7 @@ def correctness(results: list[dict[str, Any]]) -> list[str]:
         checks = [x["check"] for x in r["ranks"] if "check" in x]
         worst = max(c["max_abs_grad_error"] for c in checks)
         loss = next(c for c in checks if "loss" in c)
-        lines.append(f"  {r['label']:30s} {'ok' if r['correct'] else 'MISMATCH':8s} max|dgrad| {worst:.1e}  "
+        lines.append(f"  {r['label']:36s} {'ok' if r['correct'] else 'MISMATCH':8s} max|dgrad| {worst:.1e}  "
                      f"loss {loss['loss']:.7f} vs {loss['reference_loss']:.7f}  after step "
                      f"{loss['loss_after_step']:.7f} vs {loss['reference_loss_after_step']:.7f}  "
                      f"(rtol {checks[0]['rtol']}, atol {checks[0]['atol']})")
