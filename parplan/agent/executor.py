@@ -91,6 +91,8 @@ class RunSpec:
     layer_zero: tuple[int, ...] | None = None
     #: per block, its recomputation (none / selective / full); None: ``recompute`` for every block
     layer_recompute: tuple[str, ...] | None = None
+    #: TP ranks are consecutive (mesh ``(pp, dp, tp)``); False: DP ranks are (mesh ``(pp, tp, dp)``)
+    tp_inner: bool = True
 
     @property
     def world(self) -> int:
@@ -314,7 +316,9 @@ class Runner:
         self.spec = spec
         self.device = device
         self.cfg = spec.config()
-        self.mesh = init_device_mesh(device.type, (spec.pp, spec.dp, spec.tp), mesh_dim_names=("pp", "dp", "tp"))
+        names = ("pp", "dp", "tp") if spec.tp_inner else ("pp", "tp", "dp")
+        sizes = {"pp": spec.pp, "dp": spec.dp, "tp": spec.tp}
+        self.mesh = init_device_mesh(device.type, tuple(sizes[n] for n in names), mesh_dim_names=names)
         self.pp_rank = self.mesh.get_local_rank("pp")
         self.dp_rank = self.mesh.get_local_rank("dp")
         self.tp_rank = self.mesh.get_local_rank("tp")
@@ -370,6 +374,8 @@ class Runner:
         they hold the two copies of the tied embedding and sum their gradients."""
         spec = self.spec
         ranks = self.mesh.mesh  # (pp, dp, tp) tensor of global ranks
+        if not spec.tp_inner:
+            ranks = ranks.transpose(1, 2)
         mine = None
         for d in range(spec.dp):
             for t in range(spec.tp):

@@ -5,8 +5,9 @@ TP 2 x PP 2, and TP 2 x DP 2 with sequence parallelism, each without and with fu
 checkpointing. :data:`EXTENDED` (issue 10) adds the other kinds: ZeRO-1 (DDP +
 ``ZeroRedundancyOptimizer``), ZeRO-2, gradient accumulation without pipelining under DDP, ZeRO-2
 and ZeRO-3, ZeRO-2/3 with TP (with and without sequence parallelism) and inside pipeline stages,
-interleaved 1F1B, uneven pipeline partitions, and per-block mixes of ZeRO stage and recomputation
-as the DP search returns them. Each extended kind is marked for CI or for the full matrix only
+interleaved 1F1B, uneven pipeline partitions, selective recomputation (the searches' default),
+DP-inner nesting (TP ranks strided), and per-block mixes of ZeRO stage and recomputation as the DP
+search returns them. Each extended kind is marked for CI or for the full matrix only
 (``bench/model_accuracy.py``, or the tests with ``PARPLAN_AGENT_MATRIX=full``). At most 4 ranks.
 Shared by the tests (``tests/agent``) and ``bench/model_accuracy.py``.
 """
@@ -70,7 +71,8 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("zero2-dp2-m2", {"dp": 2, "zero": 2, "num_microbatches": 2}, ci=("none",)),
     Kind("zero3-dp4-m2", {"dp": 4, "zero": 3, "num_microbatches": 2}, ci=("full",)),
     Kind("tp2-zero2-dp2", {"tp": 2, "dp": 2, "zero": 2}, ci=("none",)),
-    Kind("tp2-zero2-dp2-sp", {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True}, ci=("full",)),
+    Kind("tp2-zero2-dp2-sp", {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True},
+         recompute=(*RECOMPUTE, "selective"), ci=("full",)),
     Kind("tp2-zero3-dp2", {"tp": 2, "dp": 2, "zero": 3}, ci=("full",)),
     Kind("tp2-zero3-dp2-sp", {"tp": 2, "dp": 2, "zero": 3, "sequence_parallel": True}, ci=("none",)),
     Kind("pp2-zero1-dp2", {**_PP, "dp": 2, "zero": 1}, ci=("gpt-tiny:none",)),
@@ -79,6 +81,15 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("pp2-interleaved-v2", {**_PP, "schedule": "interleaved", "virtual_stages": 2}, ci=("none",)),
     Kind("pp2-1f1b-part1-3", {**_PP, "partition": (1, 3)}, ci=("full",)),
     Kind("pp2-gpipe-part3-1", {**_PP, "schedule": "gpipe", "partition": (3, 1)}, recompute=("none",), ci=()),
+    # The searches' default recomputation (the attention core only), on kinds of the issue-6 matrix.
+    Kind("zero3-dp4", {"dp": 4, "zero": 3}, recompute=("selective",), ci=("gpt-tiny:selective",)),
+    Kind("pp2-1f1b", {**_PP}, recompute=("selective",), ci=()),
+    Kind("tp2-dp2-sp", {"tp": 2, "dp": 2, "sequence_parallel": True}, recompute=("selective",),
+         ci=("llama-tiny:selective",)),
+    # The DP search's other nesting order: DP ranks consecutive, TP ranks strided.
+    Kind("tp2-dp2-sp-dpinner", {"tp": 2, "dp": 2, "sequence_parallel": True, "tp_inner": False},
+         recompute=("none",), ci=()),
+    Kind("tp2-zero3-dp2-dpinner", {"tp": 2, "dp": 2, "zero": 3, "tp_inner": False}, recompute=("full",), ci=()),
     # As the DP search returns them: early blocks sharded and checkpointed, later ones not.
     Kind("mixed-dp4", {"dp": 4, "zero": 3, "layer_zero": (3, 3, 2, 2),
                        "layer_recompute": ("full", "full", "none", "none")}, recompute=("mixed",), ci=("mixed",)),

@@ -41,7 +41,9 @@ def runtime_of(device_kind: str) -> Runtime:
 
 
 def strategy_of(spec: RunSpec, flash_attention: bool, runtime: Runtime = Runtime.TORCH_CPU) -> ParallelConfig:
-    """The cost model's description of what ``spec`` runs (fp32)."""
+    """The cost model's description of what ``spec`` runs (fp32). ``ParallelConfig`` has no
+    nesting order: TP and DP nest either way with the same per-device memory, and the uniform
+    evaluation assumes TP inner (links, hence time, only)."""
     schedule = Schedule(spec.schedule)
     return ParallelConfig(
         tp=spec.tp, pp=spec.pp, dp=spec.dp, zero=spec.zero, sequence_parallel=spec.sequence_parallel,
@@ -56,7 +58,7 @@ def layer_plan_of(spec: RunSpec, blocks: list[str], flash_attention: bool,
     (``blocks``: the graph's block units in order, one per model block)."""
     st = strategy_of(spec, flash_attention, runtime)
     layers = {u: LayerStrategy(tp=spec.tp, dp=spec.dp, zero=spec.block_zero(i), sp=spec.sequence_parallel,
-                               recompute=Recompute(spec.block_recompute(i)), tp_inner=True)
+                               recompute=Recompute(spec.block_recompute(i)), tp_inner=spec.tp_inner)
               for i, u in enumerate(blocks)}
     return LayerPlan(pp=st.pp, num_microbatches=st.num_microbatches, global_batch=st.global_batch, layers=layers,
                      partition=st.partition, schedule=st.schedule, virtual_stages=st.virtual_stages,
@@ -174,6 +176,7 @@ def config_of(spec: RunSpec, kernel: str) -> dict[str, Any]:
             "partition": list(spec.partition) if spec.partition else None,
             "layer_zero": list(spec.layer_zero) if spec.layer_zero else None,
             "layer_recompute": list(spec.layer_recompute) if spec.layer_recompute else None,
+            "tp_inner": spec.tp_inner,
             "precision": "fp32", "attention_kernel": kernel, "flash_attention": uses_flash(kernel),
             "optimizer": ("ZeroRedundancyOptimizer(Adam(foreach=False))" if spec.zero == 1 and spec.dp > 1
                           and not spec.sharded else "torch.optim.Adam(foreach=False)"),
