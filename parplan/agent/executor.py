@@ -14,9 +14,11 @@ Runs inside every rank of a process group (see :mod:`parplan.agent.launch`). For
    a plan mixes ZeRO stages, activation checkpointing (``torch.utils.checkpoint``, non-reentrant;
    per block when a plan mixes it) and ``torch.distributed.pipelining`` stages with the GPipe,
    1F1B or interleaved 1F1B schedule and an even or given partition of the blocks, all over one
-   ``init_device_mesh`` mesh ``(pp, dp, tp)``; without pipelining, several micro-batches per step
-   accumulate gradients (DDP skips the all-reduce but for the last; FSDP2 reduce-scatters every
-   micro-batch, so gradients stay sharded, as ZeRO-2/3 do);
+   ``init_device_mesh`` mesh ``(pp, dp, tp)`` (``(pp, tp, dp)`` with DP inner); without
+   pipelining, several micro-batches per step accumulate gradients with the synchronisation
+   skipped but for the last micro-batch (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``, as
+   ``torch.distributed.pipelining`` does too), or, with ``fsdp_sync_every_microbatch``, FSDP2
+   reduce-scattering every micro-batch so that gradients stay sharded;
 2. checks correctness with dropout off: the loss and every gradient of the first step, and the
    loss after one Adam step, against a single-process run of the same model on the same global
    batch;
@@ -93,6 +95,9 @@ class RunSpec:
     layer_recompute: tuple[str, ...] | None = None
     #: TP ranks are consecutive (mesh ``(pp, dp, tp)``); False: DP ranks are (mesh ``(pp, tp, dp)``)
     tp_inner: bool = True
+    #: accumulation without pipelining under FSDP2: reduce-scatter every micro-batch (gradients stay
+    #: sharded) instead of only the last (unsharded gradients kept through the step)
+    fsdp_sync_every_microbatch: bool = False
 
     @property
     def world(self) -> int:
@@ -439,15 +444,18 @@ class Runner:
 
     @contextlib.contextmanager
     def _sync_ctx(self, w: nn.Module, last: bool) -> Iterator[None]:
-        """DDP all-reduces the accumulated gradients after the last micro-batch only. FSDP2 (and
-        ``replicate``) reduce(-scatter) every micro-batch's gradients into the sharded ones, as
-        ZeRO-2/3 do: skipping that would keep unsharded gradients through the step."""
+        """Gradient synchronisation after the last micro-batch only: DDP ``no_sync`` before it, and
+        FSDP2 (and ``replicate``) keep unsharded gradients until it, unless the spec asks FSDP2 to
+        reduce-scatter every micro-batch into the sharded gradients."""
+        from torch.distributed.fsdp import FSDPModule
         from torch.nn.parallel import DistributedDataParallel
 
         if isinstance(w, DistributedDataParallel) and not last:
             with w.no_sync():
                 yield
             return
+        if isinstance(w, FSDPModule):
+            w.set_requires_gradient_sync(last or self.spec.fsdp_sync_every_microbatch)
         yield
 
     @property

@@ -6,8 +6,9 @@ checkpointing. :data:`EXTENDED` (issue 10) adds the other kinds: ZeRO-1 (DDP +
 ``ZeroRedundancyOptimizer``), ZeRO-2, gradient accumulation without pipelining under DDP, ZeRO-2
 and ZeRO-3, ZeRO-2/3 with TP (with and without sequence parallelism) and inside pipeline stages,
 interleaved 1F1B, uneven pipeline partitions, selective recomputation (the searches' default),
-DP-inner nesting (TP ranks strided), and per-block mixes of ZeRO stage and recomputation as the DP
-search returns them. Each extended kind is marked for CI or for the full matrix only
+DP-inner nesting (TP ranks strided), per-block mixes of ZeRO stage and recomputation as the DP
+search returns them, and, as a trainer's alternative the cost model does not express, FSDP2
+reduce-scattering every accumulated micro-batch. Each extended kind is marked for CI or for the full matrix only
 (``bench/model_accuracy.py``, or the tests with ``PARPLAN_AGENT_MATRIX=full``). At most 4 ranks.
 Shared by the tests (``tests/agent``) and ``bench/model_accuracy.py``.
 """
@@ -70,6 +71,12 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("zero1-dp2-m2", {"dp": 2, "zero": 1, "num_microbatches": 2}, ci=()),
     Kind("zero2-dp2-m2", {"dp": 2, "zero": 2, "num_microbatches": 2}, ci=("none",)),
     Kind("zero3-dp4-m2", {"dp": 4, "zero": 3, "num_microbatches": 2}, ci=("full",)),
+    # FSDP2 may instead reduce-scatter every micro-batch (gradients stay sharded, more traffic): a
+    # choice of the trainer the cost model's runtime rule does not express (it keeps them unsharded).
+    Kind("zero2-dp2-m2-sync", {"dp": 2, "zero": 2, "num_microbatches": 2, "fsdp_sync_every_microbatch": True},
+         recompute=("none",), ci=()),
+    Kind("zero3-dp4-m2-sync", {"dp": 4, "zero": 3, "num_microbatches": 2, "fsdp_sync_every_microbatch": True},
+         recompute=("none",), ci=()),
     Kind("tp2-zero2-dp2", {"tp": 2, "dp": 2, "zero": 2}, ci=("none",)),
     Kind("tp2-zero2-dp2-sp", {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True},
          recompute=(*RECOMPUTE, "selective"), ci=("full",)),

@@ -176,7 +176,7 @@ def config_of(spec: RunSpec, kernel: str) -> dict[str, Any]:
             "partition": list(spec.partition) if spec.partition else None,
             "layer_zero": list(spec.layer_zero) if spec.layer_zero else None,
             "layer_recompute": list(spec.layer_recompute) if spec.layer_recompute else None,
-            "tp_inner": spec.tp_inner,
+            "tp_inner": spec.tp_inner, "fsdp_sync_every_microbatch": spec.fsdp_sync_every_microbatch,
             "precision": "fp32", "attention_kernel": kernel, "flash_attention": uses_flash(kernel),
             "optimizer": ("ZeroRedundancyOptimizer(Adam(foreach=False))" if spec.zero == 1 and spec.dp > 1
                           and not spec.sharded else "torch.optim.Adam(foreach=False)"),
