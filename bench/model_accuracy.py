@@ -140,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         "         flash kernel for CPU (predicted flash_attention=True); recompute full = checkpoint every block;",
         "         ZeRO-3 = FSDP2 fully_shard per block + root (over the dp mesh dim; with TP the 2-D recipe);",
         "         ZeRO-2 = the same with reshard_after_forward=False; ZeRO-1 = DDP + ZeroRedundancyOptimizer;",
-        "         DP = DDP (replicate when TP > 1); accumulation without PP: DDP no_sync but for the last",
-        "         micro-batch, FSDP2 reduce-scatters every micro-batch; PP + FSDP2: torch.distributed.pipelining",
-        "         defers resharding and gradient reduction to the step's end (its own choice).",
+        "         DP = DDP (replicate when TP > 1); accumulation without PP: gradient sync after the last",
+        "         micro-batch only (DDP no_sync, FSDP2 set_requires_gradient_sync), except '-sync' runs:",
+        "         FSDP2 reduce-scatters every micro-batch; PP + FSDP2: torch.distributed.pipelining defers",
+        "         resharding and gradient reduction to the step's end (its own choice).",
         "",
     ]
     lines = header + table(results) + [""] + correctness(results)
