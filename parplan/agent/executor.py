@@ -8,10 +8,17 @@ Runs inside every rank of a process group (see :mod:`parplan.agent.launch`). For
    column/row split of attention and MLP, a vocabulary-parallel embedding and LM head with
    ``loss_parallel``; with sequence parallelism ``SequenceParallel`` norms and
    ``PrepareModuleInput`` all-gathers), data parallelism with DDP (``replicate`` when the
-   parameters are TP DTensors) or FSDP2 ``fully_shard`` for ZeRO-3 (ZeRO-2: the same without
-   resharding after forward), activation checkpointing (``torch.utils.checkpoint``,
-   non-reentrant) and ``torch.distributed.pipelining`` stages with the GPipe, 1F1B or
-   interleaved 1F1B schedule, all over one ``init_device_mesh`` mesh ``(pp, dp, tp)``;
+   parameters are TP DTensors), ZeRO-1 as DDP plus ``ZeroRedundancyOptimizer`` (optimizer
+   states sharded), FSDP2 ``fully_shard`` over the ``dp`` mesh dimension for ZeRO-3 (ZeRO-2: the
+   same without resharding after forward; with TP the 2-D FSDP x DTensor recipe), per block when
+   a plan mixes ZeRO stages, activation checkpointing (``torch.utils.checkpoint``, non-reentrant;
+   per block when a plan mixes it) and ``torch.distributed.pipelining`` stages with the GPipe,
+   1F1B or interleaved 1F1B schedule and an even or given partition of the blocks, all over one
+   ``init_device_mesh`` mesh ``(pp, dp, tp)`` (``(pp, tp, dp)`` with DP inner); without
+   pipelining, several micro-batches per step accumulate gradients with the synchronisation
+   skipped but for the last micro-batch (DDP ``no_sync``, FSDP2 ``set_requires_gradient_sync``, as
+   ``torch.distributed.pipelining`` does too), or, with ``fsdp_sync_every_microbatch``, FSDP2
+   reduce-scattering every micro-batch so that gradients stay sharded;
 2. checks correctness with dropout off: the loss and every gradient of the first step, and the
    loss after one Adam step, against a single-process run of the same model on the same global
    batch;
@@ -79,10 +86,41 @@ class RunSpec:
     diagnose: bool = False
     label: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: blocks per pipeline stage (``pp`` entries, 1F1B or GPipe); None: the even split
+    partition: tuple[int, ...] | None = None
+    #: per block, its ZeRO stage (2 or 3: FSDP2 with or without resharding after forward); the
+    #: embedding and head (FSDP2's root) follow the first block; None: ``zero`` for every block
+    layer_zero: tuple[int, ...] | None = None
+    #: per block, its recomputation (none / selective / full); None: ``recompute`` for every block
+    layer_recompute: tuple[str, ...] | None = None
+    #: TP ranks are consecutive (mesh ``(pp, dp, tp)``); False: DP ranks are (mesh ``(pp, tp, dp)``)
+    tp_inner: bool = True
+    #: accumulation without pipelining under FSDP2: reduce-scatter every micro-batch (gradients stay
+    #: sharded) instead of only the last (unsharded gradients kept through the step)
+    fsdp_sync_every_microbatch: bool = False
 
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether blocks differ in strategy (the prediction is then the whole-plan evaluator's)."""
+        return self.layer_zero is not None or self.layer_recompute is not None
+
+    def block_zero(self, i: int) -> int:
+        """ZeRO stage of block ``i``."""
+        return self.zero if self.layer_zero is None else self.layer_zero[i]
+
+    def block_recompute(self, i: int) -> str:
+        """Recomputation of block ``i``."""
+        return self.recompute if self.layer_recompute is None else self.layer_recompute[i]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether data parallelism is FSDP2 (ZeRO-2/3 on some block)."""
+        zeros = self.layer_zero if self.layer_zero is not None else (self.zero,)
+        return self.dp > 1 and max(zeros) >= 2
 
     def config(self) -> TransformerConfig:
         return TransformerConfig(**self.model)
@@ -92,15 +130,40 @@ class RunSpec:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> RunSpec:
+        d = dict(d)
+        for key in ("partition", "layer_zero", "layer_recompute"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
         return RunSpec(**d)
 
     def validate(self) -> None:
         """StrategyError for what the executor cannot run."""
         cfg = self.config()
         check_supported(cfg)
-        if self.zero == 1:
-            raise StrategyError("zero=1 (sharded optimizer states only) has no PyTorch-native equivalent: "
-                                "FSDP2 shards gradients too (zero=2) and DDP shards nothing")
+        if self.zero == 1 and self.tp > 1:
+            raise StrategyError(
+                "zero=1 with tp > 1: ZeroRedundancyOptimizer broadcasts every parameter from its owner "
+                "with c10d.broadcast_, which DTensor (TP) parameters do not support, and DDP, which it "
+                "is made for, rejects DTensor parameters; PyTorch has no native ZeRO-1 for TP modules")
+        if self.layer_zero is not None:
+            if len(self.layer_zero) != cfg.layers:
+                raise StrategyError(f"layer_zero has {len(self.layer_zero)} entries for {cfg.layers} blocks")
+            if self.dp == 1 or not set(self.layer_zero) <= {2, 3}:
+                raise StrategyError("layer_zero mixes ZeRO-2 and ZeRO-3 (FSDP2 resharding after forward or "
+                                    "not) per block and needs dp > 1; DDP (zero 0/1) wraps a whole stage")
+        if self.layer_recompute is not None:
+            if len(self.layer_recompute) != cfg.layers:
+                raise StrategyError(f"layer_recompute has {len(self.layer_recompute)} entries for "
+                                    f"{cfg.layers} blocks")
+            if not set(self.layer_recompute) <= {"none", "selective", "full"}:
+                raise StrategyError(f"unknown recompute in {list(self.layer_recompute)}")
+        if self.partition is not None:
+            if self.schedule == "interleaved":
+                raise StrategyError("a partition is blocks per pipeline stage; the interleaved schedule's "
+                                    "virtual stages split the blocks evenly")
+            if len(self.partition) != self.pp or sum(self.partition) != cfg.layers or min(self.partition) < 1:
+                raise StrategyError(f"partition {list(self.partition)} must give each of the {self.pp} stages at "
+                                    f"least one of the {cfg.layers} blocks")
         if self.tp > 1:
             for what, n in (("heads", cfg.heads), ("kv_heads", cfg.n_kv_heads), ("ffn", cfg.ffn),
                             ("vocab", cfg.vocab)):
@@ -221,15 +284,19 @@ def _apply_tp(sm: StageModule, tp_mesh: Any, sp: bool) -> None:
 
 
 def _apply_dp(sm: StageModule, spec: RunSpec, dp_mesh: Any) -> nn.Module:
+    """Data parallelism over ``dp_mesh``: FSDP2 per block (ZeRO-3 reshards after forward, ZeRO-2
+    keeps the gathered weights until the block's backward) plus the stage as root (embedding,
+    head; FSDP2 keeps the root's weights gathered for the whole step whatever it is told), DDP
+    for ZeRO-0/1, ``replicate`` when the parameters are TP DTensors."""
     if spec.dp == 1:
         return sm
-    if spec.zero >= 2:
+    if spec.sharded:
         from torch.distributed.fsdp import fully_shard
 
-        reshard = spec.zero == 3
-        for blk in sm.layers.values():
-            fully_shard(blk, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(sm, mesh=dp_mesh, reshard_after_forward=reshard)
+        for name, blk in sm.layers.items():
+            fully_shard(blk, mesh=dp_mesh, reshard_after_forward=spec.block_zero(int(name)) == 3)
+        first = min(int(n) for n in sm.layers)
+        fully_shard(sm, mesh=dp_mesh, reshard_after_forward=spec.block_zero(first) == 3)
         return sm
     if spec.tp > 1:
         # DDP rejects DTensor parameters (no sharding rule for c10d.broadcast_); replicate is
@@ -254,15 +321,20 @@ class Runner:
         self.spec = spec
         self.device = device
         self.cfg = spec.config()
-        self.mesh = init_device_mesh(device.type, (spec.pp, spec.dp, spec.tp), mesh_dim_names=("pp", "dp", "tp"))
+        names = ("pp", "dp", "tp") if spec.tp_inner else ("pp", "tp", "dp")
+        sizes = {"pp": spec.pp, "dp": spec.dp, "tp": spec.tp}
+        self.mesh = init_device_mesh(device.type, tuple(sizes[n] for n in names), mesh_dim_names=names)
         self.pp_rank = self.mesh.get_local_rank("pp")
         self.dp_rank = self.mesh.get_local_rank("dp")
         self.tp_rank = self.mesh.get_local_rank("tp")
         model: Transformer = build_model(self.cfg, spec.seed).to(device)
         set_recompute(model, spec.recompute)
+        if spec.layer_recompute is not None:
+            for name, blk in model.layers.items():
+                set_recompute(blk, spec.block_recompute(int(name)))
         v = spec.virtual_stages if spec.schedule == "interleaved" else 1
         n_stages = spec.pp * v
-        ranges = stage_layer_ranges(self.cfg.layers, even_partition(self.cfg.layers, n_stages))
+        ranges = stage_layer_ranges(self.cfg.layers, spec.partition or even_partition(self.cfg.layers, n_stages))
         self.stage_ids = [self.pp_rank + k * spec.pp for k in range(v)]
         self.stage_modules = [StageModule(model, ranges[s], first=s == 0, last=s == n_stages - 1)
                               for s in self.stage_ids]
@@ -280,7 +352,17 @@ class Runner:
         self.is_last = n_stages - 1 in self.stage_ids
         self.tie_group = self._tie_group() if self.tied else None
         self.params = _unique_params(list(self.stage_modules))
-        self.optimizer = torch.optim.Adam(self.params, lr=LEARNING_RATE, foreach=False)
+        self.optimizer: torch.optim.Optimizer
+        if spec.zero == 1 and spec.dp > 1 and not spec.sharded:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            # Each DP rank keeps Adam's states of a share of the parameters (whole tensors, greedily
+            # balanced by size), steps them and broadcasts them to the other ranks.
+            self.optimizer = ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.Adam,
+                                                     process_group=self.mesh["dp"].get_group(),
+                                                     lr=LEARNING_RATE, foreach=False)
+        else:
+            self.optimizer = torch.optim.Adam(self.params, lr=LEARNING_RATE, foreach=False)
         self.schedule: Any = None
         self.pipe_stages: list[Any] = []
         if spec.pp > 1:
@@ -297,6 +379,8 @@ class Runner:
         they hold the two copies of the tied embedding and sum their gradients."""
         spec = self.spec
         ranks = self.mesh.mesh  # (pp, dp, tp) tensor of global ranks
+        if not spec.tp_inner:
+            ranks = ranks.transpose(1, 2)
         mine = None
         for d in range(spec.dp):
             for t in range(spec.tp):
@@ -360,6 +444,9 @@ class Runner:
 
     @contextlib.contextmanager
     def _sync_ctx(self, w: nn.Module, last: bool) -> Iterator[None]:
+        """Gradient synchronisation after the last micro-batch only: DDP ``no_sync`` before it, and
+        FSDP2 (and ``replicate``) keep unsharded gradients until it, unless the spec asks FSDP2 to
+        reduce-scatter every micro-batch into the sharded gradients."""
         from torch.distributed.fsdp import FSDPModule
         from torch.nn.parallel import DistributedDataParallel
 
@@ -368,8 +455,14 @@ class Runner:
                 yield
             return
         if isinstance(w, FSDPModule):
-            w.set_requires_gradient_sync(last)
+            w.set_requires_gradient_sync(last or self.spec.fsdp_sync_every_microbatch)
         yield
+
+    @property
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer holding this rank's states (ZeroRedundancyOptimizer's inner one)."""
+        inner = getattr(self.optimizer, "optim", None)
+        return inner if isinstance(inner, torch.optim.Optimizer) else self.optimizer
 
     def _tied_params(self) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
@@ -497,7 +590,7 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     runner.train_step()  # warm-up, outside the tracker
     dist.barrier()
     tracker = CategoryTracker(diagnose=spec.diagnose)
-    tracker.register_state(runner.stage_modules, [runner.optimizer], communication=runner.pipeline_buffers())
+    tracker.register_state(runner.stage_modules, [runner.local_optimizer], communication=runner.pipeline_buffers())
     with tracker.measuring():
         runner.train_step()
     measured = tracker.result(device)

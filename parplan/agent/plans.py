@@ -94,6 +94,10 @@ def spec_for(cfg: TransformerConfig, strategy: ParallelConfig, seq_len: int | No
             m = _round_up(m, strategy.pp)
     if strategy.precision != "fp32":
         notes.append(f"precision {strategy.precision} requested: the agent runs, and predicts, fp32")
+    partition = strategy.partition
+    if partition is not None and run_cfg.layers != cfg.layers:
+        notes.append(f"partition {list(partition)} dropped: the shrunk copy has {run_cfg.layers} blocks (even split)")
+        partition = None
     mb = strategy.micro_batch
     if shrink and mb > 2:
         notes.append(f"micro-batch reduced from {mb} to 2")
@@ -101,7 +105,7 @@ def spec_for(cfg: TransformerConfig, strategy: ParallelConfig, seq_len: int | No
     return RunSpec(
         model=asdict(run_cfg), tp=strategy.tp, pp=strategy.pp, dp=dp, zero=strategy.zero,
         sequence_parallel=strategy.sequence_parallel, recompute=strategy.recompute.value, micro_batch=mb,
-        num_microbatches=m, schedule=strategy.schedule.value, virtual_stages=v, seq_len=seq,
+        num_microbatches=m, schedule=strategy.schedule.value, virtual_stages=v, seq_len=seq, partition=partition,
         timing_steps=timing_steps, check=check, diagnose=diagnose, label=label or run_cfg.name,
         extra={"original_model": cfg.name, "shrunk": shrink, "notes": notes,
                "requested": {"dp": strategy.dp, "num_microbatches": strategy.num_microbatches,

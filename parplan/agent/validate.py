@@ -2,9 +2,12 @@
 
 The measurement comes from the processes (:mod:`parplan.agent.executor`); the prediction is
 :func:`parplan.solver.evaluate.evaluate` for the same model (the possibly shrunk copy that ran),
-the same degrees, micro-batching and recomputation, in fp32, with ``flash_attention`` set from
-the attention kernel the ranks actually ran and the runtime set to PyTorch's own
-(:class:`~parplan.solver.cost.runtime.Runtime`, CPU or CUDA kernels as the ranks ran). Nothing
+the same degrees, micro-batching, pipeline partition and recomputation, in fp32, with
+``flash_attention`` set from the attention kernel the ranks actually ran and the runtime set to
+PyTorch's own (:class:`~parplan.solver.cost.runtime.Runtime`, CPU or CUDA kernels as the ranks
+ran). A run whose blocks differ in ZeRO stage or recomputation (as the DP search's plans do) is
+predicted by the whole-plan evaluator (:class:`~parplan.solver.cost.plan_evaluator.PlanEvaluator`)
+on a :class:`~parplan.solver.cost.plan_evaluator.LayerPlan` with one strategy per block. Nothing
 measured is derived from the prediction.
 """
 
@@ -20,7 +23,10 @@ from parplan.agent.launch import launch
 from parplan.agent.memtrack import CATEGORIES
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.pipeline import blocks_of
+from parplan.solver.cost.plan_evaluator import LayerPlan, LayerStrategy, PlanEvaluator, PlanMemory
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.units import GraphCosts
 from parplan.solver.evaluate import evaluate
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig, Schedule
@@ -35,13 +41,67 @@ def runtime_of(device_kind: str) -> Runtime:
 
 
 def strategy_of(spec: RunSpec, flash_attention: bool, runtime: Runtime = Runtime.TORCH_CPU) -> ParallelConfig:
-    """The cost model's description of what ``spec`` runs (fp32)."""
+    """The cost model's description of what ``spec`` runs (fp32). ``ParallelConfig`` has no
+    nesting order: TP and DP nest either way with the same per-device memory, and the uniform
+    evaluation assumes TP inner (links, hence time, only)."""
     schedule = Schedule(spec.schedule)
     return ParallelConfig(
         tp=spec.tp, pp=spec.pp, dp=spec.dp, zero=spec.zero, sequence_parallel=spec.sequence_parallel,
         recompute=Recompute(spec.recompute), micro_batch=spec.micro_batch, num_microbatches=spec.num_microbatches,
         schedule=schedule, virtual_stages=spec.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
-        flash_attention=flash_attention, precision="fp32", runtime=runtime)
+        flash_attention=flash_attention, precision="fp32", partition=spec.partition, runtime=runtime)
+
+
+def layer_plan_of(spec: RunSpec, blocks: list[str], flash_attention: bool,
+                  runtime: Runtime = Runtime.TORCH_CPU) -> LayerPlan:
+    """The whole-plan evaluator's description of what ``spec`` runs: one strategy per block
+    (``blocks``: the graph's block units in order, one per model block)."""
+    st = strategy_of(spec, flash_attention, runtime)
+    layers = {u: LayerStrategy(tp=spec.tp, dp=spec.dp, zero=spec.block_zero(i), sp=spec.sequence_parallel,
+                               recompute=Recompute(spec.block_recompute(i)), tp_inner=spec.tp_inner)
+              for i, u in enumerate(blocks)}
+    return LayerPlan(pp=st.pp, num_microbatches=st.num_microbatches, global_batch=st.global_batch, layers=layers,
+                     partition=st.partition, schedule=st.schedule, virtual_stages=st.virtual_stages,
+                     flash_attention=flash_attention, precision=st.precision, runtime=runtime)
+
+
+def _memory_doc(mem: PlanMemory) -> dict[str, Any]:
+    """A :class:`PlanMemory` in the shape of ``evaluate(...).to_dict()["memory"]``."""
+    peak = mem.peak_stage
+    return {"peak_bytes": round(peak.peak_bytes), "peak_stage": peak.stage,
+            "breakdown": peak.memory.bytes.as_dict(), "redundant": peak.memory.redundant.as_dict(),
+            "stages": [{"stage": st.stage, "first_unit": st.units[0] if st.units else None,
+                        "last_unit": st.units[-1] if st.units else None, "peak_bytes": round(st.peak_bytes),
+                        "breakdown": st.memory.bytes.as_dict(), "redundant": st.memory.redundant.as_dict(),
+                        "in_flight_microbatches": st.in_flight_microbatches,
+                        "activation_bytes_per_microbatch": round(st.activation_bytes_per_microbatch)}
+                       for st in mem.stages]}
+
+
+def predict_per_layer(spec: RunSpec, flash_attention: bool, gpu: str = "A100-80GB",
+                      runtime: Runtime = Runtime.TORCH_CPU) -> dict[str, Any]:
+    """Memory and step time of ``spec`` from the whole-plan evaluator (one strategy per block), in
+    the shape of ``evaluate(...).to_dict()``'s ``memory``, ``time`` and ``strategy``."""
+    cfg = spec.config()
+    source = ModelSource(cfg.name, config=cfg)
+    costs: dict[int, GraphCosts] = {}
+
+    def costs_for(batch: int) -> GraphCosts:
+        if batch not in costs:
+            costs[batch] = GraphCosts(source.build(batch, spec.seq_len))
+        return costs[batch]
+
+    plan = layer_plan_of(spec, blocks_of(costs_for(spec.micro_batch).graph), flash_attention, runtime)
+    ev = PlanEvaluator(costs_for, make_cluster(spec.world, None, gpu, None))
+    mem, t = ev.memory(plan), ev.time(plan)
+    summary = " | ".join(f"{u}: {s.describe()}" for u, s in plan.layers.items())
+    return {"memory": _memory_doc(mem),
+            "time": {"step_seconds": t.step_seconds, "tokens_per_second": t.tokens_per_second},
+            "strategy": {"tp": spec.tp, "pp": spec.pp, "dp": spec.dp, "layers": summary,
+                         "partition": list(spec.partition or []), "num_microbatches": spec.num_microbatches,
+                         "micro_batch": spec.micro_batch, "schedule": plan.schedule.value,
+                         "flash_attention": flash_attention, "precision": plan.precision,
+                         "runtime": runtime.value, "evaluator": "PlanEvaluator"}}
 
 
 def uses_flash(kernel: str) -> bool:
@@ -51,7 +111,10 @@ def uses_flash(kernel: str) -> bool:
 
 def predict(spec: RunSpec, flash_attention: bool, gpu: str = "A100-80GB",
             runtime: Runtime = Runtime.TORCH_CPU) -> dict[str, Any]:
-    """``evaluate(...).to_dict()`` for the configuration ``spec`` runs."""
+    """``evaluate(...).to_dict()`` for the configuration ``spec`` runs (the whole-plan evaluator's
+    :func:`predict_per_layer` when its blocks differ)."""
+    if spec.per_layer:
+        return predict_per_layer(spec, flash_attention, gpu, runtime)
     cfg = spec.config()
     cluster = make_cluster(spec.world, None, gpu, None)
     return evaluate(ModelSource(cfg.name, config=cfg), cluster, strategy_of(spec, flash_attention, runtime),
@@ -110,8 +173,14 @@ def config_of(spec: RunSpec, kernel: str) -> dict[str, Any]:
             "sequence_parallel": spec.sequence_parallel, "recompute": spec.recompute,
             "micro_batch": spec.micro_batch, "num_microbatches": spec.num_microbatches,
             "schedule": spec.schedule, "virtual_stages": spec.virtual_stages, "seq_len": spec.seq_len,
+            "partition": list(spec.partition) if spec.partition else None,
+            "layer_zero": list(spec.layer_zero) if spec.layer_zero else None,
+            "layer_recompute": list(spec.layer_recompute) if spec.layer_recompute else None,
+            "tp_inner": spec.tp_inner, "fsdp_sync_every_microbatch": spec.fsdp_sync_every_microbatch,
             "precision": "fp32", "attention_kernel": kernel, "flash_attention": uses_flash(kernel),
-            "optimizer": "torch.optim.Adam(foreach=False)", "zero_grad": "set_to_none=False"}
+            "optimizer": ("ZeroRedundancyOptimizer(Adam(foreach=False))" if spec.zero == 1 and spec.dp > 1
+                          and not spec.sharded else "torch.optim.Adam(foreach=False)"),
+            "zero_grad": "set_to_none=False"}
 
 
 def run_and_compare(specs: list[RunSpec], device_kind: str = "cpu", gpu: str = "A100-80GB") -> list[dict[str, Any]]:

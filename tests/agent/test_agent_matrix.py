@@ -1,48 +1,73 @@
-"""The issue-6 matrix end to end on this CPU machine (gloo, up to 4 processes).
+"""The validation matrix end to end on this CPU machine (gloo, up to 4 processes).
 
-Small GPT and Llama models under TP 2, DP 2, ZeRO-3 over 4, PP 2 with GPipe and with 1F1B,
-TP 2 x PP 2 and TP 2 x DP 2 with sequence parallelism, each without and with full activation
-checkpointing: 28 runs in two launches (2 and 4 processes). For every run:
+The issue-6 matrix (small GPT and Llama models under TP 2, DP 2, ZeRO-3 over 4, PP 2 with GPipe
+and with 1F1B, TP 2 x PP 2 and TP 2 x DP 2 with sequence parallelism, each without and with full
+activation checkpointing: 28 runs) and a representative set of the issue-10 kinds (ZeRO-1, ZeRO-2,
+gradient accumulation, ZeRO-2/3 with TP, SP and PP, interleaved 1F1B, an uneven partition, a
+per-block mixed plan; :data:`parplan.agent.matrix.EXTENDED`). ``PARPLAN_AGENT_MATRIX=full`` runs
+every extended configuration, as ``bench/model_accuracy.py`` does. For every run:
 
 - loss and gradients equal a single-process reference: ``torch.allclose(rtol=1e-4, atol=1e-6)``
   for every gradient and the step-1 loss, and the loss after one Adam step (fp32);
 - measured parameters and gradients equal the prediction to the byte, optimizer states within
-  Adam's 4-byte step counters;
-- the most loaded rank's measured peak is within 5 % of the predicted peak, except for the
-  configurations in ``KNOWN_GAPS``: real gaps of the cost model (reported to the lead, who owns
-  parplan/solver) or of the PyTorch API used, each with its diagnosis; their bound is the error
-  observed plus a margin, so the test catches regressions and passes once the model is fixed.
+  Adam's 4-byte step counters (ZeRO-1: within the imbalance of ``ZeroRedundancyOptimizer``'s
+  whole-tensor partition);
+- the most loaded rank's measured peak is within ``TARGET`` of the predicted peak, except for
+  the configurations in ``KNOWN_GAPS``: real gaps of the cost model (reported to the lead, who
+  owns parplan/solver) or of the PyTorch API used, each with its diagnosis; their bound is the
+  error observed plus a margin, so the test catches regressions and passes once the model is fixed;
+- no run is under-predicted (measured above predicted) by more than ``UNDER`` except those in
+  ``KNOWN_GAPS``: an under-prediction is a plan that does not fit, the worst error the product can make.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
-from parplan.agent.matrix import matrix_specs
+from parplan.agent.matrix import all_specs
 from parplan.agent.validate import run_and_compare
 
 TARGET = 0.05
+UNDER = 0.02
 
-#: label -> (bound on |relative error| of the most loaded rank's peak, gaps). Gaps (evidence per
-#: category in bench/out/model_accuracy.txt). Fixed in the cost model since first measured:
-#: G1 (backward gradient workspace, tied-embedding gradients, Adam's workspace), G2 (a recomputed
-#: block keeps what an uncheckpointed forward keeps), G3 (FSDP2's gathered root and reduce-scatter
-#: buffers), G9 (the model added every category's peak; under FSDP2 the gathered-weight and
-#: gradient buffers peak after part of the activations is freed: parplan.solver.cost.fsdp walks
-#: the backward instead, and the ZeRO-3 runs went from -19..-8% to within 1%); and, as rules of
-#: PyTorch's runtime (parplan.solver.cost.runtime, which the agent
-#: predicts for): G5 (CPU RMSNorm keeps x*rstd), G6 (`replicate` of TP modules keeps an unsharded
-#: copy of the parameters through backward), G7 (DTensor sequence parallelism saves the gathered
-#: inputs of column-parallel linears), G8 (the vocabulary-parallel embedding's backward makes the
-#: whole table's gradient); G4 (under pipelining the tied embedding's two gradients were counted on
-#: every stage, though only a stage holding both the embedding and the head has both; and
-#: torch.distributed.pipelining keeps each in-flight micro-batch's sent output, a runtime rule).
-#: None is open: every run is within TARGET. A gap found later goes here with its bound and reason.
-KNOWN_GAPS: dict[str, tuple[float, str]] = {}
+#: label -> (bound on |relative error| of the most loaded rank's peak, diagnosis). Evidence per
+#: category in bench/out/model_accuracy.txt. Fixed in the cost model since first measured (issue
+#: 6): G1 (backward gradient workspace, tied-embedding gradients, Adam's workspace), G2 (a
+#: recomputed block keeps what an uncheckpointed forward keeps), G3 (FSDP2's gathered root and
+#: reduce-scatter buffers), G9 (the peak is a moment: parplan.solver.cost.peak walks the backward),
+#: and, as rules of PyTorch's runtime (parplan.solver.cost.runtime): G4-G8; found by the extended
+#: matrix (issue 10) and fixed there too: G10 (FSDP2 ZeRO-2 shards the parameters between steps and
+#: keeps each block's gathered copy from its forward to its backward), G11 (pipelining runs an FSDP2
+#: stage's backward without resharding or gradient sync until the step's end). Open:
+INTERLEAVED = ("G12: under ScheduleInterleaved1F1B a device allocates receive buffers for every virtual stage's "
+               "boundaries (12 x 0.125 MiB on rank 0, predicted 4), keeps every send's Work (the sent output or "
+               "input gradient) until the step ends, and runs all m micro-batches of its first chunk (with the "
+               "embedding) before its first backward; predicted: one stage's boundaries, the average chunk")
+SELECTIVE_FSDP = ("G13: the ZeRO-3 backward walk leaves out the attention core that selective recomputation re-runs "
+                  "in the block's backward (unfused scores, softmax, dropout mask and output: 1.75 MiB), alive beside "
+                  "the gathered weights and the block's first weight gradients")
+SYNC_EVERY = ("G14 (over-prediction, not a model error): with fsdp_sync_every_microbatch FSDP2 reduce-scatters every "
+              "micro-batch, so no unsharded gradients accumulate; the runtime rule (accumulates_unsharded) cannot "
+              "express that choice of the trainer and predicts them kept through the step")
 
-SPECS = matrix_specs(timing_steps=1)
+KNOWN_GAPS: dict[str, tuple[float, str]] = {
+    "gpt-tiny/pp2-interleaved-v2/none": (0.050, INTERLEAVED),  # measured +3.7%
+    "gpt-tiny/pp2-interleaved-v2/full": (0.065, INTERLEAVED),  # measured +5.2%
+    "llama-tiny/pp2-interleaved-v2/none": (0.050, INTERLEAVED),  # measured +4.0%
+    "llama-tiny/pp2-interleaved-v2/full": (0.070, INTERLEAVED),  # measured +5.6%
+    "gpt-tiny/zero3-dp4/selective": (0.055, SELECTIVE_FSDP),  # measured +4.2%
+    "gpt-tiny/zero2-dp2-m2-sync/none": (0.200, SYNC_EVERY),  # measured -18.9%
+    "gpt-tiny/zero3-dp4-m2-sync/none": (0.280, SYNC_EVERY),  # measured -26.6%
+    "llama-tiny/zero2-dp2-m2-sync/none": (0.210, SYNC_EVERY),  # measured -19.6%
+    "llama-tiny/zero3-dp4-m2-sync/none": (0.265, SYNC_EVERY),  # measured -25.4%
+}
+
+FULL = os.environ.get("PARPLAN_AGENT_MATRIX", "") == "full"
+SPECS = all_specs(full=FULL, timing_steps=1)
+LABELS = [s.label for s in SPECS]
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +76,24 @@ def results() -> dict[str, Any]:
     return {s.label: r for s, r in zip(SPECS, out, strict=True)}
 
 
+def _largest_tensor_elems(model: dict[str, Any]) -> int:
+    from parplan.solver.frontends.builder import build_graph
+    from parplan.solver.frontends.config import TransformerConfig
+
+    graph = build_graph(TransformerConfig(**model), batch=1, seq_len=8)
+    return max(n.numel for n in graph.nodes if n.is_parameter)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("label", [s.label for s in SPECS])
+@pytest.mark.parametrize("label", LABELS)
 def test_matrix_configuration(results: dict[str, Any], label: str) -> None:
     r = results[label]
-    world = SPECS[[s.label for s in SPECS].index(label)].world
-    assert [x["rank"] for x in r["ranks"]] == list(range(world))
+    spec = SPECS[LABELS.index(label)]
+    assert [x["rank"] for x in r["ranks"]] == list(range(spec.world))
+    zero1 = spec.zero == 1 and spec.dp > 1 and not spec.sharded
+    # ZeroRedundancyOptimizer gives each rank whole tensors, greedily by size: a rank's share is off
+    # the even 1/dp by less than the largest tensor's Adam states (two fp32 values per element).
+    opt_slack = 4 * 200 + (8 * _largest_tensor_elems(spec.model) if zero1 else 0)
     for rk in r["ranks"]:
         check = rk["check"]
         assert check["ok"], check["mismatches"]
@@ -64,7 +101,8 @@ def test_matrix_configuration(results: dict[str, Any], label: str) -> None:
         meas, pred = rk["measured"]["breakdown"], rk["predicted"]["breakdown"]
         assert meas["parameters"] == pred["parameters"]
         assert meas["gradients"] == pred["gradients"]
-        assert 0 <= meas["optimizer_states"] - pred["optimizer_states"] <= 4 * 200
+        low = 0 if not zero1 else -opt_slack
+        assert low <= meas["optimizer_states"] - pred["optimizer_states"] <= opt_slack
         assert meas["activations"] > 0 and meas["temporary"] > 0
         assert rk["measured"]["peak_bytes"] >= max(meas[k] for k in meas)
     assert any("loss" in rk["check"] for rk in r["ranks"])
@@ -75,18 +113,15 @@ def test_matrix_configuration(results: dict[str, Any], label: str) -> None:
 
 
 @pytest.mark.slow
-def test_beyond_the_matrix_runs_correctly() -> None:
-    """Interleaved 1F1B (2 chunks per rank), ZeRO-2 (FSDP2 without resharding after forward) and
-    gradient accumulation under DDP: correct against the single-process run."""
-    from dataclasses import asdict
+@pytest.mark.parametrize("label", LABELS)
+def test_matrix_is_never_under_predicted(results: dict[str, Any], label: str) -> None:
+    """Measured above predicted by more than UNDER is a plan that may not fit; only a known gap may
+    be, within its bound."""
+    err = results[label]["most_loaded"]["relative_error"]
+    bound, why = KNOWN_GAPS.get(label, (UNDER, ""))
+    assert err <= bound, f"{label}: measured peak {err:+.1%} above the prediction (bound {bound:+.0%}) {why}"
 
-    from parplan.agent.executor import RunSpec
-    from parplan.agent.matrix import GPT_TINY, LLAMA_TINY
 
-    specs = [RunSpec(model=asdict(LLAMA_TINY), pp=2, schedule="interleaved", virtual_stages=2, num_microbatches=4,
-                     recompute="full", timing_steps=1, label="interleaved"),
-             RunSpec(model=asdict(GPT_TINY), dp=2, zero=2, recompute="selective", timing_steps=1, label="zero2"),
-             RunSpec(model=asdict(GPT_TINY), dp=2, num_microbatches=2, recompute="none", timing_steps=1,
-                     label="accumulation")]
-    for r in run_and_compare(specs, "cpu"):
-        assert r["correct"] is True, r["label"]
+def test_every_gap_names_a_run() -> None:
+    """KNOWN_GAPS names only runs of the (full) matrix."""
+    assert set(KNOWN_GAPS) <= {s.label for s in all_specs(full=True)}

@@ -57,9 +57,16 @@ def test_attention_kernel_on_the_cpu() -> None:
 def test_unsupported_families_and_strategies_are_refused() -> None:
     with pytest.raises(ConfigError, match="gpt and llama"):
         build_model(get_preset("bert-large"))
-    spec = RunSpec(model=asdict(GPT_TINY), dp=2, zero=1)
-    with pytest.raises(StrategyError, match="zero=1"):
-        spec.validate()
+    RunSpec(model=asdict(GPT_TINY), dp=2, zero=1).validate()  # DDP + ZeroRedundancyOptimizer
+    with pytest.raises(StrategyError, match="zero=1 with tp > 1"):
+        RunSpec(model=asdict(GPT_TINY), tp=2, dp=2, zero=1).validate()
+    with pytest.raises(StrategyError, match="layer_zero"):
+        RunSpec(model=asdict(GPT_TINY), dp=2, layer_zero=(0, 3, 3, 3)).validate()
+    with pytest.raises(StrategyError, match="partition"):
+        RunSpec(model=asdict(GPT_TINY), pp=2, num_microbatches=2, partition=(4, 0)).validate()
+    with pytest.raises(StrategyError, match="interleaved"):
+        RunSpec(model=asdict(GPT_TINY), pp=2, num_microbatches=2, schedule="interleaved", virtual_stages=2,
+                partition=(2, 2)).validate()
     with pytest.raises(StrategyError, match="tp=3"):
         RunSpec(model=asdict(GPT_TINY), tp=3).validate()
 
@@ -122,3 +129,36 @@ def test_tracker_single_process_categories() -> None:
     assert r["breakdown"]["activations"] > 0 and r["breakdown"]["temporary"] > 0
     assert r["peak_bytes"] == sum(r["at_peak"].values())
     assert all(r["at_peak"][k] <= r["breakdown"][k] for k in r["breakdown"])
+
+
+@pytest.mark.parametrize(("fields", "zero", "recompute"), [
+    ({"dp": 4, "zero": 3}, 3, "full"),
+    ({"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True}, 2, "none"),
+    ({"pp": 2, "dp": 2, "zero": 3, "num_microbatches": 4, "partition": (1, 3)}, 3, "selective"),
+])
+def test_per_layer_prediction_of_a_uniform_plan_is_the_uniform_prediction(fields: dict[str, object], zero: int,
+                                                                          recompute: str) -> None:
+    """The whole-plan evaluator path (mixed plans) agrees with ``evaluate`` when every block is alike."""
+    from parplan.agent.validate import predict
+
+    layers = GPT_TINY.layers
+    uniform = RunSpec(model=asdict(GPT_TINY), recompute=recompute, **fields)  # type: ignore[arg-type]
+    mixed = RunSpec(model=asdict(GPT_TINY), recompute=recompute, layer_zero=(zero,) * layers,
+                    layer_recompute=(recompute,) * layers, **fields)  # type: ignore[arg-type]
+    assert mixed.per_layer and not uniform.per_layer
+    a, b = predict(uniform, False), predict(mixed, False)
+    assert a["memory"]["stages"] == b["memory"]["stages"]
+    assert a["time"]["step_seconds"] == pytest.approx(b["time"]["step_seconds"])
+
+
+def test_per_layer_prediction_follows_each_block() -> None:
+    """Checkpointing half the blocks lands between checkpointing none and all of them."""
+    from parplan.agent.validate import predict
+
+    def activations(rec: tuple[str, ...]) -> int:
+        spec = RunSpec(model=asdict(LLAMA_TINY), dp=2, zero=3, layer_zero=(3, 3, 2, 2), layer_recompute=rec)
+        return int(predict(spec, True)["memory"]["stages"][0]["breakdown"]["activations"])
+
+    none, half, full = (activations(("none",) * 4), activations(("full", "full", "none", "none")),
+                        activations(("full",) * 4))
+    assert full < half < none
