@@ -24,8 +24,9 @@ from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import build_problem
-from parplan.solver.ilp.search import certify, mesh_links, search, temporary_bytes
+from parplan.solver.ilp.search import certify, mesh_links, search
 from parplan.solver.ilp.strategies import Mesh, OpStrategy
 from parplan.solver.models import ModelSource
 
@@ -42,7 +43,7 @@ def ilp_plan(cfg: TransformerConfig, mesh: tuple[int, ...], batch: int, seq_len:
                   micro_batch=batch, objective=objective, budget_bytes=cluster.device_memory_bytes,
                   max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32",
                   flash_attention=True, timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3),
-                  runtime=Runtime.TORCH_CPU)
+                  runtime=Runtime.TORCH_CPU, zero3_per_operator=True)
 
 
 def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: IlpRunSpec,
@@ -56,7 +57,7 @@ def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: Ilp
     mesh = Mesh(tuple((f"m{i}", s) for i, s in enumerate(spec.mesh)))
     cluster = make_cluster(mesh.num_devices, mesh.num_devices, "A100-80GB")
     gp = build_problem(graph, mesh, mesh_links(cluster, mesh), cluster.gpu, DEFAULT_CALIBRATION, get_precision("fp32"),
-                       1, Recompute(recompute), True, prune=False, runtime=Runtime.TORCH_CPU)
+                       1, Recompute(recompute), True, prune=False, runtime=Runtime.TORCH_CPU, zero3_per_operator=True)
     choice = {}
     for rep, cands in gp.strategies.items():
         want = OpStrategy(tuple(spec.strategies[rep]["assignment"]), int(spec.strategies[rep]["zero"]))
@@ -64,16 +65,25 @@ def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: Ilp
             raise StrategyError(f"operator {rep}: strategy {want.describe(mesh)} is not a candidate on this mesh")
         choice[rep] = cands.index(want)
     memory = certify(gp, choice).memory
-    memory = memory.replace(temporary=temporary_bytes(gp, choice))
-    return {"peak_bytes": round(memory.total), "breakdown": memory.as_dict()}
+    above, temporary = walk_peak(gp, choice)
+    memory = memory.replace(temporary=temporary)
+    return {"peak_bytes": round(memory.model_states + above), "breakdown": memory.as_dict()}
 
 
 def spec_for_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: int, seq_len: int,
                   label: str = "", diagnose: bool = False) -> IlpRunSpec:
+    """The run of ``plan``. The executor runs ZeRO 0 and 3 only: an operator the plan gives ZeRO-1 or
+    ZeRO-2 runs (and is predicted) without ZeRO, and the run's notes say so."""
     graph = build_graph(cfg, batch=batch, seq_len=seq_len)
     mesh = [int(s) for s in plan["strategy"]["mesh"]["shape"]]
-    return IlpRunSpec(model=asdict(cfg), batch=batch, seq_len=seq_len, mesh=mesh,
-                      strategies=strategies_from_plan(plan, graph), label=label or cfg.name, diagnose=diagnose)
+    strategies = strategies_from_plan(plan, graph)
+    downgraded = sorted(op for op, st in strategies.items() if int(st.get("zero", 0)) in (1, 2))
+    for op in downgraded:
+        strategies[op] = {**strategies[op], "zero": 0}
+    notes = [f"ZeRO-1/2 of {len(downgraded)} operators run and predicted as plain data parallelism (this "
+             f"executor runs ZeRO 0 and 3)"] if downgraded else []
+    return IlpRunSpec(model=asdict(cfg), batch=batch, seq_len=seq_len, mesh=mesh, strategies=strategies,
+                      label=label or cfg.name, diagnose=diagnose, extra={"notes": notes})
 
 
 def run_and_compare_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: int, seq_len: int,

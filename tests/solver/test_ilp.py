@@ -313,3 +313,31 @@ def test_strategy_describes_itself() -> None:
 def test_absurd_memory_is_a_request_error_not_an_overflow(body: dict[str, object]) -> None:
     with pytest.raises(RequestError, match="at most"):
         parse_plan_request(_body(**body))
+
+
+@pytest.mark.parametrize(("family", "mesh", "objective", "budget_gib"), [
+    ("gpt-1.7b", (4,), "min-memory", None), ("gpt-1.7b", (2, 2), "max-throughput", None),
+    ("llama-2-7b", (2, 2), "min-memory", None), ("bert-large", (4, 2), "min-memory", None),
+    ("gpt-1.7b", (2, 2), "max-throughput", 0.05)])
+def test_every_ilp_answer_is_repriced_by_the_evaluators_walk_and_agrees(family: str, mesh: tuple[int, ...],
+                                                                       objective: str,
+                                                                       budget_gib: float | None) -> None:
+    """The certificate: the answer's peak by the whole-plan evaluator's walk over every unit at the
+    chosen strategies (cost/peak.py), its states, activations and time over every original operator
+    and edge, against the solver's own objective terms (the moments with shared variables, the
+    dominated blocks' moments left out): equal to rounding, on plans mixing layouts, ZeRO stages and
+    recomputation as the ILP picks them (and under a tight budget, ZeRO-3 and full recomputation)."""
+    from parplan.solver.ilp.search import search
+
+    cfg = get_preset(family).with_(layers=3, hidden=256, heads=8, kv_heads=None, head_dim=None, ffn=1024,
+                                   vocab=1024, seq_len=128)
+    cluster = make_cluster(math.prod(mesh), 8, "A100-80GB")
+    budget = budget_gib * GIB if budget_gib else cluster.device_memory_bytes
+    doc = search(lambda b: build_graph(cfg, batch=b), cluster, global_batch=8, micro_batch=None, objective=objective,
+                 budget_bytes=budget, max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION,
+                 timeout_seconds=120, fixed_mesh=mesh)
+    solver = doc["solver"]
+    assert solver["certificate"]["matches"] is True
+    assert doc["memory"]["peak_bytes"] == pytest.approx(solver["ilp_memory_bytes"], rel=1e-9, abs=1)
+    assert doc["time"]["step_seconds"] == pytest.approx(solver["ilp_seconds"], rel=1e-9)
+    assert doc["memory"]["peak_bytes"] <= sum(doc["memory"]["breakdown"].values()) + 8

@@ -43,15 +43,15 @@ def _model(family: str, layers: int, hidden: int, heads: int, seq: int) -> Trans
 
 
 def ilp_and_evaluator(cfg: TransformerConfig, dp: int, tp: int, zero: int, sp: bool, recompute: Recompute,
-                      local_batch: int, microbatches: int, precision: str = "bf16") -> tuple[dict[str, float],
-                                                                                              dict[str, float]]:
+                      local_batch: int, microbatches: int, precision: str = "bf16",
+                      flash: bool = True) -> tuple[dict[str, float], dict[str, float]]:
     """(the ILP's price, the evaluator's) of the uniform strategy: categories, peak, step time."""
     n = dp * tp
     cluster = make_cluster(n, min(n, 8), "A100-80GB")
     mesh = Mesh(tuple((a, s) for a, s in (("m0", dp), ("m1", tp)) if s > 1) or (("m0", 1),))
     prec = get_precision(precision)
     gp = build_problem(build_graph(cfg, batch=local_batch * dp), mesh, mesh_links(cluster, mesh), cluster.gpu,
-                       DEFAULT_CALIBRATION, prec, microbatches, recompute, True, prune=False)
+                       DEFAULT_CALIBRATION, prec, microbatches, recompute, flash, prune=False)
     choice = uniform_choice(gp, "m0" if dp > 1 else None, "m1" if tp > 1 else None, sp, zero)
     assert choice is not None, "the uniform strategy is a candidate of every operator"
     cert = certify(gp, choice)
@@ -62,7 +62,7 @@ def ilp_and_evaluator(cfg: TransformerConfig, dp: int, tp: int, zero: int, sp: b
     assert mem == pytest.approx(ilp["peak"], rel=1e-9) and secs == pytest.approx(ilp["seconds"], rel=1e-9)
 
     par = ParallelConfig(tp=tp, dp=dp, zero=zero, sequence_parallel=sp, recompute=recompute, micro_batch=local_batch,
-                         num_microbatches=microbatches, precision=precision)
+                         num_microbatches=microbatches, precision=precision, flash_attention=flash)
     graph = build_graph(cfg, batch=local_batch)
     stage = plan_memory(graph, par).stages[0]
     ev = {c: getattr(stage.memory.bytes, c) for c in CATEGORIES}
@@ -78,16 +78,17 @@ _strategies = st.sampled_from([(2, 1), (4, 1), (1, 2), (1, 4), (2, 2), (4, 2)]) 
        hidden=st.sampled_from([128, 256]), heads=st.sampled_from([4, 8]), seq=st.sampled_from([64, 128]),
        degrees=_strategies, zero=st.integers(0, 3), sp=st.booleans(),
        recompute=st.sampled_from(list(Recompute)), local_batch=st.integers(1, 3), microbatches=st.integers(1, 3),
-       precision=st.sampled_from(["bf16", "fp32"]))
+       precision=st.sampled_from(["bf16", "fp32"]), flash=st.booleans())
 def test_the_ilp_prices_a_uniform_strategy_as_the_evaluator_does(family: str, layers: int, hidden: int, heads: int,
                                                                  seq: int, degrees: tuple[int, int], zero: int,
                                                                  sp: bool, recompute: Recompute, local_batch: int,
-                                                                 microbatches: int, precision: str) -> None:
+                                                                 microbatches: int, precision: str,
+                                                                 flash: bool) -> None:
     dp, tp = degrees
     cfg = _model(family, layers, hidden, heads, seq)
     assume(cfg.heads % tp == 0 and cfg.n_kv_heads % tp == 0 and cfg.ffn % tp == 0 and seq % tp == 0)
     ilp, ev = ilp_and_evaluator(cfg, dp, tp, zero if dp > 1 else 0, sp and tp > 1, recompute, local_batch,
-                                microbatches, precision)
+                                microbatches, precision, flash)
     for key in (*CATEGORIES, "peak", "seconds"):
         assert ilp[key] == pytest.approx(ev[key], rel=1e-9, abs=1e-6), key
 

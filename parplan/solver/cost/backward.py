@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from parplan.solver.cost.activations import Recompute, block_of, is_float, op_saved_items, tensor_bytes
+from parplan.solver.cost.activations import Recompute, SavedItem, block_of, is_float, op_saved_items, tensor_bytes
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import (
     UnitStrategy,
     local_elems,
@@ -126,6 +127,21 @@ class OpSizes(Protocol):
     def sp_gather(self, n: Node) -> float:
         """A sequence-parallel norm's output gathered whole for backward, 0 for other operators."""
 
+    def recomputed_bytes(self, n: Node) -> float:
+        """Bytes ``n``'s backward rebuilds for itself first: the attention core's scores, softmax
+        and dropout under selective recomputation without flash attention."""
+
+
+def selective_rebuilt_items(n: Node, graph: Graph, act: int, recompute: Recompute, flash_attention: bool,
+                            runtime: Runtime) -> list[SavedItem]:
+    """What selective recomputation drops from ``n``'s saved buffers and its backward rebuilds."""
+    if recompute is not Recompute.SELECTIVE or flash_attention or n.kind is not OpKind.ATTENTION:
+        return []
+    kept = {it.key for it in op_saved_items(n, graph, act, flash_attention=False, recompute=recompute,
+                                            runtime=runtime)}
+    return [it for it in op_saved_items(n, graph, act, flash_attention=False, recompute=Recompute.NONE,
+                                        runtime=runtime) if it.key not in kept]
+
 
 def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_bytes: int,
                        full_embedding_gradient: bool) -> float:
@@ -138,7 +154,7 @@ def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_byt
         if src.is_parameter or src.kind is OpKind.INPUT or not is_float(src):
             continue
         ins += sizes.input(n, pos) * act
-    gather = sizes.sp_gather(n) * act
+    gather = sizes.sp_gather(n) * act + sizes.recomputed_bytes(n)
     weights = op_weight_grad_bytes(n, graph, sizes, grad_bytes)
     if n.kind is OpKind.EMBEDDING and full_embedding_gradient:
         # the whole table's gradient is made from the output's; the output's gradient is freed
@@ -156,8 +172,8 @@ def op_weight_grad_bytes(n: Node, graph: Graph, sizes: OpSizes, grad_bytes: int)
 class UnitSizes:
     """:class:`OpSizes` of a unit's operators under a per-unit strategy (Megatron-LM's layouts)."""
 
-    def __init__(self, graph: Graph, s: UnitStrategy) -> None:
-        self.graph, self.s, self.mesh = graph, s, op_mesh(s)
+    def __init__(self, graph: Graph, s: UnitStrategy, act: int = 2) -> None:
+        self.graph, self.s, self.mesh, self.act = graph, s, op_mesh(s), act
 
     def output(self, n: Node) -> float:
         lay = output_layout(n, uniform_strategy(n, self.graph, self.s), self.mesh, loop_dims(n, self.graph)[1])
@@ -173,9 +189,18 @@ class UnitSizes:
     def sp_gather(self, n: Node) -> float:
         return float(n.numel) if self.s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) else 0.0
 
+    def recomputed_bytes(self, n: Node) -> float:
+        s = self.s
+        items = selective_rebuilt_items(n, self.graph, self.act, s.recompute, s.flash_attention, s.runtime)
+        if not items:
+            return 0.0
+        lay = output_layout(n, uniform_strategy(n, self.graph, s), self.mesh, loop_dims(n, self.graph)[1])
+        return sum(it.total_bytes / lay.shards(self.mesh.sizes, it.dims) for it in items)
+
 
 def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
-    return op_transient_bytes(n, gc.graph, UnitSizes(gc.graph, s), act, grad_bytes, s.runtime.full_embedding_gradient)
+    return op_transient_bytes(n, gc.graph, UnitSizes(gc.graph, s, act), act, grad_bytes,
+                              s.runtime.full_embedding_gradient)
 
 
 def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:

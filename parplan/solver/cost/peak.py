@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.runtime import DataParallelBuffers
 from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems
@@ -36,20 +37,39 @@ from parplan.solver.cost.units import GraphCosts, UnitCost
 
 @dataclass(frozen=True)
 class StageUnit:
-    """One unit of the stage, in forward order, with what its strategy makes of it."""
+    """One unit of the stage, in forward order: what the walk needs of it (bytes per device)."""
 
     name: str
-    costs: GraphCosts  # built for this unit's local batch
-    strategy: UnitStrategy
-    cost: UnitCost
     is_block: bool
     dp: DataParallelBuffers
+    act_bytes: float  # saved for backward (the stage's shared buffers apart)
+    profile: BackwardProfile
+    forward_transient: float  # its forward's unsaved outputs at their most
+    gathered_bytes: float  # every weight it uses, unsharded (what gathering holds)
+    unsharded_grad_bytes: float  # every weight's gradient, unsharded
+    own_param_bytes: float  # weights of parameters first used here (a stage's shared ones once)
+    own_grad_bytes: float  # their gradients, a tied table's apart
+    tied_user: bool = False  # it reads a parameter another unit of the stage reads
 
 
 @dataclass(frozen=True)
 class StagePeak:
     above_resident: float  # one micro-batch's saved tensors + every temporary, at the busiest moment
-    temporary: float  # the temporaries' own peak over the backward (gathered weights, gradients, buffers)
+    temporary: float  # the temporaries' own peak over the step (gathered weights, gradients, buffers)
+
+
+def stage_unit(name: str, costs: GraphCosts, strategy: UnitStrategy, cost: UnitCost, is_block: bool,
+               dp: DataParallelBuffers, prec: Precision, seen: set[str], tied_ids: set[str]) -> StageUnit:
+    """The walk's view of one unit priced by :class:`~parplan.solver.cost.units.GraphCosts`;
+    ``seen`` collects the parameters units before it used (each counted once)."""
+    own = [p for p in costs.params[name] if p.id not in seen]
+    seen.update(p.id for p in own)
+    own_elems = sum(local_elems(p, strategy) for p in own)
+    untied = sum(local_elems(p, strategy) for p in own if p.id not in tied_ids)
+    return StageUnit(name, is_block, dp, cost.act_bytes, costs.backward_profile(name, strategy, prec),
+                     costs.forward_transient(name, strategy, prec), cost.param_elems_all * prec.param_bytes,
+                     cost.param_elems_all * prec.grad_bytes, own_elems * prec.param_bytes, untied * prec.grad_bytes,
+                     any(p.id in tied_ids for p in costs.params[name]))
 
 
 def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float, tied_elems: float,
@@ -66,17 +86,11 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     ``pipelined``: with that, gathering units also keep their weights gathered from their first
     backward until the last (``torch.distributed.pipelining`` turns resharding after backward off
     for every micro-batch but the last), so later micro-batches gather nothing."""
-    w = _Walk(units, prec, shared_act_bytes)
+    w = _Walk(units, shared_act_bytes)
     tied = tied_elems * prec.grad_bytes
-    tied_ids, tied_users = _tied(units) if tied_elems else (set(), [])
+    tied_users = [i for i, u in enumerate(units) if u.tied_user] if tied_elems else []
     # unsharded gradient bytes of each gathering unit: parameters first used there, tied ones apart
-    grads: dict[int, float] = {}
-    seen: set[str] = set(tied_ids)
-    for i, u in enumerate(units):
-        if u.dp.gathers:
-            new = [p for p in u.costs.params[u.name] if p.id not in seen]
-            seen.update(p.id for p in new)
-            grads[i] = sum(local_elems(p, u.strategy) for p in new) * prec.grad_bytes
+    grads = {i: u.own_grad_bytes for i, u in enumerate(units) if u.dp.gathers}
     tied_accumulated = tied if accumulating and any(units[i].dp.gathers for i in tied_users) else 0.0
     accumulated = sum(grads.values()) + tied_accumulated if accumulating else 0.0
     all_gathered = sum(w.gathered.values())
@@ -85,8 +99,8 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
         acc = 0.0 if first else accumulated
         for i, u in enumerate(units):  # forward: every unit's busiest moment, with its saved tensors
             fixed = acc + w.root_params + (all_gathered if later and not first else w.weights_in_forward(i))
-            extra = u.costs.forward_transient(u.name, u.strategy, prec)
-            w.moment(w.held_before[i] + u.cost.act_bytes + fixed + extra, fixed + extra)
+            extra = u.forward_transient
+            w.moment(w.held_before[i] + u.act_bytes + fixed + extra, fixed + extra)
             if i in w.gathered and u.dp.gather_buffer and (first or not later):
                 # the block's all-gather: its output buffer and the previous one's, besides the copy
                 earlier = [j for j in w.blocks if j < i]
@@ -96,14 +110,14 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     if accumulating:  # a micro-batch before the last: nothing reduced, every unsharded gradient alive
         for i in reversed(range(len(units))):
             u = units[i]
-            prof = u.costs.backward_profile(u.name, u.strategy, prec)
+            prof = u.profile
             fixed = accumulated + w.root_params + (all_gathered if later else w.weights_in_backward(i))
             w.moment(w.held_before[i] + fixed + prof.peak, fixed + prof.transient_peak)
     # the last (or only) micro-batch: gradients reduced block by block
     root_grads = reduce_buffer = pending_tied = 0.0
     for i in reversed(range(len(units))):
         u = units[i]
-        prof = u.costs.backward_profile(u.name, u.strategy, prec)
+        prof = u.profile
         # pipelined: the blocks not reached yet are still gathered from the earlier micro-batches
         weights = sum(g for j, g in w.gathered.items() if j <= i) if later else w.weights_in_backward(i)
         if accumulating:  # gradients accumulated earlier, not reduced yet: outside the blocks, and blocks up to i
@@ -115,7 +129,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
         if i in w.gathered:
             # end of the block's backward: its weights freed, the older buffers released, its
             # gradients copied into new reduce buffers
-            unsharded = u.cost.param_elems_all * prec.grad_bytes
+            unsharded = u.unsharded_grad_bytes
             reduce_buffer = u.dp.reduce_buffers * unsharded
             fixed = w.root_params + root_grads + weights - w.gathered[i] + reduce_buffer + pending_tied + (
                 0.0 if accumulating else unsharded)
@@ -137,10 +151,9 @@ class _Walk:
     """What the stage holds besides resident states: saved tensors before each unit, gathered
     weights, and the largest moment seen (``total``) and its temporaries' peak (``temp``)."""
 
-    def __init__(self, units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float) -> None:
+    def __init__(self, units: Sequence[StageUnit], shared_act_bytes: float) -> None:
         self.units = units
-        self.gathered = {i: u.cost.param_elems_all * prec.param_bytes for i, u in enumerate(units)
-                         if u.is_block and u.dp.gathers}
+        self.gathered = {i: u.gathered_bytes for i, u in enumerate(units) if u.is_block and u.dp.gathers}
         self.blocks = list(self.gathered)
         # copies blocks keep from forward, alive when block i's backward starts (its own excluded)
         self.kept_before: dict[int, float] = {}
@@ -149,10 +162,11 @@ class _Walk:
             self.kept_before[i] = running
             if units[i].dp.kept_from_forward:
                 running += self.gathered[i]
-        self.root_params = _root_param_elems(units) * prec.param_bytes
+        # the weights of gathering units outside the blocks, gathered for the whole step
+        self.root_params = sum(u.own_param_bytes for u in units if not u.is_block and u.dp.gathers)
         self.held_before = [shared_act_bytes]  # saved tensors of the units before each one
         for u in units[:-1]:
-            self.held_before.append(self.held_before[-1] + u.cost.act_bytes)
+            self.held_before.append(self.held_before[-1] + u.act_bytes)
         self.total = self.temp = 0.0
 
     def moment(self, total: float, temporary: float) -> None:
@@ -197,26 +211,3 @@ def _weights_alive(i: int, blocks: list[int], gathered: dict[int, float], kept_b
     return gathered[last] + kept_before[last]
 
 
-def _root_param_elems(units: Sequence[StageUnit]) -> float:
-    """Local elements of the parameters of gathering units that are not blocks, each once."""
-    seen: set[str] = set()
-    total = 0.0
-    for u in units:
-        if u.is_block or not u.dp.gathers:
-            continue
-        for p in u.costs.params[u.name]:
-            if p.id not in seen:
-                seen.add(p.id)
-                total += local_elems(p, u.strategy)
-    return total
-
-
-def _tied(units: Sequence[StageUnit]) -> tuple[set[str], list[int]]:
-    """Parameters two units of the stage use, and those units' indices (forward order)."""
-    users: dict[str, list[int]] = {}
-    for i, u in enumerate(units):
-        for p in u.costs.params[u.name]:
-            if p.id in u.costs.shared_params:
-                users.setdefault(p.id, []).append(i)
-    tied = {p: us for p, us in users.items() if len(us) > 1}
-    return set(tied), sorted({i for us in tied.values() for i in us})

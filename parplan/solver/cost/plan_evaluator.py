@@ -38,7 +38,7 @@ from parplan.solver.cost.collectives import (
     p2p_seconds,
 )
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
-from parplan.solver.cost.peak import StageUnit, stage_peak
+from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
 from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.rules import (
@@ -371,12 +371,14 @@ class PlanEvaluator:
             states = Memory(MemoryBreakdown(), MemoryBreakdown())
             act = act_red = largest = 0.0
             walk: list[StageUnit] = []
+            seen: set[str] = set()
+            tied_ids = self.costs_for(plan.local_batch(strat[units[0]])).tied_ids(units)
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
                 dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
-                walk.append(StageUnit(u, self.costs_for(plan.local_batch(s)),
-                                      s.unit(plan.flash_attention, plan.runtime), c, u in plan.layers, dp))
+                walk.append(stage_unit(u, self.costs_for(plan.local_batch(s)), s.unit(plan.flash_attention,
+                                       plan.runtime), c, u in plan.layers, dp, prec, seen, tied_ids))
                 states = states + model_states(c.params, s, prec, dp.shards_parameters)
                 act += c.act_bytes
                 act_red += c.act_redundant_bytes

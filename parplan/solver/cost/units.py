@@ -375,6 +375,10 @@ class GraphCosts:
         that holds both the embedding and the LM head), each once."""
         return sum(local_elems(p, s) for p in self._tied(list(units)))
 
+    def tied_ids(self, units: Iterable[str]) -> set[str]:
+        """Parameters two or more of ``units`` use (a tied embedding on a stage with both uses)."""
+        return {p.id for p in self._tied(list(units))}
+
     def tied_gradient_workspace(self, units: Iterable[str], s: UnitStrategy) -> float:
         """The largest gradient (elements) that one operator of ``units`` makes for a parameter two
         of them share (the embedding's backward for a tied table)."""

@@ -64,6 +64,9 @@ class IlpContext:
     saved_by_owner: Mapping[str, Sequence[SavedItem]]  # op id -> buffers saved at its output
     saved_at_input: Mapping[str, Sequence[tuple[int, SavedItem]]]  # op id -> (position, item) of input-owned
     runtime: Runtime = Runtime.MEGATRON
+    #: ZeRO-3 weights gathered for each operator alone, forward and backward, and their gradients
+    #: reduce-scattered at once (the agent's per-operator executor); else per block, as FSDP does
+    zero3_per_operator: bool = False
 
     @property
     def keeps_resharded_copies(self) -> bool:

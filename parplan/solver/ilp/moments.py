@@ -29,11 +29,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items, tensor_bytes
-from parplan.solver.cost.backward import op_transient_bytes
+from parplan.solver.cost.backward import BackwardProfile, op_transient_bytes, selective_rebuilt_items
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import OpStrategy, input_layout, output_layout
+from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.rules import optimizer_temporary_bytes
+from parplan.solver.cost.runtime import FSDP, IN_PLACE
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
 from parplan.solver.ilp.problem import GraphProblem, partial_saved_bytes, resharded_copy_bytes
 from parplan.solver.ir import Node, OpKind
@@ -99,6 +101,15 @@ class _IlpSizes:
         if n.kind is OpKind.EMBEDDING and self.gp.ctx.runtime.full_embedding_gradient:
             return w.numel + (local if local < w.numel else 0.0)
         return local
+
+    def recomputed_bytes(self, n: Node) -> float:
+        ctx = self.gp.ctx
+        items = selective_rebuilt_items(n, ctx.graph, ctx.precision.activation_bytes, ctx.recompute,
+                                        ctx.flash_attention, ctx.runtime)
+        if not items or n.id != self.origin.id:
+            return 0.0
+        lay = output_layout(n, self.s, ctx.mesh, self.gp.partial_dims[n.id])
+        return sum(it.total_bytes / lay.shards(self.sizes, it.dims) for it in items)
 
     def sp_gather(self, n: Node) -> float:
         if n.kind not in (OpKind.LAYERNORM, OpKind.RMSNORM) or block_of(n) is None:
@@ -197,6 +208,22 @@ class _Terms:
         return Lin(edges={ei: matrix})
 
     # ---------------------------------------------------------------- one operator's backward
+    def converted_weights(self, n: Node) -> Lin:
+        """Weights ``n`` reads that another operator owns (a tied table), converted to ``n``'s layout:
+        a copy alive while ``n`` runs, forward and backward."""
+        out = Lin()
+        for owner, opos, user, upos in self.gp.param_edges:
+            if user != n.id:
+                continue
+            key = (self.gp.rep_of[owner], opos, self.gp.rep_of[user], upos)
+            ei = self.gp.param_edge_index[key]
+            owners, users = self.gp.edge_layouts[ei]
+            w = self.graph.node(n.inputs[upos])
+            nbytes = w.numel * self.prec.param_bytes
+            out = out.add(Lin(edges={ei: [[0.0 if o == i else nbytes / i.shards(self.sizes) for i in users]
+                                          for o in owners]}))
+        return out
+
     def transient(self, n: Node) -> Lin:
         ctx = self.gp.ctx
 
@@ -204,9 +231,15 @@ class _Terms:
             return op_transient_bytes(n, self.graph, _IlpSizes(self.gp, s, o), self.act, self.prec.grad_bytes,
                                       ctx.runtime.full_embedding_gradient)
 
-        return self._per_candidate(n.id, fn)
+        out = self._per_candidate(n.id, fn).add(self.converted_weights(n))
+        if ctx.zero3_per_operator:  # the operator's own weights, gathered again for its backward
+            out = out.add(self.gathered(n, self.prec.param_bytes, force=True))
+        return out
 
     def weight_grads(self, n: Node, zero3_only: bool, skip: frozenset[str] = frozenset()) -> Lin:
+        if zero3_only and self.gp.ctx.zero3_per_operator:
+            return Lin()  # reduce-scattered as soon as each operator made them
+
         def fn(s: OpStrategy, o: Node) -> float:
             if zero3_only and s.zero < 3:
                 return 0.0
@@ -216,9 +249,11 @@ class _Terms:
 
         return self._per_candidate(n.id, fn)
 
-    def gathered(self, n: Node, nbytes: int) -> Lin:
+    def gathered(self, n: Node, nbytes: int, force: bool = False) -> Lin:
         """Bytes (``nbytes`` per element) of the parameters ``n`` owns, unsharded, when its strategy
-        shards them with ZeRO-3 (FSDP gathers them)."""
+        shards them with ZeRO-3 (FSDP gathers them per block; per operator: see ``force``)."""
+        if self.gp.ctx.zero3_per_operator and not force:
+            return Lin()
         positions = self.gp.ctx.owned_params.get(n.id, ())
 
         def fn(s: OpStrategy, o: Node) -> float:
@@ -285,7 +320,12 @@ class _Terms:
             elif n.id not in kept and n.kind is not OpKind.RESHAPE:
                 live[n.id] = self._per_candidate(
                     n.id, lambda s, o, n=n: _IlpSizes(self.gp, s, o).output(n) * tensor_bytes(n, self.act))
-            out.append(_sum(live.values()))
+            now = _sum(live.values())
+            if not n.is_leaf:
+                now = now.add(self.converted_weights(n))
+            if self.gp.ctx.zero3_per_operator and not n.is_leaf:  # the operator's weights, gathered for it
+                now = now.add(self.gathered(n, self.prec.param_bytes, force=True))
+            out.append(now)
             for i in dict.fromkeys(n.inputs):
                 if i in remaining and remaining[i] > 0:
                     remaining[i] -= 1
@@ -308,6 +348,39 @@ class _Unit:
     grads_untied: Lin  # the same without a tied table's (outside the blocks: kept to the end of backward)
     gathered: Lin  # ZeRO-3 weights, unsharded
     forward_live: list[Lin]
+
+
+def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
+    """(bytes above the model states at the step's busiest moment, the temporaries' peak) of a
+    choice, by the whole-plan evaluator's own walk (:func:`parplan.solver.cost.peak.stage_peak`)
+    over every unit's figures at that choice: the independent check of the ILP's moments."""
+    terms = _Terms(gp)
+    units = _units(gp, terms)
+    problem = gp.problem
+
+    def v(x: Lin) -> float:
+        return x.term().value(problem, choice)
+
+    tied, tied_workspace, tied_users = terms.tied(units)
+    stage: list[StageUnit] = []
+    for k, u in enumerate(units):
+        alive = [v(a) for a in u.alive]
+        rebuilt = [v(a) for a in u.rebuilt_alive]
+        trans = [v(t) for t in u.transient]
+        grads = [v(g) for g in u.grads_after]
+        profile = BackwardProfile(max(a + t for a, t in zip(alive, trans, strict=True)),
+                                  max(a + t + g for a, t, g in zip(alive, trans, grads, strict=True)),
+                                  max(r + t for r, t in zip(rebuilt, trans, strict=True)),
+                                  max(r + t + g for r, t, g in zip(rebuilt, trans, grads, strict=True)))
+        gathered = v(u.gathered)
+        stage.append(StageUnit(u.name, u.is_block, FSDP if gathered > 0 else IN_PLACE, v(u.act), profile,
+                               max((v(x) for x in u.forward_live), default=0.0), gathered, v(u.grads), gathered,
+                               v(u.grads_untied), k in tied_users))
+    grad_bytes = gp.ctx.precision.grad_bytes
+    walked = stage_peak(stage, gp.ctx.precision, v(_shared_items(gp, terms)), v(tied) / grad_bytes,
+                        v(tied_workspace) / grad_bytes)
+    optimizer = max((v(terms.optimizer(n)) for u in units for n in u.nodes), default=0.0)
+    return max(walked.above_resident, optimizer), max(walked.temporary, optimizer)
 
 
 def add_moment_terms(gp: GraphProblem) -> None:

@@ -67,6 +67,8 @@ class GraphProblem:
     edge_index: dict[tuple[str, str, int], int] = field(default_factory=dict)
     #: per edge index: the layout of each producer class and of each consumer class
     edge_layouts: dict[int, tuple[list[TensorLayout], list[TensorLayout]]] = field(default_factory=dict)
+    #: parameter edge class (owner's representative, position, reader's representative, position) -> index
+    param_edge_index: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     #: the temporaries of every moment of the step (reported; see :mod:`.moments`)
     temporary_terms: list[PeakTerm] = field(default_factory=list)
 
@@ -117,7 +119,8 @@ def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, 
 def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuSpec, calibration: Calibration,
                   precision: Precision, microbatches: int, recompute: Recompute, flash_attention: bool,
                   zero_stages: tuple[int, ...] = (0, 1, 2, 3), max_strategies: int | None = None,
-                  follow_views: bool = True, prune: bool = True, runtime: Runtime = Runtime.MEGATRON) -> GraphProblem:
+                  follow_views: bool = True, prune: bool = True, runtime: Runtime = Runtime.MEGATRON,
+                  zero3_per_operator: bool = False) -> GraphProblem:
     """The auxiliary problem of ``graph`` (built for one micro-batch) on ``mesh``.
 
     ``max_strategies`` caps the candidates per operator (after dropping dominated ones) by keeping
@@ -127,7 +130,7 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
     owned = _owners(graph, ops)
     by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention)
     ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
-                     owned, by_owner, at_input, runtime)
+                     owned, by_owner, at_input, runtime, zero3_per_operator)
     gc = GraphCosts(graph)
     rep_of = gc.node_representatives(structural=True)  # the operator whose variables it uses
     price_of = gc.node_representatives()  # the operator that costs what it costs
@@ -137,7 +140,7 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
     if follows:
         by_owner = _charge_views_to_origins(graph, by_owner, follows)
         ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
-                         owned, by_owner, at_input, runtime)
+                         owned, by_owner, at_input, runtime, zero3_per_operator)
     copies: dict[str, dict[str, int]] = {}
     for n in ops:
         if n.id not in follows:
@@ -207,6 +210,8 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         user_classes, user_reps = _classes(user_layouts)
         secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in user_reps] for o in owner_reps]
         problem.edges.append(AuxEdge(owner, user, secs, None, count, owner_classes, user_classes))
+        gp.param_edge_index[(owner, opos, user, upos)] = len(problem.edges) - 1
+        gp.edge_layouts[len(problem.edges) - 1] = (owner_reps, user_reps)
     from parplan.solver.ilp.moments import add_moment_terms
 
     for rep, node_costs in costs.items():  # memory beyond the model states is in the moments

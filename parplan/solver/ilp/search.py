@@ -11,11 +11,12 @@ per step), and for every candidate mesh (1-D, 2-D, 3-D; see
 3. when nothing fits, it says so and reports the least memory any plan needs (memory alone,
    minimised without constraints).
 
-The answer's memory and time are recomputed from the chosen strategies over every original
-operator and edge, independently of the solver (the *certificate*), and must match the solver's.
-The temporary peak (ZeRO-3 gathers, the logits' gradient, a recomputed block, resharding buffers)
-is added after the solve; if it pushes the plan over the budget, the budget is tightened by it and
-the ILP solved again.
+The ILP's memory is the step's busiest moment (the model states and the walk's moments as linear
+terms, :mod:`.moments`). The answer is re-priced independently of the solver's encoding (the
+*certificate*): the model states, activations and time recomputed over every original operator and
+edge, and the peak and temporaries by the whole-plan evaluator's own walk over every unit at the
+chosen strategies. Those are the figures reported; the solver's own are shown beside them
+(``solver.ilp_memory_bytes``, ``solver.ilp_seconds``) and must agree to rounding.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
 from parplan.solver.ilp.model import IlpResult, InfeasibleError, solve_aux
+from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import (
     GraphProblem,
     build_problem,
@@ -84,7 +86,8 @@ class Certificate:
 
 
 def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
-    """Recompute memory (by category) and time from scratch for every operator and edge."""
+    """Recompute memory (by category) and time from scratch for every operator and edge (the
+    document adds the peak by the whole-plan evaluator's walk, :func:`.moments.walk_peak`)."""
     ctx = gp.ctx
     mesh, sizes, graph = ctx.mesh, ctx.mesh.sizes, ctx.graph
     held = MemoryBreakdown()
@@ -196,7 +199,8 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            calibration: Any, precision: str = "bf16", flash_attention: bool = True, timeout_seconds: float = 60.0,
            progress: ProgressFn | None = None, max_mesh_dims: int = 3,
            reference_seconds: float | None = None, fixed_mesh: tuple[int, ...] | None = None,
-           zero_stages: tuple[int, ...] = (0, 1, 2, 3), runtime: Runtime = Runtime.MEGATRON) -> dict[str, Any]:
+           zero_stages: tuple[int, ...] = (0, 1, 2, 3), runtime: Runtime = Runtime.MEGATRON,
+           zero3_per_operator: bool = False) -> dict[str, Any]:
     """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics).
 
     Candidates are (mesh, micro-step size) pairs. ``reference_seconds`` is the step time of the best
@@ -232,7 +236,8 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             report("building and solving: best time", 0.05 + 0.55 * i / len(combos))
             gp = build_problem(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
                                recompute, flash_attention, zero_stages=zero_stages,
-                               max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime)
+                               max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime,
+                               zero3_per_operator=zero3_per_operator)
             try:
                 if gp.problem.memory_lower_bound() > budget_bytes:
                     raise InfeasibleError("even the least memory of every operator exceeds the budget")
@@ -292,8 +297,9 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
     graph, b = gp.ctx.graph, c.b
     m = gp.ctx.microbatches
     cert = certify(gp, r.choice)
-    cert = Certificate(cert.memory.replace(temporary=temporary_bytes(gp, r.choice)), cert.redundant, cert.seconds,
-                       r.memory, r.seconds, peak_bytes(gp, r.choice, cert.memory))
+    above, temporary = walk_peak(gp, r.choice)  # the evaluator's walk over every unit at this choice
+    cert = Certificate(cert.memory.replace(temporary=temporary), cert.redundant, cert.seconds, r.memory, r.seconds,
+                       cert.memory.model_states + above)
     breakdown = cert.memory
     seq = int(graph.meta.get("seq_len", 0) or 0)
     tokens = b * m * seq
@@ -344,6 +350,7 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
             "meshes_tried": [mm.describe() for mm in meshes], "candidates_solved": tried,
             "aux_graph": {"vertices": gp.problem.size[0], "edges": gp.problem.size[1],
                           "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
+            "ilp_memory_bytes": r.memory, "ilp_seconds": r.seconds,
             "certificate": {"memory_bytes": cert.peak_bytes, "seconds": cert.seconds, "matches": cert.matches},
         },
         "categories": list(CATEGORIES),
