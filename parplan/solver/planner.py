@@ -269,7 +269,10 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     candidates += [Known(f"baseline {n}", b.time.step_seconds, b.memory.peak_bytes,
                          functools.partial(_baseline_document, n, b)) for n, b in bases.items() if b is not None]
     best = choose(req, candidates)
+    frontier = next((d["pareto"] for d in docs if d.get("pareto")), None)
     doc = searched if best is None else best.document()
+    if frontier is not None:
+        doc["pareto"] = frontier  # the frontier the answer was chosen against, whichever plan won
     if best is not None and doc is not searched:
         doc.setdefault("solver", {})["chosen_over"] = searched.get("solver", {})
         why += f"; chose {best.label}" + ("" if best.label in ("ilp", "dp") else
