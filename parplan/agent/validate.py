@@ -49,7 +49,8 @@ def strategy_of(spec: RunSpec, flash_attention: bool, runtime: Runtime = Runtime
         tp=spec.tp, pp=spec.pp, dp=spec.dp, zero=spec.zero, sequence_parallel=spec.sequence_parallel,
         recompute=Recompute(spec.recompute), micro_batch=spec.micro_batch, num_microbatches=spec.num_microbatches,
         schedule=schedule, virtual_stages=spec.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
-        flash_attention=flash_attention, precision="fp32", partition=spec.partition, runtime=runtime)
+        flash_attention=flash_attention, precision="fp32", partition=spec.partition, runtime=runtime,
+        sync_every_microbatch=spec.fsdp_sync_every_microbatch)
 
 
 def layer_plan_of(spec: RunSpec, blocks: list[str], flash_attention: bool,
@@ -62,7 +63,8 @@ def layer_plan_of(spec: RunSpec, blocks: list[str], flash_attention: bool,
               for i, u in enumerate(blocks)}
     return LayerPlan(pp=st.pp, num_microbatches=st.num_microbatches, global_batch=st.global_batch, layers=layers,
                      partition=st.partition, schedule=st.schedule, virtual_stages=st.virtual_stages,
-                     flash_attention=flash_attention, precision=st.precision, runtime=runtime)
+                     flash_attention=flash_attention, precision=st.precision, runtime=runtime,
+                     sync_every_microbatch=st.sync_every_microbatch)
 
 
 def _memory_doc(mem: PlanMemory) -> dict[str, Any]:

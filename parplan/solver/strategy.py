@@ -50,6 +50,9 @@ class ParallelConfig:
     expert_parallel: int = 1
     partition: tuple[int, ...] | None = field(default=None)
     runtime: Runtime = Runtime.MEGATRON  # the framework whose buffers memory counts (cost.runtime)
+    #: reduce gradients after every micro-batch (else, with PyTorch's FSDP2, only after the last: see
+    #: Runtime.accumulates_unsharded); more traffic, no unsharded gradients held between micro-batches
+    sync_every_microbatch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel"):

@@ -41,29 +41,13 @@ UNDER = 0.02
 #: and, as rules of PyTorch's runtime (parplan.solver.cost.runtime): G4-G8; found by the extended
 #: matrix (issue 10) and fixed there too: G10 (FSDP2 ZeRO-2 shards the parameters between steps and
 #: keeps each block's gathered copy from its forward to its backward), G11 (pipelining runs an FSDP2
-#: stage's backward without resharding or gradient sync until the step's end). Open:
-INTERLEAVED = ("G12: under ScheduleInterleaved1F1B a device allocates receive buffers for every virtual stage's "
-               "boundaries (12 x 0.125 MiB on rank 0, predicted 4), keeps every send's Work (the sent output or "
-               "input gradient) until the step ends, and runs all m micro-batches of its first chunk (with the "
-               "embedding) before its first backward; predicted: one stage's boundaries, the average chunk")
-SELECTIVE_FSDP = ("G13: the ZeRO-3 backward walk leaves out the attention core that selective recomputation re-runs "
-                  "in the block's backward (unfused scores, softmax, dropout mask and output: 1.75 MiB), alive beside "
-                  "the gathered weights and the block's first weight gradients")
-SYNC_EVERY = ("G14 (over-prediction, not a model error): with fsdp_sync_every_microbatch FSDP2 reduce-scatters every "
-              "micro-batch, so no unsharded gradients accumulate; the runtime rule (accumulates_unsharded) cannot "
-              "express that choice of the trainer and predicts them kept through the step")
-
-KNOWN_GAPS: dict[str, tuple[float, str]] = {
-    "gpt-tiny/pp2-interleaved-v2/none": (0.050, INTERLEAVED),  # measured +3.7%
-    "gpt-tiny/pp2-interleaved-v2/full": (0.065, INTERLEAVED),  # measured +5.2%
-    "llama-tiny/pp2-interleaved-v2/none": (0.050, INTERLEAVED),  # measured +4.0%
-    "llama-tiny/pp2-interleaved-v2/full": (0.070, INTERLEAVED),  # measured +5.6%
-    "gpt-tiny/zero3-dp4/selective": (0.055, SELECTIVE_FSDP),  # measured +4.2%
-    "gpt-tiny/zero2-dp2-m2-sync/none": (0.200, SYNC_EVERY),  # measured -18.9%
-    "gpt-tiny/zero3-dp4-m2-sync/none": (0.280, SYNC_EVERY),  # measured -26.6%
-    "llama-tiny/zero2-dp2-m2-sync/none": (0.210, SYNC_EVERY),  # measured -19.6%
-    "llama-tiny/zero3-dp4-m2-sync/none": (0.265, SYNC_EVERY),  # measured -25.4%
-}
+#: stage's backward without resharding or gradient sync until the step's end), G12 (interleaved
+#: 1F1B: the device's own order of chunk forwards and backwards, a receive buffer per virtual-stage
+#: boundary, every send's handle kept to the step's end: cost.plan_evaluator._interleaved_stage),
+#: G13 (selective recomputation re-runs the attention core in backward: cost.backward), G14
+#: (synchronising after every micro-batch is a strategy field, sync_every_microbatch). None is open:
+#: a gap found later goes here with its bound and reason.
+KNOWN_GAPS: dict[str, tuple[float, str]] = {}
 
 FULL = os.environ.get("PARPLAN_AGENT_MATRIX", "") == "full"
 SPECS = all_specs(full=FULL, timing_steps=1)

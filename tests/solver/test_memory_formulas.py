@@ -166,6 +166,38 @@ def test_pipeline_interleaved_first_stage_is_p_times_1_plus_p_minus_1_over_pv(p:
     assert counts == sorted(counts, reverse=True) and counts[-1] >= 1
 
 
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 4), (2, 2, 8), (4, 2, 8), (4, 3, 16), (8, 2, 16)])
+def test_interleaved_order_keeps_narayanans_count_of_chunk_forwards_in_flight(p: int, v: int, m: int) -> None:
+    """Device i runs 2(p − i − 1) + (v − 1)p warm-up chunk-forwards and one more before its first
+    backward (Narayanan et al. 2021), never more later; each chunk runs m forwards and m backwards."""
+    from parplan.solver.cost.pipeline import interleaved_rank_order
+
+    for i in range(p):
+        order = interleaved_rank_order(p, v, m, i)
+        live, most = 0, 0
+        for kind, _ in order:
+            live += 1 if kind == "F" else -1
+            most = max(most, live)
+        assert most == min(2 * (p - i - 1) + (v - 1) * p + 1, m * v)
+        for k in range(v):
+            assert order.count(("F", k)) == m and order.count(("B", k)) == m
+
+
+def test_interleaved_device_holds_its_chunks_as_the_order_runs_them() -> None:
+    """PyTorch's interleaved 1F1B on 2 devices, 2 chunks, 4 micro-batches: device 0 runs all four
+    micro-batches of its first chunk (the embedding and block 0) before it finishes one of the
+    second's, so its activations peak at 4 of chunk 0 and 1 of chunk 2, more than the average
+    chunk's 2.5 micro-batches would say when chunk 0 is the heavier one."""
+    graph = build_graph(_gpt(4, 256, 8, seq=128), batch=2)
+    par = ParallelConfig(pp=2, num_microbatches=4, schedule=Schedule.INTERLEAVED, virtual_stages=2,
+                         recompute=Recompute.FULL)
+    st = plan_memory(graph, par).stages[0]
+    chunk0 = plan_memory(build_graph(_gpt(4, 256, 8, seq=128), batch=2),
+                         ParallelConfig(pp=4, num_microbatches=4, recompute=Recompute.FULL)).stages[0]
+    # chunk 0 is what a 4-stage pipeline's first stage holds per micro-batch
+    assert st.memory.bytes.activations >= 4 * chunk0.activation_bytes_per_microbatch
+
+
 def test_pipeline_stage_activations_are_per_microbatch_times_in_flight() -> None:
     graph = build_graph(_gpt(8, 256, 8, seq=128), batch=2)
     for schedule, m in ((Schedule.ONE_F_ONE_B, 16), (Schedule.ONE_F_ONE_B, 2), (Schedule.GPIPE, 6)):

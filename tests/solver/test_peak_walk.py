@@ -121,6 +121,10 @@ def test_torch_fsdp_accumulation_keeps_every_unsharded_gradient_until_the_last_m
     megatron = [plan_memory(graph, ParallelConfig(dp=4, zero=zero, precision="fp32", num_microbatches=m)).stages[0]
                 for m in (1, 2)]
     assert megatron[0].peak_bytes == megatron[1].peak_bytes  # Megatron reduces into sharded buffers
+    # synchronising after every micro-batch (set_requires_gradient_sync(True)) keeps nothing between them
+    every = plan_memory(graph, ParallelConfig(dp=4, zero=zero, precision="fp32", runtime=Runtime.TORCH,
+                                              num_microbatches=2, sync_every_microbatch=True)).stages[0]
+    assert every.peak_bytes == one.peak_bytes
 
 
 def test_torch_zero2_shards_parameters_and_keeps_every_block_gathered_from_forward() -> None:

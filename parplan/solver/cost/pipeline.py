@@ -31,6 +31,32 @@ def in_flight_microbatches(stage: int, pp: int, m: int, schedule: Schedule, virt
     return float(min(pp - stage, m))
 
 
+def interleaved_rank_order(pp: int, v: int, m: int, rank: int) -> list[tuple[str, int]]:
+    """What ``rank`` runs under interleaved 1F1B, in order: ("F" | "B", its local chunk), chunk
+    ``k`` being virtual stage ``rank + k·pp``. PyTorch's ``ScheduleInterleaved1F1B``: micro-batches
+    go in rounds of ``m // max(1, m // pp)``; a rank warms up with ``(v − 1)·round + 2(pp − 1 −
+    rank)`` forwards (at most ``m·v``), then alternates one forward and one backward, then drains
+    the backwards; forwards cycle the chunks round by round, backwards the other way. Megatron-LM's
+    interleaved schedule takes the same order when ``m`` is a multiple of ``pp``."""
+    if not 0 <= rank < pp:
+        raise StrategyError(f"rank {rank} out of range for pp={pp}")
+    per_round = m // max(1, m // pp)
+    total = m * v
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - rank), total)
+
+    def forward_chunk(step: int) -> int:
+        return (step // per_round) % v
+
+    def backward_chunk(step: int) -> int:
+        return v - 1 - ((step - warmup) // per_round) % v
+
+    order = [("F", forward_chunk(k)) for k in range(warmup)]
+    for k in range(warmup, total):
+        order += [("F", forward_chunk(k)), ("B", backward_chunk(k))]
+    order += [("B", backward_chunk(k)) for k in range(total, total + warmup)]
+    return order
+
+
 def units_of(graph: Graph) -> list[str]:
     """Layer tags in execution order (``meta["units"]`` when the frontend recorded it)."""
     units = graph.meta.get("units")
@@ -87,5 +113,5 @@ def stage_of_units(graph: Graph, pp: int, partition: tuple[int, ...] | None = No
     return out
 
 
-__all__ = ["block_of", "blocks_of", "even_partition", "in_flight_microbatches",
+__all__ = ["block_of", "blocks_of", "even_partition", "in_flight_microbatches", "interleaved_rank_order",
            "stage_of_units", "units_of"]

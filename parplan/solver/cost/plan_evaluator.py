@@ -39,7 +39,7 @@ from parplan.solver.cost.collectives import (
 )
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
-from parplan.solver.cost.pipeline import in_flight_microbatches, stage_of_units
+from parplan.solver.cost.pipeline import in_flight_microbatches, interleaved_rank_order, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.rules import (
     exposed_seconds,
@@ -103,6 +103,7 @@ class LayerPlan:
     flash_attention: bool = True
     precision: str = "bf16"
     runtime: Runtime = Runtime.MEGATRON  # whose buffers the memory counts (see cost.runtime)
+    sync_every_microbatch: bool = False  # gradients reduced after every micro-batch, not only the last
     _devices: int = field(default=0, compare=False)
 
     def local_batch(self, s: LayerStrategy) -> int:
@@ -259,12 +260,29 @@ class PlanEvaluator:
 
     # ---------------------------------------------------------------- structure
     def units(self, plan: LayerPlan) -> tuple[dict[str, int], list[list[str]]]:
+        """Every unit's pipeline stage (device), and each stage's units in forward order."""
         gc = self.costs_for(plan.local_batch(next(iter(plan.layers.values()))))
-        unit_stage = stage_of_units(gc.graph, plan.pp, plan.partition)
+        virtual = self.virtual_stages(plan)
+        unit_stage = {u: vs % plan.pp for u, vs in virtual.items()}
         by_stage: list[list[str]] = [[] for _ in range(plan.pp)]
         for u in gc.units:
             by_stage[unit_stage.get(u, 0)].append(u)
         return unit_stage, by_stage
+
+    def chunks(self, plan: LayerPlan) -> int:
+        """Model chunks per device: ``v`` under the interleaved schedule, else 1."""
+        return plan.virtual_stages if plan.schedule is Schedule.INTERLEAVED and plan.virtual_stages > 1 else 1
+
+    def virtual_stages(self, plan: LayerPlan) -> dict[str, int]:
+        """Every unit's virtual stage: blocks cut into ``pp·v`` chunks (``partition``: blocks per
+        chunk, even when not given), chunk ``k`` of device ``i`` being virtual stage ``i + k·pp``."""
+        gc = self.costs_for(plan.local_batch(next(iter(plan.layers.values()))))
+        n = plan.pp * self.chunks(plan)
+        part = plan.partition if plan.partition is not None and len(plan.partition) == n else None
+        if n > plan.pp and plan.partition is not None and part is None:
+            raise StrategyError(f"an interleaved partition gives blocks per virtual stage: {n} entries, got "
+                                f"{len(plan.partition)}")
+        return stage_of_units(gc.graph, n, part)
 
     def strategies(self, plan: LayerPlan, by_stage: list[list[str]]) -> dict[str, LayerStrategy]:
         """Every unit's strategy: blocks their own, the others their neighbour block's."""
@@ -349,12 +367,14 @@ class PlanEvaluator:
         own, each operator's overlapped with its own backward; a shared parameter only the first time
         (``synced`` collects them). ``own`` / ``shared``: which parameters to count."""
         total = exposed = 0.0
+        m = plan.num_microbatches
+        every = m if plan.sync_every_microbatch else 1  # gradient syncs per step
         for op in c.owners:
             params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
             synced.update(p.id for p in params if p.shared)
             sync, gathers = self.sync_seconds(plan, s, params, prec)
-            total += sync + plan.num_microbatches * gathers
-            exposed += exposed_seconds(sync, gathers, op.forward_seconds, op.backward_seconds, plan.num_microbatches)
+            total += every * sync + m * gathers
+            exposed += every * exposed_seconds(sync, gathers, op.forward_seconds, op.backward_seconds, m // every)
         return total, exposed
 
     def optimizer_seconds(self, states: MemoryBreakdown) -> float:
@@ -367,7 +387,12 @@ class PlanEvaluator:
         unit_stage, by_stage = self.units(plan)
         strat = self.strategies(plan, by_stage)
         stages = []
+        v = self.chunks(plan)
+        virtual = self.virtual_stages(plan) if v > 1 else {}
         for stage, units in enumerate(by_stage):
+            if v > 1:
+                stages.append(self._interleaved_stage(plan, stage, units, virtual, strat, prec))
+                continue
             states = Memory(MemoryBreakdown(), MemoryBreakdown())
             act = act_red = largest = 0.0
             walk: list[StageUnit] = []
@@ -407,7 +432,8 @@ class PlanEvaluator:
                 pinned = sent
             walked = stage_peak(walk, prec, shared_act, gc.tied_within(units, us),
                                 gc.tied_gradient_workspace(units, us),
-                                accumulating=plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded,
+                                accumulating=(plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded
+                                              and not plan.sync_every_microbatch),
                                 pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs)
             optimizer = optimizer_temporary_bytes(largest, prec)
             resident = states.bytes.total
@@ -418,11 +444,98 @@ class PlanEvaluator:
             stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + receive + pinned))
         return PlanMemory(tuple(stages))
 
+    def _interleaved_stage(self, plan: LayerPlan, stage: int, units: list[str], virtual: Mapping[str, int],
+                           strat: Mapping[str, LayerStrategy], prec: Precision) -> StageMemory:
+        """A device's memory under interleaved 1F1B: its ``v`` chunks hold different activations and
+        different numbers of micro-batches in flight, so the peak comes from the rank's own order of
+        forwards and backwards (:func:`~.pipeline.interleaved_rank_order`): at each backward the
+        in-flight micro-batches of every chunk and that chunk's walk. PyTorch's schedule also keeps
+        a receive buffer per virtual stage boundary and micro-batch, and every send's handle, with
+        the output or input gradient it sent, until the step ends."""
+        pp, v, m = plan.pp, self.chunks(plan), plan.num_microbatches
+        by_vstage: list[list[str]] = [[] for _ in range(pp * v)]
+        for u in units:
+            by_vstage[virtual[u]].append(u)
+        all_by_vstage: list[list[str]] = [[] for _ in range(pp * v)]
+        for u, vs in virtual.items():
+            all_by_vstage[vs].append(u)
+        gc0 = self.costs_for(plan.local_batch(strat[units[0]]))
+        order = {u: k for k, u in enumerate(gc0.units)}
+        for lst in all_by_vstage:
+            lst.sort(key=order.__getitem__)
+        states = Memory(MemoryBreakdown(), MemoryBreakdown())
+        largest = 0.0
+        acts, reds, walks, sent, grads_sent, receive = [], [], [], [], [], 0.0
+        torch = plan.runtime.holds_stage_outputs
+        for k in range(v):
+            vs = stage + k * pp
+            chunk = by_vstage[vs]
+            first = strat[chunk[0]]
+            gc = self.costs_for(plan.local_batch(first))
+            us = first.unit(plan.flash_attention, plan.runtime)
+            walk: list[StageUnit] = []
+            seen: set[str] = set()
+            tied_ids = gc.tied_ids(chunk)
+            act = red = 0.0
+            for u in chunk:
+                s = strat[u]
+                c = self.unit_cost(plan, u, s, prec, timed=False)
+                dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
+                walk.append(stage_unit(u, self.costs_for(plan.local_batch(s)), s.unit(plan.flash_attention,
+                                       plan.runtime), c, u in plan.layers, dp, prec, seen, tied_ids))
+                states = states + model_states(c.params, s, prec, dp.shards_parameters)
+                act += c.act_bytes
+                red += c.act_redundant_bytes
+                largest = max(largest, c.largest_param_elems)
+            shared_act, shared_red = gc.shared_item_bytes(chunk, us, prec.activation_bytes)
+            out = received = 0.0
+            if torch:
+                received, saved_there, out = self._pipeline_boundaries(
+                    plan, vs, all_by_vstage, virtual, strat, prec, pp * v)
+                shared_act += out - saved_there
+                receive += m * (received + out)  # activations in, gradients in
+            acts.append(act + shared_act)
+            reds.append(red + shared_red)
+            walks.append(stage_peak(walk, prec, shared_act, gc.tied_within(chunk, us),
+                                    gc.tied_gradient_workspace(chunk, us)).above_resident)
+            sent.append(out)
+            grads_sent.append(received)  # the input gradient sent back is the size of the input received
+        live, forwards, backwards = [0] * v, [0] * v, [0] * v
+        above = act_peak = 0.0
+        for kind, k in interleaved_rank_order(pp, v, m, stage):
+            if kind == "F":
+                live[k] += 1
+                forwards[k] += 1
+            held = sum(n * a for n, a in zip(live, acts, strict=True))
+            # PyTorch keeps every send's handle, and what it sent, until the step ends
+            handles = sum((f - n) * o + b * g for f, n, b, o, g in zip(forwards, live, backwards, sent, grads_sent,
+                                                                      strict=True)) if torch else 0.0
+            act_peak = max(act_peak, held + handles)
+            above = max(above, held - acts[k] + walks[k] + handles)
+            if kind == "B":
+                live[k] -= 1
+                backwards[k] += 1
+        first = strat[units[0]]
+        gc = self.costs_for(plan.local_batch(first))
+        us = first.unit(plan.flash_attention, plan.runtime)
+        first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
+        states = states + model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
+        optimizer = optimizer_temporary_bytes(largest, prec)
+        resident = states.bytes.total
+        per_micro = sum(acts)
+        flight = act_peak / per_micro if per_micro else 0.0
+        temp = max(above - act_peak, optimizer, 0.0) + receive
+        held_bytes = states.bytes.replace(activations=act_peak, temporary=temp)
+        red_bytes = states.redundant.replace(activations=sum(reds) * flight)
+        return StageMemory(stage, tuple(units), Memory(held_bytes, red_bytes), per_micro, flight,
+                           max(resident + above, resident + optimizer) + receive)
+
     def _pipeline_boundaries(self, plan: LayerPlan, stage: int, by_stage: list[list[str]],
                              unit_stage: Mapping[str, int], strat: Mapping[str, LayerStrategy],
-                             prec: Precision) -> tuple[float, float, float]:
+                             prec: Precision, stages: int | None = None) -> tuple[float, float, float]:
         """Per-device bytes of one micro-batch's (activation received, of it what the stage saves
-        for backward, activation sent) at a stage's pipeline boundaries."""
+        for backward, activation sent) at a stage's pipeline boundaries (``stages``: how many,
+        virtual stages under the interleaved schedule)."""
         units = by_stage[stage]
         first, last = strat[units[0]], strat[units[-1]]
         received = saved = sent = 0.0
@@ -437,7 +550,7 @@ class PlanEvaluator:
             ids = {i for u in units for i in gc.external_inputs[u] if stage_of(gc.unit_of[i]) != stage}
             items = gc.saved(us.recompute, us.flash_attention, prec.activation_bytes, us.runtime)[0]
             saved = gc.item_bytes((it for u in units for it in items[u] if it.key in ids), us)[0]
-        if stage < plan.pp - 1:
+        if stage < (stages or plan.pp) - 1:
             sent = sum(self.costs_for(plan.local_batch(last)).boundary_bytes(
                 by_stage[stage + 1], stage_of, stage + 1, last.unit(plan.flash_attention, plan.runtime),
                 prec.activation_bytes))

@@ -29,7 +29,8 @@ def layer_plan(graph: Graph, cfg: ParallelConfig) -> LayerPlan:
     return LayerPlan(pp=cfg.pp, num_microbatches=cfg.num_microbatches, global_batch=cfg.global_batch,
                       layers=dict.fromkeys(blocks_of(graph), layer), partition=cfg.partition,
                       schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
-                      flash_attention=cfg.flash_attention, precision=cfg.precision, runtime=cfg.runtime)
+                      flash_attention=cfg.flash_attention, precision=cfg.precision, runtime=cfg.runtime,
+                      sync_every_microbatch=cfg.sync_every_microbatch)
 
 
 def plan_memory(graph: Graph, cfg: ParallelConfig, costs: GraphCosts | None = None) -> PlanMemory:
