@@ -22,17 +22,19 @@ Runs inside every rank of a process group (see :mod:`parplan.agent.launch`). For
 2. checks correctness with dropout off: the loss and every gradient of the first step, and the
    loss after one Adam step, against a single-process run of the same model on the same global
    batch;
-3. measures, with dropout on, after one warm-up step: per-category peak memory of one step with
+3. measures, with dropout on, on a fresh copy (the check ran the first steps of its own): after
+   one warm-up step, per-category peak memory of the second step — the steady state, and the
+   one-off rebuild of DDP's gradient buckets that happens in it — with
    :class:`~parplan.agent.memtrack.CategoryTracker` (and ``torch.cuda.max_memory_allocated`` of
    a further step on GPUs), then the median wall time of several steps.
 
-Per-operator (ILP) sharding plans are not executed: they would be DTensor placements and
-redistributions per operator, and the ILP's output format does not exist yet.
+Per-operator (ILP) plans are executed by :mod:`parplan.agent.ilp_exec`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import statistics
 import time
@@ -587,12 +589,17 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     if spec.check:
         ref = reference(runner.cfg, runner.global_tokens, runner.global_labels, spec.seed)
         out["check"] = runner.check(ref)
-    runner.train_step()  # warm-up, outside the tracker
+        # the check ran the first steps: measure a fresh copy's, as a run that starts now runs them
+        del runner, ref
+        gc.collect()
+        dist.barrier()
+        runner = Runner(spec, device)
+    runner.train_step()  # step 1, outside the tracker: creates the optimizer's states
     dist.barrier()
     tracker = CategoryTracker(diagnose=spec.diagnose)
     tracker.register_state(runner.stage_modules, [runner.local_optimizer], communication=runner.pipeline_buffers())
     with tracker.measuring():
-        runner.train_step()
+        runner.train_step()  # step 2: the steady state, and DDP's one-off rebuild of its gradient buckets
     measured = tracker.result(device)
     if spec.diagnose:
         measured["modules"] = tracker.module_peaks(depth=4)

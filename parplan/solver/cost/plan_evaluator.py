@@ -398,13 +398,16 @@ class PlanEvaluator:
             walk: list[StageUnit] = []
             seen: set[str] = set()
             tied_ids = self.costs_for(plan.local_batch(strat[units[0]])).tied_ids(units)
+            rebuilt_buckets = 0.0  # DDP's second copy of the gradients, once (see cost.runtime)
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
                 dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
                 walk.append(stage_unit(u, self.costs_for(plan.local_batch(s)), s.unit(plan.flash_attention,
                                        plan.runtime), c, u in plan.layers, dp, prec, seen, tied_ids))
-                states = states + model_states(c.params, s, prec, dp.shards_parameters)
+                unit_states = model_states(c.params, s, prec, dp.shards_parameters)
+                states = states + unit_states
+                rebuilt_buckets += unit_states.bytes.gradients if dp.rebuilds_buckets else 0.0
                 act += c.act_bytes
                 act_red += c.act_redundant_bytes
                 largest = max(largest, c.largest_param_elems)
@@ -412,7 +415,9 @@ class PlanEvaluator:
             gc = self.costs_for(plan.local_batch(first))
             us = first.unit(plan.flash_attention, plan.runtime)
             first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
-            states = states + model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
+            shared_states = model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
+            states = states + shared_states
+            rebuilt_buckets += shared_states.bytes.gradients if first_dp.rebuilds_buckets else 0.0
             shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
             receive = pinned = sent = 0.0  # pipelining's receive buffers; a sent output its send keeps
             if plan.runtime.holds_stage_outputs and plan.pp > 1:
@@ -437,9 +442,10 @@ class PlanEvaluator:
                                 pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs)
             optimizer = optimizer_temporary_bytes(largest, prec)
             resident = states.bytes.total
-            peak = max(resident + act * (flight - 1) + walked.above_resident, resident + optimizer)
+            peak = max(resident + act * (flight - 1) + walked.above_resident, resident + optimizer,
+                       resident + rebuilt_buckets)
             held = states.bytes.replace(activations=act * flight + pinned,
-                                        temporary=max(walked.temporary, optimizer) + receive)
+                                        temporary=max(walked.temporary, optimizer, rebuilt_buckets) + receive)
             red = states.redundant.replace(activations=act_red * flight)
             stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + receive + pinned))
         return PlanMemory(tuple(stages))

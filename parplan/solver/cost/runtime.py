@@ -17,6 +17,8 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
 - ZeRO-2 is FSDP2 without resharding after forward: parameters are sharded between steps (Megatron
   and DeepSpeed keep them whole), and each unit's gathered weights stay from its forward until its
   backward ends;
+- DDP (plain data parallelism, and under ZeroRedundancyOptimizer) rebuilds its gradient buckets
+  once, in the second step: for a moment, before any activation, the gradients are held twice;
 - gradient accumulation under FSDP2 (and ``replicate``) skips gradient synchronisation until the
   last micro-batch, so every gathering unit's unsharded gradient lives from the first
   micro-batch's backward to the last's;
@@ -54,9 +56,13 @@ class DataParallelBuffers:
     kept_from_forward: bool = False
     reduce_buffers: int = 0
     gather_buffer: bool = False
+    #: DDP rebuilds its gradient buckets once, in the second step's forward: the new buckets are made
+    #: while the old ones (the gradients) still live, a second copy of the gradients for a moment
+    rebuilds_buckets: bool = False
 
 
 IN_PLACE = DataParallelBuffers()
+DDP = DataParallelBuffers(rebuilds_buckets=True)
 FSDP = DataParallelBuffers(shards_parameters=True, gathers=True, reduce_buffers=1, gather_buffer=True)
 
 
@@ -107,4 +113,4 @@ class Runtime(StrEnum):
             # which is then all-reduced, as long-lived as its input; its "all-gather" over a group
             # of one copies in place (no buffer)
             return DataParallelBuffers(gathers=True, kept_from_forward=True, reduce_buffers=2)
-        return IN_PLACE
+        return DDP if tp == 1 else IN_PLACE
