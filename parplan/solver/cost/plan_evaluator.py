@@ -398,7 +398,9 @@ class PlanEvaluator:
             walk: list[StageUnit] = []
             seen: set[str] = set()
             tied_ids = self.costs_for(plan.local_batch(strat[units[0]])).tied_ids(units)
-            rebuilt_buckets = 0.0  # DDP's second copy of the gradients, once (see cost.runtime)
+            # DDP's second copy of the gradients, once (see cost.runtime; not measured under
+            # torch.distributed.pipelining, which drives DDP's synchronisation itself)
+            rebuilt_buckets = 0.0
             for u in units:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
@@ -407,7 +409,7 @@ class PlanEvaluator:
                                        plan.runtime), c, u in plan.layers, dp, prec, seen, tied_ids))
                 unit_states = model_states(c.params, s, prec, dp.shards_parameters)
                 states = states + unit_states
-                rebuilt_buckets += unit_states.bytes.gradients if dp.rebuilds_buckets else 0.0
+                rebuilt_buckets += unit_states.bytes.gradients if dp.rebuilds_buckets and plan.pp == 1 else 0.0
                 act += c.act_bytes
                 act_red += c.act_redundant_bytes
                 largest = max(largest, c.largest_param_elems)
@@ -417,7 +419,7 @@ class PlanEvaluator:
             first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
             shared_states = model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
             states = states + shared_states
-            rebuilt_buckets += shared_states.bytes.gradients if first_dp.rebuilds_buckets else 0.0
+            rebuilt_buckets += shared_states.bytes.gradients if first_dp.rebuilds_buckets and plan.pp == 1 else 0.0
             shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
             receive = pinned = sent = 0.0  # pipelining's receive buffers; a sent output its send keeps
             if plan.runtime.holds_stage_outputs and plan.pp > 1:

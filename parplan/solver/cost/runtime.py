@@ -18,7 +18,8 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   and DeepSpeed keep them whole), and each unit's gathered weights stay from its forward until its
   backward ends;
 - DDP (plain data parallelism, and under ZeroRedundancyOptimizer) rebuilds its gradient buckets
-  once, in the second step: for a moment, before any activation, the gradients are held twice;
+  once, in the second step: for a moment, before any activation, the gradients are held twice
+  (not under ``torch.distributed.pipelining``, which drives DDP's synchronisation itself);
 - gradient accumulation under FSDP2 (and ``replicate``) skips gradient synchronisation until the
   last micro-batch, so every gathering unit's unsharded gradient lives from the first
   micro-batch's backward to the last's;
