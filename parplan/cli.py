@@ -93,6 +93,9 @@ def _add_strategy_args(p: argparse.ArgumentParser) -> None:
                    help="bf16 (default: fp32 grads + master + Adam, 18 B/param), bf16-grad16 (16 B/param), "
                         "fp16, fp16-grad16, fp32")
     p.add_argument("--expert-parallel", type=_positive, default=1, help="expert-parallel degree (MoE), divides dp")
+    p.add_argument("--sync-every-microbatch", action="store_true",
+                   help="reduce gradients after every micro-batch, not only the last (FSDP2 with gradient sync on "
+                        "for every backward)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -161,7 +164,8 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         recompute=Recompute(args.recompute), micro_batch=args.micro_batch, num_microbatches=m,
         schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
         flash_attention=not args.no_flash_attention, precision=args.precision,
-        expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")))
+        expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")),
+        sync_every_microbatch=args.sync_every_microbatch)
     return model, cluster, strategy
 
 

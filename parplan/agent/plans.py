@@ -107,6 +107,7 @@ def spec_for(cfg: TransformerConfig, strategy: ParallelConfig, seq_len: int | No
         sequence_parallel=strategy.sequence_parallel, recompute=strategy.recompute.value, micro_batch=mb,
         num_microbatches=m, schedule=strategy.schedule.value, virtual_stages=v, seq_len=seq, partition=partition,
         timing_steps=timing_steps, check=check, diagnose=diagnose, label=label or run_cfg.name,
+        fsdp_sync_every_microbatch=strategy.sync_every_microbatch and strategy.zero >= 2,
         extra={"original_model": cfg.name, "shrunk": shrink, "notes": notes,
                "requested": {"dp": strategy.dp, "num_microbatches": strategy.num_microbatches,
                              "micro_batch": strategy.micro_batch, "precision": strategy.precision}})

@@ -51,7 +51,8 @@ class Evaluation:
                 "num_microbatches": s.num_microbatches, "global_batch": s.global_batch,
                 "schedule": s.schedule.value, "virtual_stages": s.virtual_stages,
                 "flash_attention": s.flash_attention, "precision": s.precision,
-                "expert_parallel": s.expert_parallel, "runtime": s.runtime.value, "summary": s.describe(),
+                "expert_parallel": s.expert_parallel, "runtime": s.runtime.value,
+                "sync_every_microbatch": s.sync_every_microbatch, "summary": s.describe(),
             },
             "memory": {
                 "peak_bytes": round(peak.peak_bytes),

@@ -196,3 +196,22 @@ def test_runtime_flag_counts_pytorch_buffers(capsys: pytest.CaptureFixture[str])
     extra = (2 * cfg.layers + 1) * 2 * s * b * h * (1 - 1 / 2)  # every norm output, the head's included
     got = torch_doc["memory"]["breakdown"]["activations"] - megatron["memory"]["breakdown"]["activations"]
     assert got == pytest.approx(extra, rel=1e-9)
+
+
+def test_sync_every_microbatch_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--sync-every-microbatch`` with FSDP2 (ZeRO-3, torch runtime, 4 micro-batches per device):
+    no unsharded fp32 gradients are held between micro-batches, so the temporaries drop by nearly
+    the whole model's unsharded-minus-sharded gradients (4 B x P x (1 - 1/dp); the unit being
+    reduced at the moment of the peak still holds its own), and the step takes longer (the
+    gradients are reduce-scattered four times)."""
+    args = ("memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero", "3",
+            "--micro-batch", "1", "--global-batch", "32", "--runtime", "torch", "--json")
+    once = run_json(capsys, *args)
+    every = run_json(capsys, *args, "--sync-every-microbatch")
+    assert not once["strategy"]["sync_every_microbatch"] and every["strategy"]["sync_every_microbatch"]
+    params = once["model"]["parameters"]
+    drop = once["memory"]["breakdown"]["temporary"] - every["memory"]["breakdown"]["temporary"]
+    assert 0.95 * 4 * params * (1 - 1 / 8) < drop <= 4 * params * (1 - 1 / 8)
+    for cat in ("parameters", "gradients", "optimizer_states", "activations"):
+        assert once["memory"]["breakdown"][cat] == every["memory"]["breakdown"][cat]
+    assert every["time"]["step_seconds"] > once["time"]["step_seconds"]
