@@ -5,11 +5,25 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import subprocess
 import sys
 
 
+def commit() -> str:
+    """The checked-out commit, marked when the working tree has uncommitted changes."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with uncommitted changes)" if dirty else "")
+
+
 def header(title: str) -> str:
-    """Title, the exact command, the date (UTC) and the machine the figures come from."""
+    """Title, the exact command, the date (UTC), the commit and the machine the figures come from."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -20,5 +34,8 @@ def header(title: str) -> str:
         pass
     cmd = " ".join(["python", *sys.argv])
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"## {title}\n\ncommand: `{cmd}`  \ndate: {date}  \nmachine: {cpu}, {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}\n")
+    load = ""
+    if hasattr(os, "getloadavg"):
+        load = ", load average before the run " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"## {title}\n\ncommand: `{cmd}`  \ndate: {date}  \ncommit: {commit()}  \nmachine: {cpu}, "
+            f"{os.cpu_count()} cores, Python {platform.python_version()}{load}\n")

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 import torch
+from _common import commit
 
 from parplan.agent.matrix import all_specs
 from parplan.agent.validate import run_and_compare
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     header = [
         f"command: {' '.join([os.path.relpath(sys.executable), *sys.argv])}",
         f"date:    {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"commit:  {commit()}",
         f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPU cores, "
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}",
         f"runs:    {len(specs)} configurations, gloo, {elapsed:.0f} s wall (incl. process start-up and checks)",
