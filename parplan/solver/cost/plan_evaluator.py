@@ -25,8 +25,10 @@ A step takes ``m·t_max + (Σ_s t_s − t_max)/v`` plus the slowest stage's once
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link
@@ -241,16 +243,38 @@ def pipeline_seconds(per_microbatch: list[float], once: list[float], m: int, v: 
     return m * t_max + (sum(per_microbatch) - t_max) / v + max(once)
 
 
+def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
+    """Everything a plan's memory and time depend on, hashable (two plans with equal keys are
+    priced the same)."""
+    return (plan.pp, plan.num_microbatches, plan.global_batch, plan.partition, plan.schedule, plan.virtual_stages,
+            plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
+            tuple(plan.layers.items()))
+
+
 class PlanEvaluator:
-    """Evaluates plans of one model on one cluster; caches unit costs across plans."""
+    """Evaluates plans of one model on one cluster; caches unit costs across plans.
+
+    Whole-plan answers are kept per plan (:func:`plan_key`), and what one unit contributes to its
+    stage under one strategy per structurally alike unit (units that use no parameter another unit
+    shares; the others are priced in place, in order): the stage sums add the same numbers in the
+    same order, so every figure is the one an uncached walk gives. ``work`` counts the whole-plan
+    evaluations asked for and those computed."""
 
     def __init__(self, costs_for: CostsFor, cluster: Cluster | None,
-                 calibration: Calibration = DEFAULT_CALIBRATION) -> None:
+                 calibration: Calibration = DEFAULT_CALIBRATION, cache: bool = True) -> None:
         self.costs_for = costs_for
+        self.cache = cache  # False: every plan and unit priced afresh (the oracle the tests compare with)
         self._cluster = apply(cluster, calibration) if cluster is not None else None
         self.calibration = calibration
         self._meshes: dict[tuple[int, LayerStrategy], DeviceMesh] = {}
         self._envs: dict[tuple[int, LayerStrategy, str], TimeEnv] = {}
+        self._plan_memory: dict[tuple[Any, ...], PlanMemory] = {}
+        self._plan_time: dict[tuple[Any, ...], PlanTime] = {}
+        self._unit_memory: dict[tuple[Any, ...], tuple[StageUnit, tuple[float, ...], bool, float, float, float]] = {}
+        self._unit_time: dict[tuple[Any, ...], tuple[float, ...]] = {}
+        self._relayouts: dict[tuple[Any, ...], float] = {}
+        self.work = {"plan_memory_requests": 0, "plan_memory_evaluations": 0, "plan_time_requests": 0,
+                     "plan_time_evaluations": 0}
 
     @property
     def cluster(self) -> Cluster:
@@ -382,6 +406,42 @@ class PlanEvaluator:
 
     # ---------------------------------------------------------------- whole plans
     def memory(self, plan: LayerPlan) -> PlanMemory:
+        self.work["plan_memory_requests"] += 1
+        key = plan_key(plan)
+        cached = self._plan_memory.get(key) if self.cache else None
+        if cached is None:
+            self.work["plan_memory_evaluations"] += 1
+            cached = self._memory(plan)
+            if self.cache:
+                self._plan_memory[key] = cached
+        return cached
+
+    def _stage_unit_memory(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision, seen: set[str],
+                           tied_ids: set[str]) -> tuple[StageUnit, tuple[float, ...], bool, float, float, float]:
+        """One unit's part of its stage's memory: its walk entry, model states (bytes then
+        redundant, by category), whether DDP rebuilds its buckets, activation bytes, redundant
+        activation bytes, largest parameter. Kept per alike unit for units using no shared
+        parameter (``seen`` and ``tied_ids`` do not matter for them)."""
+        gc = self.costs_for(plan.local_batch(s))
+        is_block = u in plan.layers
+        key: tuple[Any, ...] | None = None
+        if self.cache and u not in gc._param_sharing:
+            key = (plan.global_batch, plan.num_microbatches, plan.flash_attention, plan.runtime, prec.name,
+                   gc.representative[u], s, is_block)
+            hit = self._unit_memory.get(key)
+            if hit is not None:
+                return (hit[0] if hit[0].name == u else dataclasses.replace(hit[0], name=u)), *hit[1:]  # type: ignore[return-value]
+        c = self.unit_cost(plan, u, s, prec, timed=False)
+        dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
+        walk = stage_unit(u, gc, s.unit(plan.flash_attention, plan.runtime), c, is_block, dp, prec, seen, tied_ids)
+        st = model_states(c.params, s, prec, dp.shards_parameters)
+        floats = (*st.bytes.as_floats().values(), *st.redundant.as_floats().values())
+        out = (walk, floats, dp.rebuilds_buckets, c.act_bytes, c.act_redundant_bytes, c.largest_param_elems)
+        if key is not None:
+            self._unit_memory[key] = out
+        return out
+
+    def _memory(self, plan: LayerPlan) -> PlanMemory:
         self.check(plan)
         prec = get_precision(plan.precision)
         unit_stage, by_stage = self.units(plan)
@@ -401,18 +461,18 @@ class PlanEvaluator:
             # DDP's second copy of the gradients, once (see cost.runtime; not measured under
             # torch.distributed.pipelining, which drives DDP's synchronisation itself)
             rebuilt_buckets = 0.0
+            sums = [0.0] * 10  # model states by category: bytes, then redundant (summed in unit order)
             for u in units:
-                s = strat[u]
-                c = self.unit_cost(plan, u, s, prec, timed=False)
-                dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
-                walk.append(stage_unit(u, self.costs_for(plan.local_batch(s)), s.unit(plan.flash_attention,
-                                       plan.runtime), c, u in plan.layers, dp, prec, seen, tied_ids))
-                unit_states = model_states(c.params, s, prec, dp.shards_parameters)
-                states = states + unit_states
-                rebuilt_buckets += unit_states.bytes.gradients if dp.rebuilds_buckets and plan.pp == 1 else 0.0
-                act += c.act_bytes
-                act_red += c.act_redundant_bytes
-                largest = max(largest, c.largest_param_elems)
+                entry, floats, rebuilds, unit_act, unit_red, unit_largest = self._stage_unit_memory(
+                    plan, u, strat[u], prec, seen, tied_ids)
+                walk.append(entry)
+                for k in range(10):
+                    sums[k] += floats[k]
+                rebuilt_buckets += floats[1] if rebuilds and plan.pp == 1 else 0.0
+                act += unit_act
+                act_red += unit_red
+                largest = max(largest, unit_largest)
+            states = Memory(MemoryBreakdown(*sums[:5]), MemoryBreakdown(*sums[5:]))
             first = strat[units[0]]
             gc = self.costs_for(plan.local_batch(first))
             us = first.unit(plan.flash_attention, plan.runtime)
@@ -565,6 +625,17 @@ class PlanEvaluator:
         return received, saved, sent
 
     def time(self, plan: LayerPlan) -> PlanTime:
+        self.work["plan_time_requests"] += 1
+        key = plan_key(plan)
+        cached = self._plan_time.get(key) if self.cache else None
+        if cached is None:
+            self.work["plan_time_evaluations"] += 1
+            cached = self._time(plan)
+            if self.cache:
+                self._plan_time[key] = cached
+        return cached
+
+    def _time(self, plan: LayerPlan) -> PlanTime:
         self.check(plan)
         prec = get_precision(plan.precision)
         unit_stage, by_stage = self.units(plan)
@@ -577,17 +648,20 @@ class PlanEvaluator:
             synced: set[str] = set()  # shared parameters synchronised once per stage
             for u in units:
                 s = strat[u]
-                c = self.unit_cost(plan, u, s, prec, timed=True)
-                fwd += c.forward_seconds
-                bwd += c.backward_seconds
-                rec += c.recompute_seconds
-                tp += c.tp_comm_seconds
-                traffic, hidden_not = self.once_per_step(plan, c, s, prec, synced)
+                f, b, r, t, traffic, hidden_not, o = self._unit_time_parts(plan, u, s, prec, synced)
+                fwd += f
+                bwd += b
+                rec += r
+                tp += t
                 sync_total += traffic
                 exposed += hidden_not
-                opt += self.optimizer_seconds(model_states(c.params, s, prec).bytes)
-                if previous is not None and previous.layout_key != s.layout_key:
-                    relayout += self.relayout_seconds(plan, u, s, prec)
+                opt += o
+                if previous is not None and previous is not s and previous.layout_key != s.layout_key:
+                    rkey = (plan.pp, plan.num_microbatches, plan.global_batch, prec.name, u, s)
+                    seconds = self._relayouts.get(rkey) if self.cache else None
+                    if seconds is None:
+                        seconds = self._relayouts[rkey] = self.relayout_seconds(plan, u, s, prec)
+                    relayout += seconds
                 previous = s
             first = strat[units[0]]
             gc = self.costs_for(plan.local_batch(first))
@@ -607,6 +681,27 @@ class PlanEvaluator:
         gc = self.costs_for(plan.local_batch(next(iter(plan.layers.values()))))
         seq = int(gc.graph.meta.get("seq_len", 0) or 0)
         return PlanTime(tuple(stages), step, plan.global_batch * seq, plan.num_microbatches)
+
+    def _unit_time_parts(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision,
+                         synced: set[str]) -> tuple[float, float, float, float, float, float, float]:
+        """One unit's (forward, backward, recompute, TP collectives) seconds of one micro-batch and
+        (gradient traffic, its exposed part, optimizer) seconds per step; kept per alike unit for
+        units using no shared parameter (``synced`` does not matter for them)."""
+        gc = self.costs_for(plan.local_batch(s))
+        key: tuple[Any, ...] | None = None
+        if self.cache and u not in gc._param_sharing:
+            key = (plan.pp, plan.num_microbatches, plan.global_batch, plan.flash_attention, plan.runtime, prec.name,
+                   plan.sync_every_microbatch, gc.representative[u], s)
+            hit = self._unit_time.get(key)
+            if hit is not None:
+                return hit  # type: ignore[return-value]
+        c = self.unit_cost(plan, u, s, prec, timed=True)
+        traffic, hidden_not = self.once_per_step(plan, c, s, prec, synced)
+        out = (c.forward_seconds, c.backward_seconds, c.recompute_seconds, c.tp_comm_seconds, traffic, hidden_not,
+               self.optimizer_seconds(model_states(c.params, s, prec).bytes))
+        if key is not None:
+            self._unit_time[key] = out
+        return out
 
     def relayout_seconds(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision) -> float:
         """Re-distributing the activation entering block ``u`` when its layout differs from the

@@ -126,6 +126,12 @@ class GraphCosts:
                         users.setdefault(p.id, set()).add(u)
             self.params[u] = list(seen.values())
         self.shared_params = {p for p, us in users.items() if len(us) > 1}
+        #: units that use a shared parameter: the only ones the stage-level shared pieces depend on
+        self._param_sharing = frozenset(u for u, ps in self.params.items() if any(p.id in self.shared_params
+                                                                                  for p in ps))
+        self._stage_pieces: dict[Hashable, Any] = {}
+        #: distinct unit costs priced so far (a work count)
+        self.pricings = 0
         self.unit_of = {n.id: n.layer or "" for n in graph.nodes}
         self.external_inputs: dict[str, list[str]] = {}
         for u, nodes in self.nodes.items():
@@ -212,6 +218,7 @@ class GraphCosts:
         key = (rep, s, env)
         cost = self._costs.get(key)
         if cost is None:
+            self.pricings += 1
             cost = self._price(rep, s, precision, env)
             self._costs[key] = cost
         return cost
@@ -356,8 +363,20 @@ class GraphCosts:
         return seconds + sum(per_tensor.values())
 
     # ------------------------------------------------------------------ shared pieces of a stage
+    def sharing(self, units: Iterable[str]) -> tuple[str, ...]:
+        """Those of ``units`` (in order) that use a parameter several units share: what the shared
+        pieces of a stage (:meth:`shared_param_elems`, :meth:`tied_within`, ...) depend on."""
+        return tuple(u for u in units if u in self._param_sharing)
+
     def shared_param_elems(self, units: Iterable[str], s: UnitStrategy) -> dict[ParamGroup, float]:
         """Local elements of the parameters several units share, once for the given units."""
+        sharing = self.sharing(units)
+        key = ("shared_param_elems", sharing, s)
+        if key not in self._stage_pieces:
+            self._stage_pieces[key] = self._shared_param_elems(sharing, s)
+        return dict(self._stage_pieces[key])
+
+    def _shared_param_elems(self, units: Iterable[str], s: UnitStrategy) -> dict[ParamGroup, float]:
         mesh = {"tp": s.tp, "ep": s.ep}
         out: dict[ParamGroup, float] = {}
         seen: set[str] = set()
@@ -373,24 +392,37 @@ class GraphCosts:
     def tied_within(self, units: Iterable[str], s: UnitStrategy) -> float:
         """Local elements of the parameters two or more of ``units`` use (a tied embedding on a stage
         that holds both the embedding and the LM head), each once."""
-        return sum(local_elems(p, s) for p in self._tied(list(units)))
+        sharing = self.sharing(units)
+        key = ("tied_within", sharing, s)
+        if key not in self._stage_pieces:
+            self._stage_pieces[key] = sum(local_elems(p, s) for p in self._tied(list(sharing)))
+        out: float = self._stage_pieces[key]
+        return out
 
     def tied_ids(self, units: Iterable[str]) -> set[str]:
         """Parameters two or more of ``units`` use (a tied embedding on a stage with both uses)."""
-        return {p.id for p in self._tied(list(units))}
+        sharing = self.sharing(units)
+        key = ("tied_ids", sharing)
+        if key not in self._stage_pieces:
+            self._stage_pieces[key] = frozenset(p.id for p in self._tied(list(sharing)))
+        return set(self._stage_pieces[key])
 
     def tied_gradient_workspace(self, units: Iterable[str], s: UnitStrategy) -> float:
         """The largest gradient (elements) that one operator of ``units`` makes for a parameter two
         of them share (the embedding's backward for a tied table)."""
-        units = list(units)
-        tied = {p.id for p in self._tied(units)}
-        out = 0.0
-        for u in units:
-            for n in self.nodes[u]:
-                for i in n.inputs:
-                    if i in tied:
-                        out = max(out, weight_grad_workspace(n, self.graph.node(i), s))
-        return out
+        sharing = self.sharing(units)  # only units using a shared parameter read a tied one
+        key = ("tied_gradient_workspace", sharing, s)
+        if key not in self._stage_pieces:
+            tied = {p.id for p in self._tied(list(sharing))}
+            out = 0.0
+            for u in sharing:
+                for n in self.nodes[u]:
+                    for i in n.inputs:
+                        if i in tied:
+                            out = max(out, weight_grad_workspace(n, self.graph.node(i), s))
+            self._stage_pieces[key] = out
+        cached: float = self._stage_pieces[key]
+        return cached
 
     def _tied(self, units: list[str]) -> list[Node]:
         uses: dict[str, int] = {}
@@ -405,8 +437,24 @@ class GraphCosts:
     def shared_item_bytes(self, units: Iterable[str], s: UnitStrategy, act_bytes: int) -> tuple[float, float]:
         """Saved buffers several units share, counted once for the given units."""
         per_unit, shared = self.saved(s.recompute, s.flash_attention, act_bytes, s.runtime)
-        items = (it for u in units for it in per_unit[u] if it.key in shared)
-        return self.item_bytes(items, s)
+        savers = self._item_sharing(s.recompute, s.flash_attention, act_bytes, s.runtime)
+        sharing = tuple(u for u in units if u in savers)  # the others save nothing shared
+        key = ("shared_item_bytes", sharing, s, act_bytes)
+        if key not in self._stage_pieces:
+            items = (it for u in sharing for it in per_unit[u] if it.key in shared)
+            self._stage_pieces[key] = self.item_bytes(items, s)
+        held, redundant = self._stage_pieces[key]
+        return held, redundant
+
+    def _item_sharing(self, recompute: Recompute, flash: bool, act_bytes: int, runtime: Runtime) -> frozenset[str]:
+        """Units saving an item another unit saves too."""
+        key = ("item_sharing", recompute, flash, act_bytes, runtime)
+        if key not in self._stage_pieces:
+            per_unit, shared = self.saved(recompute, flash, act_bytes, runtime)
+            self._stage_pieces[key] = frozenset(u for u, items in per_unit.items()
+                                                if any(it.key in shared for it in items))
+        out: frozenset[str] = self._stage_pieces[key]
+        return out
 
     def boundary_bytes(self, units: Iterable[str], stage_of_unit: Callable[[str], int], stage: int,
                        s: UnitStrategy, act_bytes: int) -> list[float]:

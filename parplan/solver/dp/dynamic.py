@@ -54,26 +54,22 @@ class StageSolution:
 def _first_layer(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64], budget_units: int) -> npt.NDArray[
         np.float64]:
     """f[s, e] for the first layer: its time when its memory fits in ``e`` units, else inf."""
-    f = np.full((time.shape[1], budget_units + 1), INF)
-    for s in range(time.shape[1]):
-        if mem[0, s] <= budget_units:
-            f[s, mem[0, s]:] = time[0, s]
-    return f
+    e = np.arange(budget_units + 1)
+    return np.where(e[None, :] >= mem[0][:, None], time[0][:, None], INF)
 
 
 def _add_layer(h: npt.NDArray[np.float64], arg: npt.NDArray[np.int32], time_row: npt.NDArray[np.float64],
                mem_row: npt.NDArray[np.int64], budget_units: int) -> tuple[
         npt.NDArray[np.float64], npt.NDArray[np.int32]]:
     """Enter a layer: ``h[s', e]`` is the best cost before it ending so that ``s'`` may follow; the
-    layer's memory shifts the budget axis and its time adds on. Returns f and the back-pointers."""
-    n_strat, width = h.shape
-    g = np.full((n_strat, width), INF)
-    b = np.zeros((n_strat, width), dtype=np.int32)
-    for s in range(n_strat):
-        k = int(mem_row[s])
-        if k <= budget_units:
-            g[s, k:] = h[s, : width - k] + time_row[s]
-            b[s, k:] = arg[s, : width - k]
+    layer's memory shifts the budget axis and its time adds on. Returns f and the back-pointers
+    (``g[s, e] = h[s, e - mem[s]] + time[s]`` where ``e >= mem[s]``, all strategies at once)."""
+    width = h.shape[1]
+    src = np.arange(width)[None, :] - np.asarray(mem_row, dtype=np.int64)[:, None]  # [S, E+1]
+    valid = src >= 0
+    src = np.where(valid, src, 0)
+    g = np.where(valid, np.take_along_axis(h, src, axis=1) + time_row[:, None], INF)
+    b = np.where(valid, np.take_along_axis(arg, src, axis=1), 0).astype(np.int32)
     return g, b
 
 
