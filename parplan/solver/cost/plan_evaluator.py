@@ -243,6 +243,18 @@ def pipeline_seconds(per_microbatch: list[float], once: list[float], m: int, v: 
     return m * t_max + (sum(per_microbatch) - t_max) / v + max(once)
 
 
+def shared_evaluator(gc: GraphCosts, cluster: Cluster | None,
+                     calibration: Calibration = DEFAULT_CALIBRATION) -> PlanEvaluator:
+    """One evaluator per graph (priced for one micro-batch), cluster and calibration, kept on the
+    graph's costs so that evaluations of uniform strategies share its caches."""
+    for c, cal, ev in gc.evaluators:
+        if c is cluster and cal is calibration:
+            return ev  # type: ignore[no-any-return]
+    ev = PlanEvaluator(lambda b: gc, cluster, calibration)
+    gc.evaluators.append((cluster, calibration, ev))
+    return ev
+
+
 def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
     """Everything a plan's memory and time depend on, hashable (two plans with equal keys are
     priced the same)."""
@@ -273,6 +285,9 @@ class PlanEvaluator:
         self._unit_memory: dict[tuple[Any, ...], tuple[StageUnit, tuple[float, ...], bool, float, float, float]] = {}
         self._unit_time: dict[tuple[Any, ...], tuple[float, ...]] = {}
         self._relayouts: dict[tuple[Any, ...], float] = {}
+        self._data_links: dict[tuple[int, LayerStrategy, bool], Link] = {}
+        self._stage_memory: dict[tuple[Any, ...], StageMemory] = {}
+        self._stage_time: dict[tuple[Any, ...], StageTime] = {}
         self.work = {"plan_memory_requests": 0, "plan_memory_evaluations": 0, "plan_time_requests": 0,
                      "plan_time_evaluations": 0}
 
@@ -340,9 +355,13 @@ class PlanEvaluator:
         return self._envs[key]
 
     def data_link(self, plan: LayerPlan, s: LayerStrategy, expert: bool = False) -> Link:
-        mesh = self.mesh(plan, s)
-        axes = ["edp"] if expert else ["edp", "ep"]
-        return mesh.group_link([a for a in axes if dict(mesh.axes)[a] > 1], self.cluster)
+        key = (plan.pp, s, expert)
+        link = self._data_links.get(key)
+        if link is None:
+            mesh = self.mesh(plan, s)
+            axes = ["edp"] if expert else ["edp", "ep"]
+            link = self._data_links[key] = mesh.group_link([a for a in axes if dict(mesh.axes)[a] > 1], self.cluster)
+        return link
 
     def check(self, plan: LayerPlan) -> None:
         """Every block's degrees use exactly the stage's devices (the cluster's, when known)."""
@@ -453,64 +472,91 @@ class PlanEvaluator:
             if v > 1:
                 stages.append(self._interleaved_stage(plan, stage, units, virtual, strat, prec))
                 continue
-            states = Memory(MemoryBreakdown(), MemoryBreakdown())
-            act = act_red = largest = 0.0
-            walk: list[StageUnit] = []
-            seen: set[str] = set()
-            tied_ids = self.costs_for(plan.local_batch(strat[units[0]])).tied_ids(units)
-            # DDP's second copy of the gradients, once (see cost.runtime; not measured under
-            # torch.distributed.pipelining, which drives DDP's synchronisation itself)
-            rebuilt_buckets = 0.0
-            sums = [0.0] * 10  # model states by category: bytes, then redundant (summed in unit order)
-            for u in units:
-                entry, floats, rebuilds, unit_act, unit_red, unit_largest = self._stage_unit_memory(
-                    plan, u, strat[u], prec, seen, tied_ids)
-                walk.append(entry)
-                for k in range(10):
-                    sums[k] += floats[k]
-                rebuilt_buckets += floats[1] if rebuilds and plan.pp == 1 else 0.0
-                act += unit_act
-                act_red += unit_red
-                largest = max(largest, unit_largest)
-            states = Memory(MemoryBreakdown(*sums[:5]), MemoryBreakdown(*sums[5:]))
-            first = strat[units[0]]
-            gc = self.costs_for(plan.local_batch(first))
-            us = first.unit(plan.flash_attention, plan.runtime)
-            first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
-            shared_states = model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
-            states = states + shared_states
-            rebuilt_buckets += shared_states.bytes.gradients if first_dp.rebuilds_buckets and plan.pp == 1 else 0.0
-            shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
-            receive = pinned = sent = 0.0  # pipelining's receive buffers; a sent output its send keeps
-            if plan.runtime.holds_stage_outputs and plan.pp > 1:
-                received, saved_there, sent = self._pipeline_boundaries(plan, stage, by_stage, unit_stage, strat,
-                                                                        prec)
-                # the output sent to the next stage, kept until this micro-batch's backward; a
-                # received input saved for backward lives in its receive buffer
-                shared_act += sent - saved_there
-                receive = plan.num_microbatches * (received + sent)  # activations in, gradients in
-            act += shared_act
-            act_red += shared_red
-            flight = in_flight_microbatches(stage, plan.pp, plan.num_microbatches, plan.schedule,
-                                            plan.virtual_stages)
-            if plan.runtime.holds_stage_outputs and plan.schedule is Schedule.ONE_F_ONE_B and flight >= 2:
-                # PyTorch's 1F1B keeps the handle of the first warm-up send until the steady phase
-                # ends, and the handle keeps that micro-batch's output alive after its backward
-                pinned = sent
-            walked = stage_peak(walk, prec, shared_act, gc.tied_within(units, us),
-                                gc.tied_gradient_workspace(units, us),
-                                accumulating=(plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded
-                                              and not plan.sync_every_microbatch),
-                                pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs)
-            optimizer = optimizer_temporary_bytes(largest, prec)
-            resident = states.bytes.total
-            peak = max(resident + act * (flight - 1) + walked.above_resident, resident + optimizer,
-                       resident + rebuilt_buckets)
-            held = states.bytes.replace(activations=act * flight + pinned,
-                                        temporary=max(walked.temporary, optimizer, rebuilt_buckets) + receive)
-            red = states.redundant.replace(activations=act_red * flight)
-            stages.append(StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + receive + pinned))
+            key: tuple[Any, ...] | None = None
+            if self.cache:
+                following = (tuple(by_stage[stage + 1]) if plan.runtime.holds_stage_outputs
+                             and stage + 1 < len(by_stage) else None)
+                key = (*self._stage_key(plan, stage, units, strat), following)
+                hit = self._stage_memory.get(key)
+                if hit is not None:
+                    stages.append(hit)
+                    continue
+            result = self._one_stage_memory(plan, stage, units, by_stage, unit_stage, strat, prec)
+            if key is not None:
+                self._stage_memory[key] = result
+            stages.append(result)
         return PlanMemory(tuple(stages))
+
+    def _stage_key(self, plan: LayerPlan, stage: int, units: list[str],
+                   strat: Mapping[str, LayerStrategy]) -> tuple[Any, ...]:
+        """What a (non-interleaved) stage's memory and time depend on, apart from the pipeline
+        boundary to the next stage: the plan's own fields, the stage, its units and their strategies."""
+        layers = plan.layers
+        return (plan.pp, plan.num_microbatches, plan.global_batch, plan.schedule, plan.virtual_stages,
+                plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch, stage, tuple(units),
+                tuple([(strat[u], u in layers) for u in units]))
+
+    def _one_stage_memory(self, plan: LayerPlan, stage: int, units: list[str], by_stage: list[list[str]],
+                          unit_stage: Mapping[str, int], strat: Mapping[str, LayerStrategy],
+                          prec: Precision) -> StageMemory:
+        """One stage's memory (1F1B or GPipe): see :meth:`memory`."""
+        states = Memory(MemoryBreakdown(), MemoryBreakdown())
+        act = act_red = largest = 0.0
+        walk: list[StageUnit] = []
+        seen: set[str] = set()
+        tied_ids = self.costs_for(plan.local_batch(strat[units[0]])).tied_ids(units)
+        # DDP's second copy of the gradients, once (see cost.runtime; not measured under
+        # torch.distributed.pipelining, which drives DDP's synchronisation itself)
+        rebuilt_buckets = 0.0
+        sums = [0.0] * 10  # model states by category: bytes, then redundant (summed in unit order)
+        for u in units:
+            entry, floats, rebuilds, unit_act, unit_red, unit_largest = self._stage_unit_memory(
+                plan, u, strat[u], prec, seen, tied_ids)
+            walk.append(entry)
+            for k in range(10):
+                sums[k] += floats[k]
+            rebuilt_buckets += floats[1] if rebuilds and plan.pp == 1 else 0.0
+            act += unit_act
+            act_red += unit_red
+            largest = max(largest, unit_largest)
+        states = Memory(MemoryBreakdown(*sums[:5]), MemoryBreakdown(*sums[5:]))
+        first = strat[units[0]]
+        gc = self.costs_for(plan.local_batch(first))
+        us = first.unit(plan.flash_attention, plan.runtime)
+        first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
+        shared_states = model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
+        states = states + shared_states
+        rebuilt_buckets += shared_states.bytes.gradients if first_dp.rebuilds_buckets and plan.pp == 1 else 0.0
+        shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
+        receive = pinned = sent = 0.0  # pipelining's receive buffers; a sent output its send keeps
+        if plan.runtime.holds_stage_outputs and plan.pp > 1:
+            received, saved_there, sent = self._pipeline_boundaries(plan, stage, by_stage, unit_stage, strat,
+                                                                    prec)
+            # the output sent to the next stage, kept until this micro-batch's backward; a
+            # received input saved for backward lives in its receive buffer
+            shared_act += sent - saved_there
+            receive = plan.num_microbatches * (received + sent)  # activations in, gradients in
+        act += shared_act
+        act_red += shared_red
+        flight = in_flight_microbatches(stage, plan.pp, plan.num_microbatches, plan.schedule,
+                                        plan.virtual_stages)
+        if plan.runtime.holds_stage_outputs and plan.schedule is Schedule.ONE_F_ONE_B and flight >= 2:
+            # PyTorch's 1F1B keeps the handle of the first warm-up send until the steady phase
+            # ends, and the handle keeps that micro-batch's output alive after its backward
+            pinned = sent
+        walked = stage_peak(walk, prec, shared_act, gc.tied_within(units, us),
+                            gc.tied_gradient_workspace(units, us),
+                            accumulating=(plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded
+                                          and not plan.sync_every_microbatch),
+                            pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs)
+        optimizer = optimizer_temporary_bytes(largest, prec)
+        resident = states.bytes.total
+        peak = max(resident + act * (flight - 1) + walked.above_resident, resident + optimizer,
+                   resident + rebuilt_buckets)
+        held = states.bytes.replace(activations=act * flight + pinned,
+                                    temporary=max(walked.temporary, optimizer, rebuilt_buckets) + receive)
+        red = states.redundant.replace(activations=act_red * flight)
+        return StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + receive + pinned)
 
     def _interleaved_stage(self, plan: LayerPlan, stage: int, units: list[str], virtual: Mapping[str, int],
                            strat: Mapping[str, LayerStrategy], prec: Precision) -> StageMemory:
@@ -642,45 +688,56 @@ class PlanEvaluator:
         strat = self.strategies(plan, by_stage)
         stages = []
         for stage, units in enumerate(by_stage):
-            fwd = bwd = rec = tp = relayout = 0.0
-            sync_total = exposed = opt = 0.0
-            previous: LayerStrategy | None = None
-            synced: set[str] = set()  # shared parameters synchronised once per stage
-            for u in units:
-                s = strat[u]
-                f, b, r, t, traffic, hidden_not, o = self._unit_time_parts(plan, u, s, prec, synced)
-                fwd += f
-                bwd += b
-                rec += r
-                tp += t
-                sync_total += traffic
-                exposed += hidden_not
-                opt += o
-                if previous is not None and previous is not s and previous.layout_key != s.layout_key:
-                    rkey = (plan.pp, plan.num_microbatches, plan.global_batch, prec.name, u, s)
-                    seconds = self._relayouts.get(rkey) if self.cache else None
-                    if seconds is None:
-                        seconds = self._relayouts[rkey] = self.relayout_seconds(plan, u, s, prec)
-                    relayout += seconds
-                previous = s
-            first = strat[units[0]]
-            gc = self.costs_for(plan.local_batch(first))
-            shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
-            if shared:
-                opt += self.optimizer_seconds(model_states(shared, first, prec).bytes)
-            p2p = 0.0
-            if plan.pp > 1:
-                link = self.mesh(plan, first).link("pp", self.cluster)
-                boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
-                                             first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
-                p2p = sum(2 * p2p_seconds(b, link) for b in boundary)
-            stages.append(StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout))
+            key = self._stage_key(plan, stage, units, strat) if self.cache else None
+            hit = self._stage_time.get(key) if key is not None else None
+            if hit is None:
+                hit = self._one_stage_time(plan, stage, units, unit_stage, strat, prec)
+                if key is not None:
+                    self._stage_time[key] = hit
+            stages.append(hit)
         v = plan.virtual_stages if plan.schedule is Schedule.INTERLEAVED else 1
         step = pipeline_seconds([s.microbatch_seconds for s in stages], [s.step_seconds for s in stages],
                                 plan.num_microbatches, v)
         gc = self.costs_for(plan.local_batch(next(iter(plan.layers.values()))))
         seq = int(gc.graph.meta.get("seq_len", 0) or 0)
         return PlanTime(tuple(stages), step, plan.global_batch * seq, plan.num_microbatches)
+
+    def _one_stage_time(self, plan: LayerPlan, stage: int, units: list[str], unit_stage: Mapping[str, int],
+                        strat: Mapping[str, LayerStrategy], prec: Precision) -> StageTime:
+        """One stage's seconds: see :meth:`time`."""
+        fwd = bwd = rec = tp = relayout = 0.0
+        sync_total = exposed = opt = 0.0
+        previous: LayerStrategy | None = None
+        synced: set[str] = set()  # shared parameters synchronised once per stage
+        for u in units:
+            s = strat[u]
+            f, b, r, t, traffic, hidden_not, o = self._unit_time_parts(plan, u, s, prec, synced)
+            fwd += f
+            bwd += b
+            rec += r
+            tp += t
+            sync_total += traffic
+            exposed += hidden_not
+            opt += o
+            if previous is not None and previous is not s and previous.layout_key != s.layout_key:
+                rkey = (plan.pp, plan.num_microbatches, plan.global_batch, prec.name, u, s)
+                seconds = self._relayouts.get(rkey) if self.cache else None
+                if seconds is None:
+                    seconds = self._relayouts[rkey] = self.relayout_seconds(plan, u, s, prec)
+                relayout += seconds
+            previous = s
+        first = strat[units[0]]
+        gc = self.costs_for(plan.local_batch(first))
+        shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
+        if shared:
+            opt += self.optimizer_seconds(model_states(shared, first, prec).bytes)
+        p2p = 0.0
+        if plan.pp > 1:
+            link = self.mesh(plan, first).link("pp", self.cluster)
+            boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
+                                         first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
+            p2p = sum(2 * p2p_seconds(b, link) for b in boundary)
+        return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout)
 
     def _unit_time_parts(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision,
                          synced: set[str]) -> tuple[float, float, float, float, float, float, float]:

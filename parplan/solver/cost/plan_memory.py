@@ -14,7 +14,7 @@ A uniform strategy is a :class:`~parplan.solver.cost.plan_evaluator.LayerPlan` w
 from __future__ import annotations
 
 from parplan.solver.cost.pipeline import blocks_of
-from parplan.solver.cost.plan_evaluator import LayerPlan, LayerStrategy, PlanEvaluator, PlanMemory, StageMemory
+from parplan.solver.cost.plan_evaluator import LayerPlan, LayerStrategy, PlanMemory, StageMemory, shared_evaluator
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.ir import Graph
 from parplan.solver.strategy import ParallelConfig, check_divisibility
@@ -37,4 +37,4 @@ def plan_memory(graph: Graph, cfg: ParallelConfig, costs: GraphCosts | None = No
     """Memory of every stage of ``graph`` (built for one micro-batch) under ``cfg``."""
     check_divisibility(graph, cfg)
     gc = costs or GraphCosts(graph)
-    return PlanEvaluator(lambda b: gc, None).memory(layer_plan(graph, cfg))
+    return shared_evaluator(gc, None).memory(layer_plan(graph, cfg))

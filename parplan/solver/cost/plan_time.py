@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
-from parplan.solver.cost.plan_evaluator import PlanEvaluator, PlanTime, StageTime
+from parplan.solver.cost.plan_evaluator import PlanTime, StageTime, shared_evaluator
 from parplan.solver.cost.plan_memory import layer_plan
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
@@ -39,4 +39,4 @@ def plan_time(graph: Graph, cfg: ParallelConfig, cluster: Cluster, calibration: 
     if cfg.world != cluster.num_devices:
         raise StrategyError(f"tp*pp*dp = {cfg.world} but the cluster has {cluster.num_devices} devices")
     gc = costs or GraphCosts(graph)
-    return PlanEvaluator(lambda b: gc, cluster, calibration).time(layer_plan(graph, cfg))
+    return shared_evaluator(gc, cluster, calibration).time(layer_plan(graph, cfg))

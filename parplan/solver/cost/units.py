@@ -132,6 +132,8 @@ class GraphCosts:
         self._stage_pieces: dict[Hashable, Any] = {}
         #: distinct unit costs priced so far (a work count)
         self.pricings = 0
+        #: (cluster, calibration, evaluator) of uniform strategies on this graph (see plan_evaluator)
+        self.evaluators: list[tuple[Any, Any, Any]] = []
         self.unit_of = {n.id: n.layer or "" for n in graph.nodes}
         self.external_inputs: dict[str, list[str]] = {}
         for u, nodes in self.nodes.items():

@@ -113,6 +113,11 @@ class DpSearch:
         self.moe = any(d == "expert" for n in probe.graph.nodes for d, _ in n.dims)
         self.evaluations = 0
         self._rows: dict[tuple[int, int, str, bool, int], UnitRow] = {}
+        # a stage's tables depend on its units, its in-flight micro-batches, pp and m only (not on
+        # where the other stages cut), so partitions sharing a stage share its tables and DP
+        self._tables: dict[tuple[int, int, tuple[str, ...], float, int], StageTables] = {}
+        self._solved: dict[tuple[Any, ...], tuple[StageSolution, float, int] | None] = {}
+        self.work = {"stage_tables": 0, "stage_solves": 0, "unit_rows": 0}
 
     def costs_for(self, batch: int) -> GraphCosts:
         if batch not in self._graphs:
@@ -161,16 +166,32 @@ class DpSearch:
             if unit in self._block_set:
                 r.relayout[j] = m * self.ev.relayout_seconds(plan, unit, s, self.prec)
         self._rows[key] = r
+        self.work["unit_rows"] += 1
         return r
+
+    def stage_units(self, pp: int, partition: tuple[int, ...], stage: int) -> tuple[str, ...]:
+        """The units of ``stage`` in forward order."""
+        unit_stage = stage_of_units(self.costs_for(1).graph, pp, partition)
+        return tuple(u for u in self.units if unit_stage.get(u, 0) == stage)
 
     def tables(self, pp: int, m: int, partition: tuple[int, ...], stage: int,
                strats: list[LayerStrategy]) -> StageTables:
-        plan = self.probe_plan(pp, m, partition)
-        probe = self.costs_for(1)
-        unit_stage = stage_of_units(probe.graph, pp, partition)
-        units = [u for u in self.units if unit_stage.get(u, 0) == stage]
-        blocks = [u for u in units if u in self._block_set]
+        """The stage's tables (kept per stage units and in-flight count: see :meth:`stage_tables`)."""
+        units = self.stage_units(pp, partition, stage)
         flight = in_flight_microbatches(stage, pp, m, Schedule.ONE_F_ONE_B)
+        key = (pp, m, units, flight, len(strats))
+        tb = self._tables.get(key)
+        if tb is None:
+            tb = self._tables[key] = self.stage_tables(pp, m, list(units), flight, strats)
+        return tb
+
+    def stage_tables(self, pp: int, m: int, units: list[str], flight: float,
+                     strats: list[LayerStrategy]) -> StageTables:
+        """Per-block costs of a stage of ``units`` holding ``flight`` micro-batches in flight, under
+        every strategy (priced afresh; :meth:`tables` keeps them)."""
+        self.work["stage_tables"] += 1
+        plan = self.probe_plan(pp, m)
+        blocks = [u for u in units if u in self._block_set]
         n_l, n_s = len(blocks), len(strats)
         t = np.zeros((n_l, n_s))
         mem = np.zeros((n_l, n_s))
@@ -198,8 +219,9 @@ class DpSearch:
             if shared:
                 st = model_states(shared, s, self.prec)
                 synced: set[str] = set()
+                # only units using a shared parameter sync any (the others add exactly 0.0)
                 exposed = sum(self.ev.once_per_step(plan, self.ev.unit_cost(plan, u, s, self.prec, timed=True), s,
-                                                    self.prec, synced, own=False)[1] for u in units)
+                                                    self.prec, synced, own=False)[1] for u in gc.sharing(units))
                 t[0, j] += exposed + self.ev.optimizer_seconds(st.bytes)
                 mem[0, j] += st.bytes.total
             mem[0, j] += gc.shared_item_bytes(units, us, self.prec.activation_bytes)[0] * flight
@@ -216,25 +238,34 @@ class DpSearch:
         for stage in range(pp):
             tb = self.tables(pp, m, partition, stage, strats)
             self.evaluations += tb.mem.size
-            best: tuple[StageSolution, float, int] | None = None
-            best_time = math.inf
-            temps = sorted({float(x) for x in np.unique(tb.temp)}, reverse=True)
-            for tau in dict.fromkeys([temps[0], temps[len(temps) // 2], temps[-1]]):
-                # strategies whose temporary buffers exceed tau are left out; tau is reserved
-                allowed = tb.temp <= tau + 1e-9
-                mem_units = np.where(allowed, np.ceil(tb.mem / unit), MEMORY_UNITS + 1).astype(np.int64)
-                tau_units = math.ceil(tau / unit)
-                budget_units = MEMORY_UNITS - tau_units
-                if budget_units < 0:
-                    continue
-                sol = solve_stage_keyed(tb.time, mem_units, tb.keys, tb.relayout, budget_units)
-                t = float(sol.best_by_budget[budget_units])
-                if t < best_time:
-                    best_time, best = t, (sol, unit, tau_units)
+            key = (id(tb), unit)
+            if key not in self._solved:
+                self._solved[key] = self.solve_stage(tb, unit)
+            best = self._solved[key]
             if best is None:
                 return None
             cand.solutions.append(best)
         return cand
+
+    def solve_stage(self, tb: StageTables, unit: float) -> tuple[StageSolution, float, int] | None:
+        """A stage's DP under the budget: the best of three reservations for temporary buffers."""
+        best: tuple[StageSolution, float, int] | None = None
+        best_time = math.inf
+        temps = sorted({float(x) for x in np.unique(tb.temp)}, reverse=True)
+        for tau in dict.fromkeys([temps[0], temps[len(temps) // 2], temps[-1]]):
+            # strategies whose temporary buffers exceed tau are left out; tau is reserved
+            allowed = tb.temp <= tau + 1e-9
+            mem_units = np.where(allowed, np.ceil(tb.mem / unit), MEMORY_UNITS + 1).astype(np.int64)
+            tau_units = math.ceil(tau / unit)
+            budget_units = MEMORY_UNITS - tau_units
+            if budget_units < 0:
+                continue
+            self.work["stage_solves"] += 1
+            sol = solve_stage_keyed(tb.time, mem_units, tb.keys, tb.relayout, budget_units)
+            t = float(sol.best_by_budget[budget_units])
+            if t < best_time:
+                best_time, best = t, (sol, unit, tau_units)
+        return best
 
     # ------------------------------------------------------------------ reading answers
     def plan_at(self, cand: Candidate, budget_units: int) -> LayerPlan | None:
@@ -391,8 +422,9 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         if peak <= budget_bytes:
             evaluated.append((secs, peak, reference))
     if not evaluated:
+        least = _least_memory(ds, cands)
         return {"status": "infeasible", "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
-                "least": _least_memory(ds, cands), "candidates": len(cands)}
+                "least": least, "candidates": len(cands), "work": work(ds, cands)}
     best_secs, best_peak, best_plan = min(evaluated, key=lambda x: (x[0], x[1]))
     chosen = (best_secs, best_peak, best_plan)
     frontier: list[tuple[float, float, LayerPlan]] = []
@@ -417,7 +449,19 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         frontier = _frontier(pool)
     return {"status": "optimal", "plan": chosen[2], "step_seconds": chosen[0], "peak_bytes": chosen[1],
             "best_seconds": best_secs, "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
-            "candidates": len(cands), "frontier": frontier, "evaluations": ds.evaluations}
+            "candidates": len(cands), "frontier": frontier, "evaluations": ds.evaluations, "work": work(ds, cands)}
+
+
+def work(ds: DpSearch, cands: list[Candidate]) -> dict[str, int]:
+    """What the search did, counted (deterministic for fixed inputs): candidates kept, stage tables
+    built, stage DPs solved, distinct unit rows (a unit's costs under every strategy), distinct unit
+    costs priced, and whole-plan evaluations (memory and time, each counted) computed and asked for."""
+    ev = ds.ev.work
+    return {"candidates": len(cands), "stage_tables": ds.work["stage_tables"],
+            "stage_solves": ds.work["stage_solves"], "unit_rows": ds.work["unit_rows"],
+            "unit_pricings": sum(gc.pricings for gc in ds._graphs.values()),
+            "plan_evaluations": ev["plan_memory_evaluations"] + ev["plan_time_evaluations"],
+            "plan_evaluation_requests": ev["plan_memory_requests"] + ev["plan_time_requests"]}
 
 
 def _budget_ladder(ds: DpSearch, cand: Candidate) -> list[int]:
