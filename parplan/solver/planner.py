@@ -288,6 +288,9 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     solver.update({"method": solver.get("method", method), "seconds": time.perf_counter() - t0,
                    "version": SOLVER_VERSION, "why": why})
     solver.setdefault("gap", None)
+    work = dict(searched.get("solver", {}).get("work") or {})
+    work["baseline_evaluations"] = ev.evaluations
+    solver["work"] = work
     doc.setdefault("model", {"name": req.model.name, "parameters": ev.graph(1).parameter_count(),
                              "seq_len": req.seq_len})
     doc.setdefault("cluster", {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
@@ -369,11 +372,12 @@ def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> di
                  timeout_seconds=req.time_limit_seconds, progress=report, pareto=True)
     if res["status"] == "infeasible":
         out = _infeasible(req, res["least"], None)
-        out["solver"] = {"method": "dp", "status": "infeasible", "gap": None, "candidates": res["candidates"]}
+        out["solver"] = {"method": "dp", "status": "infeasible", "gap": None, "candidates": res["candidates"],
+                         "work": res["work"]}
         return out
     doc = layer_plan_document(res["plan"], res["evaluator"], req)
     doc["solver"] = {"method": "dp", "status": "optimal", "gap": None, "candidates": res["candidates"],
-                     "best_time_seconds": res["best_seconds"], "search_seconds": res["seconds"],
+                     "best_time_seconds": res["best_seconds"], "search_seconds": res["seconds"], "work": res["work"],
                      "note": "exact per stage for the memory granularity (1/512 of the budget); pipeline degree, "
                              "micro-batch count and partition searched over candidates"}
     doc["pareto"] = [{"step_seconds": secs, "peak_bytes": round(peak), "summary": plan_summary(plan)}

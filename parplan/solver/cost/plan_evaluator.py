@@ -287,6 +287,8 @@ class PlanEvaluator:
         self._relayouts: dict[tuple[Any, ...], float] = {}
         self._data_links: dict[tuple[int, LayerStrategy, bool], Link] = {}
         self._stage_memory: dict[tuple[Any, ...], StageMemory] = {}
+        self._named_units: dict[tuple[Any, ...], StageUnit] = {}
+        self._unit_stages: dict[tuple[Any, ...], tuple[dict[str, int], list[list[str]]]] = {}
         self._stage_time: dict[tuple[Any, ...], StageTime] = {}
         self.work = {"plan_memory_requests": 0, "plan_memory_evaluations": 0, "plan_time_requests": 0,
                      "plan_time_evaluations": 0}
@@ -299,8 +301,19 @@ class PlanEvaluator:
 
     # ---------------------------------------------------------------- structure
     def units(self, plan: LayerPlan) -> tuple[dict[str, int], list[list[str]]]:
-        """Every unit's pipeline stage (device), and each stage's units in forward order."""
-        gc = self.costs_for(plan.local_batch(next(iter(plan.layers.values()))))
+        """Every unit's pipeline stage (device), and each stage's units in forward order (kept per
+        pipeline degree, chunks, partition and batch; not to be changed by the caller)."""
+        batch = plan.local_batch(next(iter(plan.layers.values())))
+        key = (plan.pp, self.chunks(plan), plan.partition, batch)
+        kept = self._unit_stages.get(key) if self.cache else None
+        if kept is None:
+            kept = self._units(plan, batch)
+            if self.cache:
+                self._unit_stages[key] = kept
+        return kept
+
+    def _units(self, plan: LayerPlan, batch: int) -> tuple[dict[str, int], list[list[str]]]:
+        gc = self.costs_for(batch)
         virtual = self.virtual_stages(plan)
         unit_stage = {u: vs % plan.pp for u, vs in virtual.items()}
         by_stage: list[list[str]] = [[] for _ in range(plan.pp)]
@@ -449,7 +462,12 @@ class PlanEvaluator:
                    gc.representative[u], s, is_block)
             hit = self._unit_memory.get(key)
             if hit is not None:
-                return (hit[0] if hit[0].name == u else dataclasses.replace(hit[0], name=u)), *hit[1:]  # type: ignore[return-value]
+                if hit[0].name == u:
+                    return hit
+                named = self._named_units.get((key, u))
+                if named is None:
+                    named = self._named_units[(key, u)] = dataclasses.replace(hit[0], name=u)
+                return (named, *hit[1:])
         c = self.unit_cost(plan, u, s, prec, timed=False)
         dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
         walk = stage_unit(u, gc, s.unit(plan.flash_attention, plan.runtime), c, is_block, dp, prec, seen, tied_ids)

@@ -34,6 +34,8 @@ class StageSolution:
     _final: npt.NDArray[np.float64]  # [S, E+1]
     _back: list[npt.NDArray[np.int32]]  # per layer >= 1: [S', E+1] argmin previous strategy
     _mem: npt.NDArray[np.int64]
+    #: the strategies solved over, when some were left out (their indices in the caller's list)
+    _columns: npt.NDArray[np.int64] | None = None
 
     def choices(self, budget_units: int) -> list[int] | None:
         """Strategy per layer of the best solution within ``budget_units`` (None: infeasible)."""
@@ -48,6 +50,8 @@ class StageSolution:
             s = prev
             out.append(s)
         out.reverse()
+        if self._columns is not None:
+            return [int(self._columns[s]) for s in out]
         return out
 
 
@@ -90,9 +94,19 @@ def solve_stage(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64], switc
 
 
 def solve_stage_keyed(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64], keys: list[int],
-                      relayout: npt.NDArray[np.float64], budget_units: int) -> StageSolution:
-    """:func:`solve_stage` for ``switch[l][s, s'] = relayout[l-1, s'] * (keys[s] != keys[s'])``."""
+                      relayout: npt.NDArray[np.float64], budget_units: int,
+                      leave_out_infeasible: bool = True) -> StageSolution:
+    """:func:`solve_stage` for ``switch[l][s, s'] = relayout[l-1, s'] * (keys[s] != keys[s'])``.
+
+    A strategy whose memory exceeds the budget on every layer is never part of a solution: its
+    column is infinite on every layer and never the first least entry where that is finite, so it
+    is left out (the answer and the choices are the same)."""
     n_layers, n_strat = time.shape
+    keep = np.nonzero((mem <= budget_units).any(axis=0))[0]
+    if leave_out_infeasible and 0 < len(keep) < n_strat:
+        sol = solve_stage_keyed(time[:, keep], mem[:, keep], [keys[int(i)] for i in keep], relayout[:, keep],
+                                budget_units)
+        return StageSolution(sol.best_by_budget, sol._final, sol._back, sol._mem, keep)
     width = budget_units + 1
     key_arr = np.asarray(keys)
     groups = [np.nonzero(key_arr == k)[0] for k in sorted(set(keys))]

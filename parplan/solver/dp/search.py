@@ -43,7 +43,8 @@ from parplan.solver.cost.plan_evaluator import (
     unit_temporary_bytes,
 )
 from parplan.solver.cost.precision import get_precision
-from parplan.solver.cost.units import GraphCosts
+from parplan.solver.cost.unit_strategy import UnitStrategy
+from parplan.solver.cost.units import GraphCosts, ParamGroup
 from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
 from parplan.solver.dp.space import SpaceOptions, degrees, layer_strategies
 from parplan.solver.errors import SolverError, StrategyError
@@ -208,13 +209,18 @@ class DpSearch:
             temp[current] = np.maximum(temp[current], r.temp)
             root += r.root
             largest = np.maximum(largest, r.largest)
+        pieces: dict[tuple[int, UnitStrategy], tuple[dict[ParamGroup, float], float, float, float]] = {}
         for j, s in enumerate(strats):  # parameters and buffers several units share: with the first block
-            gc = self.costs_for(plan.local_batch(s))
+            batch = plan.local_batch(s)
+            gc = self.costs_for(batch)
             us = s.unit(self.flash)
-            shared = gc.shared_param_elems(units, us)
+            if (batch, us) not in pieces:  # what the stage's units share depends on the batch and us only
+                pieces[(batch, us)] = (gc.shared_param_elems(units, us), gc.tied_within(units, us),
+                                       gc.tied_gradient_workspace(units, us),
+                                       gc.shared_item_bytes(units, us, self.prec.activation_bytes)[0])
+            shared, tied_within, tied_workspace, shared_items = pieces[(batch, us)]
             always, tied_peak, optimizer = stage_extra_temporary_bytes(
-                float(root[j]), gc.tied_within(units, us), gc.tied_gradient_workspace(units, us),
-                float(largest[j]), s.zero >= 3, self.prec)
+                float(root[j]), tied_within, tied_workspace, float(largest[j]), s.zero >= 3, self.prec)
             temp[:, j] = np.maximum(temp[:, j] + always, max(tied_peak, optimizer))
             if shared:
                 st = model_states(shared, s, self.prec)
@@ -224,7 +230,7 @@ class DpSearch:
                                                     self.prec, synced, own=False)[1] for u in gc.sharing(units))
                 t[0, j] += exposed + self.ev.optimizer_seconds(st.bytes)
                 mem[0, j] += st.bytes.total
-            mem[0, j] += gc.shared_item_bytes(units, us, self.prec.activation_bytes)[0] * flight
+            mem[0, j] += shared_items * flight
         relayout = np.array([self.row(pp, m, b, strats).relayout for b in blocks[1:]]).reshape(max(n_l - 1, 0), n_s)
         layout_ids: dict[tuple[int, int, bool, bool, int], int] = {}
         keys = [layout_ids.setdefault(s.layout_key, len(layout_ids)) for s in strats]
@@ -331,12 +337,15 @@ def balanced_partition(weights: list[float], p: int, scale: Callable[[int, float
     best = [[math.inf] * (n + 1) for _ in range(p + 1)]
     cut = [[0] * (n + 1) for _ in range(p + 1)]
     best[0][0] = 0.0
+    pre = np.array(prefix)
     for k in range(1, p + 1):
+        prev = np.array(best[k - 1])
         for j in range(k, n - (p - k) + 1):
-            for i in range(k - 1, j):
-                v = max(best[k - 1][i], scale(k - 1, prefix[j] - prefix[i]))
-                if v < best[k][j]:
-                    best[k][j], cut[k][j] = v, i
+            # v_i = max(best[k-1][i], scale(prefix[j] - prefix[i])) for i in k-1..j-1; the first least wins
+            v = np.maximum(prev[k - 1:j], scale(k - 1, pre[j] - pre[k - 1:j]))
+            i = int(np.argmin(v))
+            if v[i] < best[k][j]:
+                best[k][j], cut[k][j] = float(v[i]), k - 1 + i
     sizes, j = [], n
     for k in range(p, 0, -1):
         i = cut[k][j]
