@@ -213,3 +213,74 @@ def test_vectorised_partition_equals_the_loops(weights: list[float], p: int) -> 
     flight = [float(min(p - i, 4)) for i in range(p)]
     for scale in (lambda stage, w: w, lambda stage, w: w * (flight[stage] / flight[0])):
         assert balanced_partition(weights, p, scale) == _balanced_partition_loops(weights, p, scale)
+
+
+def _keyed_reference(time: np.ndarray, mem: np.ndarray, keys: list[int], relayout: np.ndarray,
+                     budget: int) -> tuple[np.ndarray, list[list[int] | None]]:
+    """The keyed stage DP as first written (a loop per key and per strategy, every strategy kept):
+    least time and choices at every budget."""
+    n_layers, n_strat = time.shape
+    width = budget + 1
+    key_arr = np.asarray(keys)
+    groups = [np.nonzero(key_arr == k)[0] for k in sorted(set(keys))]
+    group_of = np.empty(n_strat, dtype=np.int64)
+    for gi, members in enumerate(groups):
+        group_of[members] = gi
+    f = np.full((n_strat, width), np.inf)
+    for s in range(n_strat):
+        if mem[0, s] <= budget:
+            f[s, mem[0, s]:] = time[0, s]
+    back = []
+    for layer in range(1, n_layers):
+        best_all, arg_all = f.min(axis=0), f.argmin(axis=0)
+        group_best = np.empty((len(groups), width))
+        group_arg = np.empty((len(groups), width), dtype=np.int64)
+        for gi, members in enumerate(groups):
+            sub = f[members]
+            idx = sub.argmin(axis=0)
+            group_arg[gi] = members[idx]
+            group_best[gi] = sub[idx, np.arange(width)]
+        same = group_best[group_of]
+        other = best_all[None, :] + relayout[layer - 1][:, None]
+        use_other = other < same
+        h = np.where(use_other, other, same)
+        arg = np.where(use_other, arg_all[None, :], group_arg[group_of])
+        g = np.full((n_strat, width), np.inf)
+        b = np.zeros((n_strat, width), dtype=np.int64)
+        for s in range(n_strat):
+            k = int(mem[layer, s])
+            if k <= budget:
+                g[s, k:] = h[s, : width - k] + time[layer, s]
+                b[s, k:] = arg[s, : width - k]
+        f = g
+        back.append(b)
+    out: list[list[int] | None] = []
+    for e in range(width):
+        s = int(np.argmin(f[:, e]))
+        if not np.isfinite(f[s, e]):
+            out.append(None)
+            continue
+        path, budget_left = [s], e
+        for layer in range(len(back), 0, -1):
+            prev = int(back[layer - 1][s, budget_left])
+            budget_left -= int(mem[layer, s])
+            s = prev
+            path.append(s)
+        out.append(path[::-1])
+    return f.min(axis=0), out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 7), st.integers(0, 24), st.integers(0, 2**31 - 1))
+def test_vectorised_keyed_dp_equals_the_loops(layers: int, strategies: int, budget: int, seed: int) -> None:
+    """Same least times and the same choices (ties included: few distinct times) at every budget."""
+    rng = np.random.default_rng(seed)
+    t = rng.integers(0, 4, (layers, strategies)).astype(float)
+    mem = rng.integers(0, 12, (layers, strategies))
+    mem[:, rng.random(strategies) < 0.3] = budget + 1
+    keys = [int(k) for k in rng.integers(0, 4, strategies)]
+    relayout = rng.integers(0, 3, (max(layers - 1, 0), strategies)).astype(float)
+    sol = solve_stage_keyed(t, mem, keys, relayout, budget)
+    best, choices = _keyed_reference(t, mem, keys, relayout, budget)
+    assert np.array_equal(sol.best_by_budget, best)
+    assert [sol.choices(e) for e in range(budget + 1)] == choices

@@ -68,12 +68,13 @@ def _add_layer(h: npt.NDArray[np.float64], arg: npt.NDArray[np.int32], time_row:
     """Enter a layer: ``h[s', e]`` is the best cost before it ending so that ``s'`` may follow; the
     layer's memory shifts the budget axis and its time adds on. Returns f and the back-pointers
     (``g[s, e] = h[s, e - mem[s]] + time[s]`` where ``e >= mem[s]``, all strategies at once)."""
-    width = h.shape[1]
+    n_strat, width = h.shape
     src = np.arange(width)[None, :] - np.asarray(mem_row, dtype=np.int64)[:, None]  # [S, E+1]
     valid = src >= 0
     src = np.where(valid, src, 0)
-    g = np.where(valid, np.take_along_axis(h, src, axis=1) + time_row[:, None], INF)
-    b = np.where(valid, np.take_along_axis(arg, src, axis=1), 0).astype(np.int32)
+    rows = np.arange(n_strat)[:, None]
+    g = np.where(valid, h[rows, src] + time_row[:, None], INF)
+    b = np.where(valid, arg[rows, src], 0).astype(np.int32)
     return g, b
 
 
@@ -107,24 +108,24 @@ def solve_stage_keyed(time: npt.NDArray[np.float64], mem: npt.NDArray[np.int64],
         sol = solve_stage_keyed(time[:, keep], mem[:, keep], [keys[int(i)] for i in keep], relayout[:, keep],
                                 budget_units)
         return StageSolution(sol.best_by_budget, sol._final, sol._back, sol._mem, keep)
-    width = budget_units + 1
     key_arr = np.asarray(keys)
-    groups = [np.nonzero(key_arr == k)[0] for k in sorted(set(keys))]
-    group_of = np.empty(n_strat, dtype=np.int64)
-    for gi, members in enumerate(groups):
-        group_of[members] = gi
+    _, group_of = np.unique(key_arr, return_inverse=True)  # group of each strategy, by key
+    group_of = group_of.reshape(-1)
+    order = np.argsort(group_of, kind="stable")  # strategies grouped, in their order within a group
+    starts = np.concatenate(([0], np.nonzero(np.diff(group_of[order]))[0] + 1))
+    sorted_group = group_of[order]
+    position = np.arange(n_strat)[:, None]
     f = _first_layer(time, mem, budget_units)
     back: list[npt.NDArray[np.int32]] = []
     for layer in range(1, n_layers):
         best_all = f.min(axis=0)
         arg_all = f.argmin(axis=0)
-        group_best = np.empty((len(groups), width))
-        group_arg = np.empty((len(groups), width), dtype=np.int64)
-        for gi, members in enumerate(groups):
-            sub = f[members]
-            idx = sub.argmin(axis=0)
-            group_arg[gi] = members[idx]
-            group_best[gi] = sub[idx, np.arange(width)]
+        # per key: the least f and the first strategy (in the caller's order) attaining it
+        grouped = f[order]
+        group_best = np.minimum.reduceat(grouped, starts, axis=0)
+        first = np.minimum.reduceat(np.where(grouped == group_best[sorted_group], position, n_strat), starts,
+                                    axis=0)
+        group_arg = order[first]
         same = group_best[group_of]  # [S, E]: best predecessor sharing the key
         other = best_all[None, :] + relayout[layer - 1][:, None]  # best of all, plus the re-layout
         use_other = other < same
