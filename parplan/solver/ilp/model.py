@@ -1,4 +1,4 @@
-"""The auxiliary-graph ILP (memory-redundancy paper, objective (5), constraints (6)-(8)), with PuLP.
+"""The auxiliary-graph ILP (memory-redundancy paper, objective (5), constraints (6)-(8)).
 
 The auxiliary graph has one vertex per (operator, candidate strategy) and one edge per
 (producer strategy, consumer strategy) pair of every original edge. Binary ``X[v][s]`` picks a
@@ -12,7 +12,10 @@ Objectives (memory ``M`` in bytes per device, time ``C`` in seconds per step):
 - ``memory``: minimise ``M`` subject to ``C <= time_limit`` (and ``M <= budget``).
 
 ``B`` may be continuous: with ``X`` binary, constraints (7)-(8) leave exactly one edge of each
-original edge at 1. HiGHS (through highspy) solves it; CBC is the fallback. Inside the model
+original edge at 1. HiGHS solves it, built directly through highspy's arrays (building it through
+PuLP cost more than solving it); CBC, through PuLP, is the fallback. Peak terms implied by another
+(:func:`kept_peaks`) and edges that cost nothing under any choice are left out of the model: the
+optimum is the same. Inside the model
 memory is in GiB (costs in bytes next to seconds span fifteen orders of magnitude, which HiGHS
 does not tolerate); results are reported in bytes.
 """
@@ -21,12 +24,11 @@ does not tolerate); results are reported in bytes.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import pulp
 
 from parplan.solver.errors import SolverError
 
@@ -100,6 +102,8 @@ class AuxProblem:
     #: its edges' seconds, not their sum (one conversion and one gradient reduction serve every reader
     #: that needs the tensor alike, as Megatron-LM's fused QKV projection gathers its input once)
     shared: list[list[int]] = field(default_factory=list)
+    #: (the peak terms, their number, the indices of those not implied by others), see :func:`kept_peaks`
+    kept_peak_terms: tuple[list[PeakTerm], int, list[int]] | None = field(default=None, repr=False, compare=False)
 
     def edge_seconds(self, choice: dict[str, int]) -> float:
         """Seconds of every edge under a choice, shared groups at their costliest member."""
@@ -149,55 +153,164 @@ class IlpResult:
     gap: float | None
     solve_seconds: float
     backend: str
+    variables: int = 0  # the model's size (after leaving out implied peak terms and costless edges)
+    constraints: int = 0
+    nonzeros: int = 0
 
 
 class InfeasibleError(SolverError):
     """No choice satisfies the constraints."""
 
 
-def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,
-              time_limit: float | None = None, timeout_seconds: float = 60.0, backend: str = "highs",
-              start: dict[str, int] | None = None, cutoff: float | None = None) -> IlpResult:
-    """Build the PuLP model, solve it, and extract the choice (raises InfeasibleError).
+@dataclass
+class _Formulation:
+    """The model as arrays: columns (cost, bounds, binary or not) and rows (sparse, with bounds).
 
-    ``start`` is a known feasible choice handed to the solver as its first incumbent. ``cutoff``
-    (the objective's unit) asks only for a choice better than it: none is InfeasibleError, which
-    often proved sooner than an optimum is found."""
-    t0 = time.perf_counter()
-    lp = pulp.LpProblem("parplan_aux", pulp.LpMinimize)
-    X: dict[str, list[pulp.LpVariable]] = {}
+    One formulation feeds both backends (HiGHS directly, CBC through PuLP); rows carry the name and
+    formula they encode."""
+
+    cost: list[float] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+    binary: list[bool] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    row_lower: list[float] = field(default_factory=list)
+    row_upper: list[float] = field(default_factory=list)
+    row_start: list[int] = field(default_factory=lambda: [0])
+    row_index: list[int] = field(default_factory=list)
+    row_value: list[float] = field(default_factory=list)
+    row_names: list[str] = field(default_factory=list)
+    start: list[float] | None = None
+
+    def col(self, name: str, lower: float = 0.0, upper: float = 1.0, binary: bool = False) -> int:
+        self.names.append(name)
+        self.cost.append(0.0)
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.binary.append(binary)
+        return len(self.names) - 1
+
+    def row(self, name: str, terms: Sequence[tuple[int, float]], lower: float, upper: float) -> None:
+        merged: dict[int, float] = {}
+        for j, v in terms:
+            merged[j] = merged.get(j, 0.0) + v
+        for j, v in merged.items():
+            if v:
+                self.row_index.append(j)
+                self.row_value.append(v)
+        self.row_start.append(len(self.row_index))
+        self.row_lower.append(lower)
+        self.row_upper.append(upper)
+        self.row_names.append(name)
+
+    @property
+    def size(self) -> tuple[int, int, int]:
+        """(variables, constraints, nonzeros)."""
+        return len(self.names), len(self.row_names), len(self.row_index)
+
+
+def kept_peaks(problem: AuxProblem) -> list[int]:
+    """Indices of the peak terms that can be the largest (the others are implied).
+
+    Term ``a`` is implied by a kept term ``b`` when ``a·x <= b·x`` for every choice ``x``: a choice
+    takes one strategy per node and one class pair per edge, so it suffices that the sum over
+    nodes and edges of the largest ``a - b`` among the node's strategies (the edge's class pairs)
+    is at most 0. Then ``T >= b·x`` already gives ``T >= a·x``: dropping ``a`` changes no optimum.
+    The relation is transitive and a term is only dropped for one still kept (ties: the earlier is
+    kept), so every dropped term is implied by a kept one. Cached on the problem (its terms do not
+    change once built; a new list of terms is examined again)."""
+    cached = problem.kept_peak_terms
+    if cached is not None and cached[0] is problem.peaks and cached[1] == len(problem.peaks):
+        return cached[2]
+    import numpy as np
+
+    n = len(problem.peaks)
+    # one column per (node, strategy) and (edge, class pair) some term names, grouped by node (edge)
+    groups: dict[tuple[str, object], dict[tuple[int, int], int]] = {}
+    for t in problem.peaks:
+        for k, vals in t.nodes.items():
+            g = groups.setdefault(("n", k), {})
+            for s in range(len(vals)):
+                g.setdefault((s, 0), 0)
+        for ei, m in t.edges.items():
+            g = groups.setdefault(("e", ei), {})
+            for i, row in enumerate(m):
+                for j in range(len(row)):
+                    g.setdefault((i, j), 0)
+    starts: list[int] = []
+    width = 0
+    for g in groups.values():
+        starts.append(width)
+        for member in g:
+            g[member] = width
+            width += 1
+    A = np.zeros((n, width))
+    for r, t in enumerate(problem.peaks):
+        for k, vals in t.nodes.items():
+            g = groups[("n", k)]
+            for s, v in enumerate(vals):
+                A[r, g[(s, 0)]] = v
+        for ei, m in t.edges.items():
+            g = groups[("e", ei)]
+            for i, row in enumerate(m):
+                for j, v in enumerate(row):
+                    A[r, g[(i, j)]] = v
+    idx = np.array(starts, dtype=np.intp)
+    dropped = np.zeros(n, dtype=bool)
+    arange = np.arange(n)
+    for a in range(n):
+        if width == 0:
+            break
+        D = A[a][None, :] - A
+        worst = np.maximum.reduceat(D, idx, axis=1).sum(axis=1) if len(idx) else np.zeros(n)
+        implied = (worst <= 0) & ~dropped & (arange != a)
+        same = (D == 0).all(axis=1)
+        implied &= ~same | (arange < a)
+        if implied.any():
+            dropped[a] = True
+    kept = [i for i in range(n) if not dropped[i]]
+    problem.kept_peak_terms = (problem.peaks, n, kept)
+    return kept
+
+
+def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,
+              time_limit: float | None = None, start: dict[str, int] | None = None,
+              cutoff: float | None = None) -> tuple[_Formulation, dict[str, list[int]]]:
+    """The model of ``problem`` for ``objective``: (formulation, columns of each node's ``X``)."""
+    f = _Formulation()
+    X: dict[str, list[int]] = {}
+    mem_terms: list[tuple[int, float]] = []
+    sec_terms: list[tuple[int, float]] = []
+    values: list[float] = []
     for k, node in problem.nodes.items():
-        X[k] = [pulp.LpVariable(f"X_{_safe(k)}_{s}", cat=pulp.LpBinary) for s in range(len(node.memory))]
+        X[k] = [f.col(f"X_{_safe(k)}_{s}", binary=True) for s in range(len(node.memory))]
         if start is not None:
-            for s, var in enumerate(X[k]):
-                var.setInitialValue(1.0 if start[k] == s else 0.0)
+            values += [1.0 if start[k] == s else 0.0 for s in range(len(node.memory))]
         # (6) each operator takes exactly one strategy
-        lp += pulp.lpSum(X[k]) == 1, f"one_strategy__{_safe(k)}"
-    mem_terms: list[tuple[pulp.LpVariable, float]] = []
-    sec_terms: list[tuple[pulp.LpVariable, float]] = []
-    edge_vars: list[list[list[pulp.LpVariable]]] = []
-    for k, node in problem.nodes.items():
-        for s, var in enumerate(X[k]):
-            mem_terms.append((var, node.count * node.memory[s] / _MEM))
-            sec_terms.append((var, node.count * node.seconds[s]))
+        f.row(f"one_strategy__{_safe(k)}", [(x, 1.0) for x in X[k]], 1.0, 1.0)
+        for s, x in enumerate(X[k]):
+            mem_terms.append((x, node.count * node.memory[s] / _MEM))
+            sec_terms.append((x, node.count * node.seconds[s]))
     grouped = {ei for g in problem.shared for ei in g}
+    in_peaks = {ei for t in problem.peaks for ei in t.edges}
+    edge_vars: dict[int, list[list[int]]] = {}
     for ei, e in enumerate(problem.edges):
+        if ei not in in_peaks and e.memory is None and not any(any(row) for row in e.seconds):
+            continue  # costs nothing under any choice: its auxiliary edges decide nothing
         ns, nt = len(e.seconds), len(e.seconds[0])
-        B = [[pulp.LpVariable(f"B_{ei}_{s}_{t}", lowBound=0, upBound=1) for t in range(nt)] for s in range(ns)]
-        edge_vars.append(B)
+        B = [[f.col(f"B_{ei}_{s}_{t}") for t in range(nt)] for s in range(ns)]
+        edge_vars[ei] = B
         if start is not None:
             cs, ct = e.cls("src", start[e.src]), e.cls("dst", start[e.dst])
-            for s in range(ns):
-                for t in range(nt):
-                    B[s][t].setInitialValue(1.0 if (s, t) == (cs, ct) else 0.0)
+            values += [1.0 if (s, t) == (cs, ct) else 0.0 for s in range(ns) for t in range(nt)]
         for t in range(nt):
             # (7) the consumer's chosen strategy (class) receives exactly one auxiliary edge of this edge
-            lp += (pulp.lpSum(B[s][t] for s in range(ns))
-                   == pulp.lpSum(x for k, x in enumerate(X[e.dst]) if e.cls("dst", k) == t)), f"edge_in__{ei}_{t}"
+            f.row(f"edge_in__{ei}_{t}", [(B[s][t], 1.0) for s in range(ns)]
+                  + [(x, -1.0) for k, x in enumerate(X[e.dst]) if e.cls("dst", k) == t], 0.0, 0.0)
         for s in range(ns):
             # (8) the producer's chosen strategy (class) sends exactly one auxiliary edge of this edge
-            lp += (pulp.lpSum(B[s][t] for t in range(nt))
-                   == pulp.lpSum(x for k, x in enumerate(X[e.src]) if e.cls("src", k) == s)), f"edge_out__{ei}_{s}"
+            f.row(f"edge_out__{ei}_{s}", [(B[s][t], 1.0) for t in range(nt)]
+                  + [(x, -1.0) for k, x in enumerate(X[e.src]) if e.cls("src", k) == s], 0.0, 0.0)
         for s in range(ns):
             for t in range(nt):
                 if e.seconds[s][t] and ei not in grouped:
@@ -205,98 +318,159 @@ def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
                 if e.memory is not None and e.memory[s][t]:
                     mem_terms.append((B[s][t], e.count * e.memory[s][t] / _MEM))
     for gi, group in enumerate(problem.shared):
-        Z = pulp.LpVariable(f"Z_shared_{gi}", lowBound=0)
+        Z = f.col(f"Z_shared_{gi}", 0.0, math.inf)
         if start is not None:
-            Z.setInitialValue(max(problem.edges[ei].seconds_of(start) for ei in group))
+            values.append(max(problem.edges[ei].seconds_of(start) for ei in group))
         sec_terms.append((Z, 1.0))
         for ei in group:
             e = problem.edges[ei]
             expr = [(edge_vars[ei][s][t], e.count * e.seconds[s][t]) for s in range(len(e.seconds))
-                    for t in range(len(e.seconds[0])) if e.seconds[s][t]]
+                    for t in range(len(e.seconds[0])) if e.seconds[s][t]] if ei in edge_vars else []
             if expr:
                 # readers of one tensor share its conversion: the group costs its costliest edge
-                lp += pulp.LpAffineExpression(expr) <= Z, f"shared__{gi}_{ei}"
+                f.row(f"shared__{gi}_{ei}", [*expr, (Z, -1.0)], -math.inf, 0.0)
     if problem.peaks:
-        T = pulp.LpVariable("T_temporary_peak", lowBound=0)
+        T = f.col("T_temporary_peak", 0.0, math.inf)
         if start is not None:
-            T.setInitialValue(problem.peak(start) / _MEM)
+            values.append(problem.peak(start) / _MEM)
         mem_terms.append((T, 1.0))
-        for pi, term in enumerate(problem.peaks):
+        for pi in kept_peaks(problem):
+            term = problem.peaks[pi]
             expr = [(X[k][s], v / _MEM) for k, vals in term.nodes.items() for s, v in enumerate(vals) if v]
             expr += [(edge_vars[ei][s][t], v / _MEM) for ei, vals in term.edges.items()
                      for s, row in enumerate(vals) for t, v in enumerate(row) if v]
             if expr:
-                # the temporary peak is at least every set of buffers that coexist
-                lp += pulp.LpAffineExpression(expr) <= T, f"peak__{pi}"
-    mem_expr = pulp.LpAffineExpression(mem_terms)
-    sec_expr = pulp.LpAffineExpression(sec_terms)
+                # the temporary peak is at least every set of buffers that coexist (implied ones left out)
+                f.row(f"peak__{pi}", [*expr, (T, -1.0)], -math.inf, 0.0)
     if objective == "weighted":
         # (5) memory + alpha * time (alpha given in bytes per second)
-        lp += mem_expr + (alpha / _MEM) * sec_expr
+        obj = mem_terms + [(j, (alpha / _MEM) * v) for j, v in sec_terms]
     elif objective == "time":
-        lp += sec_expr
+        obj = sec_terms
     else:
-        lp += mem_expr
+        obj = mem_terms
+    for j, v in obj:
+        f.cost[j] += v
     if budget is not None:
         # memory per device within the budget
-        lp += mem_expr <= budget / _MEM, "memory_budget"
+        f.row("memory_budget", mem_terms, -math.inf, budget / _MEM)
     if time_limit is not None:
         # step time within (1 + epsilon) of the best
-        lp += sec_expr <= time_limit, "time_limit"
+        f.row("time_limit", sec_terms, -math.inf, time_limit)
     if cutoff is not None:
         # only a choice better than one already known is of interest
-        lp += lp.objective <= cutoff / (1.0 if objective == "time" else _MEM), "better_than_known"
-    status, gap, used = _run(lp, timeout_seconds, backend, warm=start is not None and cutoff is None)
+        f.row("better_than_known", obj, -math.inf, cutoff / (1.0 if objective == "time" else _MEM))
+    if start is not None:
+        f.start = values
+    return f, X
+
+
+def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,
+              time_limit: float | None = None, timeout_seconds: float = 60.0, backend: str = "highs",
+              start: dict[str, int] | None = None, cutoff: float | None = None) -> IlpResult:
+    """Build the model, solve it, and extract the choice (raises InfeasibleError).
+
+    ``start`` is a known feasible choice handed to the solver as its first incumbent. ``cutoff``
+    (the objective's unit) asks only for a choice better than it: none is InfeasibleError, which
+    often proved sooner than an optimum is found."""
+    t0 = time.perf_counter()
+    f, X = formulate(problem, objective, alpha=alpha, budget=budget, time_limit=time_limit, start=start,
+                     cutoff=cutoff)
+    status, gap, used, values = _run(f, timeout_seconds, backend, warm=start is not None and cutoff is None)
     if status == "infeasible":
         raise InfeasibleError("no strategy assignment satisfies the constraints")
-    choice = {k: max(range(len(v)), key=lambda s, v=v: v[s].value() or 0.0) for k, v in X.items()}  # type: ignore[misc]
+    choice = {k: max(range(len(v)), key=lambda s, v=v: values[v[s]]) for k, v in X.items()}  # type: ignore[misc]
     mem, sec = problem.totals(choice)
     obj = mem + alpha * sec if objective == "weighted" else (sec if objective == "time" else mem)
-    return IlpResult(status, choice, mem, sec, obj, gap, time.perf_counter() - t0, used)
+    return IlpResult(status, choice, mem, sec, obj, gap, time.perf_counter() - t0, used, *f.size)
 
 
-class _HiGHS(pulp.HiGHS):  # type: ignore[misc]
-    """PuLP's highspy interface, optionally handing HiGHS the variables' initial values as a start."""
-
-    def __init__(self, warm: bool, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.warm = warm
-
-    def callSolver(self, lp: pulp.LpProblem) -> None:  # noqa: N802 - PuLP's name
-        if self.warm:
-            import highspy
-
-            sol = highspy.HighsSolution()
-            sol.col_value = [float(v.value() or 0.0) for v in lp.variables()]
-            lp.solverModel.setSolution(sol)
-        lp.solverModel.run()
+def _highs_available() -> bool:
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
-def _run(lp: pulp.LpProblem, timeout_seconds: float, backend: str, warm: bool = False) -> tuple[
-        Literal["optimal", "feasible", "infeasible"], float | None, str]:
-    if backend == "highs" and "HiGHS" in pulp.listSolvers(onlyAvailable=True):
-        solver = _HiGHS(warm, msg=False, timeLimit=timeout_seconds, threads=1)
-        lp.solve(solver)
-        model = lp.solverModel
-        info = model.getInfo()
-        status_text = model.modelStatusToString(model.getModelStatus()).lower()
-        has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-        if "infeasible" in status_text or (not has_solution and "time limit" not in status_text):
-            return "infeasible", None, "highs"
-        if not has_solution:
-            raise SolverError(f"the ILP solver found no solution within the {timeout_seconds:g} s time limit; "
-                              "raise the time limit")
-        gap = float(info.mip_gap) if info.mip_gap < 1e30 else None
-        return ("optimal" if status_text == "optimal" else "feasible"), gap, "highs"
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=timeout_seconds)
-    status = lp.solve(solver)
+def _run(f: _Formulation, timeout_seconds: float, backend: str, warm: bool = False) -> tuple[
+        Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
+    if backend == "highs" and _highs_available():
+        return _run_highs(f, timeout_seconds, warm)
+    return _run_cbc(f, timeout_seconds)
+
+
+def _run_highs(f: _Formulation, timeout_seconds: float, warm: bool) -> tuple[
+        Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
+    import highspy
+    import numpy as np
+
+    h = highspy.Highs()  # type: ignore[no-untyped-call]
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(timeout_seconds))
+    h.setOptionValue("threads", 1)
+    inf = h.getInfinity()
+    n = len(f.names)
+
+    def clip(xs: list[float]) -> Any:
+        return np.clip(np.array(xs, dtype=np.float64), -inf, inf)
+
+    h.addVars(n, clip(f.lower), clip(f.upper))
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), np.array(f.cost, dtype=np.float64))
+    binaries = np.array([j for j, b in enumerate(f.binary) if b], dtype=np.int32)
+    if len(binaries):
+        h.changeColsIntegrality(len(binaries), binaries,
+                                np.full(len(binaries), highspy.HighsVarType.kInteger, dtype=np.uint8))
+    h.addRows(len(f.row_names), clip(f.row_lower), clip(f.row_upper), len(f.row_index),
+              np.array(f.row_start[:-1], dtype=np.int32), np.array(f.row_index, dtype=np.int32),
+              np.array(f.row_value, dtype=np.float64))
+    if warm and f.start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(f.start)
+        h.setSolution(sol)
+    h.run()
+    info = h.getInfo()
+    status_text = h.modelStatusToString(h.getModelStatus()).lower()
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if "infeasible" in status_text or (not has_solution and "time limit" not in status_text):
+        return "infeasible", None, "highs", []
+    if not has_solution:
+        raise SolverError(f"the ILP solver found no solution within the {timeout_seconds:g} s time limit; "
+                          "raise the time limit")
+    gap = float(info.mip_gap) if info.mip_gap < 1e30 else None
+    values = list(h.getSolution().col_value)
+    return ("optimal" if status_text == "optimal" else "feasible"), gap, "highs", values
+
+
+def _run_cbc(f: _Formulation, timeout_seconds: float) -> tuple[
+        Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
+    import pulp
+
+    lp = pulp.LpProblem("parplan_aux", pulp.LpMinimize)
+    cols = [pulp.LpVariable(name, lowBound=lo if lo > -math.inf else None, upBound=up if up < math.inf else None,
+                            cat=pulp.LpBinary if b else pulp.LpContinuous)
+            for name, lo, up, b in zip(f.names, f.lower, f.upper, f.binary, strict=True)]
+    lp += pulp.LpAffineExpression([(cols[j], v) for j, v in enumerate(f.cost) if v])
+    for r, name in enumerate(f.row_names):
+        expr = pulp.LpAffineExpression([(cols[f.row_index[i]], f.row_value[i])
+                                        for i in range(f.row_start[r], f.row_start[r + 1])])
+        lo, up = f.row_lower[r], f.row_upper[r]
+        if lo == up:
+            lp += expr == up, name
+        else:
+            if up < math.inf:
+                lp += expr <= up, name
+            if lo > -math.inf:
+                lp += expr >= lo, name + "__lower"
+    status = lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=timeout_seconds))
+    values = [float(c.value() or 0.0) for c in cols]
     if status == pulp.LpStatusInfeasible:
-        return "infeasible", None, "cbc"
+        return "infeasible", None, "cbc", []
     if status != pulp.LpStatusOptimal:
-        if any(v.value() is not None for v in lp.variables()):
-            return "feasible", None, "cbc"
+        if any(c.value() is not None for c in cols):
+            return "feasible", None, "cbc", values
         raise SolverError(f"the ILP solver found no solution within the {timeout_seconds:g} s time limit")
-    return "optimal", 0.0, "cbc"
+    return "optimal", 0.0, "cbc", values
 
 
 def _safe(key: str) -> str:
