@@ -73,6 +73,36 @@ def _sum(parts: Iterable[Lin]) -> Lin:
     return total
 
 
+def _out(gp: GraphProblem, node: Node, s: OpStrategy) -> TensorLayout:
+    """``output_layout`` of ``node`` under ``s``, remembered for the problem (the moments ask for the
+    same layouts many times)."""
+    cache = gp.caches.setdefault("out", {})
+    key = (node.id, s)
+    lay = cache.get(key)
+    if lay is None:
+        lay = cache[key] = output_layout(node, s, gp.ctx.mesh, gp.partial_dims[node.id])
+    return lay  # type: ignore[no-any-return]
+
+
+def _in(gp: GraphProblem, node: Node, position: int, s: OpStrategy) -> TensorLayout:
+    """``input_layout`` of ``node``'s input ``position`` under ``s``, remembered for the problem."""
+    cache = gp.caches.setdefault("in", {})
+    key = (node.id, position, s)
+    lay = cache.get(key)
+    if lay is None:
+        lay = cache[key] = input_layout(node, position, gp.ctx.graph, s, gp.ctx.mesh)
+    return lay  # type: ignore[no-any-return]
+
+
+def _shards(gp: GraphProblem, lay: TensorLayout) -> int:
+    """Pieces ``lay`` cuts a tensor into on the problem's mesh, remembered."""
+    cache = gp.caches.setdefault("shards", {})
+    n = cache.get(lay)
+    if n is None:
+        n = cache[lay] = lay.shards(gp.ctx.mesh.sizes)
+    return n  # type: ignore[no-any-return]
+
+
 class _IlpSizes:
     """Per-operator sizes (:class:`~parplan.solver.cost.backward.OpSizes`) of operator ``n`` under
     candidate ``s`` of its variable set; a view that follows its producer takes the producer's."""
@@ -83,7 +113,7 @@ class _IlpSizes:
 
     def _out_shards(self) -> float:
         o = self.origin
-        return output_layout(o, self.s, self.gp.ctx.mesh, self.gp.partial_dims[o.id]).shards(self.sizes)
+        return _shards(self.gp, _out(self.gp, o, self.s))
 
     def output(self, n: Node) -> float:
         return n.numel / self._out_shards()
@@ -92,12 +122,12 @@ class _IlpSizes:
         src = self.gp.ctx.graph.node(n.inputs[position])
         if n.id != self.origin.id:  # a view reads its producer's output as it is
             return src.numel / self._out_shards()
-        return src.numel / input_layout(n, position, self.gp.ctx.graph, self.s, self.gp.ctx.mesh).shards(self.sizes)
+        return src.numel / _shards(self.gp, _in(self.gp, n, position, self.s))
 
     def weight_grad(self, n: Node, position: int) -> float:
         graph = self.gp.ctx.graph
         w = graph.node(n.inputs[position])
-        local = w.numel / input_layout(n, position, graph, self.s, self.gp.ctx.mesh).shards(self.sizes)
+        local = w.numel / _shards(self.gp, _in(self.gp, n, position, self.s))
         if n.kind is OpKind.EMBEDDING and self.gp.ctx.runtime.full_embedding_gradient:
             return w.numel + (local if local < w.numel else 0.0)
         return local
@@ -108,13 +138,13 @@ class _IlpSizes:
                                         ctx.flash_attention, ctx.runtime)
         if not items or n.id != self.origin.id:
             return 0.0
-        lay = output_layout(n, self.s, ctx.mesh, self.gp.partial_dims[n.id])
+        lay = _out(self.gp, n, self.s)
         return sum(it.total_bytes / lay.shards(self.sizes, it.dims) for it in items)
 
     def sp_gather(self, n: Node) -> float:
         if n.kind not in (OpKind.LAYERNORM, OpKind.RMSNORM) or block_of(n) is None:
             return 0.0
-        lay = output_layout(n, self.s, self.gp.ctx.mesh, self.gp.partial_dims[n.id])
+        lay = _out(self.gp, n, self.s)
         if not any(d in SEQ_DIMS for d, _ in lay.split):
             return 0.0
         return n.numel / TensorLayout(tuple((d, a) for d, a in lay.split if d not in SEQ_DIMS)).shards(self.sizes)
@@ -167,14 +197,13 @@ class _Terms:
             pos = next(p for p, i in enumerate(saver.inputs) if i == owner_id)
 
             def at_input(s: OpStrategy, o: Node) -> float:
-                lay = input_layout(saver, pos, self.graph, s, self.gp.ctx.mesh)
+                lay = _in(self.gp, saver, pos, s)
                 return item.total_bytes / lay.shards(self.sizes, item.dims)
 
             return self._per_candidate(saver.id, at_input)
-        mesh, partial = self.gp.ctx.mesh, self.gp.partial_dims
 
         def held(s: OpStrategy, o: Node) -> float:
-            lay = output_layout(o, s, mesh, partial[o.id])
+            lay = _out(self.gp, o, s)
             return 0.0 if lay.partial else item.total_bytes / TensorLayout(lay.split).shards(self.sizes, item.dims)
 
         out = self._per_candidate(owner_id, held)
@@ -259,9 +288,8 @@ class _Terms:
         def fn(s: OpStrategy, o: Node) -> float:
             if s.zero < 3:
                 return 0.0
-            mesh = self.gp.ctx.mesh
             return nbytes * sum(self.graph.node(n.inputs[p]).numel
-                                / input_layout(n, p, self.graph, s, mesh).shards(self.sizes) for p in positions)
+                                / _shards(self.gp, _in(self.gp, n, p, s)) for p in positions)
 
         return self._per_candidate(n.id, fn) if positions and n.id not in self.gp.follows else Lin()
 
@@ -279,7 +307,7 @@ class _Terms:
             w = self.graph.node(n.inputs[opos])
 
             def local(s: OpStrategy, o: Node, n: Node = n, w: Node = w, opos: int = opos) -> float:
-                return w.numel / input_layout(n, opos, self.graph, s, self.gp.ctx.mesh).shards(self.sizes) \
+                return w.numel / _shards(self.gp, _in(self.gp, n, opos, s)) \
                     * self.prec.grad_bytes
 
             def made(s: OpStrategy, o: Node, n: Node = n, opos: int = opos) -> float:
@@ -294,7 +322,7 @@ class _Terms:
 
         def fn(s: OpStrategy, o: Node) -> float:
             largest = max((self.graph.node(n.inputs[p]).numel
-                           / input_layout(n, p, self.graph, s, self.gp.ctx.mesh).shards(self.sizes) for p in positions),
+                           / _shards(self.gp, _in(self.gp, n, p, s)) for p in positions),
                           default=0.0)
             return optimizer_temporary_bytes(largest, self.prec)
 
@@ -316,7 +344,7 @@ class _Terms:
                     pos = reader.inputs.index(n.id)
                     live[n.id] = self._per_candidate(
                         reader.id, lambda s, o, n=n, reader=reader, pos=pos: n.numel * tensor_bytes(n, self.act)
-                        / input_layout(reader, pos, self.graph, s, self.gp.ctx.mesh).shards(self.sizes))
+                        / _shards(self.gp, _in(self.gp, reader, pos, s)))
             elif n.id not in kept and n.kind is not OpKind.RESHAPE:
                 live[n.id] = self._per_candidate(
                     n.id, lambda s, o, n=n: _IlpSizes(self.gp, s, o).output(n) * tensor_bytes(n, self.act))
@@ -354,8 +382,7 @@ def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
     """(bytes above the model states at the step's busiest moment, the temporaries' peak) of a
     choice, by the whole-plan evaluator's own walk (:func:`parplan.solver.cost.peak.stage_peak`)
     over every unit's figures at that choice: the independent check of the ILP's moments."""
-    terms = _Terms(gp)
-    units = _units(gp, terms)
+    terms, units = _terms_and_units(gp)
     problem = gp.problem
 
     def v(x: Lin) -> float:
@@ -386,8 +413,7 @@ def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
 def add_moment_terms(gp: GraphProblem) -> None:
     """Replace the problem's memory terms by the step's moments: node memory keeps the model states
     only, edge memory moves into the moments, and ``T ≥`` every moment (see the module docstring)."""
-    terms = _Terms(gp)
-    units = _units(gp, terms)
+    terms, units = _terms_and_units(gp)
     shared = _shared_items(gp, terms)
     moments = list(_moments(gp, terms, units, shared))
     problem: AuxProblem = gp.problem
@@ -396,6 +422,14 @@ def add_moment_terms(gp: GraphProblem) -> None:
     problem.peaks = [m.term() for m in _dominant(moments, units)]
     gp.temporary_terms = [t.term() for t in _temporaries(gp, terms, units)]
 
+
+def _terms_and_units(gp: GraphProblem) -> tuple[_Terms, list[_Unit]]:
+    """The problem's terms and units, built once (building the moments and walking a choice use the
+    same ones; they depend on the problem only)."""
+    if "units" not in gp.caches:
+        terms = _Terms(gp)
+        gp.caches["units"] = (terms, _units(gp, terms))
+    return gp.caches["units"]  # type: ignore[no-any-return]
 
 def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
     ctx = gp.ctx

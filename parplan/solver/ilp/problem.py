@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
@@ -71,6 +71,8 @@ class GraphProblem:
     param_edge_index: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     #: the temporaries of every moment of the step (reported; see :mod:`.moments`)
     temporary_terms: list[PeakTerm] = field(default_factory=list)
+    #: values computed once per problem (layouts, the moments' units), see :mod:`.moments`
+    caches: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def strategy_of(self, op: str, choice: Mapping[str, int]) -> OpStrategy:
         rep = self.rep_of[op]
