@@ -367,15 +367,20 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
 
 def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,
               time_limit: float | None = None, timeout_seconds: float = 60.0, backend: str = "highs",
-              start: dict[str, int] | None = None, cutoff: float | None = None) -> IlpResult:
+              start: dict[str, int] | None = None, cutoff: float | None = None,
+              work: dict[str, int] | None = None) -> IlpResult:
     """Build the model, solve it, and extract the choice (raises InfeasibleError).
 
     ``start`` is a known feasible choice handed to the solver as its first incumbent. ``cutoff``
     (the objective's unit) asks only for a choice better than it: none is InfeasibleError, which
-    often proved sooner than an optimum is found."""
+    often proved sooner than an optimum is found. ``work`` (when given) counts the solve and adds
+    the model's variables, constraints and nonzeros, whatever the outcome."""
     t0 = time.perf_counter()
     f, X = formulate(problem, objective, alpha=alpha, budget=budget, time_limit=time_limit, start=start,
                      cutoff=cutoff)
+    if work is not None:
+        for key, n in zip(("solves", "variables", "constraints", "nonzeros"), (1, *f.size), strict=True):
+            work[key] = work.get(key, 0) + n
     status, gap, used, values = _run(f, timeout_seconds, backend, warm=start is not None and cutoff is None)
     if status == "infeasible":
         raise InfeasibleError("no strategy assignment satisfies the constraints")

@@ -25,7 +25,7 @@ the first two and the last two are written. Memory in bytes per device; one micr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items, tensor_bytes
@@ -36,6 +36,7 @@ from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.rules import optimizer_temporary_bytes
 from parplan.solver.cost.runtime import FSDP, IN_PLACE
+from parplan.solver.cost.units import _freeze
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
 from parplan.solver.ilp.problem import GraphProblem, partial_saved_bytes, resharded_copy_bytes
 from parplan.solver.ir import Node, OpKind
@@ -179,6 +180,30 @@ class _Terms:
     def _rep(self, op: str) -> str:
         return self.gp.rep_of[self._origin(op)]
 
+    def signature(self, n: Node) -> tuple[object, ...]:
+        """What an operator's per-candidate sizes depend on: its kind, shape, attributes and inputs'
+        shapes, whether it is in a block, the dims its split leaves partial. Operators alike in
+        this (the same operator of every alike block) have the same sizes under each strategy."""
+        cache = self.gp.caches.setdefault("signature", {})
+        sig = cache.get(n.id)
+        if sig is None:
+            ins = tuple((src.kind, src.dims, src.dtype) for src in map(self.graph.node, n.inputs))
+            sig = cache[n.id] = (n.kind, n.dims, n.dtype, _freeze(n.attrs), ins, block_of(n) is None,
+                                 self.gp.partial_dims.get(n.id))
+        return sig  # type: ignore[no-any-return]
+
+    def _per_candidate_alike(self, op: str, what: Hashable, fn: object) -> Lin:
+        """:meth:`_per_candidate` for a term that depends only on the operator's (and its origin's)
+        :meth:`signature` and ``what``: computed once for all operators alike."""
+        origin = self._origin(op)
+        rep = self.gp.rep_of[origin]
+        key = (what, self.signature(self.graph.node(op)), self.signature(self.graph.node(origin)), op == origin, rep)
+        cache = self.gp.caches.setdefault("per_candidate", {})
+        values = cache.get(key)
+        if values is None:
+            values = cache[key] = self._per_candidate(op, fn).nodes[rep]
+        return Lin({rep: values})
+
     def _per_candidate(self, op: str, fn: object) -> Lin:
         """A term of ``op`` depending on its (origin's) candidate: ``fn(strategy, origin node)``."""
         origin = self._origin(op)
@@ -260,7 +285,10 @@ class _Terms:
             return op_transient_bytes(n, self.graph, _IlpSizes(self.gp, s, o), self.act, self.prec.grad_bytes,
                                       ctx.runtime.full_embedding_gradient)
 
-        out = self._per_candidate(n.id, fn).add(self.converted_weights(n))
+        # (the attention core's rebuilt buffers depend on more than its signature: priced for each)
+        own = (self._per_candidate(n.id, fn) if n.kind is OpKind.ATTENTION
+               else self._per_candidate_alike(n.id, "transient", fn))
+        out = own.add(self.converted_weights(n))
         if ctx.zero3_per_operator:  # the operator's own weights, gathered again for its backward
             out = out.add(self.gathered(n, self.prec.param_bytes, force=True))
         return out
@@ -326,7 +354,9 @@ class _Terms:
                           default=0.0)
             return optimizer_temporary_bytes(largest, self.prec)
 
-        return self._per_candidate(n.id, fn) if positions and n.id not in self.gp.follows else Lin()
+        if not positions or n.id in self.gp.follows:
+            return Lin()
+        return self._per_candidate_alike(n.id, ("optimizer", tuple(positions)), fn)
 
     def forward_live(self, nodes: Sequence[Node], kept: set[str]) -> list[Lin]:
         """Per operator of a unit (forward order): its unsaved outputs still to be read (as
@@ -415,12 +445,20 @@ def add_moment_terms(gp: GraphProblem) -> None:
     only, edge memory moves into the moments, and ``T ≥`` every moment (see the module docstring)."""
     terms, units = _terms_and_units(gp)
     shared = _shared_items(gp, terms)
-    moments = list(_moments(gp, terms, units, shared))
+    # only the moments that can be the largest are built (see _dominant_units)
+    moments = list(_moments(gp, terms, units, shared, _dominant_units(units)))
     problem: AuxProblem = gp.problem
     for e in problem.edges:
         e.memory = None
-    problem.peaks = [m.term() for m in _dominant(moments, units)]
-    gp.temporary_terms = [t.term() for t in _temporaries(gp, terms, units)]
+    problem.peaks = [m.term() for m in moments]
+
+
+def temporary_terms(gp: GraphProblem) -> list[PeakTerm]:
+    """The temporaries of every moment of the step (reported, not optimised), built on first use."""
+    if "temporaries" not in gp.caches:
+        terms, units = _terms_and_units(gp)
+        gp.caches["temporaries"] = [t.term() for t in _temporaries(gp, terms, units)]
+    return gp.caches["temporaries"]  # type: ignore[no-any-return]
 
 
 def _terms_and_units(gp: GraphProblem) -> tuple[_Terms, list[_Unit]]:
@@ -547,8 +585,14 @@ class _Moment:
         return self.total.term()
 
 
-def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin) -> Iterable[_Moment]:
-    """Every moment of the walk (:func:`parplan.solver.cost.peak.stage_peak` with one micro-batch)."""
+def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin,
+             keep: set[int] | None = None) -> Iterable[_Moment]:
+    """Every moment of the walk (:func:`parplan.solver.cost.peak.stage_peak` with one micro-batch),
+    or only those of the units in ``keep`` (the others' are not built)."""
+
+    def want(i: int) -> bool:
+        return keep is None or i in keep
+
     pbytes = gp.ctx.precision.param_bytes
     blocks = [i for i, u in enumerate(units) if u.is_block]
     root_params = _sum(u.gathered for u in units if not u.is_block)
@@ -563,6 +607,8 @@ def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin) -
         if before:
             last = before[-1]
             weights = units[last].gathered.add(units[last].gathered) if last == i else units[last].gathered
+        if not want(i):
+            continue
         fixed = root_params.add(weights)
         base = held_before[i].add(u.act).add(fixed)
         for live in u.forward_live:
@@ -579,26 +625,29 @@ def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin) -
     for i in reversed(range(len(units))):
         u = units[i]
         weights = _weights_in_backward(units, blocks, i)
-        fixed = root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending)
-        for k in range(len(u.nodes)):
-            own = u.alive[k].add(u.transient[k]).add(u.grads_after[k])
-            yield _Moment(held_before[i].add(fixed).add(own), i, "backward")
+        if want(i):
+            fixed = root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending)
+            for k in range(len(u.nodes)):
+                own = u.alive[k].add(u.transient[k]).add(u.grads_after[k])
+                yield _Moment(held_before[i].add(fixed).add(own), i, "backward")
         if u.is_block:
             reduce_buffer = u.grads
-            yield _Moment(held_before[i].add(root_params).add(root_grads).add(weights).add(u.gathered, -1)
-                          .add(u.grads, 2).add(pending), i, "block end")
+            if want(i):
+                yield _Moment(held_before[i].add(root_params).add(root_grads).add(weights).add(u.gathered, -1)
+                              .add(u.grads, 2).add(pending), i, "block end")
         else:
             root_grads = root_grads.add(u.grads_untied)
         if tied_users and i == tied_users[-1] and len(tied_users) > 1:
             pending = tied
         if tied_users and i == tied_users[0]:
             # the first user's own gradient of the table, the one waiting, and their sum
-            yield _Moment(held_before[i].add(root_params).add(root_grads).add(weights).add(reduce_buffer)
-                          .add(pending).add(tied).add(tied_workspace), i, "tied")
+            if want(i):
+                yield _Moment(held_before[i].add(root_params).add(root_grads).add(weights).add(reduce_buffer)
+                              .add(pending).add(tied).add(tied_workspace), i, "tied")
             pending = Lin()
     # Adam's update, after the activations are freed
     for i, u in enumerate(units):
-        for n in u.nodes:
+        for n in u.nodes if want(i) else ():
             opt = terms.optimizer(n)
             if opt.nodes:
                 yield _Moment(opt, i, "optimizer")
@@ -653,10 +702,10 @@ def _weights_in_backward(units: list[_Unit], blocks: list[int], i: int) -> Lin:
     return units[earlier[-1]].gathered if earlier else Lin()
 
 
-def _dominant(moments: list[_Moment], units: list[_Unit]) -> list[_Moment]:
-    """The moments that can be the largest: in a run of blocks alike (same variables), the moments
-    of a block hold the same terms as another's plus the activations of more units before, except
-    near the ends of the run; keep the first two and the last two blocks of each run."""
+def _dominant_units(units: list[_Unit]) -> set[int]:
+    """The units whose moments can be the largest: in a run of blocks alike (same variables), the
+    moments of a block hold the same terms as another's plus the activations of more units before,
+    except near the ends of the run; keep the first two and the last two blocks of each run."""
     keep: set[int] = set()
     i = 0
     while i < len(units):
@@ -665,7 +714,7 @@ def _dominant(moments: list[_Moment], units: list[_Unit]) -> list[_Moment]:
             j += 1
         keep.update({i, min(i + 1, j), max(i, j - 1), j})
         i = j + 1
-    return [m for m in moments if m.unit in keep]
+    return keep
 
 
 def _alike(a: _Unit, b: _Unit) -> bool:

@@ -69,10 +69,16 @@ class GraphProblem:
     edge_layouts: dict[int, tuple[list[TensorLayout], list[TensorLayout]]] = field(default_factory=dict)
     #: parameter edge class (owner's representative, position, reader's representative, position) -> index
     param_edge_index: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
-    #: the temporaries of every moment of the step (reported; see :mod:`.moments`)
-    temporary_terms: list[PeakTerm] = field(default_factory=list)
     #: values computed once per problem (layouts, the moments' units), see :mod:`.moments`
     caches: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def temporary_terms(self) -> list[PeakTerm]:
+        """The temporaries of every moment of the step (reported; see :mod:`.moments`), built on
+        first use."""
+        from parplan.solver.ilp.moments import temporary_terms
+
+        return temporary_terms(self)
 
     def strategy_of(self, op: str, choice: Mapping[str, int]) -> OpStrategy:
         rep = self.rep_of[op]

@@ -36,7 +36,7 @@ from parplan.solver.cost.resharding import edge_seconds, reshard_seconds
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
-from parplan.solver.ilp.model import IlpResult, InfeasibleError, solve_aux
+from parplan.solver.ilp.model import IlpResult, InfeasibleError, kept_peaks, solve_aux
 from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import (
     GraphProblem,
@@ -227,6 +227,9 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             raise SolverError(f"the ILP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
         return left
 
+    # the work done, counted for regression tests (``solver.work.ilp``)
+    work = {"meshes": len(meshes), "problems_built": 0, "solves": 0, "variables": 0, "constraints": 0,
+            "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0}
     fastest: list[Candidate] = []
     problems: list[Candidate] = []
     for recompute in (Recompute.SELECTIVE, Recompute.FULL):
@@ -238,10 +241,13 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
                                recompute, flash_attention, zero_stages=zero_stages,
                                max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime,
                                zero3_per_operator=zero3_per_operator)
+            work["problems_built"] += 1
+            work["peak_terms"] += len(gp.problem.peaks)
+            work["peak_terms_kept"] += len(kept_peaks(gp.problem))
             try:
                 if gp.problem.memory_lower_bound() > budget_bytes:
                     raise InfeasibleError("even the least memory of every operator exceeds the budget")
-                r = solve_aux(gp.problem, "time", budget=budget_bytes, timeout_seconds=remaining())
+                r = solve_aux(gp.problem, "time", budget=budget_bytes, timeout_seconds=remaining(), work=work)
             except InfeasibleError:
                 problems.append(Candidate(mesh, gp, None, b))
                 continue
@@ -252,9 +258,11 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     if not fastest:
         report("solving: least memory", 0.8)
         smallest = [c for c in problems if c.b == sizes[0]]
-        least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=remaining()), c.b)
+        least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=remaining(),
+                                                          work=work), c.b)
                      for c in smallest), key=lambda c: c.res.memory)
-        return _document(least, cl, "infeasible", time.perf_counter() - t0, meshes, budget_bytes, objective)
+        return _document(least, cl, "infeasible", time.perf_counter() - t0, meshes, budget_bytes, objective,
+                         work=work)
     best_time = min(c.res.seconds for c in fastest)
     chosen = min(fastest, key=lambda c: (c.res.seconds, c.res.memory))
     if objective == "min-memory":
@@ -275,10 +283,10 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             try:
                 if alpha_gib_per_s is not None:
                     r = solve_aux(c.gp.problem, "weighted", alpha=alpha_gib_per_s * 2**30, budget=budget_bytes,
-                                  timeout_seconds=remaining(), cutoff=cutoff)
+                                  timeout_seconds=remaining(), cutoff=cutoff, work=work)
                 else:
                     r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=limit * (1 + 1e-9),
-                                  timeout_seconds=remaining(), start=c.res.choice, cutoff=cutoff)
+                                  timeout_seconds=remaining(), start=c.res.choice, cutoff=cutoff, work=work)
             except InfeasibleError:
                 if cutoff is None:
                     raise
@@ -288,12 +296,15 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     status = "optimal" if chosen.res.status == "optimal" else "feasible"
     report("done", 1.0)
     return _document(chosen, cl, status, time.perf_counter() - t0, meshes, budget_bytes, objective, best_time,
-                     tried=len(fastest) + sum(1 for c in problems if c.result is None))
+                     tried=len(fastest) + sum(1 for c in problems if c.result is None), work=work)
 
 
 def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes: list[Mesh], budget: float,
-              objective: str, best_time: float | None = None, tried: int = 0) -> dict[str, Any]:
+              objective: str, best_time: float | None = None, tried: int = 0,
+              work: dict[str, int] | None = None) -> dict[str, Any]:
     gp, r = c.gp, c.res
+    work = dict(work or {})
+    work["repricings"] = work.get("repricings", 0) + 1  # the certificate and the walk, once, at the answer
     graph, b = gp.ctx.graph, c.b
     m = gp.ctx.microbatches
     cert = certify(gp, r.choice)
@@ -352,6 +363,7 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
                           "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
             "ilp_memory_bytes": r.memory, "ilp_seconds": r.seconds,
             "certificate": {"memory_bytes": cert.peak_bytes, "seconds": cert.seconds, "matches": cert.matches},
+            "work": {"ilp": work},
         },
         "categories": list(CATEGORIES),
     }
