@@ -166,8 +166,10 @@ class _Terms:
             for it in items:
                 self.owner_of[it.key] = (op, it)
         self.first_edge: dict[str, tuple[str, str, int]] = {}
+        self.edges_into: dict[str, list[tuple[str, str, int]]] = {}  # consumer -> its edges, in order
         for edge in gp.edges:
             self.first_edge.setdefault(self._origin(edge[0]), edge)
+            self.edges_into.setdefault(edge[1], []).append(edge)
         layer = {n.id: n.layer for n in self.graph.nodes}
         self.tied_ids = frozenset(self.graph.node(owner).inputs[opos] for owner, opos, user, _ in gp.param_edges
                                   if layer[owner] != layer[user])
@@ -225,40 +227,42 @@ class _Terms:
                 lay = _in(self.gp, saver, pos, s)
                 return item.total_bytes / lay.shards(self.sizes, item.dims)
 
-            return self._per_candidate(saver.id, at_input)
+            return self._per_candidate_alike(saver.id, ("at_input", pos, item.total_bytes, item.dims), at_input)
 
         def held(s: OpStrategy, o: Node) -> float:
             lay = _out(self.gp, o, s)
             return 0.0 if lay.partial else item.total_bytes / TensorLayout(lay.split).shards(self.sizes, item.dims)
 
-        out = self._per_candidate(owner_id, held)
+        out = self._per_candidate_alike(owner_id, ("held", item.total_bytes, item.dims), held)
         first = self.first_edge.get(self._origin(owner_id))
         if first is not None:
-            out = out.add(self._edge(first, lambda o, i: partial_saved_bytes([item], o, i, self.sizes)))
+            out = out.add(self._edge(first, lambda o, i: partial_saved_bytes([item], o, i, self.sizes),
+                                     ("partial_saved", item.total_bytes, item.dims)))
         return out
 
     def kept_copies(self, saver: Node) -> Lin:
         """Copies ``saver`` keeps of inputs it received in another layout (PyTorch's runtime)."""
-        out = Lin()
-        for edge in self.gp.edges:
-            if edge[1] != saver.id:
-                continue
-            from parplan.solver.ilp.problem import consumer_saves
+        from parplan.solver.ilp.problem import consumer_saves
 
+        out = Lin()
+        for edge in self.edges_into.get(saver.id, ()):
             kept = consumer_saves(self.gp, saver.id, edge[2])
             if kept:
-                out = out.add(self._edge(edge, lambda o, i, kept=kept: resharded_copy_bytes(kept, o, i, self.sizes)))
+                out = out.add(self._edge(edge, lambda o, i, kept=kept: resharded_copy_bytes(kept, o, i, self.sizes),
+                                         ("kept", kept)))
         return out
 
-    def _edge(self, edge: tuple[str, str, int], fn: object) -> Lin:
-        """A term of an original edge's class, by the pair of layouts it joins."""
+    def _edge(self, edge: tuple[str, str, int], fn: object, what: Hashable) -> Lin:
+        """A term of an original edge's class, by the pair of layouts it joins: ``fn(producer's
+        layout, consumer's)``, the same for every edge of the class given ``what`` (computed once)."""
         src, dst, pos = edge
         key = (self.gp.rep_of[src], self.gp.rep_of[dst], pos)
         ei = self.gp.edge_index[key]
-        e = self.gp.problem.edges[ei]
-        outs, ins = self.gp.edge_layouts[ei]
-        matrix = [[fn(o, i) for i in ins] for o in outs]  # type: ignore[operator]
-        del e
+        cache = self.gp.caches.setdefault("edge_terms", {})
+        matrix = cache.get((ei, what))
+        if matrix is None:
+            outs, ins = self.gp.edge_layouts[ei]
+            matrix = cache[(ei, what)] = [[fn(o, i) for i in ins] for o in outs]  # type: ignore[operator]
         return Lin(edges={ei: matrix})
 
     # ---------------------------------------------------------------- one operator's backward
