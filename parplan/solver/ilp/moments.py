@@ -52,8 +52,8 @@ class Lin:
     edges: dict[int, list[list[float]]] = field(default_factory=dict)
 
     def add(self, other: Lin, k: float = 1.0) -> Lin:
-        out = Lin({r: list(v) for r, v in self.nodes.items()},
-                  {e: [list(row) for row in m] for e, m in self.edges.items()})
+        # a new expression; the value lists are never changed in place, so ``self``'s are shared
+        out = Lin(dict(self.nodes), dict(self.edges))
         for r, v in other.nodes.items():
             cur = out.nodes.setdefault(r, [0.0] * len(v))
             out.nodes[r] = [a + k * b for a, b in zip(cur, v, strict=True)]

@@ -179,6 +179,15 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
         classes[key] = classes.get(key, 0) + 1
         tensors_read.setdefault(key, set()).add(_origin(src, follows))
     sizes = mesh.sizes
+    converted: dict[tuple[float, TensorLayout, TensorLayout, frozenset[str]], float] = {}
+
+    def conversion(total: float, o: TensorLayout, i: TensorLayout, p: frozenset[str]) -> float:
+        """``edge_seconds`` of one micro-batch, remembered (edge classes share many layout pairs)."""
+        key = (total, o, i, p)
+        if key not in converted:
+            converted[key] = edge_seconds(total, o, i, p, sizes, links)
+        return converted[key]
+
     readers: dict[frozenset[str], list[int]] = {}  # the tensors some edge classes read -> those classes
     first_reader: dict[str, tuple[str, str, int]] = {}  # tensor -> its first reading edge
     for edge in edges:
@@ -194,7 +203,7 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
                for t in strategies[dst]]
         out_classes, out_reps = _classes(outs)
         in_classes, in_reps = _classes(ins)
-        secs = [[microbatches * edge_seconds(total, o, i, p, sizes, links) for i, p in in_reps] for o in out_reps]
+        secs = [[microbatches * conversion(total, o, i, p) for i, p in in_reps] for o in out_reps]
         kept = consumer_saves(gp, dst, pos)
         first = (src, dst, pos) == first_reader.get(_origin(src, follows))
         saved = gp.ctx.saved_by_owner.get(_origin(src, follows), ()) if first else ()
