@@ -308,7 +308,8 @@ class _Terms:
             return sum(sizes.weight_grad(n, pos) for pos, i in enumerate(n.inputs)
                        if self.graph.node(i).is_parameter and i not in skip) * self.prec.grad_bytes
 
-        return self._per_candidate(n.id, fn)
+        skipped = tuple(pos for pos, i in enumerate(n.inputs) if i in skip)
+        return self._per_candidate_alike(n.id, ("weight_grads", zero3_only, skipped), fn)
 
     def gathered(self, n: Node, nbytes: int, force: bool = False) -> Lin:
         """Bytes (``nbytes`` per element) of the parameters ``n`` owns, unsharded, when its strategy
@@ -365,7 +366,9 @@ class _Terms:
     def forward_live(self, nodes: Sequence[Node], kept: set[str]) -> list[Lin]:
         """Per operator of a unit (forward order): its unsaved outputs still to be read (as
         :func:`~parplan.solver.cost.backward.forward_transient`)."""
-        consumers = self.graph.consumers()
+        consumers = self.gp.caches.get("consumers")
+        if consumers is None:
+            consumers = self.gp.caches["consumers"] = self.graph.consumers()
         local = {n.id for n in nodes}
         remaining = {n.id: len(consumers[n.id]) if all(c in local for c in consumers[n.id]) else -1 for n in nodes}
         live: dict[str, Lin] = {}
@@ -376,12 +379,13 @@ class _Terms:
                 reader = self.graph.node(consumers[n.id][0]) if consumers[n.id] else None
                 if reader is not None:
                     pos = reader.inputs.index(n.id)
-                    live[n.id] = self._per_candidate(
-                        reader.id, lambda s, o, n=n, reader=reader, pos=pos: n.numel * tensor_bytes(n, self.act)
-                        / _shards(self.gp, _in(self.gp, reader, pos, s)))
+                    live[n.id] = self._per_candidate_alike(
+                        reader.id, ("live_input", pos), lambda s, o, n=n, reader=reader, pos=pos: n.numel
+                        * tensor_bytes(n, self.act) / _shards(self.gp, _in(self.gp, reader, pos, s)))
             elif n.id not in kept and n.kind is not OpKind.RESHAPE:
-                live[n.id] = self._per_candidate(
-                    n.id, lambda s, o, n=n: _IlpSizes(self.gp, s, o).output(n) * tensor_bytes(n, self.act))
+                live[n.id] = self._per_candidate_alike(
+                    n.id, ("live_output",), lambda s, o, n=n: _IlpSizes(self.gp, s, o).output(n)
+                    * tensor_bytes(n, self.act))
             now = _sum(live.values())
             if not n.is_leaf:
                 now = now.add(self.converted_weights(n))
