@@ -216,8 +216,9 @@ def kept_peaks(problem: AuxProblem) -> list[int]:
     takes one strategy per node and one class pair per edge, so it suffices that the sum over
     nodes and edges of the largest ``a - b`` among the node's strategies (the edge's class pairs)
     is at most 0. Then ``T >= b·x`` already gives ``T >= a·x``: dropping ``a`` changes no optimum.
-    The relation is transitive and a term is only dropped for one still kept (ties: the earlier is
-    kept), so every dropped term is implied by a kept one. Cached on the problem (its terms do not
+    Terms are examined from the largest possible value down, each against the terms kept so far
+    (a term is only dropped for one that is kept; of equal terms the first is kept), so every
+    dropped term is implied by a kept one. Cached on the problem (its terms do not
     change once built; a new list of terms is examined again)."""
     cached = problem.kept_peak_terms
     if cached is not None and cached[0] is problem.peaks and cached[1] == len(problem.peaks):
@@ -226,49 +227,42 @@ def kept_peaks(problem: AuxProblem) -> list[int]:
 
     n = len(problem.peaks)
     # one column per (node, strategy) and (edge, class pair) some term names, grouped by node (edge)
-    groups: dict[tuple[str, object], dict[tuple[int, int], int]] = {}
-    for t in problem.peaks:
-        for k, vals in t.nodes.items():
-            g = groups.setdefault(("n", k), {})
-            for s in range(len(vals)):
-                g.setdefault((s, 0), 0)
-        for ei, m in t.edges.items():
-            g = groups.setdefault(("e", ei), {})
-            for i, row in enumerate(m):
-                for j in range(len(row)):
-                    g.setdefault((i, j), 0)
+    groups: dict[tuple[str, object], tuple[int, int]] = {}  # (kind, key) -> (first column, columns)
     starts: list[int] = []
     width = 0
-    for g in groups.values():
-        starts.append(width)
-        for member in g:
-            g[member] = width
-            width += 1
+    for t in problem.peaks:
+        sized: list[tuple[tuple[str, object], int]] = [(("n", k), len(vals)) for k, vals in t.nodes.items()]
+        sized += [(("e", ei), len(m) * len(m[0])) for ei, m in t.edges.items()]
+        for g, size in sized:
+            if g not in groups:
+                groups[g] = (width, size)
+                starts.append(width)
+                width += size
     A = np.zeros((n, width))
     for r, t in enumerate(problem.peaks):
         for k, vals in t.nodes.items():
-            g = groups[("n", k)]
-            for s, v in enumerate(vals):
-                A[r, g[(s, 0)]] = v
+            first, size = groups[("n", k)]
+            A[r, first:first + size] = vals
         for ei, m in t.edges.items():
-            g = groups[("e", ei)]
-            for i, row in enumerate(m):
-                for j, v in enumerate(row):
-                    A[r, g[(i, j)]] = v
+            first, size = groups[("e", ei)]
+            A[r, first:first + size] = np.asarray(m, dtype=np.float64).ravel()
     idx = np.array(starts, dtype=np.intp)
-    dropped = np.zeros(n, dtype=bool)
-    arange = np.arange(n)
-    for a in range(n):
-        if width == 0:
-            break
-        D = A[a][None, :] - A
-        worst = np.maximum.reduceat(D, idx, axis=1).sum(axis=1) if len(idx) else np.zeros(n)
-        implied = (worst <= 0) & ~dropped & (arange != a)
-        same = (D == 0).all(axis=1)
-        implied &= ~same | (arange < a)
-        if implied.any():
-            dropped[a] = True
-    kept = [i for i in range(n) if not dropped[i]]
+    if width == 0:
+        kept = list(range(n))
+    else:
+        # largest possible value of each term first: a term can only be implied by one whose largest
+        # value is at least its own, so each is compared with the terms kept so far (few) only
+        top = np.maximum.reduceat(A, idx, axis=1).sum(axis=1)
+        kept = []
+        K = np.empty_like(A)  # the kept terms' rows, in the order kept
+        for a in sorted(range(n), key=lambda r: (-top[r], r)):
+            if kept:
+                worst = np.maximum.reduceat(A[a] - K[:len(kept)], idx, axis=1).sum(axis=1)
+                if (worst <= 0).any():
+                    continue
+            K[len(kept)] = A[a]
+            kept.append(a)
+        kept.sort()
     problem.kept_peak_terms = (problem.peaks, n, kept)
     return kept
 
