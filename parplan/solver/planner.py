@@ -285,12 +285,13 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
                         "fastest_known_seconds": min((k.step_seconds for k in candidates
                                                       if k.peak_bytes <= req.budget_bytes), default=None)}
     solver = doc.setdefault("solver", {})
-    for d in docs:  # the work of every search that ran, whichever plan won (solver.work.<search>)
-        solver.setdefault("work", {}).update(d.get("solver", {}).get("work", {}))
     solver.update({"method": solver.get("method", method), "seconds": time.perf_counter() - t0,
                    "version": SOLVER_VERSION, "why": why})
     solver.setdefault("gap", None)
     work = dict(searched.get("solver", {}).get("work") or {})
+    for d in docs:  # every search that ran keeps its counts, whichever plan won (the ILP's under "ilp")
+        if d is not searched:
+            work.update(d.get("solver", {}).get("work") or {})
     work["baseline_evaluations"] = ev.evaluations
     solver["work"] = work
     doc.setdefault("model", {"name": req.model.name, "parameters": ev.graph(1).parameter_count(),
