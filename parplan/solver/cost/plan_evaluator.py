@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link
@@ -255,6 +255,10 @@ def shared_evaluator(gc: GraphCosts, cluster: Cluster | None,
     return ev
 
 
+#: what a whole-plan evaluation returns (memory or time)
+_Priced = TypeVar("_Priced", PlanMemory, PlanTime)
+
+
 def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
     """Everything a plan's memory and time depend on, hashable (two plans with equal keys are
     priced the same)."""
@@ -438,15 +442,21 @@ class PlanEvaluator:
 
     # ---------------------------------------------------------------- whole plans
     def memory(self, plan: LayerPlan) -> PlanMemory:
-        self.work["plan_memory_requests"] += 1
+        return self._kept(self._plan_memory, "plan_memory", plan, self._memory)
+
+    def _kept(self, store: dict[tuple[Any, ...], _Priced], kind: str, plan: LayerPlan,
+              price: Callable[[LayerPlan], _Priced]) -> _Priced:
+        """``price(plan)``, kept in ``store`` per :func:`plan_key`; counts the requests and the
+        evaluations computed (``work["<kind>_requests"]``, ``work["<kind>_evaluations"]``)."""
+        self.work[f"{kind}_requests"] += 1
         key = plan_key(plan)
-        cached = self._plan_memory.get(key) if self.cache else None
-        if cached is None:
-            self.work["plan_memory_evaluations"] += 1
-            cached = self._memory(plan)
+        kept = store.get(key) if self.cache else None
+        if kept is None:
+            self.work[f"{kind}_evaluations"] += 1
+            kept = price(plan)
             if self.cache:
-                self._plan_memory[key] = cached
-        return cached
+                store[key] = kept
+        return kept
 
     def _stage_unit_memory(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision, seen: set[str],
                            tied_ids: set[str]) -> tuple[StageUnit, tuple[float, ...], bool, float, float, float]:
@@ -457,7 +467,7 @@ class PlanEvaluator:
         gc = self.costs_for(plan.local_batch(s))
         is_block = u in plan.layers
         key: tuple[Any, ...] | None = None
-        if self.cache and u not in gc._param_sharing:
+        if self.cache and u not in gc.param_sharing:
             key = (plan.global_batch, plan.num_microbatches, plan.flash_attention, plan.runtime, prec.name,
                    gc.representative[u], s, is_block)
             hit = self._unit_memory.get(key)
@@ -689,15 +699,7 @@ class PlanEvaluator:
         return received, saved, sent
 
     def time(self, plan: LayerPlan) -> PlanTime:
-        self.work["plan_time_requests"] += 1
-        key = plan_key(plan)
-        cached = self._plan_time.get(key) if self.cache else None
-        if cached is None:
-            self.work["plan_time_evaluations"] += 1
-            cached = self._time(plan)
-            if self.cache:
-                self._plan_time[key] = cached
-        return cached
+        return self._kept(self._plan_time, "plan_time", plan, self._time)
 
     def _time(self, plan: LayerPlan) -> PlanTime:
         self.check(plan)
@@ -764,7 +766,7 @@ class PlanEvaluator:
         units using no shared parameter (``synced`` does not matter for them)."""
         gc = self.costs_for(plan.local_batch(s))
         key: tuple[Any, ...] | None = None
-        if self.cache and u not in gc._param_sharing:
+        if self.cache and u not in gc.param_sharing:
             key = (plan.pp, plan.num_microbatches, plan.global_batch, plan.flash_attention, plan.runtime, prec.name,
                    plan.sync_every_microbatch, gc.representative[u], s)
             hit = self._unit_time.get(key)

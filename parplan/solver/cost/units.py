@@ -127,7 +127,7 @@ class GraphCosts:
             self.params[u] = list(seen.values())
         self.shared_params = {p for p, us in users.items() if len(us) > 1}
         #: units that use a shared parameter: the only ones the stage-level shared pieces depend on
-        self._param_sharing = frozenset(u for u, ps in self.params.items() if any(p.id in self.shared_params
+        self.param_sharing = frozenset(u for u, ps in self.params.items() if any(p.id in self.shared_params
                                                                                   for p in ps))
         self._stage_pieces: dict[Hashable, Any] = {}
         #: distinct unit costs priced so far (a work count)
@@ -368,7 +368,7 @@ class GraphCosts:
     def sharing(self, units: Iterable[str]) -> tuple[str, ...]:
         """Those of ``units`` (in order) that use a parameter several units share: what the shared
         pieces of a stage (:meth:`shared_param_elems`, :meth:`tied_within`, ...) depend on."""
-        return tuple(u for u in units if u in self._param_sharing)
+        return tuple(u for u in units if u in self.param_sharing)
 
     def shared_param_elems(self, units: Iterable[str], s: UnitStrategy) -> dict[ParamGroup, float]:
         """Local elements of the parameters several units share, once for the given units."""
