@@ -584,6 +584,7 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
         "rank": rank, "stage": runner.pp_rank, "coords": {"pp": runner.pp_rank, "dp": runner.dp_rank,
                                                           "tp": runner.tp_rank},
         "label": spec.label, "device": device.type,
+        "shared_device": device.type == "cuda" and dist.get_backend() == "gloo",
         "attention_kernel": attention_kernel(device, 0.1 if runner.cfg.family == "gpt" else 0.0),
     }
     if spec.check:
@@ -647,7 +648,7 @@ def summarise_contents(items: list[tuple[int, str]], top: int = 16) -> dict[str,
 
 def device_for_rank() -> torch.device:
     if torch.cuda.is_available() and os.environ.get("PARPLAN_AGENT_DEVICE", "cuda") == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     return torch.device("cpu")
 
 

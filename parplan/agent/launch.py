@@ -49,19 +49,28 @@ def _entry(fn: Callable[..., Any], args: tuple[Any, ...], device_kind: str) -> A
     os.environ["PARPLAN_AGENT_DEVICE"] = device_kind
     world = int(os.environ["WORLD_SIZE"])
     if device_kind == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        backend = "nccl"
+        # NCCL refuses two ranks on one GPU: with more ranks than GPUs they share the GPUs and talk
+        # through gloo (memory per rank is still each process's own; step times are not comparable).
+        backend = "gloo" if shares_gpus() else "nccl"
     else:
         device = torch.device("cpu")
         backend = "gloo"
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group(backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-                            device_id=device if device_kind == "cuda" else None)
+                            device_id=device if backend == "nccl" else None)
     try:
         return fn(*args)
     finally:
         dist.destroy_process_group()
+
+
+def shares_gpus() -> bool:
+    """Whether this machine's ranks outnumber its CUDA devices (several ranks per GPU)."""
+    import torch
+
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > max(1, torch.cuda.device_count())
 
 
 def run_specs(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -164,7 +164,9 @@ def compare(spec: RunSpec, reports: list[dict[str, Any]], gpu: str = "A100-80GB"
             "relative_error": _rel(loaded_meas["measured"]["peak_bytes"], loaded_pred["predicted"]["peak_bytes"]),
         },
         "step_seconds": {"measured": max(x["step_seconds"] for x in ranks),
-                         "predicted": doc["time"]["step_seconds"]},
+                         "predicted": doc["time"]["step_seconds"],
+                         # several ranks on one GPU, talking through gloo: the time is no measure
+                         "comparable": not any(r.get("shared_device") for r in reports)},
         "correct": all(c.get("ok", False) for c in checks) if checks else None,
         "prediction": {"memory": doc["memory"], "strategy": doc["strategy"]},
     }

@@ -1,0 +1,268 @@
+"""The checks to run whenever an NVIDIA GPU is at hand (issue 12, point 5), in one command.
+
+Parts (``--parts``, comma-separated; each writes ``OUT/<part>.json`` and a failure in one does not
+stop the others):
+
+- ``env``: the GPU, driver, torch and CUDA versions;
+- ``profile``: the agent's micro-benchmarks (:func:`parplan.agent.microbench.profile`), i.e. the
+  hardware profile and :class:`~parplan.solver.calibration.Calibration` it would post;
+- ``kernels``: achieved throughput per GEMM shape and dtype (fp32, tf32, bf16), scaled-dot-product
+  attention forward and forward+backward (bf16, causal), and bytes per second of memory-bound
+  operators — the raw data for a shape-aware time model;
+- ``single``: measured vs predicted per-category memory and step time of GPT and Llama models
+  (hundreds of millions of parameters, fp32 as the agent runs) on one GPU: recomputation none /
+  selective / full, gradient accumulation;
+- ``probe``: which collectives gloo runs on CUDA tensors (what ``shared`` relies on);
+- ``shared``: the validation matrix's multi-rank strategies (TP, FSDP / ZeRO, PP, SP) with all
+  ranks on the machine's GPUs (more ranks than GPUs: they share them and talk through gloo):
+  per-rank memory only, the step times of shared GPUs are no measurement.
+
+    python bench/gpu_checks.py --out DIR [--parts env,profile,kernels,single,shared]
+
+Measures only; the tables in bench/RESULTS.md are written from these files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PARTS = ("env", "profile", "kernels", "single", "probe", "shared")
+
+
+def _events_seconds(fn: Callable[[], Any], repeats: int = 10, warmup: int = 3) -> float:
+    """Median seconds of ``fn`` on the current CUDA stream (CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def part_env() -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(0)
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"
+                          "clocks.max.mem,power.limit", "--format=csv"], capture_output=True, text=True)
+    return {"device_name": props.name, "device_count": torch.cuda.device_count(),
+            "total_memory_bytes": props.total_memory, "multiprocessors": props.multi_processor_count,
+            "capability": f"{props.major}.{props.minor}", "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "nvidia_smi": smi.stdout,
+            "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def part_profile() -> dict[str, Any]:
+    from parplan.agent.microbench import profile
+    from parplan.agent.validate import hardware
+
+    hw = hardware("cuda")
+    return {"hardware": hw, "profile": profile(hw, torch.device("cuda", 0), torch.cuda.device_count())}
+
+
+_GEMM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
+
+
+def _gemm_shapes(dtype: str) -> list[tuple[int, int, int]]:
+    """(M, K, N): squares, and a transformer layer's matmuls (tokens x hidden -> 3h, h, 4h; 4h -> h)."""
+    squares = [(n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192)] + ([(16384,) * 3] if dtype == "bf16" else [])
+    tokens = (2048, 8192, 32768) if dtype == "bf16" else (2048, 8192)
+    layer = [(t, k, n) for t in tokens for h in (1024, 2048, 4096, 8192)
+             for k, n in ((h, 3 * h), (h, h), (h, 4 * h), (4 * h, h))]
+    return squares + layer
+
+
+def part_kernels() -> dict[str, Any]:
+    import torch.nn.functional as nnf
+
+    dev = torch.device("cuda", 0)
+    out: dict[str, Any] = {"gemm": [], "attention": [], "memory_bound": []}
+    for name, dtype in _GEMM_DTYPES.items():
+        torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+        for m, k, n in _gemm_shapes(name):
+            a = torch.randn(m, k, device=dev, dtype=dtype)
+            b = torch.randn(k, n, device=dev, dtype=dtype)
+            s = _events_seconds(lambda a=a, b=b: torch.matmul(a, b), repeats=5 if name == "fp32" else 10)
+            out["gemm"].append({"dtype": name, "m": m, "k": k, "n": n, "seconds": s,
+                                "flops_per_s": 2 * m * k * n / s})
+            del a, b
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.cuda.empty_cache()
+    for d in (64, 128):
+        for seq in (1024, 2048, 4096, 8192):
+            heads = 2048 // d * 2  # hidden 4096
+            batch = max(1, 16384 // seq)
+            q, k, v = (torch.randn(batch, heads, seq, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            fwd_flops = 4 * batch * heads * seq * seq * d / 2  # causal: half the score matrix
+            fwd = _events_seconds(lambda q=q, k=k, v=v: nnf.scaled_dot_product_attention(q, k, v, is_causal=True))
+            grad = torch.randn(batch, heads, seq, d, device=dev, dtype=torch.bfloat16)
+
+            def both(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, g: torch.Tensor = grad) -> None:
+                nnf.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+
+            fb = _events_seconds(both)
+            out["attention"].append({"dtype": "bf16", "batch": batch, "heads": heads, "seq": seq, "head_dim": d,
+                                     "causal": True, "forward_seconds": fwd, "forward_backward_seconds": fb,
+                                     "forward_flops_per_s": fwd_flops / fwd,
+                                     "forward_backward_flops_per_s": 3.5 * fwd_flops / fb})
+            del q, k, v, grad
+    torch.cuda.empty_cache()
+    for mib in (1, 16, 256, 2048):
+        x = torch.randn(mib * 2**20 // 2, device=dev, dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        nb = x.numel() * 2
+        h = 4096
+        x2 = x.view(-1, h) if x.numel() % h == 0 and x.numel() >= h else None
+        ops: dict[str, tuple[Callable[[], Any], int]] = {
+            "copy": (lambda x=x, y=y: y.copy_(x), 2 * nb),
+            "add": (lambda x=x, y=y: torch.add(x, y), 3 * nb),
+            "gelu": (lambda x=x: nnf.gelu(x), 2 * nb),
+        }
+        if x2 is not None:
+            w = torch.ones(h, device=dev, dtype=torch.bfloat16)
+            ops["layer_norm"] = (lambda x2=x2, w=w, h=h: nnf.layer_norm(x2, (h,), w, w), 2 * nb)
+            ops["softmax"] = (lambda x2=x2: torch.softmax(x2, dim=-1), 2 * nb)
+        for op, (fn, moved) in ops.items():
+            s = _events_seconds(fn)
+            out["memory_bound"].append({"op": op, "dtype": "bf16", "tensor_bytes": nb, "bytes_moved": moved,
+                                        "seconds": s, "bytes_per_s": moved / s})
+        del x, y
+    return out
+
+
+def _single_specs() -> list[Any]:
+    from parplan.agent.executor import RunSpec
+    from parplan.solver.frontends.presets import get_preset
+
+    gpt = get_preset("gpt-1.7b").with_(name="gpt-350m", layers=24, hidden=1024, heads=16, ffn=4096, seq_len=1024)
+    llama = get_preset("llama-2-70b").with_(name="llama-330m", layers=16, hidden=1024, heads=16, kv_heads=8,
+                                            ffn=2816, vocab=32000, seq_len=2048)
+    runs = []
+    for cfg, mb in ((gpt, 8), (llama, 4)):
+        for rec in ("none", "selective", "full"):
+            runs.append((cfg, rec, mb, 1))
+        runs.append((cfg, "full", mb, 2))
+    return [RunSpec(model=asdict(cfg), recompute=rec, seq_len=cfg.seq_len, micro_batch=mb, num_microbatches=m,
+                    check=False, timing_steps=5, label=f"{cfg.name}/mb{mb}x{m}/{rec}")
+            for cfg, rec, mb, m in runs]
+
+
+def _gpu_preset() -> str:
+    from parplan.agent.validate import hardware
+
+    return str(hardware("cuda")["key"])
+
+
+def _run_each(specs: list[Any], gpu: str) -> list[dict[str, Any]]:
+    from parplan.agent.validate import run_and_compare
+
+    results = []
+    for spec in specs:
+        t0 = time.perf_counter()
+        try:
+            res = run_and_compare([spec], "cuda", gpu=gpu)[0]
+            res.pop("prediction", None)
+            results.append({"label": spec.label, "ok": True, "wall_seconds": time.perf_counter() - t0, **res})
+        except Exception as e:  # one failed run is a row, not the end of the part
+            results.append({"label": spec.label, "ok": False, "error": f"{type(e).__name__}: {e}"[-3000:]})
+        r = results[-1]
+        print(f"  {spec.label}: " + (f"peak err {r['most_loaded']['relative_error']:+.2%} step "
+                                     f"{r['step_seconds']['measured']:.3f}s vs {r['step_seconds']['predicted']:.3f}s"
+                                     if r["ok"] else r["error"][-300:]), flush=True)
+    return results
+
+
+def part_single() -> list[dict[str, Any]]:
+    return _run_each(_single_specs(), _gpu_preset())
+
+
+def part_shared() -> list[dict[str, Any]]:
+    from parplan.agent.matrix import all_specs
+
+    specs = [replace(s, check=False, timing_steps=1) for s in all_specs(full=False) if s.world > 1]
+    return _run_each(specs, _gpu_preset())
+
+
+def probe_worker() -> dict[str, str]:
+    """One rank of the ``probe`` part: which collectives gloo runs on CUDA tensors."""
+    import torch.distributed as dist
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    world, rank = dist.get_world_size(), dist.get_rank()
+    x = torch.ones(world * 4, device=dev)
+    ops: dict[str, Callable[[], Any]] = {
+        "all_reduce": lambda: dist.all_reduce(x),
+        "broadcast": lambda: dist.broadcast(x, 0),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(world * x.numel(), device=dev), x),
+        "all_gather": lambda: dist.all_gather([torch.empty_like(x) for _ in range(world)], x),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(4, device=dev), x),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.empty_like(x), x),
+        "send_recv": lambda: (dist.send(x, 1) if rank == 0 else dist.recv(x, 0)) if world > 1 else None,
+    }
+    out = {}
+    for name, fn in ops.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            out[name] = "ok"
+        except Exception as e:
+            out[name] = f"{type(e).__name__}: {e}"[:300]
+        dist.barrier()
+    return out
+
+
+def part_probe() -> Any:
+    from parplan.agent.launch import launch_function
+
+    return launch_function(probe_worker, (), max(2, torch.cuda.device_count() + 1), "cuda")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--parts", default=",".join(PARTS))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_checks: no CUDA device", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    funcs: dict[str, Callable[[], Any]] = {"env": part_env, "profile": part_profile, "kernels": part_kernels,
+                                           "single": part_single, "probe": part_probe,
+                                           "shared": part_shared}
+    status = 0
+    for part in args.parts.split(","):
+        t0 = time.perf_counter()
+        print(f"== {part}", flush=True)
+        try:
+            doc: Any = {"part": part, "result": funcs[part]()}
+        except Exception:
+            doc = {"part": part, "error": traceback.format_exc()[-4000:]}
+            status = 1
+            print(doc["error"], flush=True)
+        doc["seconds"] = time.perf_counter() - t0
+        doc["commit"] = os.environ.get("PARPLAN_COMMIT", "")
+        (args.out / f"{part}.json").write_text(json.dumps(doc, indent=1, default=str))
+        print(f"== {part} done in {doc['seconds']:.1f} s", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
