@@ -191,6 +191,12 @@ def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.
         probs = torch.softmax(scores + bias, dim=-1)
         out: torch.Tensor = _dropout(probs, p) @ v
         return out
+    if gqa and q.device.type == "cuda":
+        # as torchtitan does (the cost model's runtime ``torch``): the memory-efficient kernel has
+        # no grouped-query support, and SDPA's fallback for it keeps the whole score matrix
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        gqa = False
     res: torch.Tensor = nnf.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
     return res
 

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, attention_geometry
+from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, attention_dims, attention_geometry
+
+#: Bytes per element of the loss's probabilities and their gradients (computed in fp32).
+LOSS_BYTES = 4.0
 
 _FLOATS = frozenset({"bf16", "fp16", "fp32", "tf32", "fp8"})
 _SAVES_OUTPUT = frozenset({"tanh", "sigmoid", "exp"})
@@ -100,6 +103,12 @@ def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_att
         return [_tensor(ins[0], activation_bytes)]
     if k is OpKind.ATTENTION:
         items = [_tensor(i, activation_bytes) for i in ins[:3]] + [_tensor(node, activation_bytes)]
+        rep = kv_repeat(node, ins[0], ins[1]) if runtime.repeats_kv_heads else 1
+        if rep > 1 and recompute is not Recompute.SELECTIVE:
+            # K and V repeated to every query head before the kernel, which keeps those (selective
+            # recomputation keeps the core's inputs and repeats them again in backward)
+            items[1:3] = [SavedItem(f"{i.id}#repeated", i.id, i.numel * rep, tensor_bytes(i, activation_bytes))
+                          for i in ins[1:3]]
         if not flash_attention and recompute is Recompute.NONE:
             geo = attention_geometry(node, ins[0], ins[1])
             per_elem = float(activation_bytes)  # softmax output
@@ -109,11 +118,21 @@ def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_att
             items.append(SavedItem(f"{node.id}#scores", node.id, geo.scores_numel, per_elem, q_dims))
         return items
     if k is OpKind.CROSS_ENTROPY:
-        # Softmax of the logits kept in fp32 (Megatron-LM's vocab-parallel cross entropy).
-        return [SavedItem(f"{node.id}#probs", ins[0].id, ins[0].numel, 4.0)]
+        # Softmax of the logits kept in fp32 (Megatron-LM's vocab-parallel cross entropy; PyTorch's
+        # log_softmax keeps its fp32 log-probabilities, the same size).
+        return [SavedItem(f"{node.id}#probs", ins[0].id, ins[0].numel, LOSS_BYTES)]
     if k is OpKind.DISPATCH:
         return [_tensor(ins[1], activation_bytes)]
     return []
+
+
+def kv_repeat(node: Node, q: Node, k: Node) -> int:
+    """How many query heads share each key/value head of a self-attention node (grouped-query
+    attention; 1 otherwise)."""
+    _, kv_name = attention_dims(node, q, k)
+    if dict(q.dims).get(kv_name) != dict(k.dims)[kv_name] or k.numel >= q.numel:
+        return 1
+    return max(1, round(q.numel / k.numel))
 
 
 def block_of(node: Node) -> str | None:

@@ -22,7 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of, is_float, op_saved_items, tensor_bytes
+from parplan.solver.cost.activations import (
+    LOSS_BYTES,
+    Recompute,
+    SavedItem,
+    block_of,
+    is_float,
+    kv_repeat,
+    op_saved_items,
+    tensor_bytes,
+)
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import (
@@ -135,28 +144,35 @@ class OpSizes(Protocol):
 def selective_rebuilt_items(n: Node, graph: Graph, act: int, recompute: Recompute, flash_attention: bool,
                             runtime: Runtime) -> list[SavedItem]:
     """What selective recomputation drops from ``n``'s saved buffers and its backward rebuilds."""
-    if recompute is not Recompute.SELECTIVE or flash_attention or n.kind is not OpKind.ATTENTION:
+    if recompute is not Recompute.SELECTIVE or n.kind is not OpKind.ATTENTION:
         return []
-    kept = {it.key for it in op_saved_items(n, graph, act, flash_attention=False, recompute=recompute,
+    kept = {it.key for it in op_saved_items(n, graph, act, flash_attention=flash_attention, recompute=recompute,
                                             runtime=runtime)}
-    return [it for it in op_saved_items(n, graph, act, flash_attention=False, recompute=Recompute.NONE,
+    return [it for it in op_saved_items(n, graph, act, flash_attention=flash_attention, recompute=Recompute.NONE,
                                         runtime=runtime) if it.key not in kept]
 
 
 def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_bytes: int,
-                       full_embedding_gradient: bool) -> float:
+                       runtime: Runtime) -> float:
     """Gradients alive while ``n``'s backward runs: its output's, its activation inputs', its
     weights' (a sequence-parallel norm's gathered output too)."""
     out = sizes.output(n) * tensor_bytes(n, act) if is_float(n) else 0.0
     ins = 0.0
+    rep = kv_repeat(n, graph.node(n.inputs[0]), graph.node(n.inputs[1])) \
+        if n.kind is OpKind.ATTENTION and runtime.repeats_kv_heads else 1
     for pos, i in enumerate(n.inputs):
         src = graph.node(i)
         if src.is_parameter or src.kind is OpKind.INPUT or not is_float(src):
             continue
-        ins += sizes.input(n, pos) * act
+        # (repeated K and V: the kernel's gradients are at every query head, summed afterwards)
+        ins += sizes.input(n, pos) * act * (rep if pos in (1, 2) else 1)
+    if n.kind is OpKind.CROSS_ENTROPY and runtime.composite_cross_entropy:
+        # log_softmax + nll_loss: the log-probabilities' gradient (fp32, the logits' layout) is
+        # made, and still alive, when the logits' own gradient is
+        ins += sizes.input(n, 0) * LOSS_BYTES
     gather = sizes.sp_gather(n) * act + sizes.recomputed_bytes(n)
     weights = op_weight_grad_bytes(n, graph, sizes, grad_bytes)
-    if n.kind is OpKind.EMBEDDING and full_embedding_gradient:
+    if n.kind is OpKind.EMBEDDING and runtime.full_embedding_gradient:
         # the whole table's gradient is made from the output's; the output's gradient is freed
         # before the device's own rows are copied out of it
         whole = sum(p.numel for p in map(graph.node, n.inputs) if p.is_parameter) * grad_bytes
@@ -199,8 +215,7 @@ class UnitSizes:
 
 
 def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
-    return op_transient_bytes(n, gc.graph, UnitSizes(gc.graph, s, act), act, grad_bytes,
-                              s.runtime.full_embedding_gradient)
+    return op_transient_bytes(n, gc.graph, UnitSizes(gc.graph, s, act), act, grad_bytes, s.runtime)
 
 
 def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:

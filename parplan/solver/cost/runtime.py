@@ -9,6 +9,15 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   receives, where Megatron-LM saves the sharded one and gathers it again in backward;
 - a vocabulary-parallel embedding's backward makes the gradient of the whole table before keeping
   its own rows;
+- the loss: PyTorch's ``cross_entropy`` is ``log_softmax`` then ``nll_loss``, whose backward makes
+  the log-probabilities' gradient (as large as the logits, fp32) and then the logits' gradient while
+  the saved log-probabilities are still alive: three logits-sized buffers at once, where Megatron-
+  LM's fused vocabulary-parallel cross entropy reuses its saved softmax as the gradient (the tiny
+  models of the matrix, vocabulary 1,024, hid it; a 51,200-word vocabulary measured it);
+- grouped-query attention on GPUs: K and V are repeated to every query head before
+  ``scaled_dot_product_attention`` (torchtitan and Hugging Face do so; PyTorch's memory-efficient
+  kernel, the one fp32 runs, has no grouped-query support, and the math fallback keeps the scores),
+  so the kernel keeps the repeated copies;
 - on CPU, RMSNorm is a composite of eager operators that also saves the normalised input ``x·rstd``
   (the CUDA kernel saves ``x`` and ``rstd`` only);
 - plain data parallelism of tensor-parallel modules: DDP rejects DTensor parameters, so PyTorch
@@ -80,6 +89,20 @@ class Runtime(StrEnum):
 
     @property
     def full_embedding_gradient(self) -> bool:
+        return self is not Runtime.MEGATRON
+
+    @property
+    def repeats_kv_heads(self) -> bool:
+        """Whether grouped-query attention repeats K and V to every query head before the kernel
+        (torchtitan's Llama and Hugging Face's SDPA path do; the repeated copies are what the
+        kernel keeps for backward). The agent's CPU runs use SDPA's own GQA support instead."""
+        return self is Runtime.TORCH
+
+    @property
+    def composite_cross_entropy(self) -> bool:
+        """Whether the loss is ``log_softmax`` + ``nll_loss`` (PyTorch's ``cross_entropy``): its
+        backward makes the log-probabilities' gradient before the logits' (Megatron-LM's fused
+        vocab-parallel cross entropy turns the saved softmax into the logits' gradient in place)."""
         return self is not Runtime.MEGATRON
 
     @property

@@ -19,7 +19,7 @@ from typing import Any
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of, saved_items, tensor_bytes
+from parplan.solver.cost.activations import LOSS_BYTES, Recompute, SavedItem, block_of, saved_items, tensor_bytes
 from parplan.solver.cost.backward import BackwardProfile, backward_profile, forward_transient
 from parplan.solver.cost.collectives import all_reduce_seconds
 from parplan.solver.cost.layout import TensorLayout
@@ -274,7 +274,8 @@ class GraphCosts:
         for n in nodes:
             if n.kind is OpKind.CROSS_ENTROPY:
                 logits = self.graph.node(n.inputs[0])
-                c.logits_grad_bytes = max(c.logits_grad_bytes, logits.numel * prec.activation_bytes
+                per_elem = prec.activation_bytes + (LOSS_BYTES if s.runtime.composite_cross_entropy else 0)
+                c.logits_grad_bytes = max(c.logits_grad_bytes, logits.numel * per_elem
                                           / unit_layout(logits, s).shards(mesh))
             if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
                 c.sp_gather_bytes = max(c.sp_gather_bytes, n.numel * prec.activation_bytes)

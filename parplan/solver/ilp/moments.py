@@ -287,7 +287,7 @@ class _Terms:
 
         def fn(s: OpStrategy, o: Node) -> float:
             return op_transient_bytes(n, self.graph, _IlpSizes(self.gp, s, o), self.act, self.prec.grad_bytes,
-                                      ctx.runtime.full_embedding_gradient)
+                                      ctx.runtime)
 
         # (the attention core's rebuilt buffers depend on more than its signature: priced for each)
         own = (self._per_candidate(n.id, fn) if n.kind is OpKind.ATTENTION
