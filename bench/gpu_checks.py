@@ -13,7 +13,9 @@ stop the others):
   (hundreds of millions of parameters, fp32 as the agent runs) on one GPU: recomputation none /
   selective / full, gradient accumulation;
 - ``probe``: which collectives gloo runs on CUDA tensors (what ``shared`` relies on);
-- ``shared``: the validation matrix's multi-rank strategies (TP, FSDP / ZeRO, PP, SP) with all
+- ``workspace``: what the CUDA allocator holds for cuBLAS after a first matmul and a first backward;
+- ``shared``: the validation matrix's multi-rank strategies (TP, FSDP / ZeRO, SP; no pipelines, as
+  gloo cannot send CUDA tensors) on GPT and Llama models of about 100 M parameters, with all
   ranks on the machine's GPUs (more ranks than GPUs: they share them and talk through gloo):
   per-rank memory only, the step times of shared GPUs are no measurement.
 
@@ -32,13 +34,13 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-PARTS = ("env", "profile", "kernels", "single", "probe", "shared")
+PARTS = ("env", "profile", "kernels", "single", "probe", "workspace", "shared")
 
 
 def _events_seconds(fn: Callable[[], Any], repeats: int = 10, warmup: int = 3) -> float:
@@ -171,22 +173,37 @@ def _gpu_preset() -> str:
     return str(hardware("cuda")["key"])
 
 
-def _run_each(specs: list[Any], gpu: str) -> list[dict[str, Any]]:
+def _run_each(specs: list[Any], gpu: str, chunk: int = 1) -> list[dict[str, Any]]:
+    """Run ``specs``, ``chunk`` of the same world size per launch (a failed launch fails its chunk
+    only); each result is also appended to ``$GPU_CHECKS_LOG`` as it comes, should the part be cut."""
     from parplan.agent.validate import run_and_compare
 
+    log = os.environ.get("GPU_CHECKS_LOG")
     results = []
+    groups: list[list[Any]] = []
     for spec in specs:
+        if groups and len(groups[-1]) < chunk and groups[-1][0].world == spec.world:
+            groups[-1].append(spec)
+        else:
+            groups.append([spec])
+    for group in groups:
         t0 = time.perf_counter()
         try:
-            res = run_and_compare([spec], "cuda", gpu=gpu)[0]
-            res.pop("prediction", None)
-            results.append({"label": spec.label, "ok": True, "wall_seconds": time.perf_counter() - t0, **res})
-        except Exception as e:  # one failed run is a row, not the end of the part
-            results.append({"label": spec.label, "ok": False, "error": f"{type(e).__name__}: {e}"[-3000:]})
-        r = results[-1]
-        print(f"  {spec.label}: " + (f"peak err {r['most_loaded']['relative_error']:+.2%} step "
-                                     f"{r['step_seconds']['measured']:.3f}s vs {r['step_seconds']['predicted']:.3f}s"
-                                     if r["ok"] else r["error"][-300:]), flush=True)
+            done = [{"label": sp.label, "ok": True, **res} for sp, res in
+                    zip(group, run_and_compare(group, "cuda", gpu=gpu), strict=True)]
+        except Exception as e:  # one failed launch is rows, not the end of the part
+            done = [{"label": sp.label, "ok": False, "error": f"{type(e).__name__}: {e}"[-3000:]} for sp in group]
+        for r in done:
+            r.pop("prediction", None)
+            r["wall_seconds"] = (time.perf_counter() - t0) / len(group)
+            results.append(r)
+            st = r.get("step_seconds", {})
+            print(f"  {r['label']}: " + (f"peak err {r['most_loaded']['relative_error']:+.2%} step "
+                                         f"{st['measured']:.3f}s vs {st['predicted']:.3f}s"
+                                         if r["ok"] else r["error"][-300:]), flush=True)
+            if log:
+                with open(log, "a") as f:
+                    f.write(json.dumps(r, default=str) + "\n")
     return results
 
 
@@ -194,11 +211,52 @@ def part_single() -> list[dict[str, Any]]:
     return _run_each(_single_specs(), _gpu_preset())
 
 
-def part_shared() -> list[dict[str, Any]]:
-    from parplan.agent.matrix import all_specs
+#: The multi-rank kinds of the validation matrix (no pipelines: gloo cannot send CUDA tensors).
+_SHARED_KINDS: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
+    ("tp2", {"tp": 2}, ("none", "full")),
+    ("dp2", {"dp": 2}, ("none",)),
+    ("zero1-dp2", {"dp": 2, "zero": 1}, ("none",)),
+    ("zero2-dp2-m2", {"dp": 2, "zero": 2, "num_microbatches": 2}, ("none",)),
+    ("zero3-dp4", {"dp": 4, "zero": 3}, ("none", "full", "selective")),
+    ("tp2-dp2-sp", {"tp": 2, "dp": 2, "sequence_parallel": True}, ("none", "selective")),
+    ("tp2-zero2-dp2-sp", {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True}, ("full",)),
+    ("tp2-zero3-dp2", {"tp": 2, "dp": 2, "zero": 3}, ("none",)),
+)
 
-    specs = [replace(s, check=False, timing_steps=1) for s in all_specs(full=False) if s.world > 1]
-    return _run_each(specs, _gpu_preset())
+
+def part_shared() -> list[dict[str, Any]]:
+    from parplan.agent.executor import RunSpec
+    from parplan.solver.frontends.presets import get_preset
+
+    gpt = get_preset("gpt-1.7b").with_(name="gpt-100m", layers=4, hidden=1024, heads=16, ffn=4096, seq_len=1024)
+    llama = get_preset("llama-2-70b").with_(name="llama-80m", layers=4, hidden=1024, heads=16, kv_heads=8,
+                                            ffn=2816, vocab=32000, seq_len=1024)
+    specs = [RunSpec(model=asdict(cfg), seq_len=cfg.seq_len, micro_batch=2, check=False, timing_steps=1,
+                     label=f"{cfg.name}/{name}/{rec}", **{**fields, "recompute": rec})
+             for cfg in (gpt, llama) for name, fields, recs in _SHARED_KINDS for rec in recs]
+    return _run_each(specs, _gpu_preset(), chunk=4)
+
+
+def part_workspace() -> dict[str, Any]:
+    """Bytes the CUDA caching allocator holds for libraries after a first matmul on this thread and
+    after a first backward (PyTorch's autograd runs it on a thread of its own)."""
+    dev = torch.device("cuda", 0)
+    torch.cuda.synchronize()
+    out: dict[str, Any] = {"env": {k: v for k, v in os.environ.items() if "CUBLAS" in k}}
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(1024, 1024, device=dev, dtype=dtype, requires_grad=True)
+        b = torch.randn(1024, 1024, device=dev, dtype=dtype)
+        torch.cuda.synchronize()
+        m0 = torch.cuda.memory_allocated(dev)
+        c = a @ b
+        torch.cuda.synchronize()
+        m1 = torch.cuda.memory_allocated(dev) - c.numel() * c.element_size()
+        c.sum().backward()
+        torch.cuda.synchronize()
+        m2 = torch.cuda.memory_allocated(dev) - c.numel() * c.element_size() - a.numel() * a.element_size()
+        out[str(dtype)] = {"after_forward_matmul": m1 - m0, "after_backward": m2 - m0}
+        del a, b, c
+    return out
 
 
 def probe_worker() -> dict[str, str]:
@@ -246,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     funcs: dict[str, Callable[[], Any]] = {"env": part_env, "profile": part_profile, "kernels": part_kernels,
-                                           "single": part_single, "probe": part_probe,
+                                           "single": part_single, "probe": part_probe, "workspace": part_workspace,
                                            "shared": part_shared}
     status = 0
     for part in args.parts.split(","):
