@@ -12,6 +12,8 @@ stop the others):
 - ``single``: measured vs predicted per-category memory and step time of GPT and Llama models
   (hundreds of millions of parameters, fp32 as the agent runs) on one GPU: recomputation none /
   selective / full, gradient accumulation;
+- ``large``: the same for models of about a billion parameters (GPT 1.3 B; a Llama-3.2-1B shape with
+  a 128,256-word vocabulary);
 - ``probe``: which collectives gloo runs on CUDA tensors (what ``shared`` relies on);
 - ``workspace``: what the CUDA allocator holds for cuBLAS after a first matmul and a first backward;
 - ``shared``: the validation matrix's multi-rank strategies (TP, FSDP / ZeRO, SP; no pipelines, as
@@ -40,7 +42,7 @@ from typing import Any
 
 import torch
 
-PARTS = ("env", "profile", "kernels", "single", "probe", "workspace", "shared")
+PARTS = ("env", "profile", "kernels", "single", "large", "probe", "workspace", "shared")
 
 
 def _events_seconds(fn: Callable[[], Any], repeats: int = 10, warmup: int = 3) -> float:
@@ -165,6 +167,24 @@ def _single_specs() -> list[Any]:
     return [RunSpec(model=asdict(cfg), recompute=rec, seq_len=cfg.seq_len, micro_batch=mb, num_microbatches=m,
                     check=False, timing_steps=5, label=f"{cfg.name}/mb{mb}x{m}/{rec}")
             for cfg, rec, mb, m in runs]
+
+
+def _large_specs() -> list[Any]:
+    """Models of about a billion parameters: GPT (1.3 B, vocabulary 51,200) and a Llama-3.2-1B shape
+    (grouped-query attention 32/8, tied embeddings, vocabulary 128,256: large loss buffers)."""
+    from parplan.agent.executor import RunSpec
+    from parplan.solver.frontends.presets import get_preset
+
+    gpt = get_preset("gpt-1.7b").with_(name="gpt-1.3b", layers=24, hidden=2048, heads=16, ffn=8192, seq_len=2048)
+    llama = get_preset("llama-2-70b").with_(name="llama-1b", layers=16, hidden=2048, heads=32, kv_heads=8,
+                                            ffn=8192, vocab=128256, seq_len=2048, tied_embeddings=True)
+    runs = [(gpt, "none"), (gpt, "full"), (llama, "none"), (llama, "selective"), (llama, "full")]
+    return [RunSpec(model=asdict(cfg), recompute=rec, seq_len=cfg.seq_len, micro_batch=2, check=False,
+                    timing_steps=3, label=f"{cfg.name}/mb2/{rec}") for cfg, rec in runs]
+
+
+def part_large() -> list[dict[str, Any]]:
+    return _run_each(_large_specs(), _gpu_preset())
 
 
 def _gpu_preset() -> str:
@@ -303,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_checks: no CUDA device", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    funcs: dict[str, Callable[[], Any]] = {"env": part_env, "profile": part_profile, "kernels": part_kernels,
-                                           "single": part_single, "probe": part_probe, "workspace": part_workspace,
-                                           "shared": part_shared}
+    funcs: dict[str, Callable[[], Any]] = {
+        "env": part_env, "profile": part_profile, "kernels": part_kernels, "single": part_single,
+        "large": part_large, "probe": part_probe, "workspace": part_workspace, "shared": part_shared}
     status = 0
     for part in args.parts.split(","):
         t0 = time.perf_counter()

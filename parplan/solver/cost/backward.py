@@ -136,6 +136,9 @@ class OpSizes(Protocol):
     def sp_gather(self, n: Node) -> float:
         """A sequence-parallel norm's output gathered whole for backward, 0 for other operators."""
 
+    def class_shards(self, n: Node) -> int:
+        """Pieces a loss's logits are cut into along their class dim (1 for other operators)."""
+
     def recomputed_bytes(self, n: Node) -> float:
         """Bytes ``n``'s backward rebuilds for itself first: the attention core's scores, softmax
         and dropout under selective recomputation without flash attention."""
@@ -168,8 +171,10 @@ def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_byt
         ins += sizes.input(n, pos) * act * (rep if pos in (1, 2) else 1)
     if n.kind is OpKind.CROSS_ENTROPY and runtime.composite_cross_entropy:
         # log_softmax + nll_loss: the log-probabilities' gradient (fp32, the logits' layout) is
-        # made, and still alive, when the logits' own gradient is
-        ins += sizes.input(n, 0) * LOSS_BYTES
+        # made, and still alive, when the logits' own gradient is; DTensor's loss parallelism
+        # (classes sharded) makes one buffer more (a zeroed one-hot and the exponentiated saved
+        # log-probabilities, then their sum)
+        ins += sizes.input(n, 0) * LOSS_BYTES * (2 if sizes.class_shards(n) > 1 else 1)
     gather = sizes.sp_gather(n) * act + sizes.recomputed_bytes(n)
     weights = op_weight_grad_bytes(n, graph, sizes, grad_bytes)
     if n.kind is OpKind.EMBEDDING and runtime.full_embedding_gradient:
@@ -201,6 +206,12 @@ class UnitSizes:
 
     def weight_grad(self, n: Node, position: int) -> float:
         return weight_grad_workspace(n, self.graph.node(n.inputs[position]), self.s)
+
+    def class_shards(self, n: Node) -> int:
+        if n.kind is not OpKind.CROSS_ENTROPY:
+            return 1
+        lay = input_layout(n, 0, self.graph, uniform_strategy(n, self.graph, self.s), self.mesh)
+        return lay.shards(self.mesh.sizes, [str(n.attrs.get("class_dim", "vocab"))])
 
     def sp_gather(self, n: Node) -> float:
         return float(n.numel) if self.s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) else 0.0

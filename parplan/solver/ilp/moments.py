@@ -133,6 +133,11 @@ class _IlpSizes:
             return w.numel + (local if local < w.numel else 0.0)
         return local
 
+    def class_shards(self, n: Node) -> int:
+        if n.kind is not OpKind.CROSS_ENTROPY or n.id != self.origin.id:
+            return 1
+        return _in(self.gp, n, 0, self.s).shards(self.sizes, [str(n.attrs.get("class_dim", "vocab"))])
+
     def recomputed_bytes(self, n: Node) -> float:
         ctx = self.gp.ctx
         items = selective_rebuilt_items(n, ctx.graph, ctx.precision.activation_bytes, ctx.recompute,
