@@ -387,3 +387,45 @@ def test_tied_embedding_gradients_coexist_only_on_a_stage_that_holds_both_uses()
     # a short sequence: the embedding's moment, 3·V·h, is the stage's temporary peak
     assert temps(tied, 1, 1, 16)[0] == pytest.approx(3 * v * h * 4, rel=1e-12)
     assert temps(tied, 2, 8, 512) == pytest.approx(temps(untied, 2, 8, 512), rel=1e-12)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (8, 8), (16, 4)])
+def test_torch_gqa_keeps_k_and_v_repeated_to_every_query_head(heads: int, kv_heads: int) -> None:
+    """PyTorch-native GQA (torchtitan, Hugging Face) repeats K and V to all ``a`` query heads before
+    SDPA, which keeps the copies: + 2·s·b·(a - kv)·d bf16 per layer over Megatron-LM, whose kernel
+    reads the ``kv`` heads; none under selective recomputation (the core re-repeats them)."""
+    s, b, d = 128, 2, 32
+    cfg = get_preset("llama-2-7b").with_(layers=2, hidden=heads * d, heads=heads, kv_heads=kv_heads, ffn=256,
+                                         vocab=512, seq_len=s)
+    for rec, expected in ((Recompute.NONE, 2 * s * b * (heads - kv_heads) * d * 2), (Recompute.SELECTIVE, 0)):
+        torch_ = _per_layer_activation_bytes(cfg, b, ParallelConfig(recompute=rec, runtime=Runtime.TORCH))
+        megatron = _per_layer_activation_bytes(cfg, b, ParallelConfig(recompute=rec))
+        assert torch_ - megatron == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_torch_cross_entropy_backward_holds_more_logits_sized_buffers(t: int) -> None:
+    """The loss's backward, on top of the saved fp32 probabilities: Megatron-LM's fused loss makes
+    the logits' gradient (s·b·V/t, activation bytes); PyTorch's log_softmax + nll_loss also the
+    log-probabilities' gradient (fp32), and DTensor's loss parallelism (t > 1) one more fp32 buffer."""
+    from parplan.solver.cost.backward import UnitSizes, op_transient_bytes
+    from parplan.solver.cost.precision import get_precision
+    from parplan.solver.cost.unit_strategy import UnitStrategy
+    from parplan.solver.cost.units import GraphCosts
+    from parplan.solver.ir import OpKind
+
+    s, b, vocab = 64, 2, 1024
+    gc = GraphCosts(build_graph(_gpt(2, 256, 8, seq=s, vocab=vocab), batch=b))
+    prec = get_precision("bf16")
+    loss = next(n for n in gc.graph.nodes if n.kind is OpKind.CROSS_ENTROPY)
+    logits = s * b * vocab / t
+    extra = {Runtime.MEGATRON: 0, Runtime.TORCH: 4 * (2 if t > 1 else 1)}
+    for runtime, more in extra.items():
+        us = UnitStrategy(tp=t, runtime=runtime)
+        got = op_transient_bytes(loss, gc.graph, UnitSizes(gc.graph, us, prec.activation_bytes),
+                                 prec.activation_bytes, prec.grad_bytes, runtime)
+        per_token_losses = s * b * 4  # their gradient (fp32), the operator's output
+        assert got == pytest.approx(logits * (prec.activation_bytes + more) + per_token_losses, rel=1e-12)
+        unit = next(u for u, ns in gc.nodes.items() if loss in ns)
+        assert gc.unit_cost(unit, us, prec).logits_grad_bytes == pytest.approx(logits * (prec.activation_bytes + more),
+                                                                             rel=1e-12)
