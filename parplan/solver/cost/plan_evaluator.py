@@ -581,10 +581,11 @@ class PlanEvaluator:
         resident = states.bytes.total
         peak = max(resident + act * (flight - 1) + walked.above_resident, resident + optimizer,
                    resident + rebuilt_buckets)
+        fixed = receive + plan.runtime.library_workspace_bytes  # held through the whole step
         held = states.bytes.replace(activations=act * flight + pinned,
-                                    temporary=max(walked.temporary, optimizer, rebuilt_buckets) + receive)
+                                    temporary=max(walked.temporary, optimizer, rebuilt_buckets) + fixed)
         red = states.redundant.replace(activations=act_red * flight)
-        return StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + receive + pinned)
+        return StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + fixed + pinned)
 
     def _interleaved_stage(self, plan: LayerPlan, stage: int, units: list[str], virtual: Mapping[str, int],
                            strat: Mapping[str, LayerStrategy], prec: Precision) -> StageMemory:
@@ -666,11 +667,12 @@ class PlanEvaluator:
         resident = states.bytes.total
         per_micro = sum(acts)
         flight = act_peak / per_micro if per_micro else 0.0
-        temp = max(above - act_peak, optimizer, 0.0) + receive
+        fixed = receive + plan.runtime.library_workspace_bytes  # held through the whole step
+        temp = max(above - act_peak, optimizer, 0.0) + fixed
         held_bytes = states.bytes.replace(activations=act_peak, temporary=temp)
         red_bytes = states.redundant.replace(activations=sum(reds) * flight)
         return StageMemory(stage, tuple(units), Memory(held_bytes, red_bytes), per_micro, flight,
-                           max(resident + above, resident + optimizer) + receive)
+                           max(resident + above, resident + optimizer) + fixed)
 
     def _pipeline_boundaries(self, plan: LayerPlan, stage: int, by_stage: list[list[str]],
                              unit_stage: Mapping[str, int], strat: Mapping[str, LayerStrategy],

@@ -14,6 +14,8 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   the saved log-probabilities are still alive: three logits-sized buffers at once, where Megatron-
   LM's fused vocabulary-parallel cross entropy reuses its saved softmax as the gradient (the tiny
   models of the matrix, vocabulary 1,024, hid it; a 51,200-word vocabulary measured it);
+- on GPUs, cuBLAS's workspaces (two, one per thread that runs matmuls: 64 MiB on an H100) are
+  held through PyTorch's allocator for the whole run (temporary);
 - grouped-query attention on GPUs: K and V are repeated to every query head before
   ``scaled_dot_product_attention`` (torchtitan and Hugging Face do so; PyTorch's memory-efficient
   kernel, the one fp32 runs, has no grouped-query support, and the math fallback keeps the scores),
@@ -71,6 +73,10 @@ class DataParallelBuffers:
     rebuilds_buckets: bool = False
 
 
+#: cuBLAS's workspace per handle with PyTorch's default configuration on Hopper GPUs (4096 KiB x 8;
+#: 4096 KiB x 2 + 16 KiB x 8 on earlier ones, which this bounds), bytes.
+CUBLAS_WORKSPACE_BYTES = 32 * 2**20
+
 IN_PLACE = DataParallelBuffers()
 DDP = DataParallelBuffers(rebuilds_buckets=True)
 FSDP = DataParallelBuffers(shards_parameters=True, gathers=True, reduce_buffers=1, gather_buffer=True)
@@ -90,6 +96,16 @@ class Runtime(StrEnum):
     @property
     def full_embedding_gradient(self) -> bool:
         return self is not Runtime.MEGATRON
+
+    @property
+    def library_workspace_bytes(self) -> float:
+        """Bytes CUDA libraries hold through PyTorch's allocator from their first use to the end:
+        cuBLAS's workspace once per handle, i.e. per thread, and a training step uses two (forward
+        on the main thread, backward on the autograd engine's device thread). Measured on an H100:
+        32 MiB at the first matmul, 32 MiB more at the first backward. None on the CPU. Megatron-LM
+        holds them as well (and Transformer Engine's own); runtime ``megatron`` follows Megatron-LM's
+        estimator, which leaves them out."""
+        return 2 * CUBLAS_WORKSPACE_BYTES if self is Runtime.TORCH else 0.0
 
     @property
     def repeats_kv_heads(self) -> bool:

@@ -104,6 +104,8 @@ class AuxProblem:
     shared: list[list[int]] = field(default_factory=list)
     #: (the peak terms, their number, the indices of those not implied by others), see :func:`kept_peaks`
     kept_peak_terms: tuple[list[PeakTerm], int, list[int]] | None = field(default=None, repr=False, compare=False)
+    #: bytes every choice holds besides its terms (libraries' workspaces, see Runtime.library_workspace_bytes)
+    fixed_bytes: float = 0.0
 
     def edge_seconds(self, choice: dict[str, int]) -> float:
         """Seconds of every edge under a choice, shared groups at their costliest member."""
@@ -118,7 +120,7 @@ class AuxProblem:
     def totals(self, choice: dict[str, int]) -> tuple[float, float]:
         """(memory, seconds) of a full choice of strategies, recomputed from the cost tables;
         memory includes the temporary peak."""
-        mem = self.peak(choice) + sum(n.count * n.memory[choice[k]] for k, n in self.nodes.items())
+        mem = self.fixed_bytes + self.peak(choice) + sum(n.count * n.memory[choice[k]] for k, n in self.nodes.items())
         sec = sum(n.count * n.seconds[choice[k]] for k, n in self.nodes.items()) + self.edge_seconds(choice)
         for e in self.edges:
             if e.memory is not None:
@@ -128,7 +130,7 @@ class AuxProblem:
     def memory_lower_bound(self) -> float:
         """Bytes every choice needs at least: each node's least memory (edges and the temporary
         peak add nothing negative). Above the budget, no choice fits and no solve is needed."""
-        bound = sum(n.count * min(n.memory) for n in self.nodes.values())
+        bound = self.fixed_bytes + sum(n.count * min(n.memory) for n in self.nodes.values())
         for e in self.edges:
             if e.memory is not None:
                 bound += e.count * min(min(row) for row in e.memory)
@@ -347,13 +349,15 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
         f.cost[j] += v
     if budget is not None:
         # memory per device within the budget
-        f.row("memory_budget", mem_terms, -math.inf, budget / _MEM)
+        f.row("memory_budget", mem_terms, -math.inf, (budget - problem.fixed_bytes) / _MEM)
     if time_limit is not None:
         # step time within (1 + epsilon) of the best
         f.row("time_limit", sec_terms, -math.inf, time_limit)
     if cutoff is not None:
         # only a choice better than one already known is of interest
-        f.row("better_than_known", obj, -math.inf, cutoff / (1.0 if objective == "time" else _MEM))
+        # (the objective's memory leaves out the fixed bytes)
+        bound = cutoff if objective == "time" else (cutoff - problem.fixed_bytes) / _MEM
+        f.row("better_than_known", obj, -math.inf, bound)
     if start is not None:
         f.start = values
     return f, X

@@ -35,7 +35,7 @@ from parplan.solver.cost.op_layout import OpStrategy, input_layout, output_layou
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.rules import optimizer_temporary_bytes
-from parplan.solver.cost.runtime import FSDP, IN_PLACE
+from parplan.solver.cost.runtime import FSDP, IN_PLACE, Runtime
 from parplan.solver.cost.units import _freeze
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
 from parplan.solver.ilp.problem import GraphProblem, partial_saved_bytes, resharded_copy_bytes
@@ -450,7 +450,8 @@ def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
     walked = stage_peak(stage, gp.ctx.precision, v(_shared_items(gp, terms)), v(tied) / grad_bytes,
                         v(tied_workspace) / grad_bytes)
     optimizer = max((v(terms.optimizer(n)) for u in units for n in u.nodes), default=0.0)
-    return max(walked.above_resident, optimizer), max(walked.temporary, optimizer)
+    fixed = problem.fixed_bytes
+    return max(walked.above_resident, optimizer) + fixed, max(walked.temporary, optimizer) + fixed
 
 
 def add_moment_terms(gp: GraphProblem) -> None:
@@ -496,7 +497,8 @@ def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
         if not n.is_parameter:
             in_order.setdefault(n.layer or "", []).append(n)
     every_saved = {it.key for n in graph.nodes if not n.is_leaf
-                   for it in saved_items(graph, [n], act, flash_attention=ctx.flash_attention, recompute=ctx.recompute)}
+                   for it in saved_items(graph, [n], act, flash_attention=ctx.flash_attention, recompute=ctx.recompute,
+                                         runtime=ctx.runtime)}
     out = []
     for name, nodes in by_unit.items():
         if not nodes:
@@ -505,14 +507,15 @@ def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
         rebuilt = is_block and ctx.recompute is Recompute.FULL
         policy = Recompute.NONE if rebuilt else ctx.recompute
         kept_keys = {it.key for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention,
-                                                   recompute=ctx.recompute)}
+                                                   recompute=ctx.recompute, runtime=ctx.runtime)}
         unit_act = Lin()
         seen: set[str] = set()
-        for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention, recompute=ctx.recompute):
+        for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention, recompute=ctx.recompute,
+                              runtime=ctx.runtime):
             if it.key in seen or it.key in shared_keys:
                 continue
             seen.add(it.key)
-            saver = _saver(nodes, it.key, ctx.recompute, graph, act, ctx.flash_attention)
+            saver = _saver(nodes, it.key, ctx.recompute, graph, act, ctx.flash_attention, ctx.runtime)
             unit_act = unit_act.add(terms.item(it.key, saver, it))
         for n in nodes:
             unit_act = unit_act.add(terms.kept_copies(n))
@@ -520,7 +523,8 @@ def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
         seen = set()
         for n in nodes:
             mine, mine_rebuilt = Lin(), Lin()
-            for it in op_saved_items(n, graph, act, flash_attention=ctx.flash_attention, recompute=policy):
+            for it in op_saved_items(n, graph, act, flash_attention=ctx.flash_attention, recompute=policy,
+                                     runtime=ctx.runtime):
                 if it.key in seen or it.key in shared_keys:
                     continue
                 seen.add(it.key)
@@ -549,9 +553,11 @@ def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
     return out
 
 
-def _saver(nodes: Sequence[Node], key: str, recompute: Recompute, graph: object, act: int, flash: bool) -> Node:
+def _saver(nodes: Sequence[Node], key: str, recompute: Recompute, graph: object, act: int, flash: bool,
+           runtime: Runtime) -> Node:
     for n in nodes:
-        items = saved_items(graph, [n], act, flash_attention=flash, recompute=recompute)  # type: ignore[arg-type]
+        items = saved_items(graph, [n], act, flash_attention=flash, recompute=recompute,  # type: ignore[arg-type]
+                            runtime=runtime)
         if any(it.key == key for it in items):
             return n
     return nodes[0]
@@ -566,7 +572,7 @@ def _shared_keys(gp: GraphProblem) -> set[str]:
             by_unit.setdefault(n.layer or "", []).append(n)
     for u, nodes in by_unit.items():
         for it in saved_items(ctx.graph, nodes, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                              recompute=ctx.recompute):
+                              recompute=ctx.recompute, runtime=ctx.runtime):
             savers.setdefault(it.key, set()).add(u)
     return {k for k, us in savers.items() if len(us) > 1}
 
@@ -581,7 +587,7 @@ def _shared_items(gp: GraphProblem, terms: _Terms) -> Lin:
         if n.is_leaf:
             continue
         for it in saved_items(ctx.graph, [n], ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                              recompute=ctx.recompute):
+                              recompute=ctx.recompute, runtime=ctx.runtime):
             if it.key in shared and it.key not in seen:
                 seen.add(it.key)
                 out = out.add(terms.item(it.key, n, it))

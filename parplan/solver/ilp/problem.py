@@ -102,16 +102,16 @@ def _owners(graph: Graph, ops: list[Node]) -> dict[str, list[int]]:
     return owned
 
 
-def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, flash: bool) -> tuple[
-        dict[str, list[SavedItem]], dict[str, list[tuple[int, SavedItem]]]]:
+def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, flash: bool,
+           runtime: Runtime) -> tuple[dict[str, list[SavedItem]], dict[str, list[tuple[int, SavedItem]]]]:
     """Saved buffers by owning operator, and input-owned ones by the operator that saves them."""
     by_owner: dict[str, list[SavedItem]] = {}
     at_input: dict[str, list[tuple[int, SavedItem]]] = {}
     seen: set[str] = set()
     for n in ops:
-        items = (saved_items(graph, [n], act_bytes, flash_attention=flash, recompute=recompute)
+        items = (saved_items(graph, [n], act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime)
                  if recompute is Recompute.FULL else
-                 op_saved_items(n, graph, act_bytes, flash_attention=flash, recompute=recompute))
+                 op_saved_items(n, graph, act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime))
         for it in items:
             if it.key in seen:
                 continue
@@ -136,7 +136,7 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
     dominated candidates (to price a given plan)."""
     ops = [n for n in graph.nodes if not n.is_leaf]
     owned = _owners(graph, ops)
-    by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention)
+    by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention, runtime)
     ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
                      owned, by_owner, at_input, runtime, zero3_per_operator)
     gc = GraphCosts(graph)
@@ -156,7 +156,7 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
             priced_as[price_of[n.id]] = priced_as.get(price_of[n.id], 0) + 1
     strategies: dict[str, list[OpStrategy]] = {}
     costs: dict[str, list[StrategyCost]] = {}
-    problem = AuxProblem()
+    problem = AuxProblem(fixed_bytes=runtime.library_workspace_bytes)
     for rep, priced_as in copies.items():
         node = graph.node(rep)
         cands = candidate_strategies(node, graph, mesh, bool(owned.get(rep)), zero_stages)

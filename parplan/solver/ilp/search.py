@@ -139,13 +139,13 @@ def _origin(gp: GraphProblem, op: str) -> str:
 
 
 def temporary_bytes(gp: GraphProblem, choice: dict[str, int]) -> float:
-    """The temporaries' peak over the step's moments (:mod:`.moments`)."""
-    return max((t.value(gp.problem, choice) for t in gp.temporary_terms), default=0.0)
+    """The temporaries' peak over the step's moments (:mod:`.moments`), with the fixed bytes."""
+    return gp.problem.fixed_bytes + max((t.value(gp.problem, choice) for t in gp.temporary_terms), default=0.0)
 
 
 def peak_bytes(gp: GraphProblem, choice: dict[str, int], states: MemoryBreakdown) -> float:
     """The busiest moment of the step: the model states and the largest moment above them."""
-    return states.model_states + gp.problem.peak(choice)
+    return states.model_states + gp.problem.fixed_bytes + gp.problem.peak(choice)
 
 
 def micro_step_batch(global_batch: int, devices: int, micro_batch: int | None) -> int:
