@@ -6,7 +6,8 @@ slice, which holds ``n`` times the memory a GPU run holds. The ILP prices the al
 device exchanges its local part), so the agent's CPU runs would measure the fallback, not the
 plan. gloo does have ``all_to_all_single``; this module performs the exchange with it, in
 autograd (the backward is the reverse exchange), and hands back a DTensor in the new placements.
-Only the simple case is taken: one mesh axis changes, and no other axis splits either dim.
+A change of several mesh axes is done one axis at a time when an order exists in which no other
+axis splits either dim of the swap being made.
 """
 
 from __future__ import annotations
@@ -58,14 +59,38 @@ def _exchange(x: torch.Tensor, group: Any, src: int, dst: int) -> torch.Tensor:
     return torch.cat(list(recv.view(n, *shape)), dim=src)
 
 
+def swap_steps(current: tuple[Any, ...], want: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:
+    """Placements after each of a sequence of single-axis Shard(i) → Shard(j) swaps from ``current``
+    to ``want`` (one axis at a time, each valid for :func:`exchange_axis`), or None when there is
+    none: e.g. (S(vocab), S(batch)) → (S(batch), S(seq)) swaps the second axis first."""
+    steps: list[tuple[Any, ...]] = []
+    cur = tuple(current)
+    while cur != tuple(want):
+        for k in range(len(cur)):
+            nxt = (*cur[:k], want[k], *cur[k + 1:])
+            if cur[k] != want[k] and exchange_axis(cur, nxt) is not None:
+                steps.append(nxt)
+                cur = nxt
+                break
+        else:
+            return None
+    return steps
+
+
 def all_to_all_redistribute(t: DTensor, want: list[Any]) -> DTensor | None:
-    """``t`` in placements ``want`` through gloo's all-to-all, or None when the case is not simple."""
-    found = exchange_axis(tuple(t.placements), tuple(want))
-    if found is None:
+    """``t`` in placements ``want`` through gloo's all-to-all, one mesh axis at a time, or None when
+    the change is not a sequence of simple swaps (see :func:`swap_steps`)."""
+    steps = swap_steps(tuple(t.placements), tuple(want))
+    if not steps:
         return None
-    axis, src, dst = found
-    n = t.device_mesh.size(axis)
-    if t.shape[dst] % n or t.shape[src] % n:  # no other axis splits either dim (exchange_axis)
-        return None
-    out = _AllToAll.apply(t.to_local(), t.device_mesh.get_group(axis), src, dst)  # type: ignore[no-untyped-call]
-    return DTensor.from_local(out, t.device_mesh, want, run_check=False, shape=t.shape, stride=t.stride())
+    for placements in steps:
+        found = exchange_axis(tuple(t.placements), placements)
+        assert found is not None
+        axis, src, dst = found
+        n = t.device_mesh.size(axis)
+        if t.shape[dst] % n or t.shape[src] % n or t.to_local().shape[dst] % n:
+            return None
+        out = _AllToAll.apply(t.to_local(), t.device_mesh.get_group(axis), src, dst)  # type: ignore[no-untyped-call]
+        t = DTensor.from_local(out, t.device_mesh, list(placements), run_check=False, shape=t.shape,
+                               stride=t.stride())
+    return t

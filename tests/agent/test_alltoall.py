@@ -16,6 +16,8 @@ CASES: list[tuple[tuple[int, ...], tuple[int, ...], list[tuple[str, int]], list[
     ((4, 8, 2), (4,), [("S", 1)], [("S", 0)]),
     ((4, 8, 6), (2, 2), [("S", 0), ("S", 1)], [("S", 0), ("S", 2)]),
     ((4, 8, 6), (2, 2), [("R", 0), ("S", 1)], [("R", 0), ("S", 0)]),
+    # both axes change (an ILP plan's logits, vocab x batch -> batch x seq): one axis at a time
+    ((4, 8, 6), (2, 2), [("S", 2), ("S", 0)], [("S", 0), ("S", 1)]),
 ]
 
 
@@ -65,3 +67,15 @@ def test_only_one_axis_swapping_unshared_dims_is_taken() -> None:
     assert exchange_axis((Shard(0), Shard(1)), (Shard(0), Shard(0))) is None  # dim 0 split twice
     assert exchange_axis((Shard(0),), (Replicate(),)) is None  # a gather, not an exchange
     assert exchange_axis((Partial(),), (Shard(0),)) is None
+
+
+def test_several_axes_are_swapped_one_at_a_time_in_an_order_that_exists() -> None:
+    from torch.distributed.tensor import Replicate, Shard
+
+    from parplan.agent.alltoall import swap_steps
+
+    # the second axis must go first: the first one's target dim is split by the second until then
+    assert swap_steps((Shard(2), Shard(0)), (Shard(0), Shard(1))) == [(Shard(2), Shard(1)), (Shard(0), Shard(1))]
+    assert swap_steps((Shard(0), Shard(1)), (Shard(1), Shard(0))) is None  # each waits for the other
+    assert swap_steps((Shard(0),), (Replicate(),)) is None
+    assert swap_steps((Shard(0),), (Shard(0),)) == []
