@@ -30,7 +30,7 @@ import pytest
 from parplan.agent.matrix import all_specs
 from parplan.agent.validate import run_and_compare
 
-TARGET = 0.05
+TARGET = 0.03
 UNDER = 0.02
 
 #: label -> (bound on |relative error| of the most loaded rank's peak, diagnosis). Evidence per
