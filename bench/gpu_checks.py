@@ -246,6 +246,9 @@ _SHARED_KINDS: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
 
 def part_shared() -> list[dict[str, Any]]:
     from parplan.agent.executor import RunSpec
+    from parplan.agent.launch import SHARE_GPUS_ENV
+
+    os.environ[SHARE_GPUS_ENV] = "1"
     from parplan.solver.frontends.presets import get_preset
 
     gpt = get_preset("gpt-1.7b").with_(name="gpt-100m", layers=4, hidden=1024, heads=16, ffn=4096, seq_len=1024)
@@ -309,8 +312,9 @@ def probe_worker() -> dict[str, str]:
 
 
 def part_probe() -> Any:
-    from parplan.agent.launch import launch_function
+    from parplan.agent.launch import SHARE_GPUS_ENV, launch_function
 
+    os.environ[SHARE_GPUS_ENV] = "1"
     return launch_function(probe_worker, (), max(2, torch.cuda.device_count() + 1), "cuda")
 
 

@@ -25,6 +25,9 @@ from parplan.agent.executor import RunSpec
 
 log = logging.getLogger(__name__)
 
+#: Set (to anything) to let ranks outnumber the CUDA devices: they share them and talk through gloo.
+SHARE_GPUS_ENV = "PARPLAN_AGENT_SHARE_GPUS"
+
 #: Seconds a collective may wait before a rank gives up (a failed peer otherwise hangs it).
 COLLECTIVE_TIMEOUT_S = 300
 
@@ -91,8 +94,14 @@ def launch_function(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, 
                     rdzv_timeout_s: int = 120) -> list[Any]:
     """Call ``fn(*args)`` on ``nprocs`` local ranks of one process group; per-rank results.
     ``fn`` must be importable (a module-level function): the workers are spawned."""
+    import torch
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if device_kind == "cuda" and nprocs > torch.cuda.device_count() and not os.environ.get(SHARE_GPUS_ENV):
+        raise LaunchError(f"{nprocs} ranks need {nprocs} GPUs; this machine has {torch.cuda.device_count()} "
+                          f"(NCCL runs one rank per GPU; {SHARE_GPUS_ENV}=1 lets ranks share GPUs through gloo, "
+                          "whose buffers on the GPU differ from NCCL's: no measurement of a real run)")
 
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"parplan-{uuid.uuid4().hex[:8]}",
