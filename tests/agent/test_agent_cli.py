@@ -64,3 +64,15 @@ def test_agent_and_validate_are_registered(capsys: pytest.CaptureFixture[str]) -
         main(["agent", "--help"])
     assert e.value.code == 0
     assert "--server" in capsys.readouterr().out
+
+
+def test_more_ranks_than_gpus_is_refused_unless_sharing_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL runs one rank per GPU; sharing GPUs through gloo measures gloo's buffers, not a real run's,
+    so it is refused unless asked for (no process is started either way here)."""
+    import torch
+
+    from parplan.agent.launch import SHARE_GPUS_ENV, LaunchError, launch_function
+
+    monkeypatch.delenv(SHARE_GPUS_ENV, raising=False)
+    with pytest.raises(LaunchError, match=SHARE_GPUS_ENV):
+        launch_function(print, (), torch.cuda.device_count() + 1, "cuda")
