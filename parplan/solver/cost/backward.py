@@ -149,6 +149,8 @@ def selective_rebuilt_items(n: Node, graph: Graph, act: int, recompute: Recomput
     """What selective recomputation drops from ``n``'s saved buffers and its backward rebuilds."""
     if recompute is not Recompute.SELECTIVE or n.kind is not OpKind.ATTENTION:
         return []
+    if flash_attention and not runtime.repeats_kv_heads:
+        return []  # a flash kernel keeps no scores, and K and V are kept as they are: nothing to rebuild
     kept = {it.key for it in op_saved_items(n, graph, act, flash_attention=flash_attention, recompute=recompute,
                                             runtime=runtime)}
     return [it for it in op_saved_items(n, graph, act, flash_attention=flash_attention, recompute=Recompute.NONE,
