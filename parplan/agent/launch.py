@@ -49,16 +49,18 @@ def _entry(fn: Callable[..., Any], args: tuple[Any, ...], device_kind: str) -> A
     import torch
     import torch.distributed as dist
 
+    from parplan.agent.executor import device_for_rank
+
     os.environ["PARPLAN_AGENT_DEVICE"] = device_kind
     world = int(os.environ["WORLD_SIZE"])
-    if device_kind == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    device = device_for_rank()
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        # NCCL refuses two ranks on one GPU: with more ranks than GPUs they share the GPUs and talk
-        # through gloo (memory per rank is still each process's own; step times are not comparable).
+        # NCCL refuses two ranks on one GPU: ranks that share GPUs (allowed by SHARE_GPUS_ENV) talk
+        # through gloo, which keeps device buffers of its own; their memory and step times are no
+        # measurement of a real run
         backend = "gloo" if shares_gpus() else "nccl"
     else:
-        device = torch.device("cpu")
         backend = "gloo"
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group(backend, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
