@@ -59,17 +59,18 @@ def _exchange(x: torch.Tensor, group: Any, src: int, dst: int) -> torch.Tensor:
     return torch.cat(list(recv.view(n, *shape)), dim=src)
 
 
-def swap_steps(current: tuple[Any, ...], want: tuple[Any, ...]) -> list[tuple[Any, ...]] | None:
-    """Placements after each of a sequence of single-axis Shard(i) → Shard(j) swaps from ``current``
-    to ``want`` (one axis at a time, each valid for :func:`exchange_axis`), or None when there is
-    none: e.g. (S(vocab), S(batch)) → (S(batch), S(seq)) swaps the second axis first."""
-    steps: list[tuple[Any, ...]] = []
+def swap_steps(current: tuple[Any, ...], want: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], int, int, int]] | None:
+    """A sequence of single-axis Shard(i) → Shard(j) swaps from ``current`` to ``want``, each as
+    (placements after it, mesh axis, from dim, to dim) of :func:`exchange_axis`, or None when there
+    is none: e.g. (S(vocab), S(batch)) → (S(batch), S(seq)) swaps the second axis first."""
+    steps: list[tuple[tuple[Any, ...], int, int, int]] = []
     cur = tuple(current)
     while cur != tuple(want):
         for k in range(len(cur)):
             nxt = (*cur[:k], want[k], *cur[k + 1:])
-            if cur[k] != want[k] and exchange_axis(cur, nxt) is not None:
-                steps.append(nxt)
+            found = exchange_axis(cur, nxt) if cur[k] != want[k] else None
+            if found is not None:
+                steps.append((nxt, *found))
                 cur = nxt
                 break
         else:
@@ -83,10 +84,7 @@ def all_to_all_redistribute(t: DTensor, want: list[Any]) -> DTensor | None:
     steps = swap_steps(tuple(t.placements), tuple(want))
     if not steps:
         return None
-    for placements in steps:
-        found = exchange_axis(tuple(t.placements), placements)
-        assert found is not None
-        axis, src, dst = found
+    for placements, axis, src, dst in steps:
         n = t.device_mesh.size(axis)
         if t.shape[dst] % n or t.shape[src] % n or t.to_local().shape[dst] % n:
             return None

@@ -75,7 +75,8 @@ def test_several_axes_are_swapped_one_at_a_time_in_an_order_that_exists() -> Non
     from parplan.agent.alltoall import swap_steps
 
     # the second axis must go first: the first one's target dim is split by the second until then
-    assert swap_steps((Shard(2), Shard(0)), (Shard(0), Shard(1))) == [(Shard(2), Shard(1)), (Shard(0), Shard(1))]
+    assert swap_steps((Shard(2), Shard(0)), (Shard(0), Shard(1))) == [((Shard(2), Shard(1)), 1, 0, 1),
+                                                                       ((Shard(0), Shard(1)), 0, 2, 0)]
     assert swap_steps((Shard(0), Shard(1)), (Shard(1), Shard(0))) is None  # each waits for the other
     assert swap_steps((Shard(0),), (Replicate(),)) is None
     assert swap_steps((Shard(0),), (Shard(0),)) == []
