@@ -171,12 +171,8 @@ def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_byt
             continue
         # (repeated K and V: the kernel's gradients are at every query head, summed afterwards)
         ins += sizes.input(n, pos) * act * (rep if pos in (1, 2) else 1)
-    if n.kind is OpKind.CROSS_ENTROPY and runtime.composite_cross_entropy:
-        # log_softmax + nll_loss: the log-probabilities' gradient (fp32, the logits' layout) is
-        # made, and still alive, when the logits' own gradient is; DTensor's loss parallelism
-        # (classes sharded) makes one buffer more (a zeroed one-hot and the exponentiated saved
-        # log-probabilities, then their sum)
-        ins += sizes.input(n, 0) * LOSS_BYTES * (2 if sizes.class_shards(n) > 1 else 1)
+    if n.kind is OpKind.CROSS_ENTROPY:  # the runtime's loss buffers, in the logits' layout
+        ins += sizes.input(n, 0) * LOSS_BYTES * runtime.loss_gradient_buffers(sizes.class_shards(n) > 1)
     gather = sizes.sp_gather(n) * act + sizes.recomputed_bytes(n)
     weights = op_weight_grad_bytes(n, graph, sizes, grad_bytes)
     if n.kind is OpKind.EMBEDDING and runtime.full_embedding_gradient:

@@ -13,7 +13,8 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   the log-probabilities' gradient (as large as the logits, fp32) and then the logits' gradient while
   the saved log-probabilities are still alive: three logits-sized buffers at once, where Megatron-
   LM's fused vocabulary-parallel cross entropy reuses its saved softmax as the gradient (the tiny
-  models of the matrix, vocabulary 1,024, hid it; a 51,200-word vocabulary measured it);
+  models of the matrix, vocabulary 1,024, hid it; a 51,200-word vocabulary measured it), and
+  DTensor's loss parallelism one more;
 - on GPUs, cuBLAS's workspaces (two, one per thread that runs matmuls: 64 MiB on an H100) are
   held through PyTorch's allocator for the whole run (temporary);
 - grouped-query attention on GPUs: K and V are repeated to every query head before
@@ -114,12 +115,16 @@ class Runtime(StrEnum):
         kernel keeps for backward). The agent's CPU runs use SDPA's own GQA support instead."""
         return self is Runtime.TORCH
 
-    @property
-    def composite_cross_entropy(self) -> bool:
-        """Whether the loss is ``log_softmax`` + ``nll_loss`` (PyTorch's ``cross_entropy``): its
-        backward makes the log-probabilities' gradient before the logits' (Megatron-LM's fused
-        vocab-parallel cross entropy turns the saved softmax into the logits' gradient in place)."""
-        return self is not Runtime.MEGATRON
+    def loss_gradient_buffers(self, classes_sharded: bool) -> int:
+        """Logits-sized fp32 buffers the loss's backward makes besides the logits' own gradient, all
+        alive at once with the saved probabilities: none for Megatron-LM's fused vocabulary-parallel
+        cross entropy (its saved softmax becomes the gradient in place); one for PyTorch's
+        ``cross_entropy`` (``log_softmax`` + ``nll_loss``: the log-probabilities' gradient); two
+        under DTensor's loss parallelism (``classes_sharded``: a zeroed one-hot and the exponentiated
+        log-probabilities, then their sum)."""
+        if self is Runtime.MEGATRON:
+            return 0
+        return 2 if classes_sharded else 1
 
     @property
     def rmsnorm_saves_normalized(self) -> bool:

@@ -275,10 +275,8 @@ class GraphCosts:
             if n.kind is OpKind.CROSS_ENTROPY:
                 logits = self.graph.node(n.inputs[0])
                 lay = unit_layout(logits, s)
-                # (see backward.op_transient_bytes: PyTorch's loss makes one or two more buffers)
-                extra = (2 if lay.shards(mesh, [str(n.attrs.get("class_dim", "vocab"))]) > 1 else 1) \
-                    if s.runtime.composite_cross_entropy else 0
-                per_elem = prec.activation_bytes + extra * LOSS_BYTES
+                sharded = lay.shards(mesh, [str(n.attrs.get("class_dim", "vocab"))]) > 1
+                per_elem = prec.activation_bytes + s.runtime.loss_gradient_buffers(sharded) * LOSS_BYTES
                 c.logits_grad_bytes = max(c.logits_grad_bytes, logits.numel * per_elem / lay.shards(mesh))
             if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
                 c.sp_gather_bytes = max(c.sp_gather_bytes, n.numel * prec.activation_bytes)
