@@ -140,8 +140,9 @@ def format_comparison(result: dict[str, Any]) -> str:
             for bad in x["mismatches"][:5]:
                 lines.append(f"  {bad}")
     st = result["step_seconds"]
-    lines.append(f"step time: measured {st['measured']:.3f} s (median, slowest rank); "
-                 f"predicted {st['predicted']:.4f} s for the planned GPUs")
+    lines.append(f"step time: measured {st['measured']:.3f} s (median, slowest rank)"
+                 + ("" if st.get("comparable", True) else ", ranks sharing GPUs through gloo: no measure")
+                 + f"; predicted {st['predicted']:.4f} s for the planned GPUs")
     return "\n".join(lines)
 
 
