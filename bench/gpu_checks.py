@@ -247,10 +247,9 @@ _SHARED_KINDS: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
 def part_shared() -> list[dict[str, Any]]:
     from parplan.agent.executor import RunSpec
     from parplan.agent.launch import SHARE_GPUS_ENV
-
-    os.environ[SHARE_GPUS_ENV] = "1"
     from parplan.solver.frontends.presets import get_preset
 
+    os.environ[SHARE_GPUS_ENV] = "1"  # several ranks per GPU: a debugging run, not a measurement
     gpt = get_preset("gpt-1.7b").with_(name="gpt-100m", layers=4, hidden=1024, heads=16, ffn=4096, seq_len=1024)
     llama = get_preset("llama-2-70b").with_(name="llama-80m", layers=4, hidden=1024, heads=16, kv_heads=8,
                                             ffn=2816, vocab=32000, seq_len=1024)
