@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--mesh", type=_mesh, default=None,
                       help="fix the ILP's device mesh, e.g. 2x4 (default: searched)")
     plan.add_argument("--pareto", action="store_true",
-                      help="also print the memory vs step-time frontier (plans no other plan beats on both)")
+                      help="search and print the whole memory vs step-time frontier (plans no other plan beats on "
+                           "both; slower: every candidate's budget ladder is walked)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(handler=cmd_plan)
     models = sub.add_parser("models", help="list model presets with their parameter counts")
@@ -235,6 +236,7 @@ def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "search": args.search,
         "time_limit": args.time_limit,
         "mesh": args.mesh,
+        "pareto": args.pareto,
     }
 
 

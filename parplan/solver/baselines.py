@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
+from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
-from parplan.solver.evaluate import Evaluation, evaluate_graph
+from parplan.solver.evaluate import Evaluation
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
@@ -85,12 +87,18 @@ class UniformEvaluator:
         self._graphs: dict[int, Graph] = {}
         self._costs: dict[int, GraphCosts] = {}
         self.evaluations = 0
+        self.memory_evaluations = 0
 
     def graph(self, micro_batch: int) -> Graph:
         if micro_batch not in self._graphs:
             self._graphs[micro_batch] = self.model.build(micro_batch, self.seq_len)
             self._costs[micro_batch] = GraphCosts(self._graphs[micro_batch])
         return self._graphs[micro_batch]
+
+    def costs(self, micro_batch: int) -> GraphCosts:
+        """The unit-cost cache of the graph built for ``micro_batch`` (shared with other searches)."""
+        self.graph(micro_batch)
+        return self._costs[micro_batch]
 
     def config(self, c: Candidate) -> ParallelConfig:
         return ParallelConfig(tp=c.tp, pp=c.pp, dp=c.dp, zero=c.zero, sequence_parallel=c.sp, recompute=c.recompute,
@@ -99,13 +107,33 @@ class UniformEvaluator:
 
     def evaluate(self, c: Candidate) -> Evaluation | None:
         """The evaluation, or None when the strategy does not apply to the model (e.g. TP > heads)."""
+        t = self.time_of(c)
+        mem = self.memory_of(c) if t is not None else None
+        return self.evaluation(c, mem, t) if mem is not None and t is not None else None
+
+    def time_of(self, c: Candidate) -> PlanTime | None:
+        """The step time alone (None: the strategy does not apply); counted in ``evaluations``."""
         g = self.graph(c.micro_batch)
         self.evaluations += 1
         try:
-            return evaluate_graph(g, self.model.name, g.parameter_count(), self.cluster, self.config(c),
-                                  self.calibration, self._costs[c.micro_batch])
+            return plan_time(g, self.config(c), self.cluster, self.calibration, self._costs[c.micro_batch])
         except SolverError:
             return None
+
+    def memory_of(self, c: Candidate) -> PlanMemory | None:
+        """The memory alone (None: the strategy does not apply); counted in ``memory_evaluations``."""
+        g = self.graph(c.micro_batch)
+        self.memory_evaluations += 1
+        try:
+            return plan_memory(g, self.config(c), self._costs[c.micro_batch])
+        except SolverError:
+            return None
+
+    def evaluation(self, c: Candidate, mem: PlanMemory, t: PlanTime) -> Evaluation:
+        g = self.graph(c.micro_batch)
+        seq = int(g.meta.get("seq_len", 0) or 0)
+        return Evaluation(self.model.name, g.parameter_count(), seq, self.cluster, self.config(c), mem, t,
+                          self.calibration)
 
 
 def best_of(evals: Iterable[Evaluation], budget_bytes: float) -> Evaluation | None:
@@ -120,6 +148,41 @@ def best_of(evals: Iterable[Evaluation], budget_bytes: float) -> Evaluation | No
     if fitting:
         return min(fitting, key=lambda e: (e.time.step_seconds, e.memory.peak_bytes))
     return smallest
+
+
+def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_bytes: float) -> Evaluation | None:
+    """:func:`best_of` the candidates' evaluations, pricing memory only where it can matter.
+
+    Every candidate's step time is priced; memory (the dearer half) only in order of time until one
+    fits, and for the candidates as fast as it (the tie goes to the least memory). When none fits,
+    every memory is priced to find the least. The answer is the one :func:`best_of` gives."""
+    timed = [(c, t) for c in cands if (t := ev.time_of(c)) is not None]
+    memory: dict[int, PlanMemory | None] = {}
+
+    def mem(i: int) -> PlanMemory | None:
+        if i not in memory:
+            memory[i] = ev.memory_of(timed[i][0])
+        return memory[i]
+
+    best: tuple[float, float, int] | None = None
+    for i in sorted(range(len(timed)), key=lambda i: timed[i][1].step_seconds):  # stable: ties in given order
+        secs = timed[i][1].step_seconds
+        if best is not None and secs > best[0]:
+            break
+        m = mem(i)
+        if m is not None and m.peak_bytes <= budget_bytes and (best is None or (secs, m.peak_bytes) < best[:2]):
+            best = (secs, m.peak_bytes, i)
+    if best is None:  # none fits: the least memory, first in the given order
+        for i in range(len(timed)):
+            m = mem(i)
+            if m is not None and (best is None or m.peak_bytes < best[1]):
+                best = (timed[i][1].step_seconds, m.peak_bytes, i)
+    if best is None:
+        return None
+    c, t = timed[best[2]]
+    m = memory[best[2]]
+    assert m is not None
+    return ev.evaluation(c, m, t)
 
 
 def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> Iterator[Candidate]:
@@ -138,5 +201,4 @@ def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> 
 
 def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: int) -> Evaluation | None:
     """The baseline ``name``: the fastest of its family that fits (or the smallest if none does)."""
-    cands = _family(name, ev.cluster, ev.global_batch, num_blocks)
-    return best_of((e for c in cands if (e := ev.evaluate(c)) is not None), budget_bytes)
+    return fastest_fitting(ev, _family(name, ev.cluster, ev.global_batch, num_blocks), budget_bytes)

@@ -23,6 +23,7 @@ from parplan.solver.baselines import BASELINES, UniformEvaluator, baseline
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster, make_cluster
 from parplan.solver.cost.pipeline import blocks_of
+from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.evaluate import Evaluation
 from parplan.solver.frontends.presets import get_preset
@@ -62,6 +63,7 @@ class PlanRequest:
     time_limit_seconds: float = 60.0
     calibration: Calibration = DEFAULT_CALIBRATION
     mesh: tuple[int, ...] | None = None  # fix the ILP's device mesh (sizes, outermost first)
+    pareto: bool = False  # the DP's whole memory vs step-time frontier (else: only down to the answer)
 
     @property
     def budget_bytes(self) -> int:
@@ -167,6 +169,9 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
         if math.prod(mesh) != cluster.num_devices:
             raise RequestError("mesh", f"{'x'.join(map(str, mesh))} = {math.prod(mesh)} devices does not factor "
                                        f"the cluster's {cluster.num_devices}")
+    pareto = body.get("pareto", False)
+    if not isinstance(pareto, bool):
+        raise RequestError("pareto", f"expected true or false, got {pareto!r}")
     assert seq is not None and gb is not None and slowdown is not None and limit is not None
     if limit <= 0:
         raise RequestError("time_limit", "must be > 0 seconds")
@@ -174,7 +179,7 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
                        alpha=_num(ob, "alpha", "objective", None), max_slowdown=slowdown,
                        memory_budget_bytes=int(budget_gib * 2**30) if budget_gib else None, search=search,
                        time_limit_seconds=limit, calibration=calibration,
-                       mesh=tuple(mesh) if mesh is not None else None)
+                       mesh=tuple(mesh) if mesh is not None else None, pareto=pareto)
 
 
 def canonical_request(body: Mapping[str, Any]) -> str:
@@ -189,6 +194,8 @@ def canonical_request(body: Mapping[str, Any]) -> str:
                       "memory_budget_bytes": req.memory_budget_bytes},
         "search": req.search, "time_limit": req.time_limit_seconds, "mesh": list(req.mesh) if req.mesh else None,
     }
+    if req.pareto:  # left out when false, so the keys of requests made before the field stay the same
+        doc["pareto"] = True
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -253,9 +260,9 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     if method == "ilp":
         docs.append(_ilp(req, report, reference))
     elif method == "dp":
-        docs.append(_dp(req, report, bases.get("megatron")))
+        docs.append(_dp(req, report, bases.get("megatron"), ev.costs))
     else:
-        docs.append(_dp(req, lambda st, f: report(st, 0.3 + 0.2 * f), bases.get("megatron")))
+        docs.append(_dp(req, lambda st, f: report(st, 0.3 + 0.2 * f), bases.get("megatron"), ev.costs))
         try:  # the ILP gets what is left of the time limit after the (fast) DP
             left = max(1.0, req.time_limit_seconds - (time.perf_counter() - t0))
             docs.append(_ilp(dataclasses.replace(req, time_limit_seconds=left),
@@ -292,7 +299,8 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     for d in docs:  # every search that ran keeps its counts, whichever plan won (the ILP's under "ilp")
         if d is not searched:
             work.update(d.get("solver", {}).get("work") or {})
-    work["baseline_evaluations"] = ev.evaluations
+    work["baseline_evaluations"] = ev.evaluations  # step times priced
+    work["baseline_memory_evaluations"] = ev.memory_evaluations
     solver["work"] = work
     doc.setdefault("model", {"name": req.model.name, "parameters": ev.graph(1).parameter_count(),
                              "seq_len": req.seq_len})
@@ -362,7 +370,8 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
                   "searches (the ILP plans one mesh without pipelining)")
 
 
-def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> dict[str, Any]:
+def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None,
+        graph_costs: Callable[[int], GraphCosts] | None = None) -> dict[str, Any]:
     from parplan.solver.cost.plan_memory import layer_plan
     from parplan.solver.dp.search import search
 
@@ -372,7 +381,7 @@ def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> di
     res = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
                  objective=req.objective, budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown,
                  alpha_gib_per_s=req.alpha, calibration=req.calibration, reference=reference,
-                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=True)
+                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graph_costs)
     if res["status"] == "infeasible":
         out = _infeasible(req, res["least"], None)
         out["solver"] = {"method": "dp", "status": "infeasible", "gap": None, "candidates": res["candidates"],
@@ -380,6 +389,7 @@ def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None) -> di
         return out
     doc = layer_plan_document(res["plan"], res["evaluator"], req)
     doc["solver"] = {"method": "dp", "status": "optimal", "gap": None, "candidates": res["candidates"],
+                     "pareto": "complete" if req.pareto else "partial",
                      "best_time_seconds": res["best_seconds"], "search_seconds": res["seconds"], "work": res["work"],
                      "note": "exact per stage for the memory granularity (1/512 of the budget); pipeline degree, "
                              "micro-batch count and partition searched over candidates"}

@@ -22,7 +22,7 @@ from parplan.solver.dp.space import GALVATRON, SpaceOptions, count_strategies, l
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import RequestError, parse_plan_request, request_hash, solve
 
 GIB = 2**30
 
@@ -229,3 +229,22 @@ def test_auto_falls_back_to_the_dp_plan_when_the_ilp_runs_out_of_time(monkeypatc
     assert doc["memory"] is not None
     assert doc["solver"]["method"] != "ilp"  # the DP's plan, or a baseline better than it
     assert "the ILP stopped" in doc["solver"]["why"]
+
+
+def test_the_whole_frontier_is_searched_when_asked() -> None:
+    """``pareto: true`` walks every candidate's budget ladder: the frontier it reports holds every
+    point of the default, pruned search's frontier or one at least as good on both axes, and the
+    answer is the same."""
+    part = solve(parse_plan_request(_body(objective={"kind": "min-memory"})))
+    whole = solve(parse_plan_request(_body(objective={"kind": "min-memory"}, pareto=True)))
+    assert (part["solver"]["pareto"], whole["solver"]["pareto"]) == ("partial", "complete")
+    assert whole["solver"]["work"]["stage_solves"] > part["solver"]["work"]["stage_solves"]
+    assert len(whole["pareto"]) >= len(part["pareto"])
+    for p in part["pareto"]:
+        assert any(w["step_seconds"] <= p["step_seconds"] * (1 + 1e-9) and w["peak_bytes"] <= p["peak_bytes"]
+                   for w in whole["pareto"])
+    assert whole["strategy"] == part["strategy"]
+    assert request_hash(_body(pareto=True)) != request_hash(_body())
+    assert request_hash(_body(pareto=False)) == request_hash(_body())
+    with pytest.raises(RequestError, match="pareto"):
+        parse_plan_request(_body(pareto="yes"))

@@ -57,15 +57,15 @@ def _check(doc: dict[str, Any], objective: str, slowdown: float, budget: int) ->
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(model=st.sampled_from(sorted(MODELS)), gpus=st.sampled_from([1, 2, 4, 8, 16, 64]),
        batch=st.sampled_from(["1", "n", "4n"]), objective=st.sampled_from(["min-memory", "max-throughput"]),
-       tight=st.booleans())
+       tight=st.booleans(), pareto=st.booleans())
 def test_the_answer_is_never_beaten_on_both_memory_and_time(model: str, gpus: int, batch: str, objective: str,
-                                                            tight: bool) -> None:
+                                                            tight: bool, pareto: bool) -> None:
     global_batch = {"1": 1, "n": gpus, "4n": 4 * gpus}[batch]
     budget_gib = 0.25 if tight else None  # a tight budget makes ZeRO, recomputation and pipelines matter
     body = {"model": {"hf_config": MODELS[model]}, "cluster": {"gpus": gpus, "gpus_per_node": 8, "gpu": "A100-80GB"},
             "training": {"global_batch": global_batch, "seq_len": 256},
             "objective": {"kind": objective, "max_slowdown": 0.1, "memory_budget_gib": budget_gib},
-            "search": "auto", "time_limit": 120}
+            "search": "auto", "time_limit": 120, "pareto": pareto}
     req = parse_plan_request(body)
     _check(solve(req), objective, 0.1, req.budget_bytes)
 

@@ -291,3 +291,43 @@ def test_vectorised_keyed_dp_equals_the_loops(layers: int, strategies: int, budg
     best, choices = _keyed_reference(t, mem, keys, relayout, budget)
     assert np.array_equal(sol.best_by_budget, best)
     assert [sol.choices(e) for e in range(budget + 1)] == choices
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_alike_middle_stages_priced_once_give_what_each_stage_priced_afresh_gives(family: str) -> None:
+    """The evaluator prices a stage's time once for every stage between the first and the last
+    made of alike units (:meth:`PlanEvaluator._stage_time_key`): uniform and per-layer plans of
+    deep pipelines (1F1B, GPipe, interleaved) priced by it and by an evaluator that caches nothing
+    give the same figures, each stage with its own index."""
+    cfg = (TransformerConfig("gpt", "tiny", 16, 256, 8, 1024, 4096, 256) if family == "gpt" else
+           get_preset("llama-3-8b").with_(layers=16, hidden=256, heads=8, kv_heads=2, ffn=512, vocab=1024,
+                                          seq_len=256))
+    cluster = make_cluster(16, 8, "A100-80GB")
+    graph_for: Callable[[int], Graph] = lambda b: build_graph(cfg, batch=b)  # noqa: E731
+    graphs: dict[int, GraphCosts] = {}
+    ds = DpSearch(graph_for, cluster, 32, DEFAULT_CALIBRATION, 80 * GIB)
+    ev = ds.ev
+    oracle = PlanEvaluator(lambda b: graphs.setdefault(b, GraphCosts(graph_for(b))), cluster, DEFAULT_CALIBRATION,
+                           cache=False)
+    blocks = blocks_of(graph_for(1))
+    rng = random.Random(5)
+    compared = 0
+    for pp in (2, 4, 8):
+        strats = ds.strategies(pp, 4)
+        for sched, v in ((Schedule.ONE_F_ONE_B, 1), (Schedule.GPIPE, 1), (Schedule.INTERLEAVED, 2)):
+            for uniform in (True, False):
+                if not strats:
+                    continue
+                one = rng.choice(strats)
+                plan = LayerPlan(pp=pp, num_microbatches=4, global_batch=32,
+                                 layers={b: one if uniform else rng.choice(strats) for b in blocks},
+                                 schedule=sched, virtual_stages=v)
+                try:
+                    got = ev.time(plan)
+                except SolverError:
+                    continue
+                want = oracle.time(plan)
+                assert got == want
+                assert [s.stage for s in got.stages] == list(range(len(got.stages)))
+                compared += 1
+    assert compared >= 12

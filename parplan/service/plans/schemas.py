@@ -76,6 +76,8 @@ class PlanRequestIn(BaseModel):
     objective: ObjectiveSpec | None = None
     search: Literal["auto", "ilp", "dp"] = "auto"
     time_limit: float | None = Field(default=None, gt=0, le=3600, description="Search time limit (seconds).")
+    pareto: bool = Field(default=False, description="The DP's whole memory vs step-time frontier in `pareto` "
+                         "(slower); without it the frontier holds only the plans the search needed.")
 
     def to_body(self) -> dict[str, Any]:
         """The request as the solver's ``parse_plan_request`` takes it (fields not given are left out)."""
@@ -89,6 +91,8 @@ class PlanRequestIn(BaseModel):
             body["search"] = self.search
         if self.time_limit is not None:
             body["time_limit"] = self.time_limit
+        if self.pareto:
+            body["pareto"] = True
         return body
 
 

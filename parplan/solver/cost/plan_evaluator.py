@@ -524,6 +524,18 @@ class PlanEvaluator:
                 plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch, stage, tuple(units),
                 tuple([(strat[u], u in layers) for u in units]))
 
+    def _stage_time_key(self, plan: LayerPlan, stage: int, units: list[str],
+                        strat: Mapping[str, LayerStrategy]) -> tuple[Any, ...]:
+        """What a stage's time depends on: the plan's own fields, whether it is the first or the
+        last stage, and its units (as their representatives: alike units cost the same) with their
+        strategies. A stage between others receives the same tensors from its neighbours wherever it
+        sits, so the middle stages of a pipeline of alike blocks are priced once."""
+        rep = self.costs_for(plan.local_batch(strat[units[0]])).representative
+        return (plan.pp, plan.num_microbatches, plan.global_batch, plan.schedule, plan.virtual_stages,
+                plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch, stage == 0,
+                stage == plan.pp - 1, tuple([rep[u] for u in units]),
+                tuple([(strat[u], u in plan.layers) for u in units]))
+
     def _one_stage_memory(self, plan: LayerPlan, stage: int, units: list[str], by_stage: list[list[str]],
                           unit_stage: Mapping[str, int], strat: Mapping[str, LayerStrategy],
                           prec: Precision) -> StageMemory:
@@ -710,12 +722,14 @@ class PlanEvaluator:
         strat = self.strategies(plan, by_stage)
         stages = []
         for stage, units in enumerate(by_stage):
-            key = self._stage_key(plan, stage, units, strat) if self.cache else None
+            key = self._stage_time_key(plan, stage, units, strat) if self.cache else None
             hit = self._stage_time.get(key) if key is not None else None
             if hit is None:
                 hit = self._one_stage_time(plan, stage, units, unit_stage, strat, prec)
                 if key is not None:
                     self._stage_time[key] = hit
+            elif hit.stage != stage:
+                hit = dataclasses.replace(hit, stage=stage)
             stages.append(hit)
         v = plan.virtual_stages if plan.schedule is Schedule.INTERLEAVED else 1
         step = pipeline_seconds([s.microbatch_seconds for s in stages], [s.step_seconds for s in stages],

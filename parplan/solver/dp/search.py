@@ -39,6 +39,7 @@ from parplan.solver.cost.plan_evaluator import (
     LayerStrategy,
     PlanEvaluator,
     model_states,
+    pipeline_seconds,
     stage_extra_temporary_bytes,
     unit_temporary_bytes,
 )
@@ -66,6 +67,7 @@ class StageTables:
     temp: np.ndarray  # [L, S] bytes
     relayout: np.ndarray  # [L-1, S] seconds per step to enter each block in a new layout
     keys: list[int]  # layout class of each strategy
+    microbatch: np.ndarray  # [L, S] of ``time``: seconds per micro-batch (the rest is once per step)
 
 
 @dataclass
@@ -80,6 +82,7 @@ class UnitRow:
     relayout: np.ndarray
     root: np.ndarray  # parameter elements outside the blocks (ZeRO-3 keeps them gathered)
     largest: np.ndarray  # the largest parameter tensor's elements
+    microbatch: np.ndarray  # of ``time``: seconds of one micro-batch (forward, backward, recompute, TP)
 
 
 @dataclass
@@ -96,8 +99,9 @@ class DpSearch:
 
     def __init__(self, graph_for: Callable[[int], Graph], cluster: Cluster, global_batch: int, calibration: Calibration,
                  budget_bytes: float, options: SpaceOptions | None = None, precision: str = "bf16",
-                 flash_attention: bool = True) -> None:
+                 flash_attention: bool = True, graph_costs: Callable[[int], GraphCosts] | None = None) -> None:
         self.graph_for = graph_for
+        self._graph_costs = graph_costs  # where the graphs' costs come from (shared with the caller)
         self._graphs: dict[int, GraphCosts] = {}
         self.cluster = cluster
         self.B = global_batch
@@ -118,11 +122,12 @@ class DpSearch:
         # where the other stages cut), so partitions sharing a stage share its tables and DP
         self._tables: dict[tuple[int, int, tuple[str, ...], float, int], StageTables] = {}
         self._solved: dict[tuple[Any, ...], tuple[StageSolution, float, int] | None] = {}
-        self.work = {"stage_tables": 0, "stage_solves": 0, "unit_rows": 0}
+        self.work = {"stage_tables": 0, "stage_solves": 0, "unit_rows": 0, "candidates_pruned": 0, "groups_pruned": 0}
 
     def costs_for(self, batch: int) -> GraphCosts:
         if batch not in self._graphs:
-            self._graphs[batch] = GraphCosts(self.graph_for(batch))
+            self._graphs[batch] = (self._graph_costs(batch) if self._graph_costs is not None
+                                   else GraphCosts(self.graph_for(batch)))
         return self._graphs[batch]
 
     # ------------------------------------------------------------------ pricing
@@ -152,13 +157,14 @@ class DpSearch:
             return cached
         plan = self.probe_plan(pp, m)
         n = len(strats)
-        r = UnitRow(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
+        r = UnitRow(*(np.zeros(n) for _ in range(8)))
         for j, s in enumerate(strats):
             c = self.ev.unit_cost(plan, unit, s, self.prec, timed=True)
             states = model_states(c.params, s, self.prec)
             _, exposed = self.ev.once_per_step(plan, c, s, self.prec, set(), shared=False)
             mb = c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds
             r.time[j] = m * mb + exposed + self.ev.optimizer_seconds(states.bytes)
+            r.microbatch[j] = mb
             r.states[j] = states.bytes.total
             r.act[j] = c.act_bytes
             r.temp[j] = unit_temporary_bytes(c, s, self.prec, unit in self._block_set)
@@ -195,6 +201,7 @@ class DpSearch:
         blocks = [u for u in units if u in self._block_set]
         n_l, n_s = len(blocks), len(strats)
         t = np.zeros((n_l, n_s))
+        per_mb = np.zeros((n_l, n_s))
         mem = np.zeros((n_l, n_s))
         temp = np.zeros((n_l, n_s))
         row_of = {b: i for i, b in enumerate(blocks)}
@@ -205,6 +212,7 @@ class DpSearch:
             current = row_of.get(u, current)
             r = self.row(pp, m, u, strats)
             t[current] += r.time
+            per_mb[current] += r.microbatch
             mem[current] += r.states + r.act * flight
             temp[current] = np.maximum(temp[current], r.temp)
             root += r.root
@@ -234,7 +242,30 @@ class DpSearch:
         relayout = np.array([self.row(pp, m, b, strats).relayout for b in blocks[1:]]).reshape(max(n_l - 1, 0), n_s)
         layout_ids: dict[tuple[int, int, bool, bool, int], int] = {}
         keys = [layout_ids.setdefault(s.layout_key, len(layout_ids)) for s in strats]
-        return StageTables(blocks, t, mem, temp, relayout, keys)
+        return StageTables(blocks, t, mem, temp, relayout, keys, per_mb)
+
+    def group_bound(self, pp: int, m: int, strats: list[LayerStrategy]) -> float:
+        """A lower bound on the step seconds of any plan with ``pp`` stages and ``m`` micro-batches,
+        from the unit rows alone (cheap beside a candidate's stage tables): every unit at its fastest
+        per micro-batch and, apart, at its least once per step, spread as evenly as can be."""
+        rows = [self.row(pp, m, u, strats) for u in self.units]
+        per_mb = sum(float(r.microbatch.min()) for r in rows)
+        once = sum(float((r.time - m * r.microbatch).min()) for r in rows)
+        return pipeline_bound([per_mb / pp] * pp, [once / pp], m)
+
+    def bounds(self, pp: int, m: int, partition: tuple[int, ...], strats: list[LayerStrategy]) -> float | None:
+        """A lower bound on the step seconds of any plan of the candidate: each stage's blocks at
+        their fastest per micro-batch and, apart, at their least once per step, no re-layout, as a
+        1F1B pipeline; None when some strategy does not apply to a stage."""
+        per_mb, once = [], []
+        try:
+            for stage in range(pp):
+                tb = self.tables(pp, m, partition, stage, strats)
+                per_mb.append(float(tb.microbatch.min(axis=1).sum()))
+                once.append(float((tb.time - m * tb.microbatch).min(axis=1).sum()))
+        except StrategyError:
+            return None
+        return pipeline_bound(per_mb, once, m)
 
     def solve_candidate(self, pp: int, m: int, partition: tuple[int, ...],
                         strats: list[LayerStrategy]) -> Candidate | None:
@@ -327,6 +358,13 @@ class DpSearch:
         return list(dict.fromkeys(out))
 
 
+def pipeline_bound(per_microbatch: list[float], once: list[float], m: int) -> float:
+    """The 1F1B step time (:func:`~parplan.solver.cost.plan_evaluator.pipeline_seconds`) of lower
+    bounds on each stage's seconds per micro-batch and once per step: a lower bound on the step,
+    as that time grows with every stage's seconds."""
+    return pipeline_seconds(per_microbatch, once, m, 1)
+
+
 def balanced_partition(weights: list[float], p: int, scale: Callable[[int, float], float]) -> tuple[int, ...]:
     """Contiguous split into ``p`` non-empty parts minimising the largest part's scaled weight
     (``scale(stage, w)``), by dynamic programming over prefixes."""
@@ -388,38 +426,66 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            reference: LayerPlan | None = None, options: SpaceOptions | None = None,
            timeout_seconds: float = 60.0, progress: ProgressFn | None = None,
            pareto: bool = False, pp_choices: list[int] | None = None,
-           m_choices: list[int] | None = None) -> dict[str, Any]:
+           m_choices: list[int] | None = None, prune: bool = True,
+           graph_costs: Callable[[int], GraphCosts] | None = None) -> dict[str, Any]:
     """Run the search; returns the plan document's parts (see the module docstring).
 
-    ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried."""
+    ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried;
+    Unless ``pareto``, a group (pipeline degree, micro-batches) or a candidate partition is not
+    solved when a lower bound on its step time (:meth:`DpSearch.group_bound`,
+    :meth:`DpSearch.bounds`) shows that none of its plans can be the answer (``prune=False``: every
+    candidate is solved); under ``pareto`` every candidate is solved and its whole ladder walked.
+    ``graph_costs`` gives each micro-batch's graph costs (default: built from ``graph_for``), so a
+    caller pricing the same graphs (the planner's baselines) shares their unit prices."""
     t0 = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
-    ds = DpSearch(graph_for, cluster, global_batch, calibration, budget_bytes, options)
-    cands: list[Candidate] = []
-    degrees_pp = pp_choices or pipeline_degrees(cluster.num_devices, len(ds.blocks))
-    for i, pp in enumerate(degrees_pp):
-        for m in m_choices or microbatch_counts(global_batch, pp):
-            if time.perf_counter() - t0 > timeout_seconds:
-                raise SolverError(f"the DP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
-            strats = ds.strategies(pp, m)
-            if not strats:
-                continue
-            report("search", 0.05 + 0.8 * i / len(degrees_pp))
-            for part in ds.partitions(pp, m, strats):
-                try:
-                    cand = ds.solve_candidate(pp, m, part, strats)
-                except StrategyError:
-                    continue
-                if cand is None:
-                    break  # moving further towards time balance would not fit either
-                cands.append(cand)
-    report("choosing", 0.9)
-    evaluated: list[tuple[float, float, LayerPlan]] = []  # (step seconds, peak bytes, plan)
+    ds = DpSearch(graph_for, cluster, global_batch, calibration, budget_bytes, options, graph_costs=graph_costs)
 
     def evaluate(plan: LayerPlan) -> tuple[float, float]:
         mem = ds.ev.memory(plan)
         return ds.ev.time(plan).step_seconds, mem.peak_bytes
 
+    # the plans evaluated so far (step seconds, peak bytes, plan): the fastest that fits prunes the rest
+    known: list[tuple[float, float, LayerPlan]] = []
+    if reference is not None:
+        known.append((*evaluate(reference), reference))
+    cands: list[Candidate] = []
+    ladders: list[list[tuple[float, float, LayerPlan]]] = []  # per candidate, under ``pareto``
+    groups = []  # (bound on step seconds, pp, micro-batches, strategies)
+    degrees_pp = pp_choices or pipeline_degrees(cluster.num_devices, len(ds.blocks))
+    for pp in degrees_pp:
+        for m in m_choices or microbatch_counts(global_batch, pp):
+            strats = ds.strategies(pp, m)
+            if strats:
+                groups.append((ds.group_bound(pp, m, strats), pp, m, strats))
+    groups.sort(key=lambda g: g[0])  # the fastest bounds first: their plans are the ones that prune the rest
+    for i, (group_secs, pp, m, strats) in enumerate(groups):
+        if time.perf_counter() - t0 > timeout_seconds:
+            raise SolverError(f"the DP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
+        report("search", 0.05 + 0.8 * i / len(groups))
+        if prune and not pareto and _cannot_matter(group_secs, known, objective, budget_bytes, max_slowdown,
+                                                   alpha_gib_per_s):
+            ds.work["groups_pruned"] += 1
+            continue
+        for part in ds.partitions(pp, m, strats):
+            lb_secs = ds.bounds(pp, m, part, strats)
+            if lb_secs is None:
+                continue  # some strategy does not apply to a stage of this split
+            if prune and not pareto and _cannot_matter(lb_secs, known, objective, budget_bytes, max_slowdown,
+                                                       alpha_gib_per_s):
+                ds.work["candidates_pruned"] += 1
+                continue
+            cand = ds.solve_candidate(pp, m, part, strats)
+            if cand is None:
+                break  # moving further towards time balance would not fit either
+            cands.append(cand)
+            top = ds.plan_at(cand, MEMORY_UNITS)
+            if top is not None:
+                known.append((*evaluate(top), top))
+            if pareto:
+                ladders.append(_ladder_points(ds, cand, evaluate, None))
+    report("choosing", 0.9)
+    evaluated: list[tuple[float, float, LayerPlan]] = []  # (step seconds, peak bytes, plan)
     for cand in cands:
         plan = ds.plan_at(cand, MEMORY_UNITS)
         if plan is not None:
@@ -436,19 +502,12 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
                 "least": least, "candidates": len(cands), "work": work(ds, cands)}
     best_secs, best_peak, best_plan = min(evaluated, key=lambda x: (x[0], x[1]))
     chosen = (best_secs, best_peak, best_plan)
-    frontier: list[tuple[float, float, LayerPlan]] = []
+    frontier = _frontier(evaluated)  # max-throughput, no pareto: of the candidates' fastest plans
     if objective == "min-memory" or pareto:
         limit = best_secs * (1 + max_slowdown)
-        pool = list(evaluated)
-        for cand in cands:
-            for e in _budget_ladder(ds, cand):
-                plan = ds.plan_at(cand, e)
-                if plan is None:
-                    break
-                secs, peak = evaluate(plan)
-                pool.append((secs, peak, plan))
-                if not pareto and secs > limit:
-                    break
+        if not pareto:  # min-memory alone: each ladder down to the first plan past the allowed slowdown
+            ladders = [_ladder_points(ds, cand, evaluate, limit) for cand in cands]
+        pool = evaluated + [x for ladder in ladders for x in ladder]
         if objective == "min-memory":
             if alpha_gib_per_s is not None:
                 chosen = min(pool, key=lambda x: x[1] + alpha_gib_per_s * 2**30 * x[0])
@@ -468,9 +527,37 @@ def work(ds: DpSearch, cands: list[Candidate]) -> dict[str, int]:
     ev = ds.ev.work
     return {"candidates": len(cands), "stage_tables": ds.work["stage_tables"],
             "stage_solves": ds.work["stage_solves"], "unit_rows": ds.work["unit_rows"],
+            "candidates_pruned": ds.work["candidates_pruned"], "groups_pruned": ds.work["groups_pruned"],
             "unit_pricings": sum(gc.pricings for gc in ds._graphs.values()),
             "plan_evaluations": ev["plan_memory_evaluations"] + ev["plan_time_evaluations"],
             "plan_evaluation_requests": ev["plan_memory_requests"] + ev["plan_time_requests"]}
+
+
+def _cannot_matter(lb_secs: float, known: list[tuple[float, float, LayerPlan]], objective: str,
+                   budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None) -> bool:
+    """Whether no plan taking at least ``lb_secs`` can be the answer, given the plans ``known``: it
+    would be slower than the fastest known plan that fits (``max-throughput``) or than the slowdown
+    allowed from it (``min-memory``; with ``alpha`` nothing is ruled out by time alone)."""
+    if alpha_gib_per_s is not None:
+        return False
+    fastest = min((secs for secs, peak, _ in known if peak <= budget_bytes), default=math.inf)
+    return lb_secs > fastest * (1.0 if objective == "max-throughput" else 1 + max_slowdown)
+
+
+def _ladder_points(ds: DpSearch, cand: Candidate, evaluate: Callable[[LayerPlan], tuple[float, float]],
+                   limit: float | None) -> list[tuple[float, float, LayerPlan]]:
+    """The candidate's plans down its budget ladder, evaluated (step seconds, peak bytes, plan);
+    with ``limit`` (seconds) the walk stops at the first plan slower than it."""
+    out: list[tuple[float, float, LayerPlan]] = []
+    for e in _budget_ladder(ds, cand):
+        plan = ds.plan_at(cand, e)
+        if plan is None:
+            break
+        secs, peak = evaluate(plan)
+        out.append((secs, peak, plan))
+        if limit is not None and secs > limit:
+            break
+    return out
 
 
 def _budget_ladder(ds: DpSearch, cand: Candidate) -> list[int]:
