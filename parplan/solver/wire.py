@@ -17,13 +17,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from parplan.solver.errors import GraphIssue, GraphValidationError
 from parplan.solver.ir import Graph, Node, OpKind, make_node
+
+if TYPE_CHECKING:  # networkx takes a quarter of a second to import: only the converters import it
+    import networkx as nx
 
 FORMAT = "parplan.graph/v1"
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "graph.schema.json"
@@ -118,6 +120,8 @@ def graph_to_json(graph: Graph, indent: int | None = None) -> str:
 def to_networkx(graph: Graph) -> nx.DiGraph:
     """A DiGraph with one vertex per node (attributes kind, dims, dtype, layer, attrs) and an
     edge producer -> consumer whose ``positions`` lists the argument slots it feeds."""
+    import networkx as nx
+
     g = nx.DiGraph(name=graph.name, meta=dict(graph.meta))
     for n in graph.nodes:
         g.add_node(n.id, kind=n.kind.value, dims=dict(n.dims), dtype=n.dtype, layer=n.layer,
