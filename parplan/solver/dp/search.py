@@ -122,6 +122,7 @@ class DpSearch:
         # where the other stages cut), so partitions sharing a stage share its tables and DP
         self._tables: dict[tuple[int, int, tuple[str, ...], float, int], StageTables] = {}
         self._solved: dict[tuple[Any, ...], tuple[StageSolution, float, int] | None] = {}
+        self._minima: dict[tuple[int, int, int], dict[str, tuple[float, float]]] = {}
         self.work = {"stage_tables": 0, "stage_solves": 0, "unit_rows": 0, "candidates_pruned": 0, "groups_pruned": 0}
 
     def costs_for(self, batch: int) -> GraphCosts:
@@ -244,27 +245,39 @@ class DpSearch:
         keys = [layout_ids.setdefault(s.layout_key, len(layout_ids)) for s in strats]
         return StageTables(blocks, t, mem, temp, relayout, keys, per_mb)
 
+    def unit_minima(self, pp: int, m: int, strats: list[LayerStrategy]) -> dict[str, tuple[float, float]]:
+        """Per unit: its least seconds per micro-batch and, apart, its least seconds once per step
+        over the strategies (from its row)."""
+        key = (pp, m, len(strats))
+        kept = self._minima.get(key)
+        if kept is None:
+            kept = {}
+            for u in self.units:
+                r = self.row(pp, m, u, strats)
+                kept[u] = (float(r.microbatch.min()), float((r.time - m * r.microbatch).min()))
+            self._minima[key] = kept
+        return kept
+
     def group_bound(self, pp: int, m: int, strats: list[LayerStrategy]) -> float:
-        """A lower bound on the step seconds of any plan with ``pp`` stages and ``m`` micro-batches,
-        from the unit rows alone (cheap beside a candidate's stage tables): every unit at its fastest
-        per micro-batch and, apart, at its least once per step, spread as evenly as can be."""
-        rows = [self.row(pp, m, u, strats) for u in self.units]
-        per_mb = sum(float(r.microbatch.min()) for r in rows)
-        once = sum(float((r.time - m * r.microbatch).min()) for r in rows)
+        """A lower bound on the step seconds of any plan with ``pp`` stages and ``m`` micro-batches:
+        every unit at its fastest per micro-batch and, apart, at its least once per step, spread as
+        evenly as can be over a 1F1B pipeline (no bubble saved, no re-layout)."""
+        minima = self.unit_minima(pp, m, strats).values()
+        per_mb = sum(a for a, _ in minima)
+        once = sum(b for _, b in minima)
         return pipeline_bound([per_mb / pp] * pp, [once / pp], m)
 
-    def bounds(self, pp: int, m: int, partition: tuple[int, ...], strats: list[LayerStrategy]) -> float | None:
-        """A lower bound on the step seconds of any plan of the candidate: each stage's blocks at
-        their fastest per micro-batch and, apart, at their least once per step, no re-layout, as a
-        1F1B pipeline; None when some strategy does not apply to a stage."""
-        per_mb, once = [], []
-        try:
-            for stage in range(pp):
-                tb = self.tables(pp, m, partition, stage, strats)
-                per_mb.append(float(tb.microbatch.min(axis=1).sum()))
-                once.append(float((tb.time - m * tb.microbatch).min(axis=1).sum()))
-        except StrategyError:
-            return None
+    def bounds(self, pp: int, m: int, partition: tuple[int, ...], strats: list[LayerStrategy]) -> float:
+        """A lower bound on the step seconds of any plan of the candidate: each stage's units at
+        their fastest per micro-batch and, apart, at their least once per step, as a 1F1B pipeline
+        (no re-layout, no shared parameter's synchronisation)."""
+        minima = self.unit_minima(pp, m, strats)
+        per_mb, once = [0.0] * pp, [0.0] * pp
+        unit_stage = stage_of_units(self.costs_for(1).graph, pp, partition)
+        for u in self.units:
+            stage = unit_stage.get(u, 0)
+            per_mb[stage] += minima[u][0]
+            once[stage] += minima[u][1]
         return pipeline_bound(per_mb, once, m)
 
     def solve_candidate(self, pp: int, m: int, partition: tuple[int, ...],
@@ -469,13 +482,14 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             continue
         for part in ds.partitions(pp, m, strats):
             lb_secs = ds.bounds(pp, m, part, strats)
-            if lb_secs is None:
-                continue  # some strategy does not apply to a stage of this split
             if prune and not pareto and _cannot_matter(lb_secs, known, objective, budget_bytes, max_slowdown,
                                                        alpha_gib_per_s):
                 ds.work["candidates_pruned"] += 1
                 continue
-            cand = ds.solve_candidate(pp, m, part, strats)
+            try:
+                cand = ds.solve_candidate(pp, m, part, strats)
+            except StrategyError:
+                continue  # some strategy does not apply to a stage of this split
             if cand is None:
                 break  # moving further towards time balance would not fit either
             cands.append(cand)
