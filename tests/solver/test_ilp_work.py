@@ -37,13 +37,13 @@ def test_gpt_7_5b_on_8_gpus_at_batch_16() -> None:
                       "training": {"global_batch": 16}, "objective": {"kind": "min-memory"}, "search": "ilp"})
     assert work["meshes"] == 1  # 4x2 (2x4 is the same problem)
     _within(work, {
-        "problems_built": 3,  # measured 2 (micro-steps of 8 and 16 samples)
-        "solves": 6,  # 4
-        "variables": 72_000,  # 48_292
-        "constraints": 7_800,  # 5_227
-        "nonzeros": 320_000,  # 214_414
-        "peak_terms": 735,  # 490
-        "peak_terms_kept": 144,  # 96
+        "problems_built": 6,  # measured 4 (micro-steps of 2, 4, 8 and 16 samples)
+        "solves": 12,  # 8
+        "variables": 127_000,  # 84_678
+        "constraints": 14_600,  # 9_763
+        "nonzeros": 560_000,  # 374_407
+        "peak_terms": 1_470,  # 980
+        "peak_terms_kept": 275,  # 183
         "repricings": 1,  # 1
     })
 
@@ -53,13 +53,13 @@ def test_bert_large_on_8_gpus() -> None:
                       "objective": {"kind": "min-memory"}, "search": "ilp"})
     assert work["meshes"] == 1  # 4x2
     _within(work, {
-        "problems_built": 2,  # measured 1 (a micro-step of the whole batch of 8)
-        "solves": 3,  # 2
-        "variables": 44_500,  # 29_694
-        "constraints": 5_000,  # 3_359
-        "nonzeros": 190_000,  # 126_248
-        "peak_terms": 415,  # 277
-        "peak_terms_kept": 68,  # 45
+        "problems_built": 4,  # measured 3 (micro-steps of 2, 4 and 8 samples: 8 is the whole batch)
+        "solves": 6,  # 4
+        "variables": 77_600,  # 51_764
+        "constraints": 9_400,  # 6_252
+        "nonzeros": 318_000,  # 212_321
+        "peak_terms": 1_250,  # 831
+        "peak_terms_kept": 200,  # 133
         "repricings": 1,  # 1
     })
 

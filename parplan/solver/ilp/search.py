@@ -182,16 +182,20 @@ def distinct_meshes(meshes: list[Mesh], cluster: Cluster) -> list[Mesh]:
     return out
 
 
-def micro_step_candidates(global_batch: int, devices: int, micro_batch: int | None) -> list[int]:
+def micro_step_candidates(global_batch: int, devices: int, micro_batch: int | None,
+                          smaller: bool = False) -> list[int]:
     """Micro-step sizes to try: the given one, else ``b0``, ``4·b0`` (or ``2·b0``) when it divides
     the global batch, and the whole batch, ``b0`` being the largest divisor not above the device
     count (smaller micro-steps keep fewer activations; larger ones pay per-micro-step collectives
-    fewer times and keep the devices busier)."""
+    fewer times and keep the devices busier). ``smaller`` (min-memory) adds ``b0/2`` and ``b0/4``:
+    fewer samples than devices, the rest of the mesh splitting each sample's work (on 4 GPUs this
+    is what brings gpt-1.7b, -3.6b and -7.5b to the paper's memory within the allowed slowdown)."""
     b0 = micro_step_batch(global_batch, devices, micro_batch)
     if micro_batch is not None:
         return [b0]
     large = next((b0 * k for k in (4, 2) if global_batch % (b0 * k) == 0), global_batch)
-    return sorted({b0, min(large, global_batch), global_batch})
+    small = {b0 // k for k in (2, 4) if b0 % k == 0} if smaller else set()
+    return sorted({*small, b0, min(large, global_batch), global_batch})
 
 
 def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, micro_batch: int | None,
@@ -210,7 +214,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     t0 = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
     cl = apply(cluster, calibration)
-    sizes = micro_step_candidates(global_batch, cl.num_devices, micro_batch)
+    sizes = micro_step_candidates(global_batch, cl.num_devices, micro_batch, smaller=objective == "min-memory")
     prec = get_precision(precision)
     if fixed_mesh is not None:
         meshes = [Mesh(tuple((f"m{i}", size) for i, size in enumerate(fixed_mesh)))]
