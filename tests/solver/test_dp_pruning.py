@@ -39,8 +39,9 @@ def _search(cfg: TransformerConfig, gpus: int, batch: int, objective: str, budge
                   timeout_seconds=600, pareto=pareto, prune=prune)
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
-@pytest.mark.parametrize(("gpus", "batch"), [(1, 4), (4, 16), (8, 8), (16, 16)])
+@pytest.mark.parametrize(("model", "gpus", "batch"),
+                         [(m, g, b) for m in sorted(MODELS) for g, b in [(1, 4), (4, 16), (8, 8), (16, 16)]
+                          if not (m == "moe" and g == 16)])  # (the MoE on 16 GPUs: 14 s for no new case)
 @pytest.mark.parametrize("budget_gib", [80.0, 2.0])
 def test_pruned_search_gives_the_exhaustive_searchs_answer(model: str, gpus: int, batch: int,
                                                             budget_gib: float) -> None:
