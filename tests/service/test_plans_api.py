@@ -131,3 +131,14 @@ def test_plans_read_404_for_unknown_and_malformed_ids(client: TestClient, reader
 @pytest.mark.parametrize("search", ["auto", "ilp", "dp"])
 def test_every_search_kind_is_accepted(client: TestClient, writer: Headers, search: str) -> None:
     assert client.post("/v1/plans", json=BODY | {"search": search}, headers=writer).status_code == 202
+
+
+def test_pareto_is_accepted_and_is_its_own_cache_entry(client: TestClient, writer: Headers) -> None:
+    """``pareto: true`` (the DP's whole frontier) is part of the request and of its cache key;
+    ``pareto: false`` is the default and keeps the key of a request that leaves it out."""
+    whole = client.post("/v1/plans", json=BODY | {"pareto": True}, headers=writer)
+    assert whole.status_code == 202, whole.text
+    assert whole.json()["job"]["request_hash"] == request_hash(BODY | {"pareto": True}) != request_hash(BODY)
+    assert request_hash(BODY | {"pareto": False}) == request_hash(BODY)
+    bad = client.post("/v1/plans", json=BODY | {"pareto": "yes"}, headers=writer)
+    assert bad.status_code == 422, bad.text
