@@ -142,3 +142,14 @@ def test_pareto_is_accepted_and_is_its_own_cache_entry(client: TestClient, write
     assert request_hash(BODY | {"pareto": False}) == request_hash(BODY)
     bad = client.post("/v1/plans", json=BODY | {"pareto": "yes"}, headers=writer)
     assert bad.status_code == 422, bad.text
+
+
+def test_a_fixed_mesh_is_accepted_and_checked(client: TestClient, writer: Headers) -> None:
+    """``mesh`` (README: the ILP's device mesh, top level) reaches the solver's request; one that does
+    not factor the GPUs is a 422 naming the field."""
+    ok = client.post("/v1/plans", json=BODY | {"mesh": [2, 4]}, headers=writer)
+    assert ok.status_code == 202, ok.text
+    assert ok.json()["job"]["request_hash"] == request_hash(BODY | {"mesh": [2, 4]}) != request_hash(BODY)
+    bad = client.post("/v1/plans", json=BODY | {"mesh": [3, 3]}, headers=writer)
+    assert bad.status_code == 422, bad.text
+    assert "mesh" in bad.text

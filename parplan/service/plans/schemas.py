@@ -76,6 +76,9 @@ class PlanRequestIn(BaseModel):
     objective: ObjectiveSpec | None = None
     search: Literal["auto", "ilp", "dp"] = "auto"
     time_limit: float | None = Field(default=None, gt=0, le=3600, description="Search time limit (seconds).")
+    mesh: list[int] | None = Field(default=None, min_length=1, max_length=3,
+                                   description="Fix the ILP's device mesh: axis sizes, outermost first, whose "
+                                   "product is the GPU count (default: searched).", examples=[[2, 4]])
     pareto: bool = Field(default=False, description="The DP's whole memory vs step-time frontier in `pareto` "
                          "(slower); without it the frontier holds only the plans the search needed.")
 
@@ -91,6 +94,8 @@ class PlanRequestIn(BaseModel):
             body["search"] = self.search
         if self.time_limit is not None:
             body["time_limit"] = self.time_limit
+        if self.mesh is not None:
+            body["mesh"] = list(self.mesh)
         if self.pareto:
             body["pareto"] = True
         return body
