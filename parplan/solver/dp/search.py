@@ -443,7 +443,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            graph_costs: Callable[[int], GraphCosts] | None = None) -> dict[str, Any]:
     """Run the search; returns the plan document's parts (see the module docstring).
 
-    ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried;
+    ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried.
     Unless ``pareto``, a group (pipeline degree, micro-batches) or a candidate partition is not
     solved when a lower bound on its step time (:meth:`DpSearch.group_bound`,
     :meth:`DpSearch.bounds`) shows that none of its plans can be the answer (``prune=False``: every
