@@ -22,7 +22,7 @@ from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
-from parplan.solver.evaluate import Evaluation
+from parplan.solver.evaluate import Evaluation, evaluation_of
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
@@ -131,9 +131,8 @@ class UniformEvaluator:
 
     def evaluation(self, c: Candidate, mem: PlanMemory, t: PlanTime) -> Evaluation:
         g = self.graph(c.micro_batch)
-        seq = int(g.meta.get("seq_len", 0) or 0)
-        return Evaluation(self.model.name, g.parameter_count(), seq, self.cluster, self.config(c), mem, t,
-                          self.calibration)
+        return evaluation_of(g, self.model.name, g.parameter_count(), self.cluster, self.config(c), mem, t,
+                             self.calibration)
 
 
 def best_of(evals: Iterable[Evaluation], budget_bytes: float) -> Evaluation | None:
@@ -164,25 +163,23 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
             memory[i] = ev.memory_of(timed[i][0])
         return memory[i]
 
-    best: tuple[float, float, int] | None = None
+    best: tuple[float, float, int, PlanMemory] | None = None  # (seconds, peak bytes, index, memory)
     for i in sorted(range(len(timed)), key=lambda i: timed[i][1].step_seconds):  # stable: ties in given order
         secs = timed[i][1].step_seconds
         if best is not None and secs > best[0]:
             break
         m = mem(i)
         if m is not None and m.peak_bytes <= budget_bytes and (best is None or (secs, m.peak_bytes) < best[:2]):
-            best = (secs, m.peak_bytes, i)
+            best = (secs, m.peak_bytes, i, m)
     if best is None:  # none fits: the least memory, first in the given order
         for i in range(len(timed)):
             m = mem(i)
             if m is not None and (best is None or m.peak_bytes < best[1]):
-                best = (timed[i][1].step_seconds, m.peak_bytes, i)
+                best = (timed[i][1].step_seconds, m.peak_bytes, i, m)
     if best is None:
         return None
     c, t = timed[best[2]]
-    m = memory[best[2]]
-    assert m is not None
-    return ev.evaluation(c, m, t)
+    return ev.evaluation(c, best[3], t)
 
 
 def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> Iterator[Candidate]:

@@ -95,8 +95,15 @@ def evaluate_graph(graph: Graph, name: str, parameters: int, cluster: Cluster, s
     gc = costs or GraphCosts(graph)
     mem = plan_memory(graph, strategy, gc)
     t = plan_time(graph, strategy, cluster, calibration, gc)
+    return evaluation_of(graph, name, parameters, cluster, strategy, mem, t, calibration)
+
+
+def evaluation_of(graph: Graph, name: str, parameters: int, cluster: Cluster, strategy: ParallelConfig,
+                  memory: PlanMemory, time: PlanTime, calibration: Calibration) -> Evaluation:
+    """The report of ``strategy``'s memory and time, priced for ``graph`` (whose sequence length it
+    gives)."""
     seq = int(graph.meta.get("seq_len", 0) or 0)
-    return Evaluation(name, parameters, seq, cluster, strategy, mem, t, calibration)
+    return Evaluation(name, parameters, seq, cluster, strategy, memory, time, calibration)
 
 
 def evaluate(model: ModelSource, cluster: Cluster, strategy: ParallelConfig, seq_len: int | None = None,

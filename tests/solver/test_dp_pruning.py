@@ -15,7 +15,8 @@ import pytest
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import make_cluster
-from parplan.solver.dp.search import DpSearch, microbatch_counts, pipeline_bound, search
+from parplan.solver.cost.plan_evaluator import pipeline_seconds
+from parplan.solver.dp.search import DpSearch, microbatch_counts, search
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
@@ -89,7 +90,7 @@ def test_bounds_never_exceed_the_plans_they_bound(model: str) -> None:
             group = ds.group_bound(pp, m, strats)
             for part in ds.partitions(pp, m, strats):
                 secs = ds.bounds(pp, m, part, strats)
-                assert secs is not None and group <= secs * (1 + 1e-12)
+                assert group <= secs * (1 + 1e-12)
                 cand = ds.solve_candidate(pp, m, part, strats)
                 if cand is None:
                     continue
@@ -102,7 +103,8 @@ def test_bounds_never_exceed_the_plans_they_bound(model: str) -> None:
     assert checked >= 20
 
 
-def test_pipeline_bound_is_the_1f1b_step_of_its_stage_times() -> None:
-    """Closed form: m micro-batches through stages of t_i seconds each and o_i once per step take
+def test_the_1f1b_step_the_bounds_use_is_its_closed_form() -> None:
+    """The bounds are :func:`pipeline_seconds` of lower bounds on the stages' seconds; its closed form:
+    m micro-batches through stages of t_i seconds each and o_i once per step take
     m·max(t) + (sum(t) - max(t)) + max(o)."""
-    assert pipeline_bound([1.0, 2.0, 1.5], [0.5, 0.2, 0.1], 4) == pytest.approx(4 * 2.0 + 2.5 + 0.5)
+    assert pipeline_seconds([1.0, 2.0, 1.5], [0.5, 0.2, 0.1], 4, 1) == pytest.approx(4 * 2.0 + 2.5 + 0.5)

@@ -314,10 +314,9 @@ def test_alike_middle_stages_priced_once_give_what_each_stage_priced_afresh_give
     compared = 0
     for pp in (2, 4, 8):
         strats = ds.strategies(pp, 4)
+        assert strats
         for sched, v in ((Schedule.ONE_F_ONE_B, 1), (Schedule.GPIPE, 1), (Schedule.INTERLEAVED, 2)):
             for uniform in (True, False):
-                if not strats:
-                    continue
                 one = rng.choice(strats)
                 plan = LayerPlan(pp=pp, num_microbatches=4, global_batch=32,
                                  layers={b: one if uniform else rng.choice(strats) for b in blocks},

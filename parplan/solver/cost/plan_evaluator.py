@@ -504,7 +504,7 @@ class PlanEvaluator:
             if self.cache:
                 following = (tuple(by_stage[stage + 1]) if plan.runtime.holds_stage_outputs
                              and stage + 1 < len(by_stage) else None)
-                key = (*self._stage_key(plan, stage, units, strat), following)
+                key = (*self._stage_key(plan, stage, tuple(units), units, strat), following)
                 hit = self._stage_memory.get(key)
                 if hit is not None:
                     stages.append(hit)
@@ -515,26 +515,24 @@ class PlanEvaluator:
             stages.append(result)
         return PlanMemory(tuple(stages))
 
-    def _stage_key(self, plan: LayerPlan, stage: int, units: list[str],
+    @staticmethod
+    def _stage_key(plan: LayerPlan, where: Any, names: tuple[str, ...], units: list[str],
                    strat: Mapping[str, LayerStrategy]) -> tuple[Any, ...]:
-        """What a (non-interleaved) stage's memory and time depend on, apart from the pipeline
-        boundary to the next stage: the plan's own fields, the stage, its units and their strategies."""
-        layers = plan.layers
+        """What a stage's price depends on: the plan's own fields, ``where`` the stage sits, its units
+        (as ``names``) and their strategies."""
         return (plan.pp, plan.num_microbatches, plan.global_batch, plan.schedule, plan.virtual_stages,
-                plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch, stage, tuple(units),
-                tuple([(strat[u], u in layers) for u in units]))
+                plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch, where, names,
+                tuple([(strat[u], u in plan.layers) for u in units]))
 
     def _stage_time_key(self, plan: LayerPlan, stage: int, units: list[str],
                         strat: Mapping[str, LayerStrategy]) -> tuple[Any, ...]:
-        """What a stage's time depends on: the plan's own fields, whether it is the first or the
-        last stage, and its units (as their representatives: alike units cost the same) with their
-        strategies. A stage between others receives the same tensors from its neighbours wherever it
+        """:meth:`_stage_key` for a stage's time: where it sits is only whether it is the first or
+        the last stage, and its units are named by their representatives (alike units cost the
+        same). A stage between others receives the same tensors from its neighbours wherever it
         sits, so the middle stages of a pipeline of alike blocks are priced once."""
         rep = self.costs_for(plan.local_batch(strat[units[0]])).representative
-        return (plan.pp, plan.num_microbatches, plan.global_batch, plan.schedule, plan.virtual_stages,
-                plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch, stage == 0,
-                stage == plan.pp - 1, tuple([rep[u] for u in units]),
-                tuple([(strat[u], u in plan.layers) for u in units]))
+        return self._stage_key(plan, (stage == 0, stage == plan.pp - 1), tuple([rep[u] for u in units]), units,
+                               strat)
 
     def _one_stage_memory(self, plan: LayerPlan, stage: int, units: list[str], by_stage: list[list[str]],
                           unit_stage: Mapping[str, int], strat: Mapping[str, LayerStrategy],

@@ -261,11 +261,13 @@ class DpSearch:
     def group_bound(self, pp: int, m: int, strats: list[LayerStrategy]) -> float:
         """A lower bound on the step seconds of any plan with ``pp`` stages and ``m`` micro-batches:
         every unit at its fastest per micro-batch and, apart, at its least once per step, spread as
-        evenly as can be over a 1F1B pipeline (no bubble saved, no re-layout)."""
+        evenly as can be over a 1F1B pipeline, bubble included (no re-layout). The 1F1B step time
+        (:func:`pipeline_seconds`) grows with every stage's seconds, so lower bounds on those give
+        a lower bound on the step."""
         minima = self.unit_minima(pp, m, strats).values()
         per_mb = sum(a for a, _ in minima)
         once = sum(b for _, b in minima)
-        return pipeline_bound([per_mb / pp] * pp, [once / pp], m)
+        return pipeline_seconds([per_mb / pp] * pp, [once / pp], m, 1)
 
     def bounds(self, pp: int, m: int, partition: tuple[int, ...], strats: list[LayerStrategy]) -> float:
         """A lower bound on the step seconds of any plan of the candidate: each stage's units at
@@ -278,7 +280,7 @@ class DpSearch:
             stage = unit_stage.get(u, 0)
             per_mb[stage] += minima[u][0]
             once[stage] += minima[u][1]
-        return pipeline_bound(per_mb, once, m)
+        return pipeline_seconds(per_mb, once, m, 1)
 
     def solve_candidate(self, pp: int, m: int, partition: tuple[int, ...],
                         strats: list[LayerStrategy]) -> Candidate | None:
@@ -371,13 +373,6 @@ class DpSearch:
         return list(dict.fromkeys(out))
 
 
-def pipeline_bound(per_microbatch: list[float], once: list[float], m: int) -> float:
-    """The 1F1B step time (:func:`~parplan.solver.cost.plan_evaluator.pipeline_seconds`) of lower
-    bounds on each stage's seconds per micro-batch and once per step: a lower bound on the step,
-    as that time grows with every stage's seconds."""
-    return pipeline_seconds(per_microbatch, once, m, 1)
-
-
 def balanced_partition(weights: list[float], p: int, scale: Callable[[int, float], float]) -> tuple[int, ...]:
     """Contiguous split into ``p`` non-empty parts minimising the largest part's scaled weight
     (``scale(stage, w)``), by dynamic programming over prefixes."""
@@ -458,10 +453,16 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         mem = ds.ev.memory(plan)
         return ds.ev.time(plan).step_seconds, mem.peak_bytes
 
-    # the plans evaluated so far (step seconds, peak bytes, plan): the fastest that fits prunes the rest
-    known: list[tuple[float, float, LayerPlan]] = []
+    fastest = math.inf  # seconds of the fastest plan evaluated so far that fits: it rules out the slower
+
+    def note(plan: LayerPlan) -> None:
+        nonlocal fastest
+        secs, peak = evaluate(plan)
+        if peak <= budget_bytes:
+            fastest = min(fastest, secs)
+
     if reference is not None:
-        known.append((*evaluate(reference), reference))
+        note(reference)
     cands: list[Candidate] = []
     ladders: list[list[tuple[float, float, LayerPlan]]] = []  # per candidate, under ``pareto``
     groups = []  # (bound on step seconds, pp, micro-batches, strategies)
@@ -476,14 +477,12 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         if time.perf_counter() - t0 > timeout_seconds:
             raise SolverError(f"the DP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
         report("search", 0.05 + 0.8 * i / len(groups))
-        if prune and not pareto and _cannot_matter(group_secs, known, objective, budget_bytes, max_slowdown,
-                                                   alpha_gib_per_s):
+        if prune and not pareto and _cannot_matter(group_secs, fastest, objective, max_slowdown, alpha_gib_per_s):
             ds.work["groups_pruned"] += 1
             continue
         for part in ds.partitions(pp, m, strats):
             lb_secs = ds.bounds(pp, m, part, strats)
-            if prune and not pareto and _cannot_matter(lb_secs, known, objective, budget_bytes, max_slowdown,
-                                                       alpha_gib_per_s):
+            if prune and not pareto and _cannot_matter(lb_secs, fastest, objective, max_slowdown, alpha_gib_per_s):
                 ds.work["candidates_pruned"] += 1
                 continue
             try:
@@ -495,7 +494,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             cands.append(cand)
             top = ds.plan_at(cand, MEMORY_UNITS)
             if top is not None:
-                known.append((*evaluate(top), top))
+                note(top)
             if pareto:
                 ladders.append(_ladder_points(ds, cand, evaluate, None))
     report("choosing", 0.9)
@@ -547,14 +546,13 @@ def work(ds: DpSearch, cands: list[Candidate]) -> dict[str, int]:
             "plan_evaluation_requests": ev["plan_memory_requests"] + ev["plan_time_requests"]}
 
 
-def _cannot_matter(lb_secs: float, known: list[tuple[float, float, LayerPlan]], objective: str,
-                   budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None) -> bool:
-    """Whether no plan taking at least ``lb_secs`` can be the answer, given the plans ``known``: it
-    would be slower than the fastest known plan that fits (``max-throughput``) or than the slowdown
-    allowed from it (``min-memory``; with ``alpha`` nothing is ruled out by time alone)."""
+def _cannot_matter(lb_secs: float, fastest: float, objective: str, max_slowdown: float,
+                   alpha_gib_per_s: float | None) -> bool:
+    """Whether no plan taking at least ``lb_secs`` can be the answer when the fastest plan known to
+    fit takes ``fastest`` seconds: it would be slower than that (``max-throughput``) or than the
+    slowdown allowed from it (``min-memory``; with ``alpha`` nothing is ruled out by time alone)."""
     if alpha_gib_per_s is not None:
         return False
-    fastest = min((secs for secs, peak, _ in known if peak <= budget_bytes), default=math.inf)
     return lb_secs > fastest * (1.0 if objective == "max-throughput" else 1 + max_slowdown)
 
 
