@@ -193,9 +193,8 @@ def canonical_request(body: Mapping[str, Any]) -> str:
         "objective": {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
                       "memory_budget_bytes": req.memory_budget_bytes},
         "search": req.search, "time_limit": req.time_limit_seconds, "mesh": list(req.mesh) if req.mesh else None,
+        "pareto": req.pareto,
     }
-    if req.pareto:  # left out when false, so the keys of requests made before the field stay the same
-        doc["pareto"] = True
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
