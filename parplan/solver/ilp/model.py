@@ -362,7 +362,8 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
     if cutoff is not None:
         # only a choice better than one already known is of interest
         # (the objective's memory leaves out the fixed bytes)
-        bound = (cutoff if objective == "time" else (cutoff - problem.fixed_bytes) / _MEM) * (1 - MIP_REL_GAP)
+        better = cutoff * (1 - MIP_REL_GAP)  # better by more than the gap at which a solve stops
+        bound = better if objective == "time" else (better - problem.fixed_bytes) / _MEM
         f.row("better_than_known", obj, -math.inf, bound)
     if start is not None:
         f.start = values
