@@ -370,7 +370,7 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
 
 
 def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None,
-        graph_costs: Callable[[int], GraphCosts] | None = None) -> dict[str, Any]:
+        graph_costs: Callable[[int], GraphCosts]) -> dict[str, Any]:
     from parplan.solver.cost.plan_memory import layer_plan
     from parplan.solver.dp.search import search
 
