@@ -48,8 +48,15 @@ def aux_problems(draw: st.DrawFn) -> AuxProblem:
         for j in draw(st.sets(st.integers(0, i - 1), min_size=1, max_size=2)):
             p.edges.append(AuxEdge(f"v{j}", f"v{i}", [[draw(cost) for _ in range(sizes[i])] for _ in range(sizes[j])],
                                    [[draw(cost) * GIB / 4 for _ in range(sizes[i])] for _ in range(sizes[j])]))
-    if draw(st.booleans()):
-        p.peaks.append(PeakTerm(nodes={"v0": [draw(cost) * GIB for _ in range(sizes[0])]}))
+    for _ in range(draw(st.integers(0, 3))):  # moments: some nodes' and maybe an edge's buffers at once
+        names = draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=3))
+        term = PeakTerm(nodes={f"v{i}": [draw(cost) * GIB for _ in range(sizes[i])] for i in sorted(names)})
+        if draw(st.booleans()):
+            ei = draw(st.integers(0, len(p.edges) - 1))
+            e = p.edges[ei]
+            rows, cols = len(e.seconds), len(e.seconds[0])
+            term.edges[ei] = [[draw(cost) * GIB for _ in range(cols)] for _ in range(rows)]
+        p.peaks.append(term)
     return p
 
 
@@ -59,6 +66,8 @@ def test_ilp_optimum_equals_brute_force_for_all_three_objectives(p: AuxProblem, 
                                                                  time_limit: float) -> None:
     least = brute_force(p, "memory")
     assert least is not None and p.memory_lower_bound() <= least[0] * (1 + 1e-12)  # what lets the search skip
+    fastest = brute_force(p, "time")
+    assert fastest is not None and p.seconds_lower_bound() <= fastest[0] * (1 + 1e-12)
     for objective, kwargs in (("weighted", {"alpha": alpha * GIB}), ("time", {"budget": budget_gib * GIB}),
                               ("memory", {"time_limit": time_limit, "budget": 2 * budget_gib * GIB})):
         oracle = brute_force(p, objective, **kwargs)  # type: ignore[arg-type]

@@ -37,10 +37,14 @@ class MemoryBreakdown:
         return self.model_states + self.activations + self.temporary
 
     def __add__(self, other: MemoryBreakdown) -> MemoryBreakdown:
-        return MemoryBreakdown(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        # written out: the searches add breakdowns millions of times
+        return MemoryBreakdown(self.parameters + other.parameters, self.gradients + other.gradients,
+                               self.optimizer_states + other.optimizer_states, self.activations + other.activations,
+                               self.temporary + other.temporary)
 
     def scaled(self, factor: float) -> MemoryBreakdown:
-        return MemoryBreakdown(*(getattr(self, f.name) * factor for f in fields(self)))
+        return MemoryBreakdown(self.parameters * factor, self.gradients * factor, self.optimizer_states * factor,
+                               self.activations * factor, self.temporary * factor)
 
     def replace(self, **changes: float) -> MemoryBreakdown:
         return MemoryBreakdown(**{**self.as_floats(), **changes})

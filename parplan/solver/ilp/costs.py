@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
@@ -43,7 +44,7 @@ from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import exposed_seconds, op_seconds, optimizer_step_seconds, parameter_states
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, output_layout
+from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, loop_dims, output_layout
 from parplan.solver.ir import Graph, Node, OpKind
 
 
@@ -67,6 +68,8 @@ class IlpContext:
     #: ZeRO-3 weights gathered for each operator alone, forward and backward, and their gradients
     #: reduce-scattered at once (the agent's per-operator executor); else per block, as FSDP does
     zero3_per_operator: bool = False
+    #: prices remembered for the problem (:func:`op_cost`'s parts alike operators share)
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def keeps_resharded_copies(self) -> bool:
@@ -108,7 +111,39 @@ def _local(nbytes: float, layout: TensorLayout, mesh: Mesh, dims: frozenset[str]
 
 
 def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[str]) -> StrategyCost:
-    """Per-device memory and per-step seconds of ``node`` under ``s``."""
+    """Per-device memory and per-step seconds of ``node`` under ``s``.
+
+    Everything but the saved activations depends only on what the operator is (:func:`signature`)
+    and ``s``: it is priced once for all operators alike (the same operator of every block, of
+    every block's price class) and remembered on ``ctx``."""
+    key = (signature(node, ctx), s)
+    work = ctx.memo.get(key)
+    if work is None:
+        work = ctx.memo[key] = _work_cost(node, s, ctx)
+    held, redundant = _saved_cost(node, s, ctx, partial_dims)
+    return StrategyCost(work.memory + held, work.redundant + redundant, work.seconds)
+
+
+def signature(node: Node, ctx: IlpContext) -> tuple[object, ...]:
+    """What :func:`_work_cost` depends on besides the strategy: the operator's kind, shape, dtype
+    and attributes, its inputs' kinds and shapes, the parameters it owns, whether it is in a block
+    (full recomputation runs the blocks' forward again)."""
+    from parplan.solver.cost.activations import block_of
+    from parplan.solver.cost.units import _freeze
+
+    cache = ctx.memo.setdefault("signature", {})
+    sig = cache.get(node.id)
+    if sig is None:
+        g = ctx.graph
+        ins = tuple((i.kind, i.dims, i.dtype) for i in map(g.node, node.inputs))
+        sig = cache[node.id] = (node.kind, node.dims, node.dtype, _freeze(node.attrs), ins,
+                                tuple(ctx.owned_params.get(node.id, ())), block_of(node) is None)
+    return sig  # type: ignore[no-any-return]
+
+
+def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
+    """Compute, the parameters the operator owns (their states, synchronisation and update), and
+    the operator's own collectives."""
     g, mesh, prec = ctx.graph, ctx.mesh, ctx.precision
     sizes = mesh.sizes
     m = ctx.microbatches
@@ -157,22 +192,9 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
     seconds += exposed_seconds(sync, gathers, fwd, bwd, m)
     seconds += optimizer_step_seconds(MemoryBreakdown(**held), ctx.gpu, ctx.calibration)
 
-    # --- saved activations
-    out_layout = output_layout(node, s, mesh, partial_dims)
-    saved_layout = TensorLayout(out_layout.split)
-    act_replicas = math.prod(sizes[a] for a in mesh.names if a not in saved_layout.axes)
-    for it in ctx.saved_by_owner.get(node.id, ()) if not out_layout.partial else ():
-        # (partial sums are saved as their first reader receives them: on that edge, see problem.py)
-        local = _local(it.total_bytes, saved_layout, mesh, it.dims)
-        held["activations"] += local
-        redundant["activations"] += local * (1 - 1 / act_replicas)
-    for pos, it in ctx.saved_at_input.get(node.id, ()):
-        lay = input_layout(node, pos, g, s, mesh)
-        local = _local(it.total_bytes, lay, mesh, it.dims)
-        held["activations"] += local
-        redundant["activations"] += local * (1 - 1 / math.prod(sizes[a] for a in mesh.names if a not in lay.axes))
-
     # --- operator-specific collectives
+    if node.kind in (OpKind.CROSS_ENTROPY, OpKind.DISPATCH, OpKind.COMBINE):
+        out_layout = output_layout(node, s, mesh, loop_dims(node, g)[1])
     if node.kind is OpKind.CROSS_ENTROPY:
         cdim = str(node.attrs.get("class_dim", "vocab"))
         axes = list(s.axes_of(mesh, cdim))
@@ -187,3 +209,26 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
                 sizes[a] for a in axes)
             seconds += m * 2 * all_to_all_seconds(ctx.group_size(axes), local, ctx.group_link(axes))
     return StrategyCost(MemoryBreakdown(**held), MemoryBreakdown(**redundant), seconds)
+
+
+def _saved_cost(node: Node, s: OpStrategy, ctx: IlpContext,
+                partial_dims: frozenset[str]) -> tuple[MemoryBreakdown, MemoryBreakdown]:
+    """(held, redundant) bytes of the activations ``node`` is charged for saving."""
+    g, mesh = ctx.graph, ctx.mesh
+    sizes = mesh.sizes
+    held = 0.0
+    redundant = 0.0
+    out_layout = output_layout(node, s, mesh, partial_dims)
+    saved_layout = TensorLayout(out_layout.split)
+    act_replicas = math.prod(sizes[a] for a in mesh.names if a not in saved_layout.axes)
+    for it in ctx.saved_by_owner.get(node.id, ()) if not out_layout.partial else ():
+        # (partial sums are saved as their first reader receives them: on that edge, see problem.py)
+        local = _local(it.total_bytes, saved_layout, mesh, it.dims)
+        held += local
+        redundant += local * (1 - 1 / act_replicas)
+    for pos, it in ctx.saved_at_input.get(node.id, ()):
+        lay = input_layout(node, pos, g, s, mesh)
+        local = _local(it.total_bytes, lay, mesh, it.dims)
+        held += local
+        redundant += local * (1 - 1 / math.prod(sizes[a] for a in mesh.names if a not in lay.axes))
+    return MemoryBreakdown(activations=held), MemoryBreakdown(activations=redundant)

@@ -134,13 +134,27 @@ class AuxProblem:
         return mem, sec
 
     def memory_lower_bound(self) -> float:
-        """Bytes every choice needs at least: each node's least memory (edges and the temporary
-        peak add nothing negative). Above the budget, no choice fits and no solve is needed."""
-        bound = self.fixed_bytes + sum(n.count * min(n.memory) for n in self.nodes.values())
-        for e in self.edges:
-            if e.memory is not None:
-                bound += e.count * min(min(row) for row in e.memory)
+        """Bytes every choice needs at least. The temporary peak is at least each of its terms, so
+        for any one term the choice holds at least, per node, its least model states plus that term
+        at the same strategy, and per edge the term's least value; the bound is the largest such sum
+        over the terms that can be the largest (:func:`kept_peaks`), or the nodes' least memory
+        without any. Above the budget (or a known answer's memory), no choice there is better and no
+        solve is needed."""
+        edge_least = sum(e.count * min(min(row) for row in e.memory) for e in self.edges if e.memory is not None)
+        states = {k: [n.count * m for m in n.memory] for k, n in self.nodes.items()}
+        base = self.fixed_bytes + edge_least
+        bound = base + sum(min(v) for v in states.values())
+        for pi in kept_peaks(self) if self.peaks else ():
+            term = self.peaks[pi]
+            value = base + sum(min(v) for k, v in states.items() if k not in term.nodes)
+            value += sum(min(a + b for a, b in zip(states[k], vals, strict=True)) for k, vals in term.nodes.items())
+            value += sum(min(min(row) for row in m) for m in term.edges.values())
+            bound = max(bound, value)
         return bound
+
+    def seconds_lower_bound(self) -> float:
+        """Seconds every choice needs at least: each node's least time (edges add nothing negative)."""
+        return sum(n.count * min(n.seconds) for n in self.nodes.values())
 
     @property
     def size(self) -> tuple[int, int]:

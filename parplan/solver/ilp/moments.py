@@ -25,7 +25,7 @@ the first two and the last two are written. Memory in bytes per device; one micr
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items, tensor_bytes
@@ -329,7 +329,9 @@ class _Terms:
             return nbytes * sum(self.graph.node(n.inputs[p]).numel
                                 / _shards(self.gp, _in(self.gp, n, p, s)) for p in positions)
 
-        return self._per_candidate(n.id, fn) if positions and n.id not in self.gp.follows else Lin()
+        if not positions or n.id in self.gp.follows:
+            return Lin()
+        return self._per_candidate_alike(n.id, ("gathered", nbytes, tuple(positions)), fn)
 
     def tied(self, units: list[_Unit]) -> tuple[Lin, Lin, list[int]]:
         """(local gradient bytes of the parameters two units read, the gradient the first reader's
@@ -406,19 +408,36 @@ class _Terms:
 
 
 @dataclass
-class _Unit:
-    name: str
-    nodes: list[Node]
-    is_block: bool
-    act: Lin  # saved tensors of the unit (the stage's shared ones apart)
+class _Detail:
+    """A unit's per-operator figures (only the units whose moments are built, and the answer's walk,
+    need them)."""
+
     alive: list[Lin]  # per operator (forward order): its own saved tensors alive during its backward
     rebuilt_alive: list[Lin]  # the part of them recomputation rebuilt (temporary)
     transient: list[Lin]
     grads_after: list[Lin]  # ZeRO-3 weight gradients its backward has made before the operator's
+    forward_live: list[Lin]
+
+
+@dataclass
+class _Unit:
+    name: str
+    nodes: list[Node]
+    is_block: bool
+    reps: tuple[str, ...]  # the variable set of each operator (units alike share them)
+    act: Lin  # saved tensors of the unit (the stage's shared ones apart)
     grads: Lin  # ZeRO-3 weight gradients of the whole unit
     grads_untied: Lin  # the same without a tied table's (outside the blocks: kept to the end of backward)
     gathered: Lin  # ZeRO-3 weights, unsharded
-    forward_live: list[Lin]
+    build_detail: Callable[[], _Detail] = field(repr=False)
+    _detail: _Detail | None = field(default=None, repr=False)
+
+    @property
+    def detail(self) -> _Detail:
+        """The per-operator figures, built on first use."""
+        if self._detail is None:
+            self._detail = self.build_detail()
+        return self._detail
 
 
 def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
@@ -434,17 +453,18 @@ def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
     tied, tied_workspace, tied_users = terms.tied(units)
     stage: list[StageUnit] = []
     for k, u in enumerate(units):
-        alive = [v(a) for a in u.alive]
-        rebuilt = [v(a) for a in u.rebuilt_alive]
-        trans = [v(t) for t in u.transient]
-        grads = [v(g) for g in u.grads_after]
+        d = u.detail
+        alive = [v(a) for a in d.alive]
+        rebuilt = [v(a) for a in d.rebuilt_alive]
+        trans = [v(t) for t in d.transient]
+        grads = [v(g) for g in d.grads_after]
         profile = BackwardProfile(max(a + t for a, t in zip(alive, trans, strict=True)),
                                   max(a + t + g for a, t, g in zip(alive, trans, grads, strict=True)),
                                   max(r + t for r, t in zip(rebuilt, trans, strict=True)),
                                   max(r + t + g for r, t, g in zip(rebuilt, trans, grads, strict=True)))
         gathered = v(u.gathered)
         stage.append(StageUnit(u.name, u.is_block, FSDP if gathered > 0 else IN_PLACE, v(u.act), profile,
-                               max((v(x) for x in u.forward_live), default=0.0), gathered, v(u.grads), gathered,
+                               max((v(x) for x in d.forward_live), default=0.0), gathered, v(u.grads), gathered,
                                v(u.grads_untied), k in tied_users))
     grad_bytes = gp.ctx.precision.grad_bytes
     walked = stage_peak(stage, gp.ctx.precision, v(_shared_items(gp, terms)), v(tied) / grad_bytes,
@@ -519,37 +539,43 @@ def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
             unit_act = unit_act.add(terms.item(it.key, saver, it))
         for n in nodes:
             unit_act = unit_act.add(terms.kept_copies(n))
-        freed: list[tuple[Lin, Lin]] = []  # per operator: (saved tensors it frees, of them rebuilt)
-        seen = set()
-        for n in nodes:
-            mine, mine_rebuilt = Lin(), Lin()
-            for it in op_saved_items(n, graph, act, flash_attention=ctx.flash_attention, recompute=policy,
-                                     runtime=ctx.runtime):
-                if it.key in seen or it.key in shared_keys:
-                    continue
-                seen.add(it.key)
-                size = terms.item(it.key, n, it)
-                mine = mine.add(size)
-                if rebuilt and it.key not in kept_keys:
-                    mine_rebuilt = mine_rebuilt.add(size)
-            mine = mine.add(terms.kept_copies(n))
-            freed.append((mine, mine_rebuilt))
-        alive, rebuilt_alive = [], []
-        running, running_r = Lin(), Lin()
-        for mine, mine_r in freed:  # forward order: what is alive at the operator = itself and the earlier ones
-            running, running_r = running.add(mine), running_r.add(mine_r)
-            alive.append(running)
-            rebuilt_alive.append(running_r)
-        grads_after: list[Lin] = [Lin()] * len(nodes)
-        acc = Lin()
-        for k in reversed(range(len(nodes))):
-            grads_after[k] = acc
-            acc = acc.add(terms.weight_grads(nodes[k], zero3_only=True))
+        acc = _sum(terms.weight_grads(n, zero3_only=True) for n in nodes)
         untied = _sum(terms.weight_grads(n, zero3_only=True, skip=terms.tied_ids) for n in nodes)
         gathered = _sum(terms.gathered(n, ctx.precision.param_bytes) for n in nodes)
-        out.append(_Unit(name, nodes, is_block, unit_act, alive, rebuilt_alive,
-                         [terms.transient(n) for n in nodes], grads_after, acc, untied, gathered,
-                         terms.forward_live(in_order.get(name, []), every_saved)))
+
+        def detail(nodes: list[Node] = nodes, name: str = name, rebuilt: bool = rebuilt, policy: Recompute = policy,
+                   kept_keys: set[str] = kept_keys) -> _Detail:
+            freed: list[tuple[Lin, Lin]] = []  # per operator: (saved tensors it frees, of them rebuilt)
+            seen: set[str] = set()
+            for n in nodes:
+                mine, mine_rebuilt = Lin(), Lin()
+                for it in op_saved_items(n, graph, act, flash_attention=ctx.flash_attention, recompute=policy,
+                                         runtime=ctx.runtime):
+                    if it.key in seen or it.key in shared_keys:
+                        continue
+                    seen.add(it.key)
+                    size = terms.item(it.key, n, it)
+                    mine = mine.add(size)
+                    if rebuilt and it.key not in kept_keys:
+                        mine_rebuilt = mine_rebuilt.add(size)
+                mine = mine.add(terms.kept_copies(n))
+                freed.append((mine, mine_rebuilt))
+            alive, rebuilt_alive = [], []
+            running, running_r = Lin(), Lin()
+            for mine, mine_r in freed:  # forward order: alive at the operator = itself and the earlier ones
+                running, running_r = running.add(mine), running_r.add(mine_r)
+                alive.append(running)
+                rebuilt_alive.append(running_r)
+            grads_after: list[Lin] = [Lin()] * len(nodes)
+            made = Lin()
+            for k in reversed(range(len(nodes))):
+                grads_after[k] = made
+                made = made.add(terms.weight_grads(nodes[k], zero3_only=True))
+            return _Detail(alive, rebuilt_alive, [terms.transient(n) for n in nodes], grads_after,
+                           terms.forward_live(in_order.get(name, []), every_saved))
+
+        out.append(_Unit(name, nodes, is_block, tuple(gp.rep_of[n.id] for n in nodes), unit_act, acc, untied,
+                         gathered, detail))
     return out
 
 
@@ -630,7 +656,7 @@ def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin,
             continue
         fixed = root_params.add(weights)
         base = held_before[i].add(u.act).add(fixed)
-        for live in u.forward_live:
+        for live in u.detail.forward_live:
             yield _Moment(base.add(live), i, "forward")
         if i in blocks:
             earlier = [j for j in blocks if j < i]
@@ -646,8 +672,9 @@ def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin,
         weights = _weights_in_backward(units, blocks, i)
         if want(i):
             fixed = root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending)
+            d = u.detail
             for k in range(len(u.nodes)):
-                own = u.alive[k].add(u.transient[k]).add(u.grads_after[k])
+                own = d.alive[k].add(d.transient[k]).add(d.grads_after[k])
                 yield _Moment(held_before[i].add(fixed).add(own), i, "backward")
         if u.is_block:
             reduce_buffer = u.grads
@@ -682,7 +709,7 @@ def _temporaries(gp: GraphProblem, terms: _Terms, units: list[_Unit]) -> Iterabl
         if before:
             last = before[-1]
             weights = units[last].gathered.add(units[last].gathered) if last == i else units[last].gathered
-        for live in u.forward_live:
+        for live in u.detail.forward_live:
             yield root_params.add(weights).add(live)
     tied, tied_workspace, tied_users = terms.tied(units)
     root_grads = Lin()
@@ -692,8 +719,9 @@ def _temporaries(gp: GraphProblem, terms: _Terms, units: list[_Unit]) -> Iterabl
         u = units[i]
         weights = _weights_in_backward(units, blocks, i)
         fixed = root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending)
+        d = u.detail
         for k in range(len(u.nodes)):
-            yield fixed.add(u.rebuilt_alive[k]).add(u.transient[k]).add(u.grads_after[k])
+            yield fixed.add(d.rebuilt_alive[k]).add(d.transient[k]).add(d.grads_after[k])
         if u.is_block:
             reduce_buffer = u.grads
             yield root_params.add(root_grads).add(weights).add(u.gathered, -1).add(u.grads, 2).add(pending)
@@ -737,4 +765,4 @@ def _dominant_units(units: list[_Unit]) -> set[int]:
 
 
 def _alike(a: _Unit, b: _Unit) -> bool:
-    return len(a.nodes) == len(b.nodes) and set(a.transient[0].nodes) == set(b.transient[0].nodes)
+    return a.reps == b.reps

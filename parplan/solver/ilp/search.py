@@ -5,9 +5,13 @@ per step), and for every candidate mesh (1-D, 2-D, 3-D; see
 :func:`~parplan.solver.ilp.strategies.mesh_shapes`) the auxiliary problem. Then:
 
 1. best time: minimise step time subject to per-device memory ≤ budget on each mesh; ``T*`` is the
-   best over meshes;
+   best over meshes. Candidates are solved in order of their least possible time; one whose least
+   possible time is within the solver's gap (``MIP_REL_GAP``) of the best found so far is not
+   solved (it cannot tell a different ``T*`` at the precision the solves have);
 2. ``max-throughput`` keeps that plan; ``min-memory`` minimises memory subject to time ≤ (1 + ε)·T*
-   (or memory + α·time when α is given) on every mesh that can reach that time;
+   (or memory + α·time when α is given) on every mesh that can reach that time, skipping those
+   whose least possible memory (the model states and the largest moment's least value,
+   :meth:`~parplan.solver.ilp.model.AuxProblem.memory_lower_bound`) is no better than the best so far;
 3. when nothing fits, it says so and reports the least memory any plan needs (memory alone,
    minimised without constraints).
 
@@ -36,7 +40,7 @@ from parplan.solver.cost.resharding import edge_seconds, reshard_seconds
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
-from parplan.solver.ilp.model import IlpResult, InfeasibleError, kept_peaks, solve_aux
+from parplan.solver.ilp.model import MIP_REL_GAP, IlpResult, InfeasibleError, kept_peaks, solve_aux
 from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import (
     GraphProblem,
@@ -61,6 +65,7 @@ class Candidate:
     gp: GraphProblem
     result: IlpResult | None
     b: int  # samples per micro-step
+    fits: bool = True  # False once some choice is known to fit the budget nowhere here
 
     @property
     def res(self) -> IlpResult:
@@ -233,14 +238,20 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
 
     # the work done, counted for regression tests (``solver.work.ilp``)
     work = {"meshes": len(meshes), "problems_built": 0, "solves": 0, "variables": 0, "constraints": 0,
-            "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0}
+            "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0, "time_solves_skipped": 0,
+            "memory_solves_skipped": 0}
     fastest: list[Candidate] = []
     problems: list[Candidate] = []
+    # A time solve stops within MIP_REL_GAP of its optimum, so a candidate whose least possible time
+    # is within that gap of the best time found so far cannot tell a different best time: its time
+    # solve is skipped (max-throughput and min-memory without alpha; min-memory then asks it for a
+    # plan within the time limit directly).
+    skip_slow = alpha_gib_per_s is None
     for recompute in (Recompute.SELECTIVE, Recompute.FULL):
         problems = []
         combos = [(mesh, b) for mesh in meshes for b in sizes]
         for i, (mesh, b) in enumerate(combos):
-            report("building and solving: best time", 0.05 + 0.55 * i / len(combos))
+            report("building the problems", 0.05 + 0.35 * i / len(combos))
             gp = build_problem(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
                                recompute, flash_attention, zero_stages=zero_stages,
                                max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime,
@@ -248,15 +259,25 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             work["problems_built"] += 1
             work["peak_terms"] += len(gp.problem.peaks)
             work["peak_terms_kept"] += len(kept_peaks(gp.problem))
-            try:
-                if gp.problem.memory_lower_bound() > budget_bytes:
-                    raise InfeasibleError("even the least memory of every operator exceeds the budget")
-                r = solve_aux(gp.problem, "time", budget=budget_bytes, timeout_seconds=remaining(), work=work)
-            except InfeasibleError:
-                problems.append(Candidate(mesh, gp, None, b))
+            problems.append(Candidate(mesh, gp, None, b))
+            remaining()
+        # least possible time first: the fastest is found early and the others are skipped against it
+        order = sorted(problems, key=lambda c: c.gp.problem.seconds_lower_bound())
+        for i, c in enumerate(order):
+            report("solving: best time", 0.4 + 0.2 * i / len(order))
+            if c.gp.problem.memory_lower_bound() > budget_bytes:
+                c.fits = False  # even the least memory any choice needs exceeds the budget
                 continue
-            fastest.append(Candidate(mesh, gp, r, b))
-            problems.append(fastest[-1])
+            best = min((f.res.seconds for f in fastest), default=None)
+            if skip_slow and best is not None and c.gp.problem.seconds_lower_bound() >= best * (1 - MIP_REL_GAP):
+                work["time_solves_skipped"] += 1
+                continue
+            try:
+                c.result = solve_aux(c.gp.problem, "time", budget=budget_bytes, timeout_seconds=remaining(), work=work)
+            except InfeasibleError:
+                c.fits = False
+                continue
+            fastest.append(c)
         if fastest:
             break
     if not fastest:
@@ -275,32 +296,37 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             reference = best_time  # the ILP cannot get within the slowdown of the other plan
         limit = reference * (1 + max_slowdown)
         best_time = reference
-        # every candidate that can meet the time limit, smallest micro-steps (fewest activations)
-        # first; each later solve only looks for a plan better than the best so far
-        within = sorted((c for c in fastest if c.res.seconds <= limit), key=lambda c: (c.b, c.res.memory))
+        # every candidate that can meet the time limit (solved within it, or not solved and not
+        # ruled out by its least possible time), smallest micro-steps (fewest activations) first;
+        # each later solve only looks for a plan better than the best so far
+        within = sorted((c for c in problems if c.fits and (c.res.seconds <= limit if c.result is not None else
+                                                            c.gp.problem.seconds_lower_bound() <= limit)),
+                        key=lambda c: (c.b, c.gp.problem.memory_lower_bound()))
         pool: list[Candidate] = []
         for i, c in enumerate(within):
             report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(within))
             cutoff = min((p.res.objective for p in pool), default=None)
             if cutoff is not None and alpha_gib_per_s is None and c.gp.problem.memory_lower_bound() >= cutoff:
-                continue  # even each operator's least memory is no better than the best so far
+                work["memory_solves_skipped"] += 1
+                continue  # even the least memory any choice here needs is no better than the best so far
+            start = c.res.choice if c.result is not None else None
             try:
                 if alpha_gib_per_s is not None:
                     r = solve_aux(c.gp.problem, "weighted", alpha=alpha_gib_per_s * 2**30, budget=budget_bytes,
                                   timeout_seconds=remaining(), cutoff=cutoff, work=work)
                 else:
                     r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=limit * (1 + 1e-9),
-                                  timeout_seconds=remaining(), start=c.res.choice, cutoff=cutoff, work=work)
+                                  timeout_seconds=remaining(), start=start, cutoff=cutoff, work=work)
             except InfeasibleError:
-                if cutoff is None:
+                if cutoff is None and start is not None:
                     raise
-                continue  # nothing here beats the best so far
+                continue  # nothing here beats the best so far (or meets the time limit)
             pool.append(Candidate(c.mesh, c.gp, r, c.b))
         chosen = min(pool, key=lambda c: (c.res.objective, c.res.seconds))
     status = "optimal" if chosen.res.status == "optimal" else "feasible"
     report("done", 1.0)
     return _document(chosen, cl, status, time.perf_counter() - t0, meshes, budget_bytes, objective, best_time,
-                     tried=len(fastest) + sum(1 for c in problems if c.result is None), work=work)
+                     tried=len(problems), work=work)
 
 
 def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes: list[Mesh], budget: float,
