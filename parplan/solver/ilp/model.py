@@ -43,6 +43,14 @@ _MEM = float(2**30)
 #: ``cutoff`` likewise asks only for a choice better than the known one by more than this fraction.
 MIP_REL_GAP = 1e-3
 
+#: HiGHS options besides the defaults. The models come out of :func:`formulate` with little left
+#: for presolve to remove (it took 13% of bert-large's memory solve), and restarting the root
+#: after fixing columns repeated most of that solve; without either, issue 10's ILP cases ran in
+#: 8.4 s instead of 11.8 (bert-large), 30 s instead of 53 (t5-11b) and 39 s instead of 55
+#: (llama-2-70b on 64 GPUs), same plans (bench/RESULTS.md). Turning off restarts alone made t5-11b
+#: miss its time limit: the two go together.
+HIGHS_OPTIONS: dict[str, str | bool] = {"presolve": "off", "mip_allow_restart": False}
+
 
 @dataclass
 class AuxNode:
@@ -112,6 +120,9 @@ class AuxProblem:
     kept_peak_terms: tuple[list[PeakTerm], int, list[int]] | None = field(default=None, repr=False, compare=False)
     #: bytes every choice holds besides its terms (libraries' workspaces, see Runtime.library_workspace_bytes)
     fixed_bytes: float = 0.0
+    #: bytes every choice is known to hold at least, from outside the terms (0: none known; see
+    #: :func:`~parplan.solver.ilp.problem.least_bytes`); part of :meth:`memory_lower_bound`
+    floor_bytes: float = 0.0
 
     def edge_seconds(self, choice: dict[str, int]) -> float:
         """Seconds of every edge under a choice, shared groups at their costliest member."""
@@ -138,12 +149,12 @@ class AuxProblem:
         for any one term the choice holds at least, per node, its least model states plus that term
         at the same strategy, and per edge the term's least value; the bound is the largest such sum
         over the terms that can be the largest (:func:`kept_peaks`), or the nodes' least memory
-        without any. Above the budget (or a known answer's memory), no choice there is better and no
-        solve is needed."""
+        without any, and at least ``floor_bytes``. Above the budget (or a known answer's memory), no
+        choice there is better and no solve is needed."""
         edge_least = sum(e.count * min(min(row) for row in e.memory) for e in self.edges if e.memory is not None)
         states = {k: [n.count * m for m in n.memory] for k, n in self.nodes.items()}
         base = self.fixed_bytes + edge_least
-        bound = base + sum(min(v) for v in states.values())
+        bound = max(base + sum(min(v) for v in states.values()), self.floor_bytes)
         for pi in kept_peaks(self) if self.peaks else ():
             term = self.peaks[pi]
             value = base + sum(min(v) for k, v in states.items() if k not in term.nodes)
@@ -434,6 +445,8 @@ def _run_highs(f: _Formulation, timeout_seconds: float, warm: bool) -> tuple[
     h.setOptionValue("time_limit", float(timeout_seconds))
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
+    for option, value in HIGHS_OPTIONS.items():
+        h.setOptionValue(option, value)
     inf = h.getInfinity()
     n = len(f.names)
 

@@ -237,6 +237,21 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
     return gp
 
 
+def least_bytes(graph: Graph, devices: int, precision: Precision, recompute: Recompute, flash_attention: bool,
+                runtime: Runtime = Runtime.MEGATRON) -> float:
+    """Bytes per device every plan of ``graph`` (one micro-step) on ``devices`` holds at least,
+    known before its problem is built: every parameter's states and every saved buffer cut into at
+    most ``devices`` pieces, all at the end of the forward pass (one of the step's moments), and
+    the runtime's workspaces. Above the budget, the problem need not be built."""
+    states = sum(n.numel for n in graph.nodes if n.is_parameter) * precision.model_state_bytes
+    saved: dict[str, float] = {}
+    ops = [n for n in graph.nodes if not n.is_leaf]
+    for it in saved_items(graph, ops, precision.activation_bytes, flash_attention=flash_attention,
+                          recompute=recompute, runtime=runtime):
+        saved.setdefault(it.key, it.total_bytes)
+    return runtime.library_workspace_bytes + (states + sum(saved.values())) / devices
+
+
 def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
     """Bytes (whole tensor) of input ``position`` that operator ``op`` keeps for its backward, 0 if none
     (or when the runtime keeps the producer's copy instead, see ``IlpContext.keeps_resharded_copies``)."""

@@ -46,6 +46,7 @@ from parplan.solver.ilp.problem import (
     GraphProblem,
     build_problem,
     consumer_saves,
+    least_bytes,
     partial_saved_bytes,
     resharded_copy_bytes,
 )
@@ -239,7 +240,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     # the work done, counted for regression tests (``solver.work.ilp``)
     work = {"meshes": len(meshes), "problems_built": 0, "solves": 0, "variables": 0, "constraints": 0,
             "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0, "time_solves_skipped": 0,
-            "memory_solves_skipped": 0}
+            "memory_solves_skipped": 0, "problems_not_built": 0}
     fastest: list[Candidate] = []
     problems: list[Candidate] = []
     # A time solve stops within MIP_REL_GAP of its optimum, so a candidate whose least possible time
@@ -250,12 +251,17 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     for recompute in (Recompute.SELECTIVE, Recompute.FULL):
         problems = []
         combos = [(mesh, b) for mesh in meshes for b in sizes]
+        floor = {b: least_bytes(graphs[b], cl.num_devices, prec, recompute, flash_attention, runtime) for b in sizes}
         for i, (mesh, b) in enumerate(combos):
             report("building the problems", 0.05 + 0.35 * i / len(combos))
+            if floor[b] > budget_bytes and any(floor[s] <= budget_bytes for s in sizes):
+                work["problems_not_built"] += 1  # nothing at this micro-step fits, whatever the mesh
+                continue
             gp = build_problem(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
                                recompute, flash_attention, zero_stages=zero_stages,
                                max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime,
                                zero3_per_operator=zero3_per_operator)
+            gp.problem.floor_bytes = floor[b]
             work["problems_built"] += 1
             work["peak_terms"] += len(gp.problem.peaks)
             work["peak_terms_kept"] += len(kept_peaks(gp.problem))
@@ -282,7 +288,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             break
     if not fastest:
         report("solving: least memory", 0.8)
-        smallest = [c for c in problems if c.b == sizes[0]]
+        smallest = [c for c in problems if c.b == min(p.b for p in problems)]
         least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=remaining(),
                                                           work=work), c.b)
                      for c in smallest), key=lambda c: c.res.memory)
