@@ -20,6 +20,7 @@ from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
+from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
 from parplan.solver.evaluate import Evaluation, evaluation_of
@@ -88,6 +89,7 @@ class UniformEvaluator:
         self._costs: dict[int, GraphCosts] = {}
         self.evaluations = 0
         self.memory_evaluations = 0
+        self._parameters: int | None = None
 
     def graph(self, micro_batch: int) -> Graph:
         if micro_batch not in self._graphs:
@@ -120,6 +122,19 @@ class UniformEvaluator:
         except SolverError:
             return None
 
+    def states_floor(self, c: Candidate) -> float:
+        """Bytes per device ``c`` holds at least, without pricing it: every parameter's weights,
+        gradients and optimizer states cut over the ``tp·pp`` devices of one data-parallel replica
+        (the busiest stage holds at least the average), each category also over ``dp`` where the
+        ZeRO stage can shard it (weights from stage 2, as PyTorch shards them)."""
+        if self._parameters is None:
+            self._parameters = self.graph(1).parameter_count()
+        prec = get_precision(self.precision)
+        per_replica = self._parameters / (c.tp * c.pp)
+        return per_replica * (prec.param_bytes / (c.dp if c.zero >= 2 else 1)
+                              + prec.grad_bytes / (c.dp if c.zero >= 2 else 1)
+                              + prec.optimizer_state_bytes / (c.dp if c.zero >= 1 else 1))
+
     def memory_of(self, c: Candidate) -> PlanMemory | None:
         """The memory alone (None: the strategy does not apply); counted in ``memory_evaluations``."""
         g = self.graph(c.micro_batch)
@@ -150,36 +165,52 @@ def best_of(evals: Iterable[Evaluation], budget_bytes: float) -> Evaluation | No
 
 
 def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_bytes: float) -> Evaluation | None:
-    """:func:`best_of` the candidates' evaluations, pricing memory only where it can matter.
+    """:func:`best_of` the candidates' evaluations, pricing only what can change the answer.
 
-    Every candidate's step time is priced; memory (the dearer half) only in order of time until one
-    fits, and for the candidates as fast as it (the tie goes to the least memory). When none fits,
-    every memory is priced to find the least. The answer is the one :func:`best_of` gives."""
-    timed = [(c, t) for c in cands if (t := ev.time_of(c)) is not None]
+    A candidate whose model states alone (:meth:`UniformEvaluator.states_floor`) exceed the budget
+    cannot fit: it is not priced. The others' step time is priced; memory (the dearer half) only
+    in order of time until one fits, and for the candidates as fast as it (the tie goes to the least
+    memory). When none fits, memory is priced in order of the floor until the floor is above the
+    least memory found. The answer is the one :func:`best_of` gives."""
+    every = list(cands)
+    floor = [ev.states_floor(c) for c in every]
+    times: dict[int, PlanTime | None] = {}
     memory: dict[int, PlanMemory | None] = {}
+
+    def tim(i: int) -> PlanTime | None:
+        if i not in times:
+            times[i] = ev.time_of(every[i])
+        return times[i]
 
     def mem(i: int) -> PlanMemory | None:
         if i not in memory:
-            memory[i] = ev.memory_of(timed[i][0])
+            memory[i] = ev.memory_of(every[i])
         return memory[i]
 
+    seconds = {i: t.step_seconds for i in range(len(every)) if floor[i] <= budget_bytes and (t := tim(i)) is not None}
     best: tuple[float, float, int, PlanMemory] | None = None  # (seconds, peak bytes, index, memory)
-    for i in sorted(range(len(timed)), key=lambda i: timed[i][1].step_seconds):  # stable: ties in given order
-        secs = timed[i][1].step_seconds
+    for i in sorted(seconds, key=lambda i: seconds[i]):  # stable: ties in given order
+        secs = seconds[i]
         if best is not None and secs > best[0]:
             break
         m = mem(i)
         if m is not None and m.peak_bytes <= budget_bytes and (best is None or (secs, m.peak_bytes) < best[:2]):
             best = (secs, m.peak_bytes, i, m)
-    if best is None:  # none fits: the least memory, first in the given order
-        for i in range(len(timed)):
+    if best is None:  # none fits: the least memory, first in the given order among equal ones
+        for i in sorted(range(len(every)), key=lambda i: floor[i]):
+            if best is not None and floor[i] > best[1]:
+                break
             m = mem(i)
-            if m is not None and (best is None or m.peak_bytes < best[1]):
-                best = (timed[i][1].step_seconds, m.peak_bytes, i, m)
+            if m is None or (best is not None and (m.peak_bytes, i) >= (best[1], best[2])):
+                continue
+            t = tim(i)
+            if t is not None:
+                best = (t.step_seconds, m.peak_bytes, i, m)
     if best is None:
         return None
-    c, t = timed[best[2]]
-    return ev.evaluation(c, best[3], t)
+    t = times[best[2]]
+    assert t is not None
+    return ev.evaluation(every[best[2]], best[3], t)
 
 
 def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> Iterator[Candidate]:

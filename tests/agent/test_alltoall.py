@@ -18,6 +18,13 @@ CASES: list[tuple[tuple[int, ...], tuple[int, ...], list[tuple[str, int]], list[
     ((4, 8, 6), (2, 2), [("R", 0), ("S", 1)], [("R", 0), ("S", 0)]),
     # both axes change (an ILP plan's logits, vocab x batch -> batch x seq): one axis at a time
     ((4, 8, 6), (2, 2), [("S", 2), ("S", 0)], [("S", 0), ("S", 1)]),
+    # the inner axis moves to a dim the outer one splits already, and back (an ILP plan's embedding
+    # sum, batch x hidden -> batch x batch)
+    ((8, 4, 6), (2, 2), [("S", 0), ("S", 2)], [("S", 0), ("S", 0)]),
+    ((8, 4, 6), (2, 2), [("S", 0), ("S", 0)], [("S", 0), ("S", 1)]),
+    # no axis can go straight (an ILP plan's logits, vocab x batch -> batch x batch): the inner one
+    # steps aside to a dim nobody splits first
+    ((8, 4, 6), (2, 2), [("S", 2), ("S", 0)], [("S", 0), ("S", 0)]),
 ]
 
 
@@ -64,7 +71,9 @@ def test_only_one_axis_swapping_unshared_dims_is_taken() -> None:
     assert exchange_axis((Shard(0),), (Shard(2),)) == (0, 0, 2)
     assert exchange_axis((Replicate(), Shard(1)), (Replicate(), Shard(0))) == (1, 1, 0)
     assert exchange_axis((Shard(0), Shard(1)), (Shard(1), Shard(0))) is None  # two axes change
-    assert exchange_axis((Shard(0), Shard(1)), (Shard(0), Shard(0))) is None  # dim 0 split twice
+    # dim 0 split by both axes: the inner axis can swap (it splits the outer one's piece), the outer cannot
+    assert exchange_axis((Shard(0), Shard(1)), (Shard(0), Shard(0))) == (1, 1, 0)
+    assert exchange_axis((Shard(1), Shard(0)), (Shard(0), Shard(0))) is None
     assert exchange_axis((Shard(0),), (Replicate(),)) is None  # a gather, not an exchange
     assert exchange_axis((Partial(),), (Shard(0),)) is None
 
@@ -78,5 +87,8 @@ def test_several_axes_are_swapped_one_at_a_time_in_an_order_that_exists() -> Non
     assert swap_steps((Shard(2), Shard(0)), (Shard(0), Shard(1))) == [((Shard(2), Shard(1)), 1, 0, 1),
                                                                        ((Shard(0), Shard(1)), 0, 2, 0)]
     assert swap_steps((Shard(0), Shard(1)), (Shard(1), Shard(0))) is None  # each waits for the other
+    # ... unless a third dim nobody splits lets one step aside
+    assert swap_steps((Shard(2), Shard(0)), (Shard(0), Shard(0)), ndim=3) == [
+        ((Shard(2), Shard(1)), 1, 0, 1), ((Shard(0), Shard(1)), 0, 2, 0), ((Shard(0), Shard(0)), 1, 1, 0)]
     assert swap_steps((Shard(0),), (Replicate(),)) is None
     assert swap_steps((Shard(0),), (Shard(0),)) == []
