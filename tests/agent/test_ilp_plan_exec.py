@@ -59,7 +59,7 @@ def test_every_operator_of_every_layer_gets_its_representative_strategy() -> Non
         assert strategies[f"layers.{i}.mlp.fc1.mm"] == strategies[f"layers.{j}.mlp.fc1.mm"]
 
 
-#: mesh, objective -> bound on |relative error| of the peak (measured: -0.0% and +2.6%, see
+#: mesh, objective -> bound on |relative error| of the peak (measured at 3319a01: +0.5% and +2.3%, see
 #: bench/RESULTS.md, "ILP plans executed with DTensor"). The 2x2 plan's peak varies from run to run:
 #: in 1 of 5 runs one rank held one more collective buffer (+1.1 MiB, +5.8%), as asynchronous
 #: collectives finish at different moments; its bound covers that spread.
