@@ -128,7 +128,7 @@ class UniformEvaluator:
         (the busiest stage holds at least the average), each category also over ``dp`` where the
         ZeRO stage can shard it (weights from stage 2, as PyTorch shards them)."""
         if self._parameters is None:
-            self._parameters = self.graph(1).parameter_count()
+            self._parameters = self.model.parameter_count()
         prec = get_precision(self.precision)
         per_replica = self._parameters / (c.tp * c.pp)
         return per_replica * (prec.param_bytes / (c.dp if c.zero >= 2 else 1)

@@ -33,7 +33,7 @@ from typing import Any
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
-from parplan.solver.cost.activations import Recompute, SavedItem
+from parplan.solver.cost.activations import Recompute, SavedItem, block_of
 from parplan.solver.cost.collectives import (
     all_reduce_seconds,
     all_to_all_seconds,
@@ -44,6 +44,7 @@ from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import exposed_seconds, op_seconds, optimizer_step_seconds, parameter_states
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.units import _freeze
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, loop_dims, output_layout
 from parplan.solver.ir import Graph, Node, OpKind
 
@@ -128,9 +129,6 @@ def signature(node: Node, ctx: IlpContext) -> tuple[object, ...]:
     """What :func:`_work_cost` depends on besides the strategy: the operator's kind, shape, dtype
     and attributes, its inputs' kinds and shapes, the parameters it owns, whether it is in a block
     (full recomputation runs the blocks' forward again)."""
-    from parplan.solver.cost.activations import block_of
-    from parplan.solver.cost.units import _freeze
-
     cache = ctx.memo.setdefault("signature", {})
     sig = cache.get(node.id)
     if sig is None:
@@ -154,7 +152,6 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
     data = set(data_axes(s, mesh))
 
     # --- compute
-    act_bytes = prec.activation_bytes
     fwd, bwd, rec = op_seconds(node, g, ctx.gpu, ctx.calibration, prec, s, mesh, ctx.recompute, ctx.flash_attention)
     seconds += m * (fwd + bwd + rec)
     sync = 0.0  # once-per-step gradient traffic, hidden behind one micro-batch's backward
@@ -194,7 +191,18 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
 
     # --- operator-specific collectives
     if node.kind in (OpKind.CROSS_ENTROPY, OpKind.DISPATCH, OpKind.COMBINE):
-        out_layout = output_layout(node, s, mesh, loop_dims(node, g)[1])
+        seconds += _own_collectives(node, s, ctx)
+    return StrategyCost(MemoryBreakdown(**held), MemoryBreakdown(**redundant), seconds)
+
+
+def _own_collectives(node: Node, s: OpStrategy, ctx: IlpContext) -> float:
+    """Seconds per step of the collectives the operator itself runs: vocabulary-parallel cross
+    entropy's statistics, expert parallelism's all-to-alls."""
+    g, mesh = ctx.graph, ctx.mesh
+    sizes = mesh.sizes
+    m = ctx.microbatches
+    out_layout = output_layout(node, s, mesh, loop_dims(node, g)[1])
+    seconds = 0.0
     if node.kind is OpKind.CROSS_ENTROPY:
         cdim = str(node.attrs.get("class_dim", "vocab"))
         axes = list(s.axes_of(mesh, cdim))
@@ -204,11 +212,12 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
     if node.kind in (OpKind.DISPATCH, OpKind.COMBINE):
         axes = list(s.axes_of(mesh, "expert"))
         if axes:
-            moved = (node.numel if node.kind is OpKind.DISPATCH else g.node(node.inputs[0]).numel) * act_bytes
+            moved = (node.numel if node.kind is OpKind.DISPATCH else g.node(node.inputs[0]).numel) \
+                * ctx.precision.activation_bytes
             local = moved / out_layout.shards(sizes) if node.kind is OpKind.DISPATCH else moved / math.prod(
                 sizes[a] for a in axes)
             seconds += m * 2 * all_to_all_seconds(ctx.group_size(axes), local, ctx.group_link(axes))
-    return StrategyCost(MemoryBreakdown(**held), MemoryBreakdown(**redundant), seconds)
+    return seconds
 
 
 def _saved_cost(node: Node, s: OpStrategy, ctx: IlpContext,

@@ -47,8 +47,9 @@ MIP_REL_GAP = 1e-3
 #: for presolve to remove (it took 13% of bert-large's memory solve), and restarting the root
 #: after fixing columns repeated most of that solve; without either, issue 10's ILP cases ran in
 #: 8.4 s instead of 11.8 (bert-large), 30 s instead of 53 (t5-11b) and 39 s instead of 55
-#: (llama-2-70b on 64 GPUs), same plans (bench/RESULTS.md). Turning off restarts alone made t5-11b
-#: miss its time limit: the two go together.
+#: (llama-2-70b on 64 GPUs) with the same memory; where several plans hold the same memory within
+#: the gap, the solver may now return another of them (bench/RESULTS.md). Turning off restarts
+#: alone made t5-11b miss its time limit: the two go together.
 HIGHS_OPTIONS: dict[str, str | bool] = {"presolve": "off", "mip_allow_restart": False}
 
 

@@ -36,7 +36,7 @@ from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.rules import optimizer_temporary_bytes
 from parplan.solver.cost.runtime import FSDP, IN_PLACE, Runtime
-from parplan.solver.cost.units import _freeze
+from parplan.solver.ilp.costs import signature
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
 from parplan.solver.ilp.problem import GraphProblem, partial_saved_bytes, resharded_copy_bytes
 from parplan.solver.ir import Node, OpKind
@@ -188,16 +188,12 @@ class _Terms:
         return self.gp.rep_of[self._origin(op)]
 
     def signature(self, n: Node) -> tuple[object, ...]:
-        """What an operator's per-candidate sizes depend on: its kind, shape, attributes and inputs'
-        shapes, whether it is in a block, the dims its split leaves partial. Operators alike in
-        this (the same operator of every alike block) have the same sizes under each strategy."""
-        cache = self.gp.caches.setdefault("signature", {})
-        sig = cache.get(n.id)
-        if sig is None:
-            ins = tuple((src.kind, src.dims, src.dtype) for src in map(self.graph.node, n.inputs))
-            sig = cache[n.id] = (n.kind, n.dims, n.dtype, _freeze(n.attrs), ins, block_of(n) is None,
-                                 self.gp.partial_dims.get(n.id))
-        return sig  # type: ignore[no-any-return]
+        """What an operator's per-candidate sizes depend on: what its price depends on
+        (:func:`~parplan.solver.ilp.costs.signature`: kind, shape, attributes, inputs' shapes, the
+        parameters it owns, whether it is in a block) and the dims its split leaves partial.
+        Operators alike in this (the same operator of every alike block) have the same sizes under
+        each strategy."""
+        return (*signature(n, self.gp.ctx), self.gp.partial_dims.get(n.id))
 
     def _per_candidate_alike(self, op: str, what: Hashable, fn: object) -> Lin:
         """:meth:`_per_candidate` for a term that depends only on the operator's (and its origin's)

@@ -66,7 +66,7 @@ class Candidate:
     gp: GraphProblem
     result: IlpResult | None
     b: int  # samples per micro-step
-    fits: bool = True  # False once some choice is known to fit the budget nowhere here
+    fits: bool = True  # False once it is known that no choice here fits the budget
 
     @property
     def res(self) -> IlpResult:
@@ -288,7 +288,8 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             break
     if not fastest:
         report("solving: least memory", 0.8)
-        smallest = [c for c in problems if c.b == min(p.b for p in problems)]
+        b_least = min(c.b for c in problems)
+        smallest = [c for c in problems if c.b == b_least]
         least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=remaining(),
                                                           work=work), c.b)
                      for c in smallest), key=lambda c: c.res.memory)
