@@ -215,3 +215,15 @@ def test_sync_every_microbatch_flag(capsys: pytest.CaptureFixture[str]) -> None:
     for cat in ("parameters", "gradients", "optimizer_states", "activations"):
         assert once["memory"]["breakdown"][cat] == every["memory"]["breakdown"][cat]
     assert every["time"]["step_seconds"] > once["time"]["step_seconds"]
+
+
+@pytest.mark.skipif(PARPLAN is None, reason="console script not installed")
+def test_ilp_plan_json_is_not_corrupted_by_the_solver_banner() -> None:
+    """HiGHS prints a banner from C++ to descriptor 1 on its first instance; ``--json`` must stay one
+    document (the banner may go to stderr)."""
+    assert PARPLAN is not None
+    r = subprocess.run([PARPLAN, "plan", "--model", "bert-large", "--gpus", "2", "--gpu", "A100-80GB",
+                        "--global-batch", "4", "--search", "ilp", "--objective", "min-memory", "--json"],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["strategy"]["kind"] == "intra-operator"

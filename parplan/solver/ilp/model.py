@@ -25,6 +25,9 @@ does not tolerate); results are reported in bytes.
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -429,6 +432,34 @@ def _highs_available() -> bool:
     return True
 
 
+_BANNER_LOCK = threading.Lock()
+_banner_shown = False
+
+
+def _new_highs() -> Any:
+    """A silent HiGHS instance. HiGHS (1.12 and later) prints its banner on the process's first
+    instance from C++, to file descriptor 1, before any option can turn output off; that would
+    corrupt ``parplan plan --json``. The first instance is made with descriptor 1 pointed at 2."""
+    global _banner_shown
+    import highspy
+
+    with _BANNER_LOCK:
+        if _banner_shown:
+            h = highspy.Highs()  # type: ignore[no-untyped-call]
+        else:
+            sys.stdout.flush()
+            saved = os.dup(1)
+            try:
+                os.dup2(2, 1)
+                h = highspy.Highs()  # type: ignore[no-untyped-call]
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+            _banner_shown = True
+    h.setOptionValue("output_flag", False)
+    return h
+
+
 def _run(f: _Formulation, timeout_seconds: float, backend: str, warm: bool = False) -> tuple[
         Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
     if backend == "highs" and _highs_available():
@@ -441,8 +472,7 @@ def _run_highs(f: _Formulation, timeout_seconds: float, warm: bool) -> tuple[
     import highspy
     import numpy as np
 
-    h = highspy.Highs()  # type: ignore[no-untyped-call]
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.setOptionValue("time_limit", float(timeout_seconds))
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
