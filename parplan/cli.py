@@ -1,4 +1,4 @@
-"""The ``parplan`` command line: ``memory`` and ``models`` (DESIGN.md's CLI contract).
+"""The ``parplan`` command line: ``memory``, ``plan``, ``export`` and ``models`` (DESIGN.md's CLI contract).
 
 Every command prints a readable table, or one JSON document on stdout with ``--json``. Bad
 arguments, unknown models and strategies that do not fit the devices exit with status 2 and a
@@ -137,8 +137,23 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--pareto", action="store_true",
                       help="search and print the whole memory vs step-time frontier (plans no other plan beats on "
                            "both; slower: every candidate's budget ladder is walked)")
+    plan.add_argument("--target", choices=["any", "megatron", "torchtitan", "deepspeed", "galvatron", "parplan"],
+                      default="any", help="the trainer the plan is for: only what it runs, priced with its "
+                                          "buffers, against its own baseline (default any; see README)")
+    plan.add_argument("--export", metavar="DIR", default=None,
+                      help="also write the plan for --target into DIR (its config files and launch lines)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
     plan.set_defaults(handler=cmd_plan)
+    exp = sub.add_parser("export", help="write a saved plan as a trainer's config and launch lines",
+                         description="Convert a plan document (parplan plan --json, GET /v1/plans/{id}) into the "
+                                     "configuration files and launch commands of a trainer, pinned to a stated "
+                                     "version. A plan the trainer cannot run is an error naming why.")
+    exp.add_argument("plan", help="plan JSON file (- for standard input)")
+    exp.add_argument("--target", required=True, choices=["megatron", "torchtitan", "deepspeed", "galvatron",
+                                                         "parplan"])
+    exp.add_argument("--out", metavar="DIR", default=None, help="write the files into DIR (default: print them)")
+    exp.add_argument("--json", action="store_true", help="print one JSON document (files, launch, notes)")
+    exp.set_defaults(handler=cmd_export)
     models = sub.add_parser("models", help="list model presets with their parameter counts")
     models.add_argument("--json", action="store_true", help="print one JSON document")
     models.set_defaults(handler=cmd_models)
@@ -237,6 +252,7 @@ def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "time_limit": args.time_limit,
         "mesh": args.mesh,
         "pareto": args.pareto,
+        "target": args.target,
     }
 
 
@@ -288,9 +304,56 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from parplan.solver.planner import parse_plan_request, solve
 
     body = plan_request_from_args(args)
+    if args.export is not None and args.target == "any":
+        raise UsageError("--export needs --target (megatron, torchtitan, deepspeed, galvatron or parplan)")
     doc = solve(parse_plan_request(body))
+    if args.export is not None and doc.get("memory") is not None:
+        from parplan.exports import export_plan
+
+        written = _write_export(export_plan(doc, args.target).to_dict(), Path(args.export))
+        print(f"wrote {', '.join(written)} to {args.export}", file=sys.stderr)
     print(json.dumps(doc, indent=2) if args.json else _plan_table(doc, args.pareto))
     return 0 if doc.get("memory") is not None else 3
+
+
+def _write_export(exported: dict[str, Any], out: Path) -> list[str]:
+    """Write an export's files into ``out`` (created); their names."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in exported["files"].items():
+            (out / name).write_text(text)
+    except OSError as e:
+        raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
+    return sorted(exported["files"])
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from parplan.exports import export_plan
+
+    try:
+        text = sys.stdin.read() if args.plan == "-" else Path(args.plan).read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read {args.plan}: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{args.plan} is not JSON: {e.msg} at line {e.lineno}") from None
+    exported = export_plan(doc, args.target).to_dict()
+    if args.out is not None:
+        written = _write_export(exported, Path(args.out))
+        print(f"wrote {', '.join(written)} to {args.out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(exported, indent=2))
+    elif args.out is None:
+        for name, body in exported["files"].items():
+            print(f"==> {name} <==\n{body}")
+    if not args.json:
+        print(f"{exported['target']} {exported['version']}: launch with")
+        for line in exported["launch"]:
+            print(f"  {line}")
+        for note in exported["notes"]:
+            print(f"note: {note}")
+    return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
 from parplan.solver.evaluate import Evaluation, evaluation_of
@@ -78,8 +79,10 @@ class UniformEvaluator:
     """Evaluates candidates, building each micro-batch's graph once."""
 
     def __init__(self, model: ModelSource, cluster: Cluster, global_batch: int, seq_len: int | None,
-                 calibration: Calibration = DEFAULT_CALIBRATION, precision: str = "bf16") -> None:
+                 calibration: Calibration = DEFAULT_CALIBRATION, precision: str = "bf16",
+                 runtime: Runtime = Runtime.MEGATRON) -> None:
         self.model = model
+        self.runtime = runtime
         self.cluster = cluster
         self.global_batch = global_batch
         self.seq_len = seq_len
@@ -105,7 +108,7 @@ class UniformEvaluator:
     def config(self, c: Candidate) -> ParallelConfig:
         return ParallelConfig(tp=c.tp, pp=c.pp, dp=c.dp, zero=c.zero, sequence_parallel=c.sp, recompute=c.recompute,
                               micro_batch=c.micro_batch, num_microbatches=self.global_batch // (c.micro_batch * c.dp),
-                              precision=self.precision)
+                              precision=self.precision, runtime=self.runtime)
 
     def evaluate(self, c: Candidate) -> Evaluation | None:
         """The evaluation, or None when the strategy does not apply to the model (e.g. TP > heads)."""
@@ -211,6 +214,33 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
     t = times[best[2]]
     assert t is not None
     return ev.evaluation(every[best[2]], best[3], t)
+
+
+def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget_bytes: float,
+                        limit_seconds: float, alpha_bytes_per_s: float | None = None) -> Evaluation | None:
+    """The candidate that fits the budget with the least peak memory among those whose step time
+    is at most ``limit_seconds`` (ties: the faster, then the first given); with
+    ``alpha_bytes_per_s``, the least ``memory + alpha·time`` over every fitting candidate instead.
+    Exact: memory is priced in order of the model-states floor
+    (:meth:`UniformEvaluator.states_floor`) until the floor cannot beat the best found."""
+    every = list(cands)
+    floor = [ev.states_floor(c) for c in every]
+    best: tuple[float, float, int, PlanMemory, PlanTime] | None = None  # (score, seconds, index, ...)
+    for i in sorted(range(len(every)), key=lambda i: floor[i]):
+        if floor[i] > budget_bytes or (best is not None and floor[i] > best[0]):
+            break  # memory (and memory + alpha·time) is at least the floor
+        t = ev.time_of(every[i])
+        if t is None or (alpha_bytes_per_s is None and t.step_seconds > limit_seconds):
+            continue
+        m = ev.memory_of(every[i])
+        if m is None or m.peak_bytes > budget_bytes:
+            continue
+        score = m.peak_bytes + (alpha_bytes_per_s or 0.0) * t.step_seconds
+        if best is None or (score, t.step_seconds, i) < best[:3]:
+            best = (score, t.step_seconds, i, m, t)
+    if best is None:
+        return None
+    return ev.evaluation(every[best[2]], best[3], best[4])
 
 
 def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> Iterator[Candidate]:

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from parplan.solver import SOLVER_VERSION
-from parplan.solver.baselines import BASELINES, UniformEvaluator, baseline
+from parplan.solver.baselines import (
+    BASELINES,
+    Candidate,
+    UniformEvaluator,
+    baseline,
+    fastest_fitting,
+    least_memory_within,
+)
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster, make_cluster
 from parplan.solver.cost.pipeline import blocks_of
@@ -29,6 +36,7 @@ from parplan.solver.evaluate import Evaluation
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource, model_from_json
 from parplan.solver.progress import ProgressFn
+from parplan.solver.targets import SPECS, Target, family
 
 Objective = Literal["min-memory", "max-throughput"]
 Search = Literal["auto", "ilp", "dp"]
@@ -64,6 +72,7 @@ class PlanRequest:
     calibration: Calibration = DEFAULT_CALIBRATION
     mesh: tuple[int, ...] | None = None  # fix the ILP's device mesh (sizes, outermost first)
     pareto: bool = False  # the DP's whole memory vs step-time frontier (else: only down to the answer)
+    target: Target = Target.ANY  # the trainer the plan is for (parplan.solver.targets)
 
     @property
     def budget_bytes(self) -> int:
@@ -172,6 +181,20 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
     pareto = body.get("pareto", False)
     if not isinstance(pareto, bool):
         raise RequestError("pareto", f"expected true or false, got {pareto!r}")
+    target_text = body.get("target") or "any"
+    if target_text not in {t.value for t in Target}:
+        raise RequestError("target", f"unknown target {target_text!r}; known: {', '.join(t.value for t in Target)}")
+    target = Target(target_text)
+    spec = SPECS[target]
+    if spec.uniform and search != "auto":
+        raise RequestError("search", f"target {target.value} runs one strategy for every layer, which parplan "
+                                     "searches exhaustively; leave search at auto")
+    if search != "auto" and search not in spec.searches:
+        raise RequestError("search", f"target {target.value} runs the plans of the {' or '.join(spec.searches)} "
+                                     f"search, not {search}")
+    if mesh is not None and not (set(spec.searches) & {"ilp", "auto"} and not spec.uniform):
+        raise RequestError("mesh", f"a device mesh fixes the ILP's per-operator plans, which target {target.value} "
+                                   "does not run")
     assert seq is not None and gb is not None and slowdown is not None and limit is not None
     if limit <= 0:
         raise RequestError("time_limit", "must be > 0 seconds")
@@ -179,13 +202,13 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
                        alpha=_num(ob, "alpha", "objective", None), max_slowdown=slowdown,
                        memory_budget_bytes=int(budget_gib * 2**30) if budget_gib else None, search=search,
                        time_limit_seconds=limit, calibration=calibration,
-                       mesh=tuple(mesh) if mesh is not None else None, pareto=pareto)
+                       mesh=tuple(mesh) if mesh is not None else None, pareto=pareto, target=target)
 
 
 def canonical_request(body: Mapping[str, Any]) -> str:
     """The request as canonical JSON (sorted keys, no spaces) with defaults applied, for hashing."""
     req = parse_plan_request(body)
-    doc = {
+    doc: dict[str, Any] = {
         "model": dict(body["model"]),
         "cluster": {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
                     "gpu": req.cluster.gpu.name, "memory_bytes": req.cluster.device_memory_bytes},
@@ -195,6 +218,8 @@ def canonical_request(body: Mapping[str, Any]) -> str:
         "search": req.search, "time_limit": req.time_limit_seconds, "mesh": list(req.mesh) if req.mesh else None,
         "pareto": req.pareto,
     }
+    if req.target is not Target.ANY:  # requests without a target keep the keys they had
+        doc["target"] = req.target.value
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -247,7 +272,9 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     t0 = time.perf_counter()
     report: ProgressFn = progress or (lambda stage, fraction: None)
     report("building", 0.0)
-    ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration)
+    spec = SPECS[req.target]
+    ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration,
+                          runtime=spec.runtime)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
     report("baselines", 0.05)
     bases = _baselines(req, ev, num_blocks)
@@ -256,7 +283,11 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     method, why = choose_method(req)
     report("search", 0.3)
     docs: list[dict[str, Any]] = []
-    if method == "ilp":
+    runnable: set[Candidate] | None = None  # under a uniform target, the strategies it runs
+    if method == "uniform":
+        runnable = set(family(req.target, req.cluster, req.global_batch, num_blocks))
+        docs.append(_uniform(req, ev, runnable))
+    elif method == "ilp":
         docs.append(_ilp(req, report, reference))
     elif method == "dp":
         docs.append(_dp(req, report, bases.get("megatron"), ev.costs))
@@ -273,7 +304,8 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
                         functools.partial(_itself, d)) for d in docs if d.get("memory") and d.get("time")]
     candidates += [k for d in docs for k in d.pop("_frontier", [])]
     candidates += [Known(f"baseline {n}", b.time.step_seconds, b.memory.peak_bytes,
-                         functools.partial(_baseline_document, n, b)) for n, b in bases.items() if b is not None]
+                         functools.partial(_baseline_document, n, b)) for n, b in bases.items()
+                   if b is not None and (runnable is None or _candidate(b) in runnable)]
     best = choose(req, candidates)
     frontier = next((d["pareto"] for d in docs if d.get("pareto")), None)
     doc = searched if best is None else best.document()
@@ -286,6 +318,7 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     doc["baselines"] = {n: b.to_dict() | {"fits": b.fits} if b else None for n, b in bases.items()}
     if doc.get("memory") and doc.get("time"):
         doc["relative"] = {n: _relative_doc(doc, b) for n, b in bases.items()}
+    doc["target"] = _target_doc(req, doc, bases.get(spec.baseline))
     doc["objective"] = {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
                         "memory_budget_bytes": req.budget_bytes,
                         "fastest_known_seconds": min((k.step_seconds for k in candidates
@@ -303,6 +336,8 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     solver["work"] = work
     doc.setdefault("model", {"name": req.model.name, "parameters": ev.graph(1).parameter_count(),
                              "seq_len": req.seq_len})
+    if req.model.config is not None:  # what exports need to write the model (parplan.exports)
+        doc["model"]["architecture"] = dataclasses.asdict(req.model.config)
     doc.setdefault("cluster", {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
                                "gpu": req.cluster.gpu.name, "device_memory_bytes": req.cluster.device_memory_bytes})
     report("done", 1.0)
@@ -353,6 +388,12 @@ def _baseline_document(name: str, e: Evaluation) -> dict[str, Any]:
 
 def choose_method(req: PlanRequest) -> tuple[str, str]:
     """Which search to run, and why (``auto`` picks by problem shape)."""
+    spec = SPECS[req.target]
+    if spec.uniform:
+        return "uniform", (f"target {req.target.value}: every uniform strategy it runs, priced with the "
+                           f"{spec.runtime.value} runtime's buffers")
+    if spec.searches == ("dp",):
+        return "dp", f"target {req.target.value}: per-layer hybrid parallelism by dynamic programming"
     if req.search == "ilp":
         return "ilp", "requested: intra-operator ILP"
     if req.search == "dp":
@@ -367,6 +408,48 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
                         "for the objective wins")
     return "dp", ("auto: several nodes — pipeline stages across nodes are needed, which the per-layer DP "
                   "searches (the ILP plans one mesh without pipelining)")
+
+
+def _candidate(e: Evaluation) -> Candidate:
+    s = e.strategy
+    return Candidate(s.tp, s.pp, s.dp, s.zero, s.sequence_parallel, s.recompute, s.micro_batch)
+
+
+def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -> dict[str, Any]:
+    """The best of every uniform strategy a target runs, each priced by the whole-plan evaluator:
+    the fastest that fits (max-throughput); the least memory within ``(1 + max_slowdown)`` of it,
+    or the least ``memory + alpha·time`` (min-memory)."""
+    cands = sorted(runnable, key=lambda c: (c.tp, c.pp, c.dp, c.zero, c.sp, c.recompute.value, c.micro_batch))
+    fastest = fastest_fitting(ev, cands, req.budget_bytes)
+    if fastest is None or not fastest.fits:
+        out = _infeasible(req, fastest.memory.peak_bytes if fastest else None, None)
+        out["solver"] = {"method": "uniform", "status": "infeasible", "gap": None, "candidates": len(cands)}
+        return out
+    best = fastest
+    if req.objective == "min-memory":
+        alpha = req.alpha * 2**30 if req.alpha is not None else None
+        best = least_memory_within(ev, cands, req.budget_bytes, fastest.time.step_seconds * (1 + req.max_slowdown)
+                                   * (1 + 1e-9), alpha) or fastest
+    doc = _baseline_document("uniform", best)
+    doc["solver"] = {"method": "uniform", "status": "optimal", "gap": None, "candidates": len(cands),
+                     "note": f"exhaustive over the {len(cands)} uniform strategies target {req.target.value} runs"}
+    return doc
+
+
+def _target_doc(req: PlanRequest, doc: dict[str, Any], base: Evaluation | None) -> dict[str, Any]:
+    """The target, its runtime, and how the answer compares with the target's own baseline
+    (saved bytes per device and seconds per step: positive is better than the baseline)."""
+    spec = SPECS[req.target]
+    out: dict[str, Any] = {"name": req.target.value, "runtime": spec.runtime.value, "baseline": spec.baseline,
+                           "versus_baseline": None}
+    if base is not None and doc.get("memory") and doc.get("time"):
+        out["versus_baseline"] = {
+            "baseline_fits": base.fits,
+            "memory_saved_bytes": round(base.memory.peak_bytes - doc["memory"]["peak_bytes"]),
+            "seconds_saved": base.time.step_seconds - doc["time"]["step_seconds"],
+            "memory_ratio": doc["memory"]["peak_bytes"] / base.memory.peak_bytes,
+            "time_ratio": doc["time"]["step_seconds"] / base.time.step_seconds}
+    return out
 
 
 def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None,

@@ -1,11 +1,11 @@
-"""``POST /v1/plans`` and ``GET /v1/plans/{id}``."""
+"""``POST /v1/plans``, ``GET /v1/plans/{id}`` and ``GET /v1/plans/{id}/export``."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -14,8 +14,8 @@ from parplan.service.auth.service import Principal, Scope
 from parplan.service.deps import RuntimeDep, UoW, require
 from parplan.service.jobs.schemas import job_out
 from parplan.service.plans import service
-from parplan.service.plans.schemas import PlanOut, PlanRequestIn, PlanSubmitted
-from parplan.service.problems import PROBLEM_JSON
+from parplan.service.plans.schemas import ExportOut, PlanOut, PlanRequestIn, PlanSubmitted
+from parplan.service.problems import PROBLEM_JSON, InvalidError, field_error
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
@@ -59,3 +59,20 @@ async def create_plan(payload: Annotated[PlanRequestIn, Body()], uow: UoW, rt: R
 async def read_plan(plan_id: str, uow: UoW, _: Annotated[Principal, require(Scope.PLANS_READ)]) -> JSONResponse:
     """The plan document: the keys of ``parplan plan --json`` plus ``id`` and ``created_at``."""
     return JSONResponse(await uow.run(lambda s: service.plan_out(service.get_plan(s, plan_id)), read_only=True))
+
+
+@router.get("/{plan_id}/export", response_model=ExportOut, responses={404: _PROBLEM, 422: _PROBLEM})
+async def export_plan(plan_id: str, uow: UoW, _: Annotated[Principal, require(Scope.PLANS_READ)],
+                      target: Annotated[Literal["megatron", "torchtitan", "deepspeed", "galvatron", "parplan"],
+                                        Query(description="The trainer to write the plan for.")]) -> JSONResponse:
+    """The plan as the target trainer's files and launch lines, for the version in ``version``.
+    422 when the trainer cannot run the plan, with every reason in ``errors``."""
+    from parplan.exports import NotExpressibleError, export_plan
+
+    document = await uow.run(lambda s: service.get_plan(s, plan_id).document, read_only=True)
+    try:
+        exported = await run_in_threadpool(export_plan, document, target)
+    except NotExpressibleError as e:
+        raise InvalidError(str(e), [field_error(["query", "target"], reason, "not_expressible")
+                                    for reason in e.reasons]) from None
+    return JSONResponse(exported.to_dict())

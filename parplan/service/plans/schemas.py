@@ -81,6 +81,9 @@ class PlanRequestIn(BaseModel):
                                    "product is the GPU count (default: searched).", examples=[[2, 4]])
     pareto: bool = Field(default=False, description="The DP's whole memory vs step-time frontier in `pareto` "
                          "(slower); without it the frontier holds only the plans the search needed.")
+    target: Literal["any", "megatron", "torchtitan", "deepspeed", "galvatron", "parplan"] = Field(
+        default="any", description="The trainer the plan is for: the search keeps to what it runs, prices its "
+        "buffers and compares with its own baseline (`target` in the plan); `any` searches everything.")
 
     def to_body(self) -> dict[str, Any]:
         """The request as the solver's ``parse_plan_request`` takes it (fields not given are left out)."""
@@ -98,6 +101,8 @@ class PlanRequestIn(BaseModel):
             body["mesh"] = list(self.mesh)
         if self.pareto:
             body["pareto"] = True
+        if self.target != "any":
+            body["target"] = self.target
         return body
 
 
@@ -124,3 +129,14 @@ class PlanSubmitted(BaseModel):
     job: JobOut
     plan: PlanOut | None = None
     cached: bool = False
+
+
+class ExportOut(BaseModel):
+    """A plan written for one trainer (``GET /v1/plans/{id}/export``): file name -> text, the launch
+    commands (one per node where they differ) and what the user still has to add."""
+
+    target: str
+    version: str = Field(description="The trainer's version the files are written for.")
+    files: dict[str, str]
+    launch: list[str]
+    notes: list[str]

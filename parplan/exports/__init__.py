@@ -1,0 +1,56 @@
+"""Exports: a plan document written as the configuration and launch line of the trainer it is for.
+
+One module per target, each pinned to a stated version of its project (``VERSIONS``):
+Megatron-LM arguments and ``torchrun`` lines, a torchtitan job, a DeepSpeed ``ds_config.json``,
+Galvatron's strategy JSON, and parplan's own plan file for the validation agent. A plan a target
+cannot run raises :class:`NotExpressibleError` naming every reason (never an approximation).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from parplan.exports.common import Export, NotExpressible, NotExpressibleError, context_of
+
+__all__ = ["EXPORT_TARGETS", "Export", "NotExpressible", "NotExpressibleError", "export_plan"]
+
+#: Targets that have an export (``any`` is not one: it names no trainer).
+EXPORT_TARGETS = ("megatron", "torchtitan", "deepspeed", "galvatron", "parplan")
+
+
+def _parplan(doc: Mapping[str, Any]) -> Export:
+    """The plan document itself: what ``POST /v1/plans/{id}/validations`` hands the agent."""
+    ctx = context_of(doc)
+    if not isinstance(doc.get("strategy"), Mapping):
+        raise NotExpressibleError("parplan", ["the document has no strategy (an infeasible request has no plan)"])
+    notes = ["the validation agent runs this plan: POST /v1/plans/{id}/validations on the service, then "
+             "`parplan agent --server URL --token T` on the machine with the GPUs"]
+    launch = [f"parplan agent --server $PARPLAN_URL --token $PARPLAN_AGENT_TOKEN --max-procs {ctx.gpus}"]
+    return Export("parplan", _own_version(), {"parplan_plan.json": json.dumps(dict(doc), indent=2) + "\n"}, launch,
+                  notes)
+
+
+def _own_version() -> str:
+    from parplan.solver import SOLVER_VERSION
+
+    return SOLVER_VERSION
+
+
+def _exporter(target: str) -> Callable[[Mapping[str, Any]], Export]:
+    """The export function of ``target`` (each module is imported on first use)."""
+    if target == "parplan":
+        return _parplan
+    if target not in EXPORT_TARGETS:
+        raise NotExpressibleError(target, [f"unknown export target {target!r}; known: {', '.join(EXPORT_TARGETS)}"])
+    module = importlib.import_module(f"parplan.exports.{target}")
+    return cast(Callable[[Mapping[str, Any]], Export], getattr(module, f"export_{target}"))
+
+
+def export_plan(doc: Mapping[str, Any], target: str) -> Export:
+    """The plan document ``doc`` written for ``target`` (NotExpressibleError when it cannot be)."""
+    if not isinstance(doc, Mapping):
+        raise NotExpressibleError(target, ["expected a plan document (a JSON object)"])
+    return _exporter(target)(doc)

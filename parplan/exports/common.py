@@ -1,0 +1,145 @@
+"""What every export shares: the plan read back from its document, the result, and the error.
+
+An export reads a plan document (``parplan plan --json``, ``GET /v1/plans/{id}``), never the
+search's objects, so a saved plan converts the same as a fresh one. Sizes in samples; the model's
+architecture comes from ``model.architecture`` (written for presets and Hugging Face configs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from parplan.solver.errors import SolverError
+
+
+class NotExpressibleError(SolverError):
+    """The plan cannot be written for the target; ``reasons`` says each thing that cannot."""
+
+    def __init__(self, target: str, reasons: list[str]) -> None:
+        self.target = target
+        self.reasons = reasons
+        super().__init__(f"{target} cannot express this plan: " + "; ".join(reasons))
+
+
+NotExpressible = NotExpressibleError  # the short name the export modules use
+
+
+@dataclass(frozen=True)
+class Export:
+    """A plan written for one trainer: its files (name -> text) and the commands that launch it
+    (one per node where they differ), for the stated version of that trainer."""
+
+    target: str
+    version: str
+    files: dict[str, str]
+    launch: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "version": self.version, "files": dict(self.files),
+                "launch": list(self.launch), "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class UniformPlan:
+    """One strategy for every layer: the shape Megatron-LM, torchtitan and DeepSpeed take.
+    ``tp * pp * dp`` devices; ``micro_batch * num_microbatches * dp`` samples per step."""
+
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    sequence_parallel: bool
+    recompute: str  # none | selective | full
+    micro_batch: int
+    num_microbatches: int
+    global_batch: int
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    precision: str = "bf16"
+    expert_parallel: int = 1
+    partition: tuple[int, ...] | None = None  # blocks per pipeline stage (None: even)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What an export needs besides the strategy: model, cluster, sequence length."""
+
+    model_name: str
+    architecture: Mapping[str, Any] | None  # parplan's TransformerConfig fields, or None for a bare graph
+    seq_len: int
+    gpus: int
+    gpus_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return max(1, -(-self.gpus // self.gpus_per_node))
+
+    @property
+    def procs_per_node(self) -> int:
+        return min(self.gpus, self.gpus_per_node)
+
+
+def context_of(doc: Mapping[str, Any]) -> PlanContext:
+    """The model and cluster a plan document was made for."""
+    model = doc.get("model") or {}
+    cluster = doc.get("cluster") or {}
+    if not cluster.get("gpus"):
+        raise NotExpressible("any", ["the document has no cluster (is it a plan document?)"])
+    arch = model.get("architecture")
+    seq = model.get("seq_len") or (arch or {}).get("seq_len") or 0
+    return PlanContext(str(model.get("name") or "model"), arch if isinstance(arch, Mapping) else None, int(seq),
+                       int(cluster["gpus"]), int(cluster.get("gpus_per_node") or cluster["gpus"]))
+
+
+def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
+    """The plan as one strategy for every layer; NotExpressible when it is not one (an ILP plan's
+    per-operator shardings; a DP plan whose layers differ)."""
+    s = doc.get("strategy")
+    if not isinstance(s, Mapping):
+        raise NotExpressible(target, ["the document has no strategy (an infeasible request has no plan)"])
+    kind = s.get("kind", "uniform")
+    if kind == "intra-operator":
+        raise NotExpressible(target, [f"the plan shards each operator on its own ({s.get('summary')}); "
+                                      f"{target} runs one tensor/pipeline/data-parallel layout for every layer "
+                                      "(ask for the plan with this target, or use target parplan)"])
+    if kind == "uniform":
+        return UniformPlan(tp=int(s["tp"]), pp=int(s["pp"]), dp=int(s["dp"]), zero=int(s["zero"]),
+                           sequence_parallel=bool(s["sequence_parallel"]), recompute=str(s["recompute"]),
+                           micro_batch=int(s["micro_batch"]), num_microbatches=int(s["num_microbatches"]),
+                           global_batch=int(s["global_batch"]), schedule=str(s.get("schedule", "1f1b")),
+                           virtual_stages=int(s.get("virtual_stages", 1)), precision=str(s.get("precision", "bf16")),
+                           expert_parallel=int(s.get("expert_parallel", 1)),
+                           partition=tuple(s["partition"]) if s.get("partition") else None)
+    if kind == "per-layer":
+        runs = list(s.get("layers") or [])
+        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner")
+        distinct = {tuple(r.get(k) for k in keys) for r in runs}
+        reasons = []
+        if len(distinct) > 1:
+            described = sorted({str(r.get("strategy")) for r in runs})
+            reasons.append(f"its layers use {len(described)} different strategies ({'; '.join(described)}); "
+                           f"{target} applies one to every layer (target galvatron or parplan runs per-layer plans)")
+        if any(r.get("tp_inner") is False and int(r["tp"]) > 1 and int(r["dp"]) > 1 for r in runs):
+            reasons.append("a layer places its data-parallel ranks inside its tensor-parallel group (tp_inner "
+                           f"false); {target} puts tensor-parallel ranks next to each other")
+        if reasons:
+            raise NotExpressible(target, reasons)
+        if not runs:
+            raise NotExpressible(target, ["the per-layer plan has no layers"])
+        r = runs[0]
+        mb = int(s["global_batch"]) // (int(s["num_microbatches"]) * int(r["dp"]))
+        return UniformPlan(tp=int(r["tp"]), pp=int(s["pp"]), dp=int(r["dp"]), zero=int(r["zero"]),
+                           sequence_parallel=bool(r["sequence_parallel"]), recompute=str(r["recompute"]),
+                           micro_batch=mb, num_microbatches=int(s["num_microbatches"]),
+                           global_batch=int(s["global_batch"]), schedule=str(s.get("schedule", "1f1b")),
+                           precision=str(s.get("precision", "bf16")),
+                           expert_parallel=int(r.get("expert_parallel") or 1),
+                           partition=tuple(s["partition"]) if s.get("partition") else None)
+    raise NotExpressible(target, [f"unknown strategy kind {kind!r}"])

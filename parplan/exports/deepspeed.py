@@ -1,0 +1,75 @@
+"""DeepSpeed: ``ds_config.json`` and the ``deepspeed`` launch line.
+
+Pinned to DeepSpeed 0.19.8. DeepSpeed's engine runs data parallelism with ZeRO stages 0-3, micro-
+batches and gradient accumulation; tensor parallelism and pipeline stages need the model's own code
+(Megatron-DeepSpeed, ``PipelineModule``), so a plan with ``tp > 1`` or ``pp > 1`` is not expressed
+here. Full recomputation is DeepSpeed's activation checkpointing, which the training script applies
+to each block (``deepspeed.checkpointing.checkpoint``); the config carries its settings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from parplan.exports.common import Export, NotExpressible, UniformPlan, context_of, uniform_of
+
+DEEPSPEED_VERSION = "0.19.8"
+TARGET = "deepspeed"
+
+
+def ds_config(plan: UniformPlan) -> dict[str, Any]:
+    """The DeepSpeed configuration of a data-parallel plan (NotExpressible with every reason when
+    it is not one)."""
+    reasons = []
+    if plan.tp > 1:
+        reasons.append(f"tensor parallelism (tp={plan.tp}) needs the model's own tensor-parallel layers; "
+                       "DeepSpeed's config sets data parallelism only")
+    if plan.pp > 1:
+        reasons.append(f"{plan.pp} pipeline stages need the model written as a DeepSpeed PipelineModule")
+    if plan.expert_parallel > 1:
+        reasons.append(f"expert parallelism (ep={plan.expert_parallel})")
+    if plan.precision not in ("bf16", "fp16", "fp32"):
+        reasons.append(f"precision {plan.precision}")
+    if reasons:
+        raise NotExpressible(TARGET, reasons)
+    cfg: dict[str, Any] = {
+        "train_batch_size": plan.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.num_microbatches,
+        "zero_optimization": {"stage": plan.zero},
+    }
+    if plan.precision in ("bf16", "fp16"):
+        cfg[plan.precision] = {"enabled": True}
+    if plan.zero == 3:
+        # parameters gathered per block and freed after use (parplan prices one block's gathered weights
+        # and the next one prefetched)
+        cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    if plan.recompute == "full":
+        cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False}
+    return cfg
+
+
+def export_deepspeed(doc: Mapping[str, Any]) -> Export:
+    """``ds_config.json`` and a ``deepspeed`` command that starts every node."""
+    plan = uniform_of(doc, TARGET)
+    ctx = context_of(doc)
+    cfg = ds_config(plan)
+    if plan.world != ctx.gpus:
+        raise NotExpressible(TARGET, [f"dp = {plan.world} devices, the cluster has {ctx.gpus}"])
+    launch = (f"deepspeed --num_nodes {ctx.nodes} --num_gpus {ctx.procs_per_node} --hostfile hostfile "
+              "--master_addr $MASTER_ADDR --master_port $MASTER_PORT train.py --deepspeed --deepspeed_config "
+              "ds_config.json")
+    notes = [f"DeepSpeed {DEEPSPEED_VERSION}: train.py is your script, calling deepspeed.initialize(model=..., "
+             "config='ds_config.json'); the optimizer and scheduler sections are yours to add",
+             "hostfile lists every node with slots=" + str(ctx.procs_per_node),
+             "DeepSpeed's communication buckets (reduce_bucket_size, allgather_bucket_size; under ZeRO-3 "
+             "stage3_prefetch_bucket_size and stage3_max_live_parameters) are left at DeepSpeed's defaults and "
+             "are not in the prediction"]
+    if plan.recompute == "full":
+        notes.append("full recomputation: wrap each transformer block's forward in "
+                     "deepspeed.checkpointing.checkpoint")
+    text = json.dumps(cfg, indent=2) + "\n"
+    return Export(TARGET, DEEPSPEED_VERSION, {"ds_config.json": text}, [launch], notes)

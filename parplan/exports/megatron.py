@@ -1,0 +1,175 @@
+"""Megatron-LM: the arguments of ``pretrain_gpt.py`` and a ``torchrun`` line per node.
+
+Pinned to Megatron-LM ``core_v0.16.1`` (megatron-core 0.16.1). Most flags there are made from the
+fields of megatron-core's ``TransformerConfig`` (``--`` + the field name with dashes; a boolean
+that defaults to true gets ``--no-``/``--disable-`` or its own name in the field's metadata), the
+batch sizes from ``megatron/training/training_config.py``; the rest are declared by hand in
+``megatron/training/arguments.py`` (:data:`DECLARED_FLAGS`).
+
+What is written: the model's sizes and kind (GPT: learned positions, LayerNorm, GELU, biases, tied
+embeddings; Llama: RoPE, RMSNorm, SwiGLU, no biases, grouped-query attention; Mixtral: Llama with
+experts), the parallel degrees, the distributed optimizer (ZeRO-1), recomputation, the pipeline
+schedule and partition, and the batch sizes. Data, tokenizer, optimizer hyper-parameters and
+checkpointing are the user's: they are listed in the notes, not guessed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from parplan.exports.common import Export, NotExpressible, PlanContext, UniformPlan, context_of, uniform_of
+
+MEGATRON_VERSION = "core_v0.16.1"
+TARGET = "megatron"
+
+#: Flags ``megatron/training/arguments.py`` declares itself at core_v0.16.1 (the others used here are
+#: made from megatron-core's TransformerConfig and megatron.training's TrainingConfig fields).
+DECLARED_FLAGS = frozenset({
+    "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--position-embedding-type",
+    "--max-position-embeddings", "--seq-length", "--num-experts", "--use-distributed-optimizer",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--num-layers-per-virtual-pipeline-stage", "--use-flash-attn",
+})
+#: Flags made from megatron.training's TrainingConfig (not shipped with megatron-core).
+TRAINING_FLAGS = frozenset({"--micro-batch-size", "--global-batch-size"})
+
+
+def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
+    """The flags (each flag, then its value where it has one); NotExpressible with every reason
+    the plan cannot be run by ``pretrain_gpt.py``."""
+    reasons: list[str] = []
+    arch = ctx.architecture
+    if arch is None:
+        raise NotExpressible(TARGET, ["the model is an operator graph without an architecture; Megatron-LM "
+                                      "builds its model from sizes (give a preset or a Hugging Face config)"])
+    family = str(arch.get("family"))
+    if family not in ("gpt", "llama", "mixtral"):
+        reasons.append(f"{ctx.model_name} is a {family} model; pretrain_gpt.py trains decoder-only GPT, Llama and "
+                       "mixture-of-experts models")
+    if plan.zero >= 2:
+        reasons.append(f"ZeRO-{plan.zero}: Megatron-LM's distributed optimizer shards optimizer states (ZeRO-1); "
+                       "its FSDP mode is not in parplan's megatron target")
+    layers = int(arch.get("layers", 0))
+    if plan.pp > layers:
+        reasons.append(f"{plan.pp} pipeline stages for {layers} layers")
+    partition = _partition_flags(plan, layers, reasons)
+    if plan.schedule == "gpipe":
+        reasons.append("the GPipe schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are given)")
+    if plan.precision not in ("bf16", "fp16"):
+        reasons.append(f"precision {plan.precision}")
+    if reasons:
+        raise NotExpressible(TARGET, reasons)
+    heads, kv = int(arch["heads"]), int(arch.get("kv_heads") or arch["heads"])
+    head_dim = arch.get("head_dim")
+    args: list[str] = [
+        "--num-layers", str(layers), "--hidden-size", str(arch["hidden"]), "--ffn-hidden-size", str(arch["ffn"]),
+        "--num-attention-heads", str(heads), "--seq-length", str(ctx.seq_len),
+        "--max-position-embeddings", str(max(ctx.seq_len, int(arch.get("seq_len") or 0))),
+    ]
+    if head_dim:
+        args += ["--kv-channels", str(head_dim)]
+    if family == "gpt":
+        args += ["--position-embedding-type", "learned_absolute", "--normalization", "LayerNorm"]
+    else:
+        args += ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                 "--disable-bias-linear"]
+        if kv != heads:
+            args += ["--group-query-attention", "--num-query-groups", str(kv)]
+    if not arch.get("tied_embeddings", family == "gpt"):
+        args.append("--untie-embeddings-and-output-weights")
+    if family == "mixtral":
+        args += ["--num-experts", str(arch["num_experts"]), "--moe-router-topk", str(arch.get("top_k", 2))]
+    args += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    if plan.sequence_parallel:
+        args.append("--sequence-parallel")
+    if plan.expert_parallel > 1:
+        args += ["--expert-model-parallel-size", str(plan.expert_parallel)]
+    if plan.virtual_stages > 1:
+        args += ["--num-layers-per-virtual-pipeline-stage", str(layers // (plan.pp * plan.virtual_stages))]
+    args += partition
+    if plan.zero == 1:
+        args.append("--use-distributed-optimizer")
+    if plan.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif plan.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch),
+             f"--{plan.precision}", "--use-flash-attn"]
+    return args
+
+
+def _partition_flags(plan: UniformPlan, layers: int, reasons: list[str]) -> list[str]:
+    """Megatron-LM splits layers evenly, but the first and last stage may hold other counts."""
+    if plan.pp == 1:
+        return []
+    part = list(plan.partition or [])
+    if not part:
+        if layers % (plan.pp * plan.virtual_stages):
+            reasons.append(f"{layers} layers do not split evenly over {plan.pp} stages x {plan.virtual_stages} "
+                           "virtual stages")
+        return []
+    if sum(part) != layers or len(part) != plan.pp:
+        reasons.append(f"partition {part} does not cover the {layers} layers in {plan.pp} stages")
+        return []
+    if len(set(part)) == 1:
+        return []
+    middle = part[1:-1]
+    if len(set(middle)) > 1:
+        reasons.append(f"partition {part}: Megatron-LM gives every stage but the first and last the same count")
+        return []
+    if plan.virtual_stages > 1:
+        reasons.append(f"an uneven partition {part} with virtual stages")
+        return []
+    flags = []
+    if not middle or part[0] != middle[0]:
+        flags += ["--decoder-first-pipeline-num-layers", str(part[0])]
+    if not middle or part[-1] != middle[0]:
+        flags += ["--decoder-last-pipeline-num-layers", str(part[-1])]
+    return flags
+
+
+def export_megatron(doc: Mapping[str, Any]) -> Export:
+    """The plan as Megatron-LM arguments (``megatron_args.txt``, one flag and its value per line)
+    and a launch script running ``torchrun`` on every node."""
+    plan = uniform_of(doc, TARGET)
+    ctx = context_of(doc)
+    args = megatron_arguments(plan, ctx)
+    if plan.world != ctx.gpus:
+        raise NotExpressible(TARGET, [f"tp x pp x dp = {plan.world} devices, the cluster has {ctx.gpus}"])
+    lines: list[str] = []
+    i = 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            lines.append(f"{args[i]} {args[i + 1]}")
+            i += 2
+        else:
+            lines.append(args[i])
+            i += 1
+    launch = [_torchrun(ctx, node, args) for node in range(ctx.nodes)]
+    summary = (doc.get("strategy") or {}).get("summary", "")
+    script = "\n".join([
+        "#!/usr/bin/env bash",
+        f"# parplan plan for Megatron-LM {MEGATRON_VERSION}: {ctx.model_name} on {ctx.gpus} GPUs ({summary})",
+        "# Run from a Megatron-LM checkout on every node with NODE_RANK, MASTER_ADDR and MASTER_PORT set;",
+        "# add your data, tokenizer, optimizer and checkpoint flags in EXTRA_ARGS.",
+        "set -euo pipefail",
+        f"torchrun --nnodes {ctx.nodes} --nproc-per-node {ctx.procs_per_node} --node-rank \"${{NODE_RANK:-0}}\" "
+        "--master-addr \"${MASTER_ADDR:-localhost}\" --master-port \"${MASTER_PORT:-29500}\" pretrain_gpt.py \\",
+        "  " + " \\\n  ".join(lines) + " \\",
+        "  ${EXTRA_ARGS:-}",
+        "",
+    ])
+    notes = ["data (--data-path or --mock-data), tokenizer, optimizer (--lr ...), --train-iters and checkpoint "
+             "flags are yours to add",
+             "Megatron-LM pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by); the "
+             "prediction prices the model's own vocabulary"]
+    return Export(TARGET, MEGATRON_VERSION, {"megatron_args.txt": "\n".join(lines) + "\n",
+                                             "launch_megatron.sh": script}, launch, notes)
+
+
+def _torchrun(ctx: PlanContext, node: int, args: list[str]) -> str:
+    return " ".join(["torchrun", "--nnodes", str(ctx.nodes), "--nproc-per-node", str(ctx.procs_per_node),
+                     "--node-rank", str(node), "--master-addr", "$MASTER_ADDR", "--master-port", "$MASTER_PORT",
+                     "pretrain_gpt.py", *(shlex.quote(a) for a in args)])

@@ -1,0 +1,85 @@
+"""Targets: the trainer a plan is for, what it can run, whose buffers it keeps, its own baseline.
+
+- ``any``: every plan either search finds (the default);
+- ``megatron``: Megatron-LM's uniform strategies: TP inside a node (with or without sequence
+  parallelism), PP, DP with or without the distributed optimizer (ZeRO-1), selective or full
+  recomputation; priced with Megatron-LM's buffers;
+- ``torchtitan``: FSDP2 (ZeRO-3, or ZeRO-2 without resharding after forward) or replicated data
+  parallelism, TP always with sequence parallelism, PP; priced with PyTorch-native buffers;
+- ``deepspeed``: the DeepSpeed engine's data parallelism, ZeRO 0-3, no TP or PP (those need the
+  model's own code); priced with Megatron-LM's rules (DeepSpeed keeps whole parameters under ZeRO
+  1-2 and gathers per block under ZeRO-3, as they count);
+- ``galvatron``: per-layer hybrid strategies, which the DP search (Galvatron's own space) returns;
+- ``parplan``: what the validation agent runs: every plan, as ``any``.
+
+A uniform target is searched exhaustively over its strategies (:func:`family`), each priced by the
+whole-plan evaluator, so its answer is never beaten on both memory and time by its baseline, which
+is one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+
+from parplan.solver.baselines import Candidate, enumerate_uniform
+from parplan.solver.cluster import Cluster
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.errors import SolverError
+
+
+class Target(StrEnum):
+    ANY = "any"
+    MEGATRON = "megatron"
+    TORCHTITAN = "torchtitan"
+    DEEPSPEED = "deepspeed"
+    GALVATRON = "galvatron"
+    PARPLAN = "parplan"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """How a target is planned: ``uniform`` targets by exhaustive search over :func:`family`,
+    the others by the named searches; ``runtime`` prices the buffers; ``baseline`` is the
+    baseline the answer is measured against (a name in :data:`parplan.solver.baselines.BASELINES`)."""
+
+    runtime: Runtime
+    uniform: bool
+    searches: tuple[str, ...]
+    baseline: str
+
+
+SPECS: dict[Target, TargetSpec] = {
+    Target.ANY: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
+    Target.MEGATRON: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "megatron"),
+    Target.TORCHTITAN: TargetSpec(Runtime.TORCH, True, ("uniform",), "zero3"),
+    Target.DEEPSPEED: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "zero3"),
+    Target.GALVATRON: TargetSpec(Runtime.MEGATRON, False, ("dp",), "megatron"),
+    Target.PARPLAN: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
+}
+
+
+def parse_target(text: str) -> Target:
+    """The target named ``text``; SolverError listing the known ones otherwise."""
+    try:
+        return Target(text)
+    except ValueError:
+        raise SolverError(f"unknown target {text!r}; known: {', '.join(t.value for t in Target)}") from None
+
+
+def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int) -> Iterator[Candidate]:
+    """Every uniform strategy the target runs on the cluster at this global batch."""
+    node = cluster.gpus_per_node
+    if target is Target.MEGATRON:
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1)):
+            if node % c.tp == 0:
+                yield c
+    elif target is Target.TORCHTITAN:
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3)):
+            if node % c.tp == 0 and c.sp == (c.tp > 1):
+                yield c
+    elif target is Target.DEEPSPEED:
+        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,))
+    else:
+        raise SolverError(f"target {target.value} is not searched over uniform strategies")

@@ -1,0 +1,172 @@
+"""Megatron-LM exports, checked by megatron-core's own ``TransformerConfig`` and micro-batch calculator.
+
+The flags ``parplan`` writes are read back by an independent reader: each flag must name a field of
+megatron-core's ``TransformerConfig`` by Megatron-LM's naming rule (``--`` + the field with dashes;
+the field's own ``arg_names``; ``--no-``/``--disable-`` for a boolean that defaults to true), or be
+one the export declares (``DECLARED_FLAGS``, ``TRAINING_FLAGS``). The config built from them must
+pass ``TransformerConfig``'s validation and give back the plan's degrees and sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import pytest
+from plan_docs import doc_for
+
+from parplan.exports import NotExpressibleError, export_plan
+from parplan.exports.megatron import DECLARED_FLAGS, TRAINING_FLAGS
+
+mcore = pytest.importorskip("megatron.core", reason="the exports extra (megatron-core) is not installed")
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+def _flag_fields() -> dict[str, dataclasses.Field[Any]]:
+    """Megatron-LM's flag name -> TransformerConfig field, by its naming rule."""
+    out: dict[str, dataclasses.Field[Any]] = {}
+    for f in dataclasses.fields(TransformerConfig):
+        meta = f.metadata.get("argparse_meta") or {}
+        names = list(meta.get("arg_names") or [])
+        if not names:
+            dashed = f.name.replace("_", "-")
+            names = [f"--no-{dashed}", f"--disable-{dashed}"] if f.default is True else [f"--{dashed}"]
+        for n in names:
+            out[n] = f
+    return out
+
+
+def read_args(text: str) -> tuple[dict[str, Any], dict[str, str | bool]]:
+    """(TransformerConfig keyword arguments, the declared flags) from ``megatron_args.txt``."""
+    fields = _flag_fields()
+    config: dict[str, Any] = {}
+    declared: dict[str, str | bool] = {}
+    for line in text.splitlines():
+        flag, _, value = line.partition(" ")
+        if flag in DECLARED_FLAGS or flag in TRAINING_FLAGS:
+            declared[flag] = value or True
+            continue
+        assert flag in fields, f"{flag} is neither a TransformerConfig field nor a declared Megatron-LM flag"
+        f = fields[flag]
+        if not value:
+            config[f.name] = f.default is not True  # store_true sets True; --disable-x sets False
+        else:
+            kind = type(f.default) if f.default is not None and not isinstance(f.default, bool) else None
+            config[f.name] = kind(value) if kind in (int, float) else (int(value) if value.isdigit() else value)
+    return config, declared
+
+
+def build_config(config: dict[str, Any], declared: dict[str, str | bool]) -> TransformerConfig:
+    import torch
+
+    kw = dict(config)
+    if kw.get("bf16"):  # Megatron-LM derives both from --bf16 (they have no flag of their own)
+        kw["params_dtype"] = kw["pipeline_dtype"] = torch.bfloat16
+    if "--swiglu" in declared:
+        kw["gated_linear_unit"] = True
+    if "--num-experts" in declared:
+        kw["num_moe_experts"] = int(declared["--num-experts"])
+    if "--decoder-first-pipeline-num-layers" in declared:
+        kw["num_layers_in_first_pipeline_stage"] = int(declared["--decoder-first-pipeline-num-layers"])
+    if "--decoder-last-pipeline-num-layers" in declared:
+        kw["num_layers_in_last_pipeline_stage"] = int(declared["--decoder-last-pipeline-num-layers"])
+    if "--num-layers-per-virtual-pipeline-stage" in declared:
+        per = int(declared["--num-layers-per-virtual-pipeline-stage"])
+        kw["virtual_pipeline_model_parallel_size"] = kw["num_layers"] // (kw["pipeline_model_parallel_size"] * per)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return TransformerConfig(**kw)
+
+
+CASES = [
+    ("gpt-7.5b", 8, {"tp": 8, "pp": 1, "dp": 1, "sequence_parallel": True, "micro_batch": 2, "num_microbatches": 8}),
+    ("llama-3-8b", 8, {"tp": 2, "pp": 1, "dp": 4, "zero": 1, "sequence_parallel": True, "num_microbatches": 4}),
+    ("llama-2-70b", 64, {"tp": 8, "pp": 4, "dp": 2, "zero": 1, "sequence_parallel": True, "recompute": "full",
+                         "num_microbatches": 16}),
+    ("llama-3-70b", 64, {"tp": 4, "pp": 4, "dp": 4, "num_microbatches": 8, "schedule": "interleaved",
+                         "virtual_stages": 5}),
+    ("mixtral-8x7b", 64, {"tp": 4, "pp": 2, "dp": 8, "zero": 1, "expert_parallel": 8, "sequence_parallel": True,
+                          "num_microbatches": 4}),
+    ("llama-3-405b", 1024, {"tp": 8, "pp": 16, "dp": 8, "zero": 1, "sequence_parallel": True,
+                            "num_microbatches": 64, "partition": [7] + [8] * 14 + [7]}),
+    ("gpt3-175b", 1024, {"tp": 8, "pp": 8, "dp": 16, "zero": 1, "sequence_parallel": True,
+                         "num_microbatches": 32}),
+]
+
+
+@pytest.mark.parametrize(("preset", "gpus", "strategy"), CASES, ids=[f"{p}-{g}" for p, g, _ in CASES])
+def test_megatron_core_accepts_the_exported_configuration(preset: str, gpus: int, strategy: dict[str, Any]) -> None:
+    doc = doc_for(preset, gpus, strategy)
+    out = export_plan(doc, "megatron")
+    assert out.version == "core_v0.16.1" and "core_v0.16.1" in out.files["launch_megatron.sh"]
+    config, declared = read_args(out.files["megatron_args.txt"])
+    cfg = build_config(config, declared)
+    s, arch = doc["strategy"], doc["model"]["architecture"]
+    assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size) == (s["tp"], s["pp"])
+    assert cfg.sequence_parallel == s["sequence_parallel"]
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.ffn_hidden_size) == (
+        arch["layers"], arch["hidden"], arch["heads"], arch["ffn"])
+    assert cfg.num_query_groups in (None, arch["kv_heads"] or arch["heads"]) or arch["kv_heads"] == arch["heads"]
+    assert cfg.recompute_granularity == (None if s["recompute"] == "none" else s["recompute"])
+    assert cfg.expert_model_parallel_size == s["expert_parallel"]
+    assert ("--use-distributed-optimizer" in declared) == (s["zero"] == 1)
+    dp = gpus // (s["tp"] * s["pp"])
+    calc = ConstantNumMicroBatchesCalculator(int(declared["--global-batch-size"]),
+                                             int(declared["--micro-batch-size"]), dp, None, 0)
+    assert calc.get() == s["num_microbatches"]
+    assert len(out.launch) == max(1, gpus // 8)
+    assert all(f"--node-rank {i} " in line for i, line in enumerate(out.launch))
+    if s.get("partition") and len(set(s["partition"])) > 1:
+        assert cfg.num_layers_in_first_pipeline_stage == s["partition"][0]
+        assert cfg.num_layers_in_last_pipeline_stage == s["partition"][-1]
+
+
+def test_megatron_core_rejects_what_the_export_would_get_wrong() -> None:
+    """The oracle can fail: heads not divisible by TP is refused by TransformerConfig itself."""
+    doc = doc_for("llama-3-8b", 8, {"tp": 8, "pp": 1, "dp": 1, "num_microbatches": 1})
+    config, declared = read_args(export_plan(doc, "megatron").files["megatron_args.txt"])
+    config["tensor_model_parallel_size"] = 3
+    with pytest.raises(ValueError, match="multiple of tensor_model_parallel_size"):
+        build_config(config, declared)
+
+
+@pytest.mark.parametrize(("preset", "strategy", "reason"), [
+    ("llama-3-8b", {"tp": 1, "pp": 1, "dp": 8, "zero": 3}, "ZeRO-3"),
+    ("llama-3-8b", {"tp": 1, "pp": 1, "dp": 8, "zero": 2}, "ZeRO-2"),
+    ("bert-large", {"tp": 2, "pp": 1, "dp": 4}, "bert model"),
+    ("llama-3-8b", {"tp": 1, "pp": 4, "dp": 2, "partition": [10, 6, 10, 6]}, "first and last"),
+    ("llama-3-8b", {"tp": 1, "pp": 2, "dp": 4, "schedule": "gpipe"}, "GPipe"),
+])
+def test_what_megatron_cannot_run_is_refused_with_the_reason(preset: str, strategy: dict[str, Any],
+                                                             reason: str) -> None:
+    doc = doc_for(preset, 8, {"num_microbatches": 4} | strategy)
+    with pytest.raises(NotExpressibleError) as info:
+        export_plan(doc, "megatron")
+    assert any(reason in r for r in info.value.reasons), info.value.reasons
+
+
+def test_per_operator_and_mixed_per_layer_plans_are_refused() -> None:
+    ilp = {"model": {"name": "x", "seq_len": 8}, "cluster": {"gpus": 8, "gpus_per_node": 8},
+           "strategy": {"kind": "intra-operator", "summary": "mesh 4x2"}}
+    with pytest.raises(NotExpressibleError, match="each operator"):
+        export_plan(ilp, "megatron")
+    runs = [{"first": "layers.0", "last": "layers.0", "count": 1, "strategy": "tp4 dp2", "stage": 0, "tp": 4,
+             "dp": 2, "zero": 0, "sequence_parallel": True, "recompute": "selective", "tp_inner": True,
+             "expert_parallel": 1},
+            {"first": "layers.1", "last": "layers.31", "count": 31, "strategy": "tp2 dp4", "stage": 0, "tp": 2,
+             "dp": 4, "zero": 0, "sequence_parallel": True, "recompute": "selective", "tp_inner": True,
+             "expert_parallel": 1}]
+    mixed = doc_for("llama-3-8b", 8, {"tp": 1, "pp": 1, "dp": 8, "num_microbatches": 1})
+    mixed["strategy"] = {"kind": "per-layer", "pp": 1, "num_microbatches": 2, "global_batch": 16, "partition": [32],
+                         "schedule": "1f1b", "precision": "bf16", "layers": runs}
+    with pytest.raises(NotExpressibleError, match="2 different strategies"):
+        export_plan(mixed, "megatron")
+    same = dict(mixed, strategy=dict(mixed["strategy"], layers=[dict(runs[1], first="layers.0", count=32)]))
+    config, declared = read_args(export_plan(same, "megatron").files["megatron_args.txt"])
+    assert build_config(config, declared).tensor_model_parallel_size == 2
+    assert declared["--micro-batch-size"] == "2"  # 16 samples / (2 micro-batches x dp 4)
