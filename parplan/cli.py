@@ -63,18 +63,20 @@ def _mesh(text: str) -> list[int]:
     return sizes
 
 
-def _add_cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=_positive, required=True, help="number of devices")
+def _add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--gpus", type=_positive, required=required, help="number of devices")
     p.add_argument("--gpus-per-node", type=_positive, default=None, help="devices per node (default: the GPU's)")
     p.add_argument("--gpu", default="A100-80GB", help=f"GPU preset: {', '.join(GPU_PRESETS)} (default A100-80GB)")
     p.add_argument("--gpu-memory-gib", type=_positive_float, default=None, help="override the device memory (GiB)")
 
 
-def _add_strategy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="preset name (see `parplan models`), graph JSON or HF config.json")
-    _add_cluster_args(p)
-    p.add_argument("--tp", type=_positive, required=True, help="tensor-parallel degree")
-    p.add_argument("--pp", type=_positive, required=True, help="pipeline-parallel degree")
+def _add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> None:
+    """The strategy flags; ``importable``: they may come from a trainer's file instead (``--from``)."""
+    p.add_argument("--model", required=not importable,
+                   help="preset name (see `parplan models`), graph JSON or HF config.json")
+    _add_cluster_args(p, required=not importable)
+    p.add_argument("--tp", type=_positive, required=not importable, help="tensor-parallel degree")
+    p.add_argument("--pp", type=_positive, required=not importable, help="pipeline-parallel degree")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                    help="ZeRO stage over the data-parallel group (1 = Megatron's distributed optimizer)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
@@ -110,7 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
                          description="Predict per-device memory (by category) and step time of one strategy.")
-    _add_strategy_args(mem)
+    _add_strategy_args(mem, importable=True)
+    mem.add_argument("--from", dest="from_", nargs=2, metavar=("KIND", "FILE"), default=None,
+                     help="price a trainer's own configuration: megatron-args FILE (pretrain_gpt.py flags or its "
+                          "torchrun line), ds-config FILE (DeepSpeed; give --model and --gpus) or torchtitan-config "
+                          "FILE; the strategy flags are then not used")
+    mem.add_argument("--suggest", action="store_true",
+                     help="with --from: also plan for the same trainer and show the best plan beside it")
     mem.add_argument("--runtime", choices=[r.value for r in Runtime], default="megatron",
                      help="whose buffers to count: megatron (default), torch (PyTorch-native DTensor/FSDP2 on "
                           "GPUs) or torch-cpu (the same with CPU kernels); see README")
@@ -226,10 +234,80 @@ def _memory_table(doc: dict[str, Any]) -> str:
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
+    if args.from_ is not None:
+        return _memory_from(args)
+    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus", "tp", "pp") if getattr(args, n) is None]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --from KIND FILE)")
+    if args.suggest:
+        raise UsageError("--suggest needs --from KIND FILE")
     model, cluster, strategy = strategy_from_args(args)
     doc = evaluate(model, cluster, strategy, seq_len=args.seq_len).to_dict()
     print(json.dumps(doc, indent=2) if args.json else _memory_table(doc))
     return 0
+
+
+def _memory_from(args: argparse.Namespace) -> int:
+    """``parplan memory --from KIND FILE``: the trainer's configuration, priced (and ``--suggest``:
+    the best plan for the same trainer beside it)."""
+    from parplan.imports import IMPORT_KINDS, read_config
+
+    kind, path = args.from_
+    if kind not in IMPORT_KINDS:
+        raise UsageError(f"--from: unknown kind {kind!r}; known: {', '.join(IMPORT_KINDS)}")
+    used = [f"--{n.replace('_', '-')}" for n in ("tp", "pp") if getattr(args, n) is not None]
+    if used:
+        raise UsageError(f"--from reads the strategy from {path}; leave out {', '.join(used)}")
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    model = resolve_model(args.model) if args.model else None
+    imported = read_config(kind, text, model=model, gpus=args.gpus, seq_len=args.seq_len)
+    assert imported.model is not None and imported.gpus is not None
+    cluster = make_cluster(imported.gpus, args.gpus_per_node or imported.gpus_per_node, args.gpu, args.gpu_memory_gib)
+    strategy = imported.strategy
+    doc = evaluate(imported.model, cluster, strategy, seq_len=imported.seq_len or args.seq_len).to_dict()
+    doc["import"] = imported.report()
+    if args.suggest:
+        from parplan.solver.planner import parse_plan_request, solve
+
+        spec = _model_spec(imported.model, doc["model"]["seq_len"])
+        body = {"model": spec, "cluster": {"gpus": cluster.num_devices, "gpus_per_node": cluster.gpus_per_node,
+                                           "gpu": args.gpu, "gpu_memory_gib": args.gpu_memory_gib},
+                "training": {"global_batch": strategy.global_batch, "seq_len": doc["model"]["seq_len"]},
+                "objective": {"kind": "min-memory"}, "target": imported.target}
+        plan = solve(parse_plan_request(body))
+        doc["suggestion"] = {k: plan.get(k) for k in ("strategy", "memory", "time", "target", "solver")}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(_memory_table(doc))
+    for what in ("unknown", "ignored"):
+        if imported.report()[what]:
+            print(f"{what} in {path}: {', '.join(imported.report()[what])}")
+    if args.suggest:
+        sug = doc["suggestion"]
+        if sug["memory"] is None:
+            print("suggestion: no plan for the same trainer fits")
+        else:
+            print(f"suggestion for {imported.target}: {sug['strategy']['summary']}: "
+                  f"{sug['memory']['peak_bytes'] / GIB:.2f} GiB, {sug['time']['step_seconds']:.3f} s per step "
+                  f"(this configuration: {doc['memory']['peak_bytes'] / GIB:.2f} GiB, "
+                  f"{doc['time']['step_seconds']:.3f} s)")
+    return 0
+
+
+def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:
+    """The request's ``model`` for a model read from a trainer's file: the preset of the same
+    architecture when there is one, else its graph."""
+    import dataclasses
+
+    if model.config is not None:
+        for name, cfg in PRESETS.items():
+            if dataclasses.replace(cfg, name=model.config.name, seq_len=model.config.seq_len) == model.config:
+                return {"preset": name}
+    return {"graph": graph_to_dict(model.build(1, seq_len))}
 
 
 def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:

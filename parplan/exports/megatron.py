@@ -30,7 +30,7 @@ DECLARED_FLAGS = frozenset({
     "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--position-embedding-type",
     "--max-position-embeddings", "--seq-length", "--num-experts", "--use-distributed-optimizer",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-    "--num-layers-per-virtual-pipeline-stage", "--use-flash-attn",
+    "--num-layers-per-virtual-pipeline-stage", "--use-flash-attn", "--vocab-size",
 })
 #: Flags made from megatron.training's TrainingConfig (not shipped with megatron-core).
 TRAINING_FLAGS = frozenset({"--micro-batch-size", "--global-batch-size"})
@@ -67,6 +67,7 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
         "--num-layers", str(layers), "--hidden-size", str(arch["hidden"]), "--ffn-hidden-size", str(arch["ffn"]),
         "--num-attention-heads", str(heads), "--seq-length", str(ctx.seq_len),
         "--max-position-embeddings", str(max(ctx.seq_len, int(arch.get("seq_len") or 0))),
+        "--vocab-size", str(arch["vocab"]),
     ]
     if head_dim:
         args += ["--kv-channels", str(head_dim)]

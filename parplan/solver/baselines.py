@@ -12,7 +12,7 @@ one needing the least memory is reported with ``fits = False``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
@@ -257,6 +257,9 @@ def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> 
         raise SolverError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
 
 
-def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: int) -> Evaluation | None:
-    """The baseline ``name``: the fastest of its family that fits (or the smallest if none does)."""
-    return fastest_fitting(ev, _family(name, ev.cluster, ev.global_batch, num_blocks), budget_bytes)
+def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: int,
+             runnable: Container[Candidate] | None = None) -> Evaluation | None:
+    """The baseline ``name``: the fastest of its family that fits (or the smallest if none does);
+    with ``runnable``, of those members only (a target's own baseline: what its trainer runs)."""
+    family = _family(name, ev.cluster, ev.global_batch, num_blocks)
+    return fastest_fitting(ev, (c for c in family if runnable is None or c in runnable), budget_bytes)

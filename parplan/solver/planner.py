@@ -228,8 +228,11 @@ def request_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(f"{SOLVER_VERSION}\n{canonical_request(body)}".encode()).hexdigest()
 
 
-def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int) -> dict[str, Evaluation | None]:
-    return {name: baseline(name, ev, req.budget_bytes, num_blocks) for name in BASELINES}
+def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int, runnable: set[Candidate] | None = None,
+               own: str | None = None) -> dict[str, Evaluation | None]:
+    """The baselines; under a uniform target its own one (``own``) among what it runs only."""
+    return {name: baseline(name, ev, req.budget_bytes, num_blocks, runnable if name == own else None)
+            for name in BASELINES}
 
 
 def _infeasible(req: PlanRequest, least_bytes: float | None, least: dict[str, Any] | None) -> dict[str, Any]:
@@ -277,15 +280,17 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
                           runtime=spec.runtime)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
     report("baselines", 0.05)
-    bases = _baselines(req, ev, num_blocks)
+    runnable: set[Candidate] | None = None  # under a uniform target, the strategies it runs
+    if spec.uniform:
+        runnable = set(family(req.target, req.cluster, req.global_batch, num_blocks))
+    bases = _baselines(req, ev, num_blocks, runnable, spec.baseline)
     fitting = [b for b in bases.values() if b is not None and b.fits]
     reference = min((b.time.step_seconds for b in fitting), default=None)
     method, why = choose_method(req)
     report("search", 0.3)
     docs: list[dict[str, Any]] = []
-    runnable: set[Candidate] | None = None  # under a uniform target, the strategies it runs
     if method == "uniform":
-        runnable = set(family(req.target, req.cluster, req.global_batch, num_blocks))
+        assert runnable is not None
         docs.append(_uniform(req, ev, runnable))
     elif method == "ilp":
         docs.append(_ilp(req, report, reference))

@@ -5,7 +5,8 @@
   parallelism), PP, DP with or without the distributed optimizer (ZeRO-1), selective or full
   recomputation; priced with Megatron-LM's buffers;
 - ``torchtitan``: FSDP2 (ZeRO-3, or ZeRO-2 without resharding after forward) or replicated data
-  parallelism, TP always with sequence parallelism, PP; priced with PyTorch-native buffers;
+  parallelism of tensor-parallel layers, TP with or without sequence parallelism, PP; priced with
+  PyTorch-native buffers (its exports run Llama 3 models only: the sizes of its registry);
 - ``deepspeed``: the DeepSpeed engine's data parallelism, ZeRO 0-3, no TP or PP (those need the
   model's own code); priced with Megatron-LM's rules (DeepSpeed keeps whole parameters under ZeRO
   1-2 and gathers per block under ZeRO-3, as they count);
@@ -73,11 +74,15 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int)
     node = cluster.gpus_per_node
     if target is Target.MEGATRON:
         for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1)):
-            if node % c.tp == 0:
+            # pipeline stages of equal layer counts (the even split Megatron-LM makes; parplan's uneven
+            # split of other counts is not one it runs)
+            if node % c.tp == 0 and num_blocks % c.pp == 0:
                 yield c
     elif target is Target.TORCHTITAN:
         for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3)):
-            if node % c.tp == 0 and c.sp == (c.tp > 1):
+            # ZeRO-0 is torchtitan's replicate (FSDP2 over a shard group of one), which the torch runtime
+            # prices as such only for tensor-parallel layers (without TP it prices DDP's buckets)
+            if node % c.tp == 0 and (c.zero > 0 or c.tp > 1 or c.dp == 1):
                 yield c
     elif target is Target.DEEPSPEED:
         yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,))

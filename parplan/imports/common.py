@@ -1,0 +1,48 @@
+"""What every import shares: the configuration a user already runs, read back as parplan's model,
+strategy and batch, with every setting that was not used said out loud.
+
+An import never guesses: a setting that changes memory or time and that parplan does not model is
+an error naming it (:class:`ImportProblemError`); a setting it does not know is listed in ``unknown``; a
+known one that does not change the prediction (data paths, learning rates, logging) in ``ignored``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from parplan.solver.errors import ConfigError
+from parplan.solver.models import ModelSource
+from parplan.solver.strategy import ParallelConfig
+
+#: What ``--from`` accepts.
+IMPORT_KINDS = ("megatron-args", "ds-config", "torchtitan-config")
+
+
+class ImportProblemError(ConfigError):
+    """A trainer configuration parplan cannot price as written; ``problems`` lists each reason."""
+
+    def __init__(self, kind: str, problems: list[str]) -> None:
+        self.kind = kind
+        self.problems = problems
+        super().__init__(f"{kind}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A trainer's configuration as parplan reads it. ``gpus``/``gpus_per_node``: from the file
+    when it says (a launch line), else None (the caller's cluster)."""
+
+    kind: str
+    model: ModelSource | None  # None: the file does not describe the model (DeepSpeed)
+    strategy: ParallelConfig
+    seq_len: int | None
+    gpus: int | None = None
+    gpus_per_node: int | None = None
+    target: str = "any"  # the planning target of the same trainer (for --suggest)
+    unknown: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target": self.target, "unknown": list(self.unknown),
+                "ignored": list(self.ignored)}
