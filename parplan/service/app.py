@@ -12,6 +12,7 @@ from parplan import __version__ as package_version
 from parplan.service import problems
 from parplan.service.agents.router import router as agents_router
 from parplan.service.catalog.router import router as catalog_router
+from parplan.service.evaluations.router import router as evaluations_router
 from parplan.service.health.metrics import Metrics, MetricsMiddleware
 from parplan.service.health.router import router as health_router
 from parplan.service.jobs.router import router as jobs_router
@@ -52,7 +53,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     app.state.solver_version = SOLVER_VERSION
     problems.install(app)
     for r in (plans_router, jobs_router, validations_router, agents_router, profiles_router, catalog_router,
-              health_router):
+              evaluations_router, health_router):
         app.include_router(r)
 
     def current_metrics() -> Metrics | None:

@@ -112,6 +112,11 @@ def _num(body: Mapping[str, Any], key: str, where: str, default: float | None,
     return float(v)
 
 
+def model_from_spec(spec: Any) -> ModelSource:
+    """The model of a request's ``model`` object (RequestError naming the field when it is bad)."""
+    return _model(spec)
+
+
 def _model(spec: Any) -> ModelSource:
     if not isinstance(spec, Mapping) or len(spec) != 1:
         raise RequestError("model", "give exactly one of preset, hf_config, graph")

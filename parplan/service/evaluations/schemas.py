@@ -1,0 +1,35 @@
+"""Wire shape of an evaluation request: a trainer's configuration file's text and what it leaves out."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from parplan.service.plans.schemas import ModelSpec
+
+
+class EvaluationCluster(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    gpus: int | None = Field(default=None, ge=1, le=1 << 17,
+                             description="Number of devices (default: from the file's torchrun line, when it has one).")
+    gpus_per_node: int | None = Field(default=None, ge=1, description="Default: the file's, else the GPU preset's.")
+    gpu: str = Field(default="A100-80GB", min_length=1, max_length=64, description="GET /v1/clusters/presets")
+    gpu_memory_gib: float | None = Field(default=None, gt=0, le=2**20, description="Override the device memory.")
+
+
+class EvaluationIn(BaseModel):
+    """A trainer's configuration as its file's text: Megatron-LM arguments (or their torchrun line),
+    a DeepSpeed ``ds_config.json`` (give ``model``), or torchtitan 0.3.0 arguments."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"kind": "ds-config", "text": '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, '
+                                      '"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}',
+         "model": {"preset": "llama-2-7b"}, "cluster": {"gpus": 8}}]})
+
+    kind: Literal["megatron-args", "ds-config", "torchtitan-config"]
+    text: str = Field(min_length=1, max_length=1 << 20, description="The file's text.")
+    model: ModelSpec | None = Field(default=None, description="The model, when the file does not describe it.")
+    cluster: EvaluationCluster = Field(default_factory=EvaluationCluster)
+    seq_len: int | None = Field(default=None, ge=1, le=1 << 24, description="Tokens per sample (ds-config).")

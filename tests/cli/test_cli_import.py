@@ -1,0 +1,86 @@
+"""``parplan memory --from KIND FILE [--suggest]``: a trainer's own configuration, priced; bad input
+is one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from parplan.cli import main
+
+ARGS = """\
+--num-layers 32 --hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32
+--seq-length 4096 --max-position-embeddings 4096 --vocab-size 32000
+--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
+--untie-embeddings-and-output-weights
+--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel
+--use-distributed-optimizer --recompute-granularity selective
+--micro-batch-size 1 --global-batch-size 32 --bf16
+--lr 3e-4 --data-path /data/x --my-own-flag 7
+"""
+
+
+def run_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_megatron_arguments_are_priced_and_what_was_not_used_is_listed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "args.txt").write_text(ARGS)
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["strategy"]["summary"].startswith("tp2 pp2 dp4 zero1 sp recompute=selective mb1x8")
+    assert doc["model"]["parameters"] == 6_738_415_616  # llama-2-7b's count, rebuilt from the flags
+    assert doc["import"]["unknown"] == ["--my-own-flag 7"] and doc["import"]["ignored"] == ["--lr", "--data-path"]
+    # the same configuration through `parplan memory`'s own flags prices the same
+    assert main(["memory", "--model", "llama-2-7b", "--gpus", "16", "--tp", "2", "--pp", "2", "--zero", "1",
+                 "--sequence-parallel", "--global-batch", "32", "--seq-len", "4096", "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["memory"]["peak_bytes"] == doc["memory"]["peak_bytes"]
+    assert same["time"]["step_seconds"] == doc["time"]["step_seconds"]
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16"]) == 0
+    assert "unknown in" in capsys.readouterr().out
+
+
+def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "args.txt").write_text(ARGS)
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--suggest",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sug = doc["suggestion"]
+    assert sug["target"]["name"] == "megatron"
+    # the configuration itself is one the megatron target considers, so the suggestion is no worse
+    assert sug["time"]["step_seconds"] <= doc["time"]["step_seconds"] * 1.1 * (1 + 1e-9) or \
+        sug["memory"]["peak_bytes"] <= doc["memory"]["peak_bytes"]
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ("--tensor-model-parallel-size 3", "does not divide"),
+    ("--global-batch-size 30", "not a multiple"),
+    ("--num-layers-per-virtual-pipeline-stage 5", "layers are not"),
+    ("--context-parallel-size 2", "context parallelism"),
+    ("--recompute-granularity full", "recompute-method uniform"),
+])
+def test_inconsistent_or_unmodelled_arguments_are_one_line_errors(tmp_path: Path, change: str, why: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "args.txt").write_text(ARGS + change + "\n")
+    assert why in run_error(capsys, "memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16")
+
+
+def test_bad_from_usage_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ds.json").write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 2}}))
+    assert "give --model" in run_error(capsys, "memory", "--from", "ds-config", str(tmp_path / "ds.json"),
+                                       "--gpus", "8")
+    assert "unknown kind" in run_error(capsys, "memory", "--from", "nemo", str(tmp_path / "ds.json"))
+    assert "cannot read" in run_error(capsys, "memory", "--from", "ds-config", str(tmp_path / "nope.json"))
+    assert "leave out --tp" in run_error(capsys, "memory", "--from", "ds-config", str(tmp_path / "ds.json"),
+                                         "--tp", "2")
+    assert "required" in run_error(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8")
+    assert "--suggest needs --from" in run_error(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1",
+                                                 "--pp", "1", "--suggest")

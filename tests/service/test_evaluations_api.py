@@ -1,0 +1,66 @@
+"""POST /v1/evaluations: a trainer's own configuration priced as ``parplan memory --from`` prices it;
+unknown settings listed; unmodelled settings and sizes that do not add up are 422 problems."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.testclient import TestClient
+
+from parplan.exports import export_plan
+from parplan.solver.planner import parse_plan_request, solve
+
+Headers = dict[str, str]
+DS = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+      "zero_optimization": {"stage": 3}, "bf16": {"enabled": True}, "optimizer": {"type": "AdamW"},
+      "elasticity": {"enabled": False}}
+
+
+def test_a_deepspeed_config_is_priced_with_what_it_did_not_use_listed(client: TestClient, reader: Headers) -> None:
+    r = client.post("/v1/evaluations", json={"kind": "ds-config", "text": json.dumps(DS),
+                                             "model": {"preset": "llama-2-7b"}, "cluster": {"gpus": 8}},
+                    headers=reader)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["strategy"]["summary"].startswith("tp1 pp1 dp8 zero3") and doc["memory"]["peak_bytes"] > 0
+    assert doc["import"] == {"kind": "ds-config", "target": "deepspeed", "unknown": ["elasticity"],
+                             "ignored": ["optimizer"]}
+
+
+def test_an_exported_megatron_plan_prices_as_planned(client: TestClient, reader: Headers) -> None:
+    plan = solve(parse_plan_request({"model": {"preset": "llama-2-13b"}, "cluster": {"gpus": 8, "gpu": "A100-40GB"},
+                                     "training": {"global_batch": 16}, "target": "megatron"}))
+    text = export_plan(plan, "megatron").files["megatron_args.txt"]
+    r = client.post("/v1/evaluations", json={"kind": "megatron-args", "text": text,
+                                             "cluster": {"gpus": 8, "gpu": "A100-40GB"}}, headers=reader)
+    assert r.status_code == 200, r.text
+    assert r.json()["memory"]["peak_bytes"] == plan["memory"]["peak_bytes"]
+    assert r.json()["time"]["step_seconds"] == plan["time"]["step_seconds"]
+
+
+def test_configurations_that_cannot_be_priced_are_422_naming_why(client: TestClient, reader: Headers) -> None:
+    cases = [
+        ({"kind": "ds-config", "text": json.dumps(DS | {"train_batch_size": 30}), "model": {"preset": "llama-2-7b"},
+          "cluster": {"gpus": 8}}, "train_batch_size 30"),
+        ({"kind": "ds-config", "text": json.dumps(DS), "cluster": {"gpus": 8}}, "give --model"),
+        ({"kind": "ds-config", "text": "{nope", "model": {"preset": "llama-2-7b"}, "cluster": {"gpus": 8}},
+         "not JSON"),
+        ({"kind": "megatron-args", "text": "--num-layers 30 --hidden-size 1024 --num-attention-heads 16 "
+                                           "--seq-length 2048 --vocab-size 50000 --micro-batch-size 1 "
+                                           "--tensor-model-parallel-size 3", "cluster": {"gpus": 8}},
+         "does not divide"),
+        ({"kind": "megatron-args", "text": "--num-layers 30 --hidden-size 1024 --num-attention-heads 16 "
+                                           "--seq-length 2048 --vocab-size 50000 --micro-batch-size 1 "
+                                           "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 4",
+          "cluster": {"gpus": 8}}, "layers are not"),
+        ({"kind": "megatron-args", "text": "--num-layers 24", "cluster": {"gpus": 8}}, "missing"),
+        ({"kind": "torchtitan-config", "text": "--module llama3 --config llama3_8b --training.seq_len 2048 "
+                                               "--training.local_batch_size 1 --parallelism.context_parallel_degree 2",
+          "cluster": {"gpus": 8}}, "context parallelism"),
+    ]
+    for body, why in cases:
+        r = client.post("/v1/evaluations", json=body, headers=reader)
+        assert r.status_code == 422, (body, r.text)
+        assert r.headers["content-type"] == "application/problem+json" and why in r.text, (why, r.text)
+    bad_kind = client.post("/v1/evaluations", json={"kind": "nemo", "text": "x"}, headers=reader)
+    assert bad_kind.status_code == 422
