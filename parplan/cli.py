@@ -366,6 +366,15 @@ def _plan_table(doc: dict[str, Any], pareto: bool = False) -> str:
         fit = "" if b["fits"] else " (does not fit)"
         lines.append(f"  {name:<16s} {b['memory']['peak_bytes'] / GIB:9.2f} {b['time']['step_seconds']:8.3f}   "
                      f"{ratio:>10s}   {thr:>12s}        {b['strategy']['summary']}{fit}")
+    target = doc.get("target") or {}
+    vs = target.get("versus_baseline")
+    if target.get("name", "any") != "any":
+        line = f"target    {target['name']} (buffers of the {target['runtime']} runtime)"
+        if vs:
+            faster = "faster" if vs["seconds_saved"] >= 0 else "slower"
+            line += (f": vs its baseline {target['baseline']}, {vs['memory_saved_bytes'] / GIB:+.2f} GiB saved per "
+                     f"device, {abs(vs['seconds_saved']):.3f} s per step {faster}")
+        lines += ["", line] + [f"          not in the prediction: {u}" for u in target.get("unpriced", [])]
     if pareto:
         lines += ["", "memory vs step time (plans no other plan beats on both)"]
         if not doc.get("pareto"):

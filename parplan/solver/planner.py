@@ -451,7 +451,7 @@ def _target_doc(req: PlanRequest, doc: dict[str, Any], base: Evaluation | None) 
     (saved bytes per device and seconds per step: positive is better than the baseline)."""
     spec = SPECS[req.target]
     out: dict[str, Any] = {"name": req.target.value, "runtime": spec.runtime.value, "baseline": spec.baseline,
-                           "versus_baseline": None}
+                           "versus_baseline": None, "unpriced": list(spec.unpriced)}
     if base is not None and doc.get("memory") and doc.get("time"):
         out["versus_baseline"] = {
             "baseline_fits": base.fits,

@@ -49,13 +49,17 @@ class TargetSpec:
     uniform: bool
     searches: tuple[str, ...]
     baseline: str
+    unpriced: tuple[str, ...] = ()  # what the trainer holds that the prediction leaves out (said in the plan)
 
 
 SPECS: dict[Target, TargetSpec] = {
     Target.ANY: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
     Target.MEGATRON: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "megatron"),
     Target.TORCHTITAN: TargetSpec(Runtime.TORCH, True, ("uniform",), "zero3"),
-    Target.DEEPSPEED: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "zero3"),
+    Target.DEEPSPEED: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "zero3", (
+        "DeepSpeed's communication buckets (reduce_bucket_size and allgather_bucket_size, 5e8 elements each by "
+        "default; under ZeRO-3 stage3_prefetch_bucket_size and up to stage3_max_live_parameters gathered), which "
+        "can add GBs to the peak",)),
     Target.GALVATRON: TargetSpec(Runtime.MEGATRON, False, ("dp",), "megatron"),
     Target.PARPLAN: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
 }
