@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from parplan.exports.common import Export, NotExpressible, UniformPlan, context_of, uniform_of
+from parplan.solver.cost.runtime import DEEPSPEED_BUCKET_ELEMENTS
 
 DEEPSPEED_VERSION = "0.19.8"
 TARGET = "deepspeed"
@@ -42,10 +43,15 @@ def ds_config(plan: UniformPlan) -> dict[str, Any]:
     }
     if plan.precision in ("bf16", "fp16"):
         cfg[plan.precision] = {"enabled": True}
+    # the buckets the deepspeed runtime prices (DEEPSPEED_BUCKET_BYTES), not DeepSpeed's larger defaults
+    zero = cfg["zero_optimization"]
+    zero["reduce_bucket_size"] = zero["allgather_bucket_size"] = DEEPSPEED_BUCKET_ELEMENTS
     if plan.zero == 3:
         # parameters gathered per block and freed after use (parplan prices one block's gathered weights
-        # and the next one prefetched)
-        cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+        # and the next one prefetched): keep DeepSpeed from holding more
+        for key in ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance"):
+            zero[key] = DEEPSPEED_BUCKET_ELEMENTS
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
     if plan.recompute == "full":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}
@@ -65,9 +71,8 @@ def export_deepspeed(doc: Mapping[str, Any]) -> Export:
     notes = [f"DeepSpeed {DEEPSPEED_VERSION}: train.py is your script, calling deepspeed.initialize(model=..., "
              "config='ds_config.json'); the optimizer and scheduler sections are yours to add",
              "hostfile lists every node with slots=" + str(ctx.procs_per_node),
-             "DeepSpeed's communication buckets (reduce_bucket_size, allgather_bucket_size; under ZeRO-3 "
-             "stage3_prefetch_bucket_size and stage3_max_live_parameters) are left at DeepSpeed's defaults and "
-             "are not in the prediction"]
+             f"the communication buckets are set to {DEEPSPEED_BUCKET_ELEMENTS:,} elements (DeepSpeed's reduce "
+             "default is ten times larger): the prediction counts them at that size; raising them adds memory"]
     if plan.recompute == "full":
         notes.append("full recomputation: wrap each transformer block's forward in "
                      "deepspeed.checkpointing.checkpoint")

@@ -42,7 +42,8 @@ class Imported:
     target: str = "any"  # the planning target of the same trainer (for --suggest)
     unknown: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
+    unpriced: list[str] = field(default_factory=list)  # what the trainer holds beyond the prediction
 
     def report(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "unknown": list(self.unknown),
-                "ignored": list(self.ignored)}
+                "ignored": list(self.ignored), "unpriced": list(self.unpriced)}

@@ -15,6 +15,7 @@ from typing import Any
 
 from parplan.imports.common import Imported, ImportProblemError
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.runtime import DEEPSPEED_BUCKET_ELEMENTS, Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
@@ -78,10 +79,32 @@ def read_ds_config(text: str, model: ModelSource | None, gpus: int | None, seq_l
         strategy = ParallelConfig(dp=gpus, zero=int(stage), micro_batch=mb, num_microbatches=gas,
                                   recompute=Recompute.FULL if cfg.get("activation_checkpointing") is not None
                                   else Recompute.SELECTIVE,
-                                  precision="bf16" if bf16 else ("fp16" if fp16 else "fp32"))
+                                  precision="bf16" if bf16 else ("fp16" if fp16 else "fp32"),
+                                  runtime=Runtime.DEEPSPEED)
     except SolverError as e:
         raise ImportProblemError(KIND, [str(e)]) from None
-    return Imported(KIND, model, strategy, seq_len, gpus, None, "deepspeed", unknown, ignored)
+    return Imported(KIND, model, strategy, seq_len, gpus, None, "deepspeed", unknown, ignored,
+                    _larger_buckets(zero, int(stage)))
+
+
+#: DeepSpeed 0.19.8's defaults of the buckets the deepspeed runtime prices (elements)
+_BUCKET_DEFAULTS = {"reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
+                    "stage3_prefetch_bucket_size": 50_000_000, "stage3_max_live_parameters": 1_000_000_000,
+                    "stage3_max_reuse_distance": 1_000_000_000}
+
+
+def _larger_buckets(zero: Mapping[str, Any], stage: int) -> list[str]:
+    """Buckets larger than the runtime prices (set, or DeepSpeed's default when not set)."""
+    out = []
+    for key, default in _BUCKET_DEFAULTS.items():
+        if (key.startswith("stage3_") and stage != 3) or (key == "allgather_bucket_size" and stage == 3):
+            continue
+        value = zero.get(key, default)
+        if isinstance(value, int | float) and value > DEEPSPEED_BUCKET_ELEMENTS:
+            where = "set" if key in zero else "DeepSpeed's default"
+            out.append(f"zero_optimization.{key} = {value:,.0f} ({where}) is larger than the "
+                       f"{DEEPSPEED_BUCKET_ELEMENTS:,} elements priced: the run can hold more than predicted")
+    return out
 
 
 def _positive(cfg: Mapping[str, Any], key: str, default: int | None) -> Any:

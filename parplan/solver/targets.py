@@ -8,8 +8,8 @@
   parallelism of tensor-parallel layers, TP with or without sequence parallelism, PP; priced with
   PyTorch-native buffers (its exports run Llama 3 models only: the sizes of its registry);
 - ``deepspeed``: the DeepSpeed engine's data parallelism, ZeRO 0-3, no TP or PP (those need the
-  model's own code); priced with Megatron-LM's rules (DeepSpeed keeps whole parameters under ZeRO
-  1-2 and gathers per block under ZeRO-3, as they count);
+  model's own code); priced with the ``deepspeed`` runtime (Megatron-LM's data-parallel buffers,
+  PyTorch's loss, its communication buckets as set by the export);
 - ``galvatron``: per-layer hybrid strategies, which the DP search (Galvatron's own space) returns;
 - ``parplan``: what the validation agent runs: every plan, as ``any``.
 
@@ -56,10 +56,10 @@ SPECS: dict[Target, TargetSpec] = {
     Target.ANY: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
     Target.MEGATRON: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "megatron"),
     Target.TORCHTITAN: TargetSpec(Runtime.TORCH, True, ("uniform",), "zero3"),
-    Target.DEEPSPEED: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "zero3", (
-        "DeepSpeed's communication buckets (reduce_bucket_size and allgather_bucket_size, 5e8 elements each by "
-        "default; under ZeRO-3 stage3_prefetch_bucket_size and up to stage3_max_live_parameters gathered), which "
-        "can add GBs to the peak",)),
+    Target.DEEPSPEED: TargetSpec(Runtime.DEEPSPEED, True, ("uniform",), "zero3", (
+        "DeepSpeed's buckets are priced as an upper bound set by the export (50M elements each for "
+        "reduce_bucket_size, allgather_bucket_size and ZeRO-3's prefetch bucket and live parameters), not "
+        "measured; a config with larger buckets holds more",)),
     Target.GALVATRON: TargetSpec(Runtime.MEGATRON, False, ("dp",), "megatron"),
     Target.PARPLAN: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
 }

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from plan_docs import doc_for
 
 from parplan.exports import NotExpressibleError, export_plan
+from parplan.solver.cost.runtime import Runtime
 
 pytest.importorskip("deepspeed", reason="the exports extra (deepspeed) is not installed")
 
@@ -89,3 +91,33 @@ def test_what_deepspeed_cannot_run_is_refused_with_the_reason(strategy: dict[str
     with pytest.raises(NotExpressibleError) as info:
         export_plan(doc_for("mixtral-8x7b", 8, {"num_microbatches": 1} | strategy), "deepspeed")
     assert any(reason in r for r in info.value.reasons), info.value.reasons
+
+
+def test_the_exported_buckets_are_what_the_deepspeed_runtime_prices() -> None:
+    """The export caps DeepSpeed's buckets at DEEPSPEED_BUCKET_ELEMENTS; the deepspeed runtime holds
+    them (fp32, a reduce and a gather bucket) and cuBLAS's workspaces through the whole step, on top
+    of what the same strategy holds under Megatron-LM's rules (plus PyTorch's loss buffer)."""
+    from parplan.imports import read_config
+    from parplan.solver.cost.plan_memory import plan_memory
+    from parplan.solver.cost.runtime import CUBLAS_WORKSPACE_BYTES, DEEPSPEED_BUCKET_BYTES, DEEPSPEED_BUCKET_ELEMENTS
+    from parplan.solver.frontends.presets import get_preset
+    from parplan.solver.models import ModelSource
+
+    for zero in (0, 1, 2, 3):
+        doc = doc_for("llama-2-7b", 8, {"tp": 1, "pp": 1, "dp": 8, "zero": zero, "micro_batch": 1,
+                                         "num_microbatches": 2})
+        text = export_plan(doc, "deepspeed").files["ds_config.json"]
+        zcfg = json.loads(text)["zero_optimization"]
+        assert zcfg["reduce_bucket_size"] == DEEPSPEED_BUCKET_ELEMENTS
+        if zero == 3:
+            live, prefetch = zcfg["stage3_max_live_parameters"], zcfg["stage3_prefetch_bucket_size"]
+            assert live == prefetch == DEEPSPEED_BUCKET_ELEMENTS
+        model = ModelSource("llama-2-7b", config=get_preset("llama-2-7b"))
+        imported = read_config("ds-config", text, model=model, gpus=8, seq_len=4096)
+        assert imported.unpriced == []  # the exported buckets are all priced
+        graph = model.build(1, 4096)
+        ds = plan_memory(graph, imported.strategy).peak_stage
+        mega = plan_memory(graph, dataclasses.replace(imported.strategy, runtime=Runtime.MEGATRON)).peak_stage
+        fixed = DEEPSPEED_BUCKET_BYTES + 2 * CUBLAS_WORKSPACE_BYTES
+        assert ds.memory.bytes.temporary >= mega.memory.bytes.temporary + fixed
+        assert ds.peak_bytes >= mega.peak_bytes + fixed

@@ -83,20 +83,38 @@ DDP = DataParallelBuffers(rebuilds_buckets=True)
 FSDP = DataParallelBuffers(shards_parameters=True, gathers=True, reduce_buffers=1, gather_buffer=True)
 
 
+#: Elements of each DeepSpeed bucket parplan's DeepSpeed exports set (``reduce_bucket_size``,
+#: ``allgather_bucket_size``, ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters``,
+#: ``stage3_max_reuse_distance``): DeepSpeed's own prefetch default, a tenth of its reduce default.
+DEEPSPEED_BUCKET_ELEMENTS = 50_000_000
+#: Bytes the ``deepspeed`` runtime holds for those buckets for the whole step, an upper bound (not a
+#: measurement): one reduce bucket and one gather bucket of that many fp32 elements.
+DEEPSPEED_BUCKET_BYTES = 2 * DEEPSPEED_BUCKET_ELEMENTS * 4
+
+
 class Runtime(StrEnum):
     """Which framework's buffers the memory model counts."""
 
     MEGATRON = "megatron"
     TORCH = "torch"  # PyTorch-native (DTensor TP/SP, FSDP2), CUDA kernels
     TORCH_CPU = "torch-cpu"  # the same with CPU kernels (the agent's gloo runs)
+    #: DeepSpeed's engine (data parallelism, ZeRO 0-3) on the user's PyTorch model: Megatron-LM's
+    #: data-parallel buffers (whole parameters under ZeRO 1-2, gathered per block under ZeRO-3,
+    #: gradients reduced every micro-batch), PyTorch's loss, cuBLAS's workspaces, and its
+    #: communication buckets bounded by :data:`DEEPSPEED_BUCKET_BYTES`. No measurement yet.
+    DEEPSPEED = "deepspeed"
+
+    @property
+    def _pytorch_native(self) -> bool:
+        return self in (Runtime.TORCH, Runtime.TORCH_CPU)
 
     @property
     def saves_gathered_sp_inputs(self) -> bool:
-        return self is not Runtime.MEGATRON
+        return self._pytorch_native
 
     @property
     def full_embedding_gradient(self) -> bool:
-        return self is not Runtime.MEGATRON
+        return self._pytorch_native
 
     @property
     def library_workspace_bytes(self) -> float:
@@ -105,7 +123,10 @@ class Runtime(StrEnum):
         on the main thread, backward on the autograd engine's device thread). Measured on an H100:
         32 MiB at the first matmul, 32 MiB more at the first backward. None on the CPU. Megatron-LM
         holds them as well (and Transformer Engine's own); runtime ``megatron`` follows Megatron-LM's
-        estimator, which leaves them out."""
+        estimator, which leaves them out. Runtime ``deepspeed`` adds its communication buckets
+        (:data:`DEEPSPEED_BUCKET_BYTES`)."""
+        if self is Runtime.DEEPSPEED:
+            return 2 * CUBLAS_WORKSPACE_BYTES + DEEPSPEED_BUCKET_BYTES
         return 2 * CUBLAS_WORKSPACE_BYTES if self is Runtime.TORCH else 0.0
 
     @property
@@ -135,11 +156,11 @@ class Runtime(StrEnum):
         """Whether gradient accumulation keeps gathering units' gradients unsharded from the first
         micro-batch to the last (FSDP2 skips the reduce-scatter until the last micro-batch; Megatron
         reduces into sharded buffers every micro-batch)."""
-        return self is not Runtime.MEGATRON
+        return self._pytorch_native
 
     @property
     def holds_stage_outputs(self) -> bool:
-        return self is not Runtime.MEGATRON
+        return self._pytorch_native
 
     def data_parallel(self, tp: int, dp: int, zero: int) -> DataParallelBuffers:
         """How data parallelism of degree ``dp`` with ZeRO stage ``zero`` holds weights and
@@ -148,8 +169,10 @@ class Runtime(StrEnum):
             return IN_PLACE
         if zero >= 3:
             return FSDP
-        if self is Runtime.MEGATRON:
-            return IN_PLACE  # ZeRO-1/2: optimizer states and main gradients sharded in place
+        if self in (Runtime.MEGATRON, Runtime.DEEPSPEED):
+            # ZeRO-1/2: optimizer states and main gradients sharded in place; ZeRO-0: gradients reduced
+            # in place (Megatron-LM's buffers, DeepSpeed's engine with its own buckets: no DDP rebuild)
+            return IN_PLACE
         if zero == 2:  # FSDP2 without resharding after forward
             return DataParallelBuffers(shards_parameters=True, gathers=True, kept_from_forward=True,
                                        reduce_buffers=1, gather_buffer=True)
