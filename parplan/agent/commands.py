@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 MIB = 2**20
@@ -24,7 +25,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "distributed APIs, check loss and gradients against a single-process run, and print the "
                     "measured per-rank memory by category beside the cost model's prediction. Runs in fp32; "
                     "models too large for the machine run shrunk (same degrees, fewer layers, smaller hidden).")
-    _add_strategy_args(val)
+    _add_strategy_args(val, importable=True)
+    val.add_argument("--plan", metavar="FILE", default=None,
+                     help="run a saved plan instead of the strategy flags: a plan document (parplan plan --json, "
+                          "GET /v1/plans/{id}) or target parplan's export (parplan_plan.json), the same file")
     val.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     val.add_argument("--max-procs", type=int, default=8, help="most processes to start (default 8)")
     val.add_argument("--shrink", choices=("auto", "yes", "no"), default="auto",
@@ -67,12 +71,77 @@ def _device(kind: str | None) -> str:
     return kind
 
 
+def measure_validation(validation: dict[str, Any], device: str, max_procs: int, hardware_key: str) -> dict[str, Any]:
+    """Run a validation's plan (per-operator plans as planned, uniform ones shrunk when they must
+    be) and return its ``measurement``: per rank measured and predicted memory, the worst error."""
+    from parplan.agent.plans import spec_for_validation
+    from parplan.agent.validate import measurement_of, run_and_compare
+
+    if ((validation.get("plan") or {}).get("strategy") or {}).get("kind") == "intra-operator":
+        from parplan.agent.ilp_validate import measurement_for_validation
+
+        return measurement_for_validation(validation, device, max_procs, hardware_key)
+    spec = spec_for_validation(validation, max_procs)
+    comparison = run_and_compare([spec], device)[0]
+    out = measurement_of(comparison, hardware_key)
+    out["config"]["shrunk_from"] = spec.extra["original_model"] if spec.extra.get("shrunk") else None
+    out["config"]["notes"] = spec.extra.get("notes", [])
+    out["config"]["requested"] = spec.extra.get("requested")
+    return out
+
+
+def _validate_plan_file(args: argparse.Namespace) -> int:
+    """``parplan validate --plan FILE``: the saved plan itself, run and measured."""
+    from parplan.agent.launch import LaunchError
+    from parplan.agent.validate import hardware
+    from parplan.cli import UsageError
+
+    used = [f"--{n.replace('_', '-')}" for n in ("model", "gpus", "tp", "pp") if getattr(args, n) is not None]
+    if used:
+        raise UsageError(f"--plan runs the plan in {args.plan}; leave out {', '.join(used)}")
+    try:
+        doc = json.loads(Path(args.plan).read_text())
+    except OSError as e:
+        raise UsageError(f"cannot read {args.plan}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{args.plan} is not JSON: {e.msg} at line {e.lineno}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("strategy"), dict):
+        raise UsageError(f"{args.plan} is not a plan document (no strategy)")
+    arch = (doc.get("model") or {}).get("architecture")
+    if not isinstance(arch, dict):
+        raise UsageError(f"{args.plan} has no model.architecture (plans of bare operator graphs cannot be run)")
+    device = _device(args.device)
+    validation = {"id": Path(args.plan).name, "plan": doc, "request": {"model": {"architecture": arch}}}
+    try:
+        m = measure_validation(validation, device, args.max_procs, hardware(device)["key"])
+    except LaunchError as e:
+        print(f"parplan validate: the run failed: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(m, indent=2, default=str))
+    else:
+        print(f"plan      {doc['strategy'].get('summary', '')}  ({args.plan})")
+        print("rank   measured MiB   predicted MiB   error")
+        for r in m["ranks"]:
+            measured, predicted = r["measured"]["peak_bytes"] / MIB, r["predicted"]["peak_bytes"] / MIB
+            print(f"  {r['rank']:<4d} {measured:12.2f}   {predicted:13.2f}   {r['relative_error']['peak_bytes']:+.1%}")
+        print(f"worst |error| {m['max_relative_error']:.1%}; results "
+              + {True: "match a single-process run", False: "DO NOT match a single-process run",
+                 None: "not checked"}[m.get("correct")])
+    return 0 if m.get("correct") in (True, None) else 1
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from parplan.agent.launch import LaunchError
     from parplan.agent.plans import AUTO_SHRINK_PARAMETERS, config_of_source, spec_for
     from parplan.agent.validate import run_and_compare
-    from parplan.cli import strategy_from_args
+    from parplan.cli import UsageError, strategy_from_args
 
+    if args.plan is not None:
+        return _validate_plan_file(args)
+    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus", "tp", "pp") if getattr(args, n) is None]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --plan FILE)")
     model, cluster, strategy = strategy_from_args(args)
     cfg = config_of_source(model)
     device = _device(args.device)
@@ -151,8 +220,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     from parplan.agent.client import Agent, ServiceClient
     from parplan.agent.microbench import profile
-    from parplan.agent.plans import spec_for_validation
-    from parplan.agent.validate import hardware, measurement_of, run_and_compare
+    from parplan.agent.validate import hardware
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -161,17 +229,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     max_procs = args.max_procs or (torch.cuda.device_count() if device == "cuda" else 8)
 
     def measure(validation: dict[str, Any]) -> dict[str, Any]:
-        if ((validation.get("plan") or {}).get("strategy") or {}).get("kind") == "intra-operator":
-            from parplan.agent.ilp_validate import measurement_for_validation
-
-            return measurement_for_validation(validation, device, max_procs, hw["key"])
-        spec = spec_for_validation(validation, max_procs)
-        comparison = run_and_compare([spec], device)[0]
-        out = measurement_of(comparison, hw["key"])
-        out["config"]["shrunk_from"] = spec.extra["original_model"] if spec.extra.get("shrunk") else None
-        out["config"]["notes"] = spec.extra.get("notes", [])
-        out["config"]["requested"] = spec.extra.get("requested")
-        return out
+        return measure_validation(validation, device, max_procs, hw["key"])
 
     def run(validation: dict[str, Any]) -> dict[str, Any]:
         # The launcher installs its own SIGTERM/SIGINT handlers when it runs on the main thread (and

@@ -124,6 +124,11 @@ def config_of_source(model: ModelSource) -> TransformerConfig:
 def model_of_request(request: dict[str, Any]) -> TransformerConfig:
     """The architecture named by a plan request's ``model`` field."""
     spec = request.get("model") or {}
+    if "architecture" in spec:  # a plan document's model.architecture (parplan validate --plan)
+        try:
+            return TransformerConfig(**dict(spec["architecture"]))
+        except TypeError as e:
+            raise ConfigError(f"model.architecture is not a parplan architecture: {e}") from None
     if "preset" in spec:
         return get_preset(str(spec["preset"]))
     if "hf_config" in spec:

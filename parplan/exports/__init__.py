@@ -26,9 +26,11 @@ def _parplan(doc: Mapping[str, Any]) -> Export:
     ctx = context_of(doc)
     if not isinstance(doc.get("strategy"), Mapping):
         raise NotExpressibleError("parplan", ["the document has no strategy (an infeasible request has no plan)"])
-    notes = ["the validation agent runs this plan: POST /v1/plans/{id}/validations on the service, then "
-             "`parplan agent --server URL --token T` on the machine with the GPUs"]
-    launch = [f"parplan agent --server $PARPLAN_URL --token $PARPLAN_AGENT_TOKEN --max-procs {ctx.gpus}"]
+    notes = [f"run and measure it on one machine with {ctx.gpus} GPUs: the launch line (per-operator plans run as "
+             "planned; uniform ones shrunk when the model is too large)",
+             "or through the service: POST /v1/plans/{id}/validations, then `parplan agent --server URL --token T` "
+             "on the machine with the GPUs"]
+    launch = [f"parplan validate --plan parplan_plan.json --device cuda --max-procs {ctx.gpus}"]
     return Export("parplan", _own_version(), {"parplan_plan.json": json.dumps(dict(doc), indent=2) + "\n"}, launch,
                   notes)
 

@@ -260,7 +260,7 @@ def _ilp(req: PlanRequest, report: ProgressFn, reference_seconds: float | None) 
                  budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown, alpha_gib_per_s=req.alpha,
                  calibration=req.calibration, timeout_seconds=req.time_limit_seconds,
                  progress=lambda stage, f: report(stage, 0.3 + 0.65 * f), reference_seconds=reference_seconds,
-                 fixed_mesh=req.mesh)
+                 fixed_mesh=req.mesh, runtime=SPECS[req.target].runtime)
     if doc["solver"]["status"] == "infeasible":
         out = _infeasible(req, doc["memory"]["peak_bytes"], None)
         out["solver"] = doc["solver"]
@@ -404,6 +404,8 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
                            f"{spec.runtime.value} runtime's buffers")
     if spec.searches == ("dp",):
         return "dp", f"target {req.target.value}: per-layer hybrid parallelism by dynamic programming"
+    if spec.searches == ("ilp",):
+        return "ilp", f"target {req.target.value}: per-operator plans by the ILP, which the agent runs"
     if req.search == "ilp":
         return "ilp", "requested: intra-operator ILP"
     if req.search == "dp":

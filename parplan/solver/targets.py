@@ -11,7 +11,8 @@
   model's own code); priced with the ``deepspeed`` runtime (Megatron-LM's data-parallel buffers,
   PyTorch's loss, its communication buckets as set by the export);
 - ``galvatron``: per-layer hybrid strategies, which the DP search (Galvatron's own space) returns;
-- ``parplan``: what the validation agent runs: every plan, as ``any``.
+- ``parplan``: what the validation agent runs (``parplan validate --plan``): the ILP's per-operator
+  plans (DTensor) and the uniform baselines, priced with PyTorch-native buffers (the agent's).
 
 A uniform target is searched exhaustively over its strategies (:func:`family`), each priced by the
 whole-plan evaluator, so its answer is never beaten on both memory and time by its baseline, which
@@ -61,7 +62,7 @@ SPECS: dict[Target, TargetSpec] = {
         "reduce_bucket_size, allgather_bucket_size and ZeRO-3's prefetch bucket and live parameters), not "
         "measured; a config with larger buckets holds more",)),
     Target.GALVATRON: TargetSpec(Runtime.MEGATRON, False, ("dp",), "megatron"),
-    Target.PARPLAN: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
+    Target.PARPLAN: TargetSpec(Runtime.TORCH, False, ("ilp",), "megatron"),
 }
 
 

@@ -1,0 +1,53 @@
+"""``parplan validate --plan FILE``: the file target ``parplan`` exports (the plan itself) is what the
+agent runs and measures, per-operator and uniform plans alike."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parplan.cli import main
+from parplan.exports import export_plan
+from parplan.solver.planner import parse_plan_request, solve
+
+GPT = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 128}
+
+
+def exported(tmp_path: Path, **extra: Any) -> Path:
+    body = {"model": {"hf_config": GPT}, "cluster": {"gpus": 4, "gpu": "A100-80GB"},
+            "training": {"global_batch": 8, "seq_len": 128}, **extra}
+    out = export_plan(solve(parse_plan_request(body)), "parplan")
+    path = tmp_path / "parplan_plan.json"
+    path.write_text(out.files["parplan_plan.json"])
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [{"target": "parplan", "search": "ilp"}, {"target": "megatron"}],
+                         ids=["per-operator", "uniform"])
+def test_the_exported_plan_file_runs_under_the_agent_within_5_percent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict[str, Any]) -> None:
+    path = exported(tmp_path, **extra)
+    assert main(["validate", "--plan", str(path), "--device", "cpu", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert m["correct"] is True and len(m["ranks"]) == 4
+    assert m["max_relative_error"] <= 0.05, [r["relative_error"] for r in m["ranks"]]
+
+
+def test_bad_plan_files_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def error(*args: str) -> str:
+        assert main(list(args)) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        return err
+
+    (tmp_path / "x.json").write_text("{}")
+    assert "not a plan document" in error("validate", "--plan", str(tmp_path / "x.json"))
+    assert "cannot read" in error("validate", "--plan", str(tmp_path / "missing.json"))
+    (tmp_path / "y.json").write_text(json.dumps({"strategy": {"kind": "uniform"}, "model": {"name": "g"}}))
+    assert "architecture" in error("validate", "--plan", str(tmp_path / "y.json"))
+    assert "leave out --tp" in error("validate", "--plan", str(tmp_path / "y.json"), "--tp", "2")
+    assert "required" in error("validate", "--model", "gpt-1.7b")
