@@ -120,3 +120,15 @@ def test_family_of_a_searched_target_only() -> None:
     req = parse_plan_request(body("gpt-1.7b", 8, "any"))
     with pytest.raises(SolverError):
         list(family(Target.GALVATRON, req.cluster, 16, 24))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("preset", "gpus"), [("gpt-7.5b", 8), ("llama-2-70b", 1024)])
+def test_a_galvatron_plan_is_never_dominated_by_its_baseline(preset: str, gpus: int) -> None:
+    for objective in ("min-memory", "max-throughput"):
+        doc = solve(parse_plan_request(body(preset, gpus, "galvatron", objective)))
+        assert doc["memory"] is not None
+        own = doc["baselines"][SPECS[Target.GALVATRON].baseline]
+        assert own is not None and own["fits"]
+        assert not dominated(doc, own), (objective, doc["strategy"]["summary"])
+        assert doc["strategy"]["kind"] in ("per-layer", "uniform")  # what Galvatron runs
