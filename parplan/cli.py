@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_strategy_args(mem, importable=True)
     mem.add_argument("--from", dest="from_", nargs=2, metavar=("KIND", "FILE"), default=None,
                      help="price a trainer's own configuration: megatron-args FILE (pretrain_gpt.py flags or its "
-                          "torchrun line), ds-config FILE (DeepSpeed; give --model and --gpus) or torchtitan-config "
-                          "FILE; the strategy flags are then not used")
+                          "torchrun line), ds-config FILE (DeepSpeed; give --model and --gpus), torchtitan-config "
+                          "FILE, or galvatron-config FILE (galvatron_config.json or its train_galvatron.sh; give "
+                          "--model and --gpus); the strategy flags are then not used")
     mem.add_argument("--suggest", action="store_true",
                      help="with --from: also plan for the same trainer and show the best plan beside it")
     mem.add_argument("--runtime", choices=[r.value for r in Runtime], default="megatron",
@@ -250,7 +251,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
 def _memory_from(args: argparse.Namespace) -> int:
     """``parplan memory --from KIND FILE``: the trainer's configuration, priced (and ``--suggest``:
     the best plan for the same trainer beside it)."""
-    from parplan.imports import IMPORT_KINDS, read_config
+    from parplan.imports import IMPORT_KINDS, price, read_config
 
     kind, path = args.from_
     if kind not in IMPORT_KINDS:
@@ -263,27 +264,28 @@ def _memory_from(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
     model = resolve_model(args.model) if args.model else None
-    imported = read_config(kind, text, model=model, gpus=args.gpus, seq_len=args.seq_len)
+    launch = None
+    if kind == "galvatron-config":
+        text, launch = _galvatron_files(Path(path), text)
+    imported = read_config(kind, text, model=model, gpus=args.gpus, seq_len=args.seq_len, launch=launch)
     assert imported.model is not None and imported.gpus is not None
     cluster = make_cluster(imported.gpus, args.gpus_per_node or imported.gpus_per_node, args.gpu, args.gpu_memory_gib)
-    strategy = imported.strategy
-    doc = evaluate(imported.model, cluster, strategy, seq_len=imported.seq_len or args.seq_len).to_dict()
-    doc["import"] = imported.report()
+    doc = price(imported, cluster)
     if args.suggest:
         from parplan.solver.planner import parse_plan_request, solve
 
         spec = _model_spec(imported.model, doc["model"]["seq_len"])
         body = {"model": spec, "cluster": {"gpus": cluster.num_devices, "gpus_per_node": cluster.gpus_per_node,
                                            "gpu": args.gpu, "gpu_memory_gib": args.gpu_memory_gib},
-                "training": {"global_batch": strategy.global_batch, "seq_len": doc["model"]["seq_len"]},
+                "training": {"global_batch": doc["strategy"]["global_batch"], "seq_len": doc["model"]["seq_len"]},
                 "objective": {"kind": "min-memory"}, "target": imported.target}
         plan = solve(parse_plan_request(body))
         doc["suggestion"] = {k: plan.get(k) for k in ("strategy", "memory", "time", "target", "solver")}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(_memory_table(doc))
-    for what in ("unknown", "ignored"):
+    print(_memory_table(doc) if doc["strategy"].get("kind") != "per-layer" else _layer_table(doc))
+    for what in ("unknown", "ignored", "unpriced"):
         if imported.report()[what]:
             print(f"{what} in {path}: {', '.join(imported.report()[what])}")
     if args.suggest:
@@ -296,6 +298,40 @@ def _memory_from(args: argparse.Namespace) -> int:
                   f"(this configuration: {doc['memory']['peak_bytes'] / GIB:.2f} GiB, "
                   f"{doc['time']['step_seconds']:.3f} s)")
     return 0
+
+
+def _galvatron_files(path: Path, text: str) -> tuple[str, str | None]:
+    """(strategy file text, launch text) of a Galvatron export given either file: the strategy
+    file's ``train_galvatron.sh`` beside it, or the script's ``--galvatron_config_path``."""
+    if path.suffix == ".json":
+        script = path.with_name("train_galvatron.sh")
+        return text, script.read_text() if script.is_file() else None
+    words = text.replace("\\\n", " ").split()
+    if "--galvatron_config_path" not in words or words.index("--galvatron_config_path") + 1 >= len(words):
+        raise UsageError(f"{path} has no --galvatron_config_path; give the strategy file itself")
+    target = words[words.index("--galvatron_config_path") + 1].strip("\"'")
+    target = target.replace("$PLAN_DIR", str(path.parent)).replace("${PLAN_DIR}", str(path.parent))
+    try:
+        return Path(target).read_text(), text
+    except OSError as e:
+        raise UsageError(f"cannot read the strategy file {target}: {e.strerror or e}") from None
+
+
+def _layer_table(doc: dict[str, Any]) -> str:
+    """A per-layer configuration's memory and time (``memory --from galvatron-config``)."""
+    s, mem, t = doc["strategy"], doc["memory"], doc["time"]
+    lines = [f"model     {doc['model']['name']}  ({doc['model']['parameters'] / 1e9:.2f} B parameters, "
+             f"seq {doc['model']['seq_len']})", f"strategy  {s['summary']}", ""]
+    for run in s["layers"]:
+        span = run["first"] if run["count"] == 1 else f"{run['first']} .. {run['last']}"
+        lines.append(f"  stage {run['stage']}  {span:<28s} (x{run['count']})  {run['strategy']}")
+    lines += ["", f"most loaded device: stage {mem['peak_stage']}  (GiB)       held  redundant"]
+    for cat in CATEGORIES:
+        lines.append(f"  {cat:<18s}          {_gib(mem['breakdown'][cat])}  {_gib(mem['redundant'][cat])}")
+    lines.append(f"  {'peak':<18s}          {_gib(mem['peak_bytes'])}  ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
+    lines += ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
+              f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
+    return "\n".join(lines)
 
 
 def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:

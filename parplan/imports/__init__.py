@@ -4,17 +4,22 @@
 
 from __future__ import annotations
 
-from parplan.imports.common import IMPORT_KINDS, Imported, ImportProblemError
+from typing import Any
+
+from parplan.imports.common import IMPORT_KINDS, Imported, ImportProblemError, LayerImport
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.cluster import Cluster
 from parplan.solver.models import ModelSource
 
-__all__ = ["IMPORT_KINDS", "ImportProblemError", "Imported", "read_config"]
+__all__ = ["IMPORT_KINDS", "ImportProblemError", "Imported", "LayerImport", "price", "read_config"]
 
 
 def read_config(kind: str, text: str, *, model: ModelSource | None = None, gpus: int | None = None,
-                seq_len: int | None = None) -> Imported:
+                seq_len: int | None = None, launch: str | None = None) -> Imported | LayerImport:
     """Read a trainer's configuration of kind ``kind`` (see :data:`IMPORT_KINDS`). ``model``,
     ``gpus`` and ``seq_len`` fill in what the file does not say (a file that says overrides them
-    only where they are not given: a conflict is an error)."""
+    only where they are not given: a conflict is an error). ``launch``: the launch line of a
+    Galvatron strategy file (its sequence parallelism, precision and flash attention flags)."""
     if kind == "megatron-args":
         from parplan.imports.megatron import read_megatron_args
 
@@ -32,4 +37,35 @@ def read_config(kind: str, text: str, *, model: ModelSource | None = None, gpus:
         from parplan.imports.torchtitan import read_torchtitan_config
 
         return read_torchtitan_config(text, gpus)
+    if kind == "galvatron-config":
+        from parplan.imports.galvatron import read_galvatron_config
+
+        return read_galvatron_config(text, model, gpus, seq_len, launch)
     raise ImportProblemError(kind, [f"unknown kind; known: {', '.join(IMPORT_KINDS)}"])
+
+
+def price(imported: Imported | LayerImport, cluster: Cluster,
+          calibration: Calibration = DEFAULT_CALIBRATION) -> dict[str, Any]:
+    """Memory per category and step time of an imported configuration (the keys of ``parplan
+    memory --json``; a per-layer one as a per-layer plan document), plus ``import``."""
+    assert imported.model is not None
+    if isinstance(imported, LayerImport):
+        from parplan.solver.cost.plan_evaluator import PlanEvaluator
+        from parplan.solver.cost.units import GraphCosts
+        from parplan.solver.planner import per_layer_document
+
+        model, seq = imported.model, imported.seq_len
+        ev = PlanEvaluator(lambda b: GraphCosts(model.build(b, seq)), cluster, calibration)
+        doc = per_layer_document(imported.plan, ev, cluster, calibration)
+        graph = model.build(1, seq)
+        doc["model"] = {"name": model.name, "parameters": graph.parameter_count(),
+                        "seq_len": int(graph.meta.get("seq_len", 0) or seq or 0)}
+        doc["cluster"] = {"gpus": cluster.num_devices, "gpus_per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name,
+                          "device_memory_bytes": cluster.device_memory_bytes}
+    else:
+        from parplan.solver.evaluate import evaluate
+
+        doc = evaluate(imported.model, cluster, imported.strategy, seq_len=imported.seq_len,
+                       calibration=calibration).to_dict()
+    doc["import"] = imported.report()
+    return doc

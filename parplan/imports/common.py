@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from parplan.solver.cost.plan_evaluator import LayerPlan
 from parplan.solver.errors import ConfigError
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
 
 #: What ``--from`` accepts.
-IMPORT_KINDS = ("megatron-args", "ds-config", "torchtitan-config")
+IMPORT_KINDS = ("megatron-args", "ds-config", "torchtitan-config", "galvatron-config")
 
 
 class ImportProblemError(ConfigError):
@@ -43,6 +44,26 @@ class Imported:
     unknown: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     unpriced: list[str] = field(default_factory=list)  # what the trainer holds beyond the prediction
+
+    def report(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target": self.target, "unknown": list(self.unknown),
+                "ignored": list(self.ignored), "unpriced": list(self.unpriced)}
+
+
+@dataclass(frozen=True)
+class LayerImport:
+    """A per-layer configuration (Galvatron's) as parplan reads it: a strategy per block."""
+
+    kind: str
+    model: ModelSource
+    plan: LayerPlan
+    seq_len: int | None
+    gpus: int
+    gpus_per_node: int | None = None
+    target: str = "galvatron"
+    unknown: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    unpriced: list[str] = field(default_factory=list)
 
     def report(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "unknown": list(self.unknown),

@@ -509,6 +509,12 @@ def plan_summary(plan: Any) -> str:
 
 def layer_plan_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
     """A per-layer plan as the plan document (DESIGN.md's keys)."""
+    return per_layer_document(plan, ev, req.cluster, req.calibration)
+
+
+def per_layer_document(plan: Any, ev: Any, cluster: Cluster, calibration: Calibration) -> dict[str, Any]:
+    """A per-layer plan priced by ``ev`` (a PlanEvaluator) on ``cluster``: the plan document's
+    strategy, memory and time."""
     mem = ev.memory(plan)
     t = ev.time(plan)
     peak = mem.peak_stage
@@ -528,15 +534,15 @@ def layer_plan_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
                      "partition": list(plan.partition or []), "schedule": plan.schedule.value,
                      "layers": runs, "precision": plan.precision, "flash_attention": plan.flash_attention},
         "memory": {"peak_bytes": round(peak.peak_bytes), "peak_stage": peak.stage,
-                   "fits": peak.peak_bytes <= req.cluster.device_memory_bytes,
-                   "device_memory_bytes": req.cluster.device_memory_bytes,
+                   "fits": peak.peak_bytes <= cluster.device_memory_bytes,
+                   "device_memory_bytes": cluster.device_memory_bytes,
                    "breakdown": peak.memory.bytes.as_dict(), "redundant": peak.memory.redundant.as_dict(),
                    "stages": [{"stage": st.stage, "peak_bytes": round(st.peak_bytes),
                                "breakdown": st.memory.bytes.as_dict(),
                                "in_flight_microbatches": st.in_flight_microbatches} for st in mem.stages]},
         "time": {"step_seconds": t.step_seconds, "tokens_per_second": t.tokens_per_second,
                  "samples_per_second": plan.global_batch / t.step_seconds if t.step_seconds else 0.0,
-                 "bubble_fraction": t.bubble_fraction, "calibration": req.calibration.source},
+                 "bubble_fraction": t.bubble_fraction, "calibration": calibration.source},
     }
 
 

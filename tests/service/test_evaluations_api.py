@@ -67,3 +67,23 @@ def test_configurations_that_cannot_be_priced_are_422_naming_why(client: TestCli
         assert r.headers["content-type"] == "application/problem+json" and why in r.text, (why, r.text)
     bad_kind = client.post("/v1/evaluations", json={"kind": "nemo", "text": "x"}, headers=reader)
     assert bad_kind.status_code == 422
+
+
+def test_a_galvatron_strategy_file_is_priced_as_its_per_layer_plan(client: TestClient, reader: Headers) -> None:
+    body = {"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 16, "gpus_per_node": 8, "gpu": "A100-40GB"},
+            "training": {"global_batch": 64}, "target": "galvatron"}
+    plan = solve(parse_plan_request(body))
+    out = export_plan(plan, "galvatron")
+    r = client.post("/v1/evaluations", json={
+        "kind": "galvatron-config", "text": out.files["galvatron_config.json"], "launch": out.files["train_galvatron.sh"],
+        "model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 16, "gpus_per_node": 8, "gpu": "A100-40GB"}},
+        headers=reader)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["strategy"]["kind"] == "per-layer" and doc["strategy"]["summary"] == plan["strategy"]["summary"]
+    assert doc["memory"]["peak_bytes"] == plan["memory"]["peak_bytes"]
+    assert doc["time"]["step_seconds"] == plan["time"]["step_seconds"]
+    bad = client.post("/v1/evaluations", json={
+        "kind": "galvatron-config", "text": out.files["galvatron_config.json"], "model": {"preset": "llama-2-7b"},
+        "cluster": {"gpus": 16}}, headers=reader)
+    assert bad.status_code == 422 and "block strategies" in bad.text

@@ -20,10 +20,9 @@ _PROBLEM = {"content": {PROBLEM_JSON: {}}, "description": "RFC 9457 problem"}
 
 def _evaluate(payload: EvaluationIn) -> dict[str, Any]:
     """Read the file and price it (one evaluation: milliseconds to a second, never a search)."""
-    from parplan.imports import ImportProblemError, read_config
+    from parplan.imports import ImportProblemError, price, read_config
     from parplan.solver.cluster import make_cluster
     from parplan.solver.errors import SolverError
-    from parplan.solver.evaluate import evaluate
     from parplan.solver.planner import RequestError, model_from_spec
 
     try:
@@ -32,16 +31,15 @@ def _evaluate(payload: EvaluationIn) -> dict[str, Any]:
         raise InvalidError(str(e), [field_error(["body", *e.field.split(".")], str(e))]) from None
     cl = payload.cluster
     try:
-        imported = read_config(payload.kind, payload.text, model=model, gpus=cl.gpus, seq_len=payload.seq_len)
+        imported = read_config(payload.kind, payload.text, model=model, gpus=cl.gpus, seq_len=payload.seq_len,
+                               launch=payload.launch)
         assert imported.model is not None and imported.gpus is not None
         cluster = make_cluster(imported.gpus, cl.gpus_per_node or imported.gpus_per_node, cl.gpu, cl.gpu_memory_gib)
-        doc = evaluate(imported.model, cluster, imported.strategy, seq_len=imported.seq_len).to_dict()
+        return price(imported, cluster)
     except ImportProblemError as e:
         raise InvalidError(str(e), [field_error(["body", "text"], p) for p in e.problems]) from None
     except SolverError as e:
         raise InvalidError(str(e), [field_error(["body"], str(e))]) from None
-    doc["import"] = imported.report()
-    return doc
 
 
 @router.post("", responses={200: {"description": "The configuration's memory and step time"}, 401: _PROBLEM,
