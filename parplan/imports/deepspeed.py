@@ -108,9 +108,9 @@ def _larger_buckets(zero: Mapping[str, Any], stage: int) -> list[str]:
 
 
 def _positive(cfg: Mapping[str, Any], key: str, default: int | None) -> Any:
-    v = cfg.get(key, default)
-    if v is None:
-        return None
+    v = cfg.get(key)
+    if v is None or v == "auto":  # not given (null and "auto" leave it to DeepSpeed): the default
+        return default
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ImportProblemError(KIND, [f"{key} must be a positive integer, got {v!r}"])
     return v

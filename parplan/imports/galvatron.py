@@ -72,6 +72,21 @@ def _launch_flags(text: str) -> tuple[dict[str, str | bool], list[str]]:
 def read_galvatron_config(text: str, model: ModelSource | None, gpus: int | None, seq_len: int | None = None,
                           launch: str | None = None) -> LayerImport:
     """The per-layer plan of a Galvatron strategy file on ``gpus`` devices, for ``model``."""
+    try:
+        return _read(text, model, gpus, seq_len, launch)
+    except (ValueError, TypeError) as e:  # a value of the wrong kind somewhere in the file or the flags
+        raise ImportProblemError(KIND, [f"cannot read the strategy: {e}"]) from None
+
+
+def _positive_int(cfg: Mapping[str, Any], key: str, default: int) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | str) or int(value) < 1:
+        raise ImportProblemError(KIND, [f"{key} must be a positive integer, got {value!r}"])
+    return int(value)
+
+
+def _read(text: str, model: ModelSource | None, gpus: int | None, seq_len: int | None,
+          launch: str | None) -> LayerImport:
     problems: list[str] = []
     if model is None or model.config is None:
         problems.append("the model: give --model (a preset or a Hugging Face config.json; the strategy file "
@@ -104,7 +119,7 @@ def read_galvatron_config(text: str, model: ModelSource | None, gpus: int | None
         if flag in flags and str(flags[flag]) != str(getattr(arch, field)):
             problems.append(f"{flag} {flags[flag]} but {model.name} has {field} {getattr(arch, field)}")
     seq = int(str(flags["--seq_length"])) if isinstance(flags.get("--seq_length"), str) else seq_len
-    pp = int(cfg.get("pp_deg", 1))
+    pp = _positive_int(cfg, "pp_deg", 1)
     tps = _ints(cfg, "tp_sizes_enc")
     n = len(tps)
     order = _ints(cfg, "tp_consecutive_flags") if "tp_consecutive_flags" in cfg else [1] * n
@@ -119,7 +134,7 @@ def read_galvatron_config(text: str, model: ModelSource | None, gpus: int | None
     blocks = blocks_of(model.build(1, seq))
     if n != len(blocks):
         problems.append(f"{n} block strategies for the {len(blocks)} blocks of {model.name}")
-    if gpus % pp or pp < 1:
+    if gpus % pp:
         problems.append(f"pp_deg {pp} does not divide {gpus} GPUs")
     if division and (len(division) != pp or sum(division) != n):
         problems.append(f"pp_division {division} is not {pp} stages of the {n} blocks")
@@ -146,7 +161,7 @@ def read_galvatron_config(text: str, model: ModelSource | None, gpus: int | None
         zero = (3 if s else (2 if default == "zero2" else 0)) if dp > 1 else 0
         layers[b] = LayerStrategy(tp=t, dp=dp, zero=zero, sp=sp and t > 1,
                                   recompute=Recompute.FULL if c else Recompute.SELECTIVE, tp_inner=bool(o))
-    gb, m = int(cfg.get("global_bsz", 0)), int(cfg.get("chunks", 1))
+    gb, m = _positive_int(cfg, "global_bsz", 0), _positive_int(cfg, "chunks", 1)
     plan = LayerPlan(pp=pp, num_microbatches=m, global_batch=gb, layers=layers,
                      partition=tuple(division) if division else None, schedule=schedule,
                      flash_attention="--use-flash-attn" in flags or launch is None, precision=precision,
