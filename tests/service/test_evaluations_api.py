@@ -75,9 +75,9 @@ def test_a_galvatron_strategy_file_is_priced_as_its_per_layer_plan(client: TestC
     plan = solve(parse_plan_request(body))
     out = export_plan(plan, "galvatron")
     r = client.post("/v1/evaluations", json={
-        "kind": "galvatron-config", "text": out.files["galvatron_config.json"], "launch": out.files["train_galvatron.sh"],
-        "model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 16, "gpus_per_node": 8, "gpu": "A100-40GB"}},
-        headers=reader)
+        "kind": "galvatron-config", "text": out.files["galvatron_config.json"],
+        "launch": out.files["train_galvatron.sh"], "model": {"preset": "gpt-1.7b"},
+        "cluster": {"gpus": 16, "gpus_per_node": 8, "gpu": "A100-40GB"}}, headers=reader)
     assert r.status_code == 200, r.text
     doc = r.json()
     assert doc["strategy"]["kind"] == "per-layer" and doc["strategy"]["summary"] == plan["strategy"]["summary"]

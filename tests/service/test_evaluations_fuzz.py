@@ -26,7 +26,8 @@ GALVATRON = json.dumps({"pp_deg": 2, "tp_sizes_enc": "2,2,2,2", "tp_consecutive_
                         "pp_division": "2,2", "pipeline_type": "pipedream_flush", "default_dp_type": "ddp"})
 HF = {"model_type": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
 SEEDS = {"megatron-args": MEGATRON, "torchtitan-config": TORCHTITAN, "ds-config": DS, "galvatron-config": GALVATRON}
-JUNK = st.sampled_from(["0", "-1", "x", "1e9", "", "'", '"', "[", "{}", "null", "true", "2.5", "99999999999", "--", ","])
+JUNK = st.sampled_from(["0", "-1", "x", "1e9", "", "'", '"', "[", "{}", "null", "true", "2.5", "99999999999", "--",
+                        ","])
 
 
 @st.composite
