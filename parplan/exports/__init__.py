@@ -55,4 +55,9 @@ def export_plan(doc: Mapping[str, Any], target: str) -> Export:
     """The plan document ``doc`` written for ``target`` (NotExpressibleError when it cannot be)."""
     if not isinstance(doc, Mapping):
         raise NotExpressibleError(target, ["expected a plan document (a JSON object)"])
-    return _exporter(target)(doc)
+    export = _exporter(target)
+    try:
+        return export(doc)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+        # a hand-edited or truncated document: say which part, never a traceback
+        raise NotExpressibleError(target, [f"the plan document is malformed ({type(e).__name__}: {e})"]) from None
