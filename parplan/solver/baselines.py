@@ -27,7 +27,7 @@ from parplan.solver.errors import SolverError
 from parplan.solver.evaluate import Evaluation, evaluation_of
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
-from parplan.solver.strategy import ParallelConfig
+from parplan.solver.strategy import ParallelConfig, Schedule
 
 BASELINES = ("megatron", "zero3", "dp")
 
@@ -38,7 +38,8 @@ def divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One uniform configuration before evaluation."""
+    """One uniform configuration before evaluation (``virtual``: model chunks per device under the
+    interleaved schedule; ``ep``: expert-parallel degree, dividing ``dp``)."""
 
     tp: int
     pp: int
@@ -47,6 +48,9 @@ class Candidate:
     sp: bool
     recompute: Recompute
     micro_batch: int
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual: int = 1
+    ep: int = 1
 
 
 def enumerate_uniform(cluster: Cluster, global_batch: int, num_blocks: int, *, tp_max: int | None = None,
@@ -108,7 +112,8 @@ class UniformEvaluator:
     def config(self, c: Candidate) -> ParallelConfig:
         return ParallelConfig(tp=c.tp, pp=c.pp, dp=c.dp, zero=c.zero, sequence_parallel=c.sp, recompute=c.recompute,
                               micro_batch=c.micro_batch, num_microbatches=self.global_batch // (c.micro_batch * c.dp),
-                              precision=self.precision, runtime=self.runtime)
+                              precision=self.precision, runtime=self.runtime, schedule=c.schedule,
+                              virtual_stages=c.virtual, expert_parallel=c.ep)
 
     def evaluate(self, c: Candidate) -> Evaluation | None:
         """The evaluation, or None when the strategy does not apply to the model (e.g. TP > heads)."""
@@ -133,7 +138,8 @@ class UniformEvaluator:
         if self._parameters is None:
             self._parameters = self.model.parameter_count()
         prec = get_precision(self.precision)
-        per_replica = self._parameters / (c.tp * c.pp)
+        # expert parallelism cuts the experts' share further; cutting every parameter by it keeps a bound
+        per_replica = self._parameters / (c.tp * c.pp * c.ep)
         return per_replica * (prec.param_bytes / (c.dp if c.zero >= 2 else 1)
                               + prec.grad_bytes / (c.dp if c.zero >= 2 else 1)
                               + prec.optimizer_state_bytes / (c.dp if c.zero >= 1 else 1))

@@ -287,7 +287,9 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     report("baselines", 0.05)
     runnable: set[Candidate] | None = None  # under a uniform target, the strategies it runs
     if spec.uniform:
-        runnable = set(family(req.target, req.cluster, req.global_batch, num_blocks))
+        graph = ev.graph(req.micro_batch or 1)
+        experts = max((size for n in graph.nodes for d, size in n.dims if d == "expert"), default=0)
+        runnable = set(family(req.target, req.cluster, req.global_batch, num_blocks, experts))
     bases = _baselines(req, ev, num_blocks, runnable, spec.baseline)
     fitting = [b for b in bases.values() if b is not None and b.fits]
     reference = min((b.time.step_seconds for b in fitting), default=None)
@@ -424,14 +426,16 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
 
 def _candidate(e: Evaluation) -> Candidate:
     s = e.strategy
-    return Candidate(s.tp, s.pp, s.dp, s.zero, s.sequence_parallel, s.recompute, s.micro_batch)
+    return Candidate(s.tp, s.pp, s.dp, s.zero, s.sequence_parallel, s.recompute, s.micro_batch, s.schedule,
+                     s.virtual_stages, s.expert_parallel)
 
 
 def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -> dict[str, Any]:
     """The best of every uniform strategy a target runs, each priced by the whole-plan evaluator:
     the fastest that fits (max-throughput); the least memory within ``(1 + max_slowdown)`` of it,
     or the least ``memory + alpha·time`` (min-memory)."""
-    cands = sorted(runnable, key=lambda c: (c.tp, c.pp, c.dp, c.zero, c.sp, c.recompute.value, c.micro_batch))
+    cands = sorted(runnable, key=lambda c: (c.tp, c.pp, c.dp, c.zero, c.sp, c.recompute.value, c.micro_batch,
+                                            c.schedule.value, c.virtual, c.ep))
     fastest = fastest_fitting(ev, cands, req.budget_bytes)
     if fastest is None or not fastest.fits:
         out = _infeasible(req, fastest.memory.peak_bytes if fastest else None, None)

@@ -2,10 +2,12 @@
 
 - ``any``: every plan either search finds (the default);
 - ``megatron``: Megatron-LM's uniform strategies: TP inside a node (with or without sequence
-  parallelism), PP, DP with or without the distributed optimizer (ZeRO-1), selective or full
+  parallelism), PP (1F1B, or interleaved with 2 or 4 chunks per device), DP with or without the
+  distributed optimizer (ZeRO-1), expert parallelism for MoE models, selective or full
   recomputation; priced with Megatron-LM's buffers;
 - ``torchtitan``: FSDP2 (ZeRO-3, or ZeRO-2 without resharding after forward) or replicated data
-  parallelism of tensor-parallel layers, TP with or without sequence parallelism, PP; priced with
+  parallelism of tensor-parallel layers, TP with or without sequence parallelism, PP (1F1B or
+  interleaved); priced with
   PyTorch-native buffers (its exports run Llama 3 models only: the sizes of its registry);
 - ``deepspeed``: the DeepSpeed engine's data parallelism, ZeRO 0-3, no TP or PP (those need the
   model's own code); priced with the ``deepspeed`` runtime (Megatron-LM's data-parallel buffers,
@@ -22,13 +24,14 @@ is one of them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from parplan.solver.baselines import Candidate, enumerate_uniform
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
+from parplan.solver.strategy import Schedule
 
 
 class Target(StrEnum):
@@ -74,22 +77,42 @@ def parse_target(text: str) -> Target:
         raise SolverError(f"unknown target {text!r}; known: {', '.join(t.value for t in Target)}") from None
 
 
-def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int) -> Iterator[Candidate]:
-    """Every uniform strategy the target runs on the cluster at this global batch."""
+#: Model chunks per device tried under the interleaved schedule.
+VIRTUAL_STAGES = (2, 4)
+
+
+def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
+           experts: int = 0) -> Iterator[Candidate]:
+    """Every uniform strategy the target runs on the cluster at this global batch (``experts``: the
+    model's experts per MoE layer, 0 for a dense model)."""
     node = cluster.gpus_per_node
     if target is Target.MEGATRON:
         for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1)):
             # pipeline stages of equal layer counts (the even split Megatron-LM makes; parplan's uneven
             # split of other counts is not one it runs)
             if node % c.tp == 0 and num_blocks % c.pp == 0:
-                yield c
+                yield from _with_schedules_and_experts(c, global_batch, num_blocks, experts)
     elif target is Target.TORCHTITAN:
         for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3)):
             # ZeRO-0 is torchtitan's replicate (FSDP2 over a shard group of one), which the torch runtime
             # prices as such only for tensor-parallel layers (without TP it prices DDP's buckets)
             if node % c.tp == 0 and (c.zero > 0 or c.tp > 1 or c.dp == 1):
-                yield c
+                yield from _with_schedules_and_experts(c, global_batch, num_blocks, 0)
     elif target is Target.DEEPSPEED:
         yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,))
     else:
         raise SolverError(f"target {target.value} is not searched over uniform strategies")
+
+
+def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int,
+                                experts: int) -> Iterator[Candidate]:
+    """``c`` and its variants: interleaved pipelines (``v`` chunks per device, layers and micro-
+    batches splitting evenly) and expert parallelism over part of the data-parallel group."""
+    microbatches = global_batch // (c.micro_batch * c.dp)
+    schedules = [(Schedule.ONE_F_ONE_B, 1)]
+    if c.pp > 1 and microbatches % c.pp == 0:
+        schedules += [(Schedule.INTERLEAVED, v) for v in VIRTUAL_STAGES if num_blocks % (c.pp * v) == 0]
+    eps = [e for e in range(1, c.dp + 1) if c.dp % e == 0 and (e == 1 or (experts and experts % e == 0))]
+    for schedule, v in schedules:
+        for ep in eps:
+            yield replace(c, schedule=schedule, virtual=v, ep=ep)

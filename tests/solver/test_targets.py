@@ -14,6 +14,7 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.errors import SolverError
 from parplan.solver.planner import RequestError, parse_plan_request, solve
+from parplan.solver.strategy import Schedule
 from parplan.solver.targets import SPECS, Target, family
 
 UNIFORM = [Target.MEGATRON, Target.TORCHTITAN, Target.DEEPSPEED]
@@ -29,7 +30,14 @@ def body(preset: str, gpus: int, target: str, objective: str = "min-memory", gb:
 def candidate_of(doc: dict[str, Any]) -> Candidate:
     s = doc["strategy"]
     return Candidate(s["tp"], s["pp"], s["dp"], s["zero"], s["sequence_parallel"], Recompute(s["recompute"]),
-                     s["micro_batch"])
+                     s["micro_batch"], Schedule(s["schedule"]), s["virtual_stages"], s["expert_parallel"])
+
+
+def runs_of(target: Target, ev: UniformEvaluator) -> set[Candidate]:
+    """The target's strategies for the evaluator's model, cluster and batch."""
+    graph = ev.graph(1)
+    experts = max((size for n in graph.nodes for d, size in n.dims if d == "expert"), default=0)
+    return set(family(target, ev.cluster, ev.global_batch, len(blocks_of(graph)), experts))
 
 
 def dominated(doc: dict[str, Any], other: dict[str, Any]) -> bool:
@@ -39,14 +47,16 @@ def dominated(doc: dict[str, Any], other: dict[str, Any]) -> bool:
 
 
 @pytest.mark.parametrize(("target", "objective"), list(itertools.product(UNIFORM, ["min-memory", "max-throughput"])))
-def test_the_answer_is_the_best_strategy_the_target_runs_by_brute_force(target: Target, objective: str) -> None:
-    b = body("llama-2-7b", 8, target.value, objective, gb=16)
+@pytest.mark.parametrize(("preset", "gpus"), [("llama-2-7b", 8), ("mixtral-8x7b", 16)])
+def test_the_answer_is_the_best_strategy_the_target_runs_by_brute_force(target: Target, objective: str, preset: str,
+                                                                        gpus: int) -> None:
+    b = body(preset, gpus, target.value, objective, gb=2 * gpus)
     req = parse_plan_request(b)
     doc = solve(req)
     assert doc["solver"]["method"].startswith(("uniform", "baseline")), doc["solver"]
     ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration,
                           runtime=SPECS[target].runtime)
-    cands = list(family(target, req.cluster, req.global_batch, len(blocks_of(ev.graph(1)))))
+    cands = sorted(runs_of(target, ev), key=str)
     assert candidate_of(doc) in cands
     priced = [e for c in cands if (e := ev.evaluate(c)) is not None and e.fits]
     assert priced
@@ -72,7 +82,7 @@ def test_a_target_plan_is_never_dominated_by_the_targets_baselines(preset: str, 
             continue  # nothing fits: there is no plan to compare
         req = parse_plan_request(body(preset, gpus, target.value, objective))
         ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, runtime=SPECS[target].runtime)
-        runs = set(family(target, req.cluster, req.global_batch, len(blocks_of(ev.graph(1)))))
+        runs = runs_of(target, ev)
         assert candidate_of(doc) in runs
         own = doc["baselines"][SPECS[target].baseline]
         if own is not None and own["fits"]:
@@ -83,7 +93,7 @@ def test_a_target_plan_is_never_dominated_by_the_targets_baselines(preset: str, 
             if base is not None and base["fits"]:
                 s = base["strategy"]
                 c = Candidate(s["tp"], s["pp"], s["dp"], s["zero"], s["sequence_parallel"], Recompute(s["recompute"]),
-                              s["micro_batch"])
+                              s["micro_batch"], Schedule(s["schedule"]), s["virtual_stages"], s["expert_parallel"])
                 if c in runs:
                     assert not dominated(doc, base), (objective, name)
 
