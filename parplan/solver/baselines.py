@@ -96,6 +96,8 @@ class UniformEvaluator:
         self._costs: dict[int, GraphCosts] = {}
         self.evaluations = 0
         self.memory_evaluations = 0
+        self._times: dict[Candidate, PlanTime | None] = {}
+        self._memories: dict[Candidate, PlanMemory | None] = {}
         self._parameters: int | None = None
 
     def graph(self, micro_batch: int) -> Graph:
@@ -122,13 +124,19 @@ class UniformEvaluator:
         return self.evaluation(c, mem, t) if mem is not None and t is not None else None
 
     def time_of(self, c: Candidate) -> PlanTime | None:
-        """The step time alone (None: the strategy does not apply); counted in ``evaluations``."""
+        """The step time alone (None: the strategy does not apply); priced once per candidate,
+        counted in ``evaluations``."""
+        if c in self._times:
+            return self._times[c]
         g = self.graph(c.micro_batch)
         self.evaluations += 1
         try:
-            return plan_time(g, self.config(c), self.cluster, self.calibration, self._costs[c.micro_batch])
+            t: PlanTime | None = plan_time(g, self.config(c), self.cluster, self.calibration,
+                                           self._costs[c.micro_batch])
         except SolverError:
-            return None
+            t = None
+        self._times[c] = t
+        return t
 
     def states_floor(self, c: Candidate) -> float:
         """Bytes per device ``c`` holds at least, without pricing it: every parameter's weights,
@@ -145,13 +153,18 @@ class UniformEvaluator:
                               + prec.optimizer_state_bytes / (c.dp if c.zero >= 1 else 1))
 
     def memory_of(self, c: Candidate) -> PlanMemory | None:
-        """The memory alone (None: the strategy does not apply); counted in ``memory_evaluations``."""
+        """The memory alone (None: the strategy does not apply); priced once per candidate, counted
+        in ``memory_evaluations``."""
+        if c in self._memories:
+            return self._memories[c]
         g = self.graph(c.micro_batch)
         self.memory_evaluations += 1
         try:
-            return plan_memory(g, self.config(c), self._costs[c.micro_batch])
+            m: PlanMemory | None = plan_memory(g, self.config(c), self._costs[c.micro_batch])
         except SolverError:
-            return None
+            m = None
+        self._memories[c] = m
+        return m
 
     def evaluation(self, c: Candidate, mem: PlanMemory, t: PlanTime) -> Evaluation:
         g = self.graph(c.micro_batch)

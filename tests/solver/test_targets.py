@@ -142,3 +142,20 @@ def test_a_galvatron_plan_is_never_dominated_by_its_baseline(preset: str, gpus: 
         assert own is not None and own["fits"]
         assert not dominated(doc, own), (objective, doc["strategy"]["summary"])
         assert doc["strategy"]["kind"] in ("per-layer", "uniform")  # what Galvatron runs
+
+
+#: target, objective -> (step times priced, memories priced): about 1.1x what mixtral-8x7b on 16 GPUs
+#: at global batch 32 needed when written (each candidate priced at most once; memory only in order
+#: of the model-states floor), so a change that multiplies the work fails
+WORK_BOUNDS = {("megatron", "min-memory"): (900, 40), ("megatron", "max-throughput"): (900, 30),
+               ("torchtitan", "min-memory"): (700, 150), ("torchtitan", "max-throughput"): (700, 70),
+               ("deepspeed", "min-memory"): (90, 15), ("deepspeed", "max-throughput"): (90, 15)}
+
+
+@pytest.mark.parametrize(("target", "objective"), list(WORK_BOUNDS))
+def test_the_uniform_search_prices_each_candidate_once(target: str, objective: str) -> None:
+    doc = solve(parse_plan_request(body("mixtral-8x7b", 16, target, objective, gb=32)))
+    work = doc["solver"]["work"]
+    times, memories = WORK_BOUNDS[(target, objective)]
+    assert work["baseline_evaluations"] <= min(times, doc["solver"]["candidates"] + 3 * 40)
+    assert work["baseline_memory_evaluations"] <= memories
