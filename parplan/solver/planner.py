@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -233,8 +233,8 @@ def request_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(f"{SOLVER_VERSION}\n{canonical_request(body)}".encode()).hexdigest()
 
 
-def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int, runnable: set[Candidate] | None = None,
-               own: str | None = None) -> dict[str, Evaluation | None]:
+def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
+               runnable: Container[Candidate] | None = None, own: str | None = None) -> dict[str, Evaluation | None]:
     """The baselines; under a uniform target its own one (``own``) among what it runs only."""
     return {name: baseline(name, ev, req.budget_bytes, num_blocks, runnable if name == own else None)
             for name in BASELINES}
@@ -285,7 +285,9 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
                           runtime=spec.runtime)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
     report("baselines", 0.05)
-    runnable: set[Candidate] | None = None  # under a uniform target, the strategies it runs
+    runnable: Container[Candidate] | None = None  # the uniform strategies the target runs (None: any)
+    if req.target is Target.GALVATRON:
+        runnable = _GalvatronRuns()
     if spec.uniform:
         graph = ev.graph(req.micro_batch or 1)
         experts = max((size for n in graph.nodes for d, size in n.dims if d == "expert"), default=0)
@@ -297,10 +299,18 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     report("search", 0.3)
     docs: list[dict[str, Any]] = []
     if method == "uniform":
-        assert runnable is not None
+        assert isinstance(runnable, set)
         docs.append(_uniform(req, ev, runnable))
     elif method == "ilp":
         docs.append(_ilp(req, report, reference))
+    elif method == "dp" and req.target is Target.GALVATRON:
+        from parplan.solver.dp.space import SpaceOptions
+
+        # Galvatron runs per block DDP or ZeRO-2 (one of them for the whole model, its default_dp_type)
+        # or sharded data parallelism; no ZeRO-1, no mix of DDP and ZeRO-2: one search for each default
+        for i, default in enumerate((0, 2)):
+            options = SpaceOptions(zero_stages=(default, 3), max_tp=req.cluster.gpus_per_node)
+            docs.append(_dp(req, _part(report, 0.3 + 0.35 * i, 0.35), bases.get("megatron"), ev.costs, options))
     elif method == "dp":
         docs.append(_dp(req, report, bases.get("megatron"), ev.costs))
     else:
@@ -424,6 +434,18 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
                   "searches (the ILP plans one mesh without pipelining)")
 
 
+def _part(report: ProgressFn, start: float, width: float) -> ProgressFn:
+    """Progress of one part of the work, from ``start`` over ``width`` of the whole."""
+    return lambda stage, fraction: report(stage, start + width * fraction)
+
+
+class _GalvatronRuns:
+    """The uniform strategies Galvatron runs: no ZeRO-1, no expert parallelism, no interleaving."""
+
+    def __contains__(self, c: object) -> bool:
+        return isinstance(c, Candidate) and c.zero != 1 and c.ep == 1 and c.virtual == 1
+
+
 def _candidate(e: Evaluation) -> Candidate:
     s = e.strategy
     return Candidate(s.tp, s.pp, s.dp, s.zero, s.sequence_parallel, s.recompute, s.micro_batch, s.schedule,
@@ -469,7 +491,7 @@ def _target_doc(req: PlanRequest, doc: dict[str, Any], base: Evaluation | None) 
 
 
 def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None,
-        graph_costs: Callable[[int], GraphCosts]) -> dict[str, Any]:
+        graph_costs: Callable[[int], GraphCosts], options: Any = None) -> dict[str, Any]:
     from parplan.solver.cost.plan_memory import layer_plan
     from parplan.solver.dp.search import search
 
@@ -479,7 +501,8 @@ def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None,
     res = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
                  objective=req.objective, budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown,
                  alpha_gib_per_s=req.alpha, calibration=req.calibration, reference=reference,
-                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graph_costs)
+                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graph_costs,
+                 options=options)
     if res["status"] == "infeasible":
         out = _infeasible(req, res["least"], None)
         out["solver"] = {"method": "dp", "status": "infeasible", "gap": None, "candidates": res["candidates"],
