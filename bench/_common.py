@@ -38,4 +38,17 @@ def header(title: str) -> str:
     if hasattr(os, "getloadavg"):
         load = ", load average before the run " + " ".join(f"{x:.2f}" for x in os.getloadavg())
     return (f"## {title}\n\ncommand: `{cmd}`  \ndate: {date}  \ncommit: {commit()}  \nmachine: {cpu}, "
-            f"{os.cpu_count()} cores, Python {platform.python_version()}{load}\n")
+            f"{os.cpu_count()} cores, Python {platform.python_version()}{load}  \npackages: {packages()}\n")
+
+
+def packages() -> str:
+    """Versions of the packages the figures depend on (a solver or numpy upgrade moves timings)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in ("highspy", "numpy", "torch", "pulp"):
+        try:
+            out.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            out.append(f"{name} absent")
+    return ", ".join(out)
