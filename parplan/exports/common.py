@@ -7,7 +7,7 @@ architecture comes from ``model.architecture`` (written for presets and Hugging 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,3 +143,18 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            expert_parallel=int(r.get("expert_parallel") or 1),
                            partition=tuple(s["partition"]) if s.get("partition") else None)
     raise NotExpressible(target, [f"unknown strategy kind {kind!r}"])
+
+
+def flag_lines(args: list[str], quote: Callable[[str], str] = str) -> list[str]:
+    """Command-line tokens as lines of a flag and its value (a flag followed by another flag is a
+    switch, alone on its line); ``quote`` the values (``shlex.quote`` for a shell script)."""
+    lines: list[str] = []
+    i = 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            lines.append(f"{args[i]} {quote(args[i + 1])}")
+            i += 2
+        else:
+            lines.append(args[i])
+            i += 1
+    return lines

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parplan.exports.common import Export, NotExpressible, PlanContext, context_of
+from parplan.exports.common import Export, NotExpressible, PlanContext, context_of, flag_lines
 
 GALVATRON_VERSION = "2.4.0"
 TARGET = "galvatron"
@@ -359,15 +359,7 @@ def _launch_line(ctx: PlanContext, node: int, model_dir: str, args: list[str]) -
 
 
 def _script(ctx: PlanContext, model_dir: str, args: list[str], summary: str) -> str:
-    lines: list[str] = []
-    i = 0
-    while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            lines.append(f"{args[i]} {shlex.quote(args[i + 1])}")
-            i += 2
-        else:
-            lines.append(args[i])
-            i += 1
+    lines = flag_lines(args, shlex.quote)
     lines.append(f'--galvatron_config_path "$PLAN_DIR/{CONFIG_FILE}"')
     return "\n".join([
         "#!/usr/bin/env bash",

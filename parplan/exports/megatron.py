@@ -19,7 +19,15 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from parplan.exports.common import Export, NotExpressible, PlanContext, UniformPlan, context_of, uniform_of
+from parplan.exports.common import (
+    Export,
+    NotExpressible,
+    PlanContext,
+    UniformPlan,
+    context_of,
+    flag_lines,
+    uniform_of,
+)
 
 MEGATRON_VERSION = "core_v0.16.1"
 TARGET = "megatron"
@@ -139,15 +147,7 @@ def export_megatron(doc: Mapping[str, Any]) -> Export:
     args = megatron_arguments(plan, ctx)
     if plan.world != ctx.gpus:
         raise NotExpressible(TARGET, [f"tp x pp x dp = {plan.world} devices, the cluster has {ctx.gpus}"])
-    lines: list[str] = []
-    i = 0
-    while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            lines.append(f"{args[i]} {args[i + 1]}")
-            i += 2
-        else:
-            lines.append(args[i])
-            i += 1
+    lines = flag_lines(args)
     launch = [_torchrun(ctx, node, args) for node in range(ctx.nodes)]
     summary = (doc.get("strategy") or {}).get("summary", "")
     script = "\n".join([

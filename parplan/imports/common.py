@@ -8,6 +8,8 @@ known one that does not change the prediction (data paths, learning rates, loggi
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,3 +70,22 @@ class LayerImport:
     def report(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "unknown": list(self.unknown),
                 "ignored": list(self.ignored), "unpriced": list(self.unpriced)}
+
+
+def json_object(kind: str, text: str) -> Mapping[str, Any]:
+    """The JSON object a configuration file holds (ImportProblemError when it is not one)."""
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ImportProblemError(kind, [f"not JSON: {e.msg} at line {e.lineno}"]) from None
+    if not isinstance(cfg, Mapping):
+        raise ImportProblemError(kind, ["expected a JSON object"])
+    return cfg
+
+
+def world_size(kind: str, nodes: int | None, procs_per_node: int | None, gpus: int | None) -> int:
+    """The GPU count: a launch line's nodes x processes when it says, else ``gpus``."""
+    world = nodes * procs_per_node if nodes and procs_per_node else gpus
+    if world is None:
+        raise ImportProblemError(kind, ["the GPU count: give --gpus (the arguments have no torchrun line)"])
+    return world

@@ -9,11 +9,10 @@ partitions, MiCS) are errors; optimizer, scheduler and logging keys are listed i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from parplan.imports.common import Imported, ImportProblemError
+from parplan.imports.common import Imported, ImportProblemError, json_object
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import DEEPSPEED_BUCKET_ELEMENTS, Runtime
 from parplan.solver.errors import SolverError
@@ -35,12 +34,7 @@ _ZERO_UNMODELLED = {"offload_param", "offload_optimizer", "zero_hpz_partition_si
 
 def read_ds_config(text: str, model: ModelSource | None, gpus: int | None, seq_len: int | None = None) -> Imported:
     """The strategy of a DeepSpeed config on ``gpus`` data-parallel ranks, for ``model``."""
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ImportProblemError(KIND, [f"not JSON: {e.msg} at line {e.lineno}"]) from None
-    if not isinstance(cfg, Mapping):
-        raise ImportProblemError(KIND, ["expected a JSON object"])
+    cfg = json_object(KIND, text)
     problems: list[str] = []
     if model is None:
         problems.append("the model: give --model (a DeepSpeed config does not describe it)")

@@ -14,12 +14,11 @@ are checked against it). Priced by the whole-plan evaluator as a per-layer plan.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from parplan.imports.common import ImportProblemError, LayerImport
+from parplan.imports.common import ImportProblemError, LayerImport, json_object
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.cost.plan_evaluator import LayerPlan, LayerStrategy
@@ -93,12 +92,7 @@ def _read(text: str, model: ModelSource | None, gpus: int | None, seq_len: int |
                         "does not describe it)")
     if gpus is None:
         problems.append("the GPU count: give --gpus")
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ImportProblemError(KIND, [f"not JSON: {e.msg} at line {e.lineno}"]) from None
-    if not isinstance(cfg, Mapping):
-        raise ImportProblemError(KIND, ["expected a JSON object"])
+    cfg = json_object(KIND, text)
     if problems:
         raise ImportProblemError(KIND, problems)
     assert model is not None and model.config is not None and gpus is not None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from parplan.imports.common import Imported, ImportProblemError
+from parplan.imports.common import Imported, ImportProblemError, world_size
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.errors import SolverError
 from parplan.solver.frontends.config import TransformerConfig
@@ -116,10 +116,7 @@ def read_megatron_args(text: str, gpus: int | None = None) -> Imported:
             ignored.append(name)
         else:
             unknown.append(name if value is True else f"{name} {value}")
-    world = nodes * procs if nodes and procs else gpus
-    if world is None:
-        raise ImportProblemError(KIND, ["the GPU count: give --gpus (the arguments have no torchrun line)"])
-    return _imported(flags, world, procs, unknown, ignored)
+    return _imported(flags, world_size(KIND, nodes, procs, gpus), procs, unknown, ignored)
 
 
 def _get(flags: dict[str, str | bool], name: str, default: int | None = None) -> int | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 
 from parplan.exports.torchtitan import FLAVORS, SCHEDULES
-from parplan.imports.common import Imported, ImportProblemError
+from parplan.imports.common import Imported, ImportProblemError, world_size
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
@@ -105,9 +105,7 @@ def read_torchtitan_config(text: str, gpus: int | None = None) -> Imported:
             ignored.append(name)
         else:
             unknown.append(name if value is None else f"{name} {value}")
-    world = nodes * procs if nodes and procs else gpus
-    if world is None:
-        raise ImportProblemError(KIND, ["the GPU count: give --gpus (the arguments have no torchrun line)"])
+    world = world_size(KIND, nodes, procs, gpus)
     return _imported(values, switches, parts, ac, world, procs, unknown, ignored)
 
 
