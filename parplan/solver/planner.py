@@ -36,7 +36,7 @@ from parplan.solver.evaluate import Evaluation
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource, model_from_json
 from parplan.solver.progress import ProgressFn
-from parplan.solver.targets import SPECS, Target, family
+from parplan.solver.targets import SPECS, Target, runnable
 
 Objective = Literal["min-memory", "max-throughput"]
 Search = Literal["auto", "ilp", "dp"]
@@ -114,10 +114,6 @@ def _num(body: Mapping[str, Any], key: str, where: str, default: float | None,
 
 def model_from_spec(spec: Any) -> ModelSource:
     """The model of a request's ``model`` object (RequestError naming the field when it is bad)."""
-    return _model(spec)
-
-
-def _model(spec: Any) -> ModelSource:
     if not isinstance(spec, Mapping) or len(spec) != 1:
         raise RequestError("model", "give exactly one of preset, hf_config, graph")
     (kind, value), = spec.items()
@@ -142,7 +138,7 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
     """Validate a request body (DESIGN.md's shape) into a :class:`PlanRequest`. Raises RequestError."""
     if not isinstance(body, Mapping):
         raise RequestError("body", "expected a JSON object")
-    model = _model(body.get("model"))
+    model = model_from_spec(body.get("model"))
     cl = body.get("cluster") or {}
     if not isinstance(cl, Mapping):
         raise RequestError("cluster", "expected an object")
@@ -197,7 +193,7 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
     if search != "auto" and search not in spec.searches:
         raise RequestError("search", f"target {target.value} runs the plans of the {' or '.join(spec.searches)} "
                                      f"search, not {search}")
-    if mesh is not None and not (set(spec.searches) & {"ilp", "auto"} and not spec.uniform):
+    if mesh is not None and "ilp" not in spec.searches:
         raise RequestError("mesh", f"a device mesh fixes the ILP's per-operator plans, which target {target.value} "
                                    "does not run")
     assert seq is not None and gb is not None and slowdown is not None and limit is not None
@@ -285,22 +281,16 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
                           runtime=spec.runtime)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
     report("baselines", 0.05)
-    runnable: Container[Candidate] | None = None  # the uniform strategies the target runs (None: any)
-    if req.target is Target.GALVATRON:
-        runnable = _GalvatronRuns()
-    if spec.uniform:
-        graph = ev.graph(req.micro_batch or 1)
-        experts = max((size for n in graph.nodes for d, size in n.dims if d == "expert"), default=0)
-        runnable = set(family(req.target, req.cluster, req.global_batch, num_blocks, experts))
-    bases = _baselines(req, ev, num_blocks, runnable, spec.baseline)
+    runs = runnable(req.target, req.cluster, req.global_batch, ev.graph(req.micro_batch or 1))
+    bases = _baselines(req, ev, num_blocks, runs, spec.baseline)
     fitting = [b for b in bases.values() if b is not None and b.fits]
     reference = min((b.time.step_seconds for b in fitting), default=None)
     method, why = choose_method(req)
     report("search", 0.3)
     docs: list[dict[str, Any]] = []
     if method == "uniform":
-        assert isinstance(runnable, set)
-        docs.append(_uniform(req, ev, runnable))
+        assert isinstance(runs, set)
+        docs.append(_uniform(req, ev, runs))
     elif method == "ilp":
         docs.append(_ilp(req, report, reference))
     elif method == "dp" and req.target is Target.GALVATRON:
@@ -327,7 +317,7 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     candidates += [k for d in docs for k in d.pop("_frontier", [])]
     candidates += [Known(f"baseline {n}", b.time.step_seconds, b.memory.peak_bytes,
                          functools.partial(_baseline_document, n, b)) for n, b in bases.items()
-                   if b is not None and (runnable is None or _candidate(b) in runnable)]
+                   if b is not None and (runs is None or _candidate(b) in runs)]
     best = choose(req, candidates)
     frontier = next((d["pareto"] for d in docs if d.get("pareto")), None)
     doc = searched if best is None else best.document()
@@ -437,13 +427,6 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
 def _part(report: ProgressFn, start: float, width: float) -> ProgressFn:
     """Progress of one part of the work, from ``start`` over ``width`` of the whole."""
     return lambda stage, fraction: report(stage, start + width * fraction)
-
-
-class _GalvatronRuns:
-    """The uniform strategies Galvatron runs: no ZeRO-1, no expert parallelism, no interleaving."""
-
-    def __contains__(self, c: object) -> bool:
-        return isinstance(c, Candidate) and c.zero != 1 and c.ep == 1 and c.virtual == 1
 
 
 def _candidate(e: Evaluation) -> Candidate:

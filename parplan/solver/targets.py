@@ -23,14 +23,16 @@ is one of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from parplan.solver.baselines import Candidate, enumerate_uniform
 from parplan.solver.cluster import Cluster
+from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
+from parplan.solver.ir import Graph
 from parplan.solver.strategy import Schedule
 
 
@@ -67,14 +69,6 @@ SPECS: dict[Target, TargetSpec] = {
     Target.GALVATRON: TargetSpec(Runtime.MEGATRON, False, ("dp",), "megatron"),
     Target.PARPLAN: TargetSpec(Runtime.TORCH, False, ("ilp",), "megatron"),
 }
-
-
-def parse_target(text: str) -> Target:
-    """The target named ``text``; SolverError listing the known ones otherwise."""
-    try:
-        return Target(text)
-    except ValueError:
-        raise SolverError(f"unknown target {text!r}; known: {', '.join(t.value for t in Target)}") from None
 
 
 #: Model chunks per device tried under the interleaved schedule.
@@ -116,3 +110,21 @@ def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int
     for schedule, v in schedules:
         for ep in eps:
             yield replace(c, schedule=schedule, virtual=v, ep=ep)
+
+
+class _GalvatronRuns:
+    """The uniform strategies Galvatron runs: no ZeRO-1, no expert parallelism, no interleaving."""
+
+    def __contains__(self, c: object) -> bool:
+        return isinstance(c, Candidate) and c.zero != 1 and c.ep == 1 and c.virtual == 1
+
+
+def runnable(target: Target, cluster: Cluster, global_batch: int, graph: Graph) -> Container[Candidate] | None:
+    """The uniform strategies the target runs for the model of ``graph`` (one micro-batch's): the
+    whole :func:`family` of a uniform target, a test for Galvatron's, None for any."""
+    if target is Target.GALVATRON:
+        return _GalvatronRuns()
+    if not SPECS[target].uniform:
+        return None
+    experts = max((size for n in graph.nodes for d, size in n.dims if d == "expert"), default=0)
+    return set(family(target, cluster, global_batch, len(blocks_of(graph)), experts))

@@ -11,11 +11,10 @@ import pytest
 
 from parplan.solver.baselines import Candidate, UniformEvaluator
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.errors import SolverError
 from parplan.solver.planner import RequestError, parse_plan_request, solve
 from parplan.solver.strategy import Schedule
-from parplan.solver.targets import SPECS, Target, family
+from parplan.solver.targets import SPECS, Target, family, runnable
 
 UNIFORM = [Target.MEGATRON, Target.TORCHTITAN, Target.DEEPSPEED]
 
@@ -35,9 +34,9 @@ def candidate_of(doc: dict[str, Any]) -> Candidate:
 
 def runs_of(target: Target, ev: UniformEvaluator) -> set[Candidate]:
     """The target's strategies for the evaluator's model, cluster and batch."""
-    graph = ev.graph(1)
-    experts = max((size for n in graph.nodes for d, size in n.dims if d == "expert"), default=0)
-    return set(family(target, ev.cluster, ev.global_batch, len(blocks_of(graph)), experts))
+    runs = runnable(target, ev.cluster, ev.global_batch, ev.graph(1))
+    assert isinstance(runs, set)
+    return runs
 
 
 def dominated(doc: dict[str, Any], other: dict[str, Any]) -> bool:
