@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from parplan.exports import EXPORT_TARGETS
 from parplan.solver.cluster import GPU_PRESETS, make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.memory import CATEGORIES
@@ -24,6 +25,7 @@ from parplan.solver.evaluate import evaluate
 from parplan.solver.frontends.presets import PRESETS
 from parplan.solver.models import ModelSource, resolve_model
 from parplan.solver.strategy import ParallelConfig, Schedule, microbatches_for
+from parplan.solver.targets import Target
 from parplan.solver.wire import graph_to_dict
 
 GIB = 2**30
@@ -146,9 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--pareto", action="store_true",
                       help="search and print the whole memory vs step-time frontier (plans no other plan beats on "
                            "both; slower: every candidate's budget ladder is walked)")
-    plan.add_argument("--target", choices=["any", "megatron", "torchtitan", "deepspeed", "galvatron", "parplan"],
-                      default="any", help="the trainer the plan is for: only what it runs, priced with its "
-                                          "buffers, against its own baseline (default any; see README)")
+    plan.add_argument("--target", choices=[t.value for t in Target], default="any",
+                      help="the trainer the plan is for: only what it runs, priced with its buffers, against its "
+                           "own baseline (default any; see README)")
     plan.add_argument("--export", metavar="DIR", default=None,
                       help="also write the plan for --target into DIR (its config files and launch lines)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
@@ -158,8 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "configuration files and launch commands of a trainer, pinned to a stated "
                                      "version. A plan the trainer cannot run is an error naming why.")
     exp.add_argument("plan", help="plan JSON file (- for standard input)")
-    exp.add_argument("--target", required=True, choices=["megatron", "torchtitan", "deepspeed", "galvatron",
-                                                         "parplan"])
+    exp.add_argument("--target", required=True, choices=EXPORT_TARGETS)
     exp.add_argument("--out", metavar="DIR", default=None, help="write the files into DIR (default: print them)")
     exp.add_argument("--json", action="store_true", help="print one JSON document (files, launch, notes)")
     exp.set_defaults(handler=cmd_export)
