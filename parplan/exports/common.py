@@ -98,17 +98,24 @@ def context_of(doc: Mapping[str, Any]) -> PlanContext:
                        int(cluster["gpus"]), int(cluster.get("gpus_per_node") or cluster["gpus"]))
 
 
-def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
-    """The plan as one strategy for every layer; NotExpressible when it is not one (an ILP plan's
-    per-operator shardings; a DP plan whose layers differ)."""
+def layered_strategy(doc: Mapping[str, Any], target: str, runs: str) -> Mapping[str, Any]:
+    """The document's strategy, when it gives layers their strategies (a trainer's unit); else
+    NotExpressible: no plan at all, or an ILP plan's per-operator shardings (``runs``: what the
+    target runs instead)."""
     s = doc.get("strategy")
     if not isinstance(s, Mapping):
         raise NotExpressible(target, ["the document has no strategy (an infeasible request has no plan)"])
+    if s.get("kind") == "intra-operator":
+        raise NotExpressible(target, [f"the plan shards each operator on its own ({s.get('summary')}); {runs} "
+                                      f"(ask for the plan with --target {target}, or use target parplan)"])
+    return s
+
+
+def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
+    """The plan as one strategy for every layer; NotExpressible when it is not one (an ILP plan's
+    per-operator shardings; a DP plan whose layers differ)."""
+    s = layered_strategy(doc, target, f"{target} runs one tensor/pipeline/data-parallel layout for every layer")
     kind = s.get("kind", "uniform")
-    if kind == "intra-operator":
-        raise NotExpressible(target, [f"the plan shards each operator on its own ({s.get('summary')}); "
-                                      f"{target} runs one tensor/pipeline/data-parallel layout for every layer "
-                                      "(ask for the plan with this target, or use target parplan)"])
     if kind == "uniform":
         return UniformPlan(tp=int(s["tp"]), pp=int(s["pp"]), dp=int(s["dp"]), zero=int(s["zero"]),
                            sequence_parallel=bool(s["sequence_parallel"]), recompute=str(s["recompute"]),

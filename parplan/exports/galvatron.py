@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parplan.exports.common import Export, NotExpressible, PlanContext, context_of, flag_lines
+from parplan.exports.common import Export, NotExpressible, PlanContext, context_of, flag_lines, layered_strategy
 
 GALVATRON_VERSION = "2.4.0"
 TARGET = "galvatron"
@@ -139,14 +139,8 @@ def export_galvatron(doc: Mapping[str, Any]) -> Export:
 
 def _read_plan(doc: Mapping[str, Any], ctx: PlanContext) -> tuple[list[Block], Step]:
     """Every block's strategy in model order, and the step settings."""
-    s = doc.get("strategy")
-    if not isinstance(s, Mapping):
-        raise NotExpressible(TARGET, ["the document has no strategy (an infeasible request has no plan)"])
+    s = layered_strategy(doc, TARGET, "Galvatron gives each transformer block one tensor/data-parallel layout")
     kind = s.get("kind", "uniform")
-    if kind == "intra-operator":
-        raise NotExpressible(TARGET, [f"the plan shards each operator on its own ({s.get('summary')}); Galvatron "
-                                      "gives each transformer block one tensor/data-parallel layout (ask for the "
-                                      "plan with --search dp, or use target parplan)"])
     partition = tuple(int(n) for n in s["partition"]) if s.get("partition") else None
     step = Step(pp=int(s["pp"]), num_microbatches=int(s["num_microbatches"]), global_batch=int(s["global_batch"]),
                 partition=partition, schedule=str(s.get("schedule", "1f1b")),
