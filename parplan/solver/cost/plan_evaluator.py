@@ -591,7 +591,7 @@ class PlanEvaluator:
         resident = states.bytes.total
         peak = max(resident + act * (flight - 1) + walked.above_resident, resident + optimizer,
                    resident + rebuilt_buckets)
-        fixed = receive + plan.runtime.library_workspace_bytes  # held through the whole step
+        fixed = receive + plan.runtime.held_through_step_bytes  # held through the whole step
         held = states.bytes.replace(activations=act * flight + pinned,
                                     temporary=max(walked.temporary, optimizer, rebuilt_buckets) + fixed)
         red = states.redundant.replace(activations=act_red * flight)
@@ -677,7 +677,7 @@ class PlanEvaluator:
         resident = states.bytes.total
         per_micro = sum(acts)
         flight = act_peak / per_micro if per_micro else 0.0
-        fixed = receive + plan.runtime.library_workspace_bytes  # held through the whole step
+        fixed = receive + plan.runtime.held_through_step_bytes  # held through the whole step
         temp = max(above - act_peak, optimizer, 0.0) + fixed
         held_bytes = states.bytes.replace(activations=act_peak, temporary=temp)
         red_bytes = states.redundant.replace(activations=sum(reds) * flight)

@@ -123,11 +123,15 @@ class Runtime(StrEnum):
         on the main thread, backward on the autograd engine's device thread). Measured on an H100:
         32 MiB at the first matmul, 32 MiB more at the first backward. None on the CPU. Megatron-LM
         holds them as well (and Transformer Engine's own); runtime ``megatron`` follows Megatron-LM's
-        estimator, which leaves them out. Runtime ``deepspeed`` adds its communication buckets
-        (:data:`DEEPSPEED_BUCKET_BYTES`)."""
-        if self is Runtime.DEEPSPEED:
-            return 2 * CUBLAS_WORKSPACE_BYTES + DEEPSPEED_BUCKET_BYTES
-        return 2 * CUBLAS_WORKSPACE_BYTES if self is Runtime.TORCH else 0.0
+        estimator, which leaves them out."""
+        return 2 * CUBLAS_WORKSPACE_BYTES if self in (Runtime.TORCH, Runtime.DEEPSPEED) else 0.0
+
+    @property
+    def held_through_step_bytes(self) -> float:
+        """Bytes held from the step's start to its end besides the model states (temporaries): the
+        libraries' workspaces, and DeepSpeed's communication buckets (:data:`DEEPSPEED_BUCKET_BYTES`)."""
+        buckets = DEEPSPEED_BUCKET_BYTES if self is Runtime.DEEPSPEED else 0.0
+        return self.library_workspace_bytes + buckets
 
     @property
     def repeats_kv_heads(self) -> bool:

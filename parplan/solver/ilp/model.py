@@ -122,7 +122,7 @@ class AuxProblem:
     shared: list[list[int]] = field(default_factory=list)
     #: (the peak terms, their number, the indices of those not implied by others), see :func:`kept_peaks`
     kept_peak_terms: tuple[list[PeakTerm], int, list[int]] | None = field(default=None, repr=False, compare=False)
-    #: bytes every choice holds besides its terms (libraries' workspaces, see Runtime.library_workspace_bytes)
+    #: bytes every choice holds besides its terms (workspaces, buckets: Runtime.held_through_step_bytes)
     fixed_bytes: float = 0.0
     #: bytes every choice is known to hold at least, from outside the terms (0: none known; see
     #: :func:`~parplan.solver.ilp.problem.least_bytes`); part of :meth:`memory_lower_bound`

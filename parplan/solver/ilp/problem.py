@@ -156,7 +156,7 @@ def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuS
             priced_as[price_of[n.id]] = priced_as.get(price_of[n.id], 0) + 1
     strategies: dict[str, list[OpStrategy]] = {}
     costs: dict[str, list[StrategyCost]] = {}
-    problem = AuxProblem(fixed_bytes=runtime.library_workspace_bytes)
+    problem = AuxProblem(fixed_bytes=runtime.held_through_step_bytes)
     for rep, priced_as in copies.items():
         node = graph.node(rep)
         cands = candidate_strategies(node, graph, mesh, bool(owned.get(rep)), zero_stages)
@@ -249,7 +249,7 @@ def least_bytes(graph: Graph, devices: int, precision: Precision, recompute: Rec
     for it in saved_items(graph, ops, precision.activation_bytes, flash_attention=flash_attention,
                           recompute=recompute, runtime=runtime):
         saved.setdefault(it.key, it.total_bytes)
-    return runtime.library_workspace_bytes + (states + sum(saved.values())) / devices
+    return runtime.held_through_step_bytes + (states + sum(saved.values())) / devices
 
 
 def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
