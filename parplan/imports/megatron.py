@@ -31,11 +31,10 @@ _VALUED = {
     "--pipeline-model-parallel-size", "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--context-parallel-size",
-    "--expert-tensor-parallel-size", "--fp8-format", "--attention-backend",
+    "--expert-tensor-parallel-size", "--fp8-format",
 }
 _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--untie-embeddings-and-output-weights",
-             "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--use-flash-attn",
-             "--overlap-grad-reduce", "--overlap-param-gather"}
+             "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16"}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
     "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--lr",
@@ -45,10 +44,12 @@ _IGNORED_VALUED = {
     "--eval-interval", "--seed", "--hidden-dropout", "--attention-dropout", "--norm-epsilon", "--rotary-base",
     "--make-vocab-size-divisible-by", "--tensorboard-dir", "--distributed-backend", "--ckpt-format",
     "--distributed-timeout-minutes", "--num-workers", "--exit-duration-in-mins", "--wandb-project",
+    "--transformer-impl", "--attention-backend",  # flash attention is priced either way
 }
 _IGNORED_SWITCHES = {"--mock-data", "--no-masked-softmax-fusion", "--use-mcore-models", "--no-load-optim",
                      "--no-load-rng", "--log-throughput", "--use-rotary-position-embeddings", "--no-bias-gelu-fusion",
-                     "--no-bias-dropout-fusion", "--no-rope-fusion", "--transformer-impl"}
+                     "--no-bias-dropout-fusion", "--no-rope-fusion", "--use-flash-attn",
+                     "--overlap-grad-reduce", "--overlap-param-gather"}
 
 
 def _tokens(text: str) -> tuple[list[str], int | None, int | None]:
@@ -178,11 +179,13 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     hidden, heads = _get(flags, "--hidden-size"), _get(flags, "--num-attention-heads")
     seq, vocab = _get(flags, "--seq-length"), _get(flags, "--vocab-size")
     assert layers and hidden and heads and seq and vocab
+    # a GPT's learned position table has --max-position-embeddings rows (parplan's config seq_len)
+    positions = max(seq, _get(flags, "--max-position-embeddings", seq) or seq)
     kv = _get(flags, "--num-query-groups") if "--group-query-attention" in flags else None
     try:
         cfg = TransformerConfig(
             family=family, name="megatron-args", layers=layers, hidden=hidden, heads=heads,
-            ffn=_get(flags, "--ffn-hidden-size", 4 * hidden) or 4 * hidden, vocab=vocab, seq_len=seq, kv_heads=kv,
+            ffn=_get(flags, "--ffn-hidden-size", 4 * hidden) or 4 * hidden, vocab=vocab, seq_len=positions, kv_heads=kv,
             head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
             num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2)
         pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
