@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 
-from parplan.exports.torchtitan import FLAVORS, SCHEDULES
+from parplan.exports.torchtitan import CONFIG_MODULE, FLAVORS, SCHEDULES
 from parplan.imports.common import Imported, ImportProblemError, world_size
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
@@ -133,6 +133,15 @@ def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: 
                         "ffn": c.ffn, "vocab": c.vocab, "head_dim": c.d_head} == sizes), None)
     if preset is None:
         raise ImportProblemError(KIND, [f"no parplan preset has the sizes of torchtitan's {flavor.flavor}"])
+    module = values.get("module", "llama3")
+    if module not in ("llama3", CONFIG_MODULE):
+        problems.append(f"--module {module}: parplan reads torchtitan's llama3 recipes only")
+    if values.get("training.dtype", "float32") != "float32":
+        problems.append(f"--training.dtype {values['training.dtype']}: parplan keeps float32 weights and "
+                        "optimizer states")
+    if values.get("training.mixed_precision_reduce", "float32") != "float32":
+        problems.append("gradients reduced in "
+                        f"{values['training.mixed_precision_reduce']} (--training.mixed_precision_reduce)")
     if _num(values, "parallelism.context_parallel_degree", 1) > 1:
         problems.append("context parallelism is not modelled yet")
     if _num(values, "parallelism.expert_parallel_degree", 1) > 1:
@@ -194,7 +203,10 @@ def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: 
     except SolverError as e:
         raise ImportProblemError(KIND, [str(e)]) from None
     model = ModelSource(preset, config=PRESETS[preset])
-    return Imported(KIND, model, strategy, seq, world, per_node, "torchtitan", unknown, ignored)
+    unpriced = [] if "training.disable_cuda_graphs" in switches else [
+        "CUDA graphs (torchtitan's default without --training.disable_cuda_graphs) keep memory pools the "
+        "prediction leaves out"]
+    return Imported(KIND, model, strategy, seq, world, per_node, "torchtitan", unknown, ignored, unpriced)
 
 
 def _stages(parts: list[str], pp: int, layers: int) -> tuple[int, tuple[int, ...] | None]:
