@@ -64,7 +64,8 @@ def test_configurations_that_cannot_be_priced_are_422_naming_why(client: TestCli
                                                "--training.local_batch_size 1 --training.dtype bfloat16",
           "cluster": {"gpus": 8}}, "float32 weights"),
         ({"kind": "torchtitan-config", "text": "--module qwen3 --config llama3_8b --training.seq_len 2048 "
-                                               "--training.local_batch_size 1", "cluster": {"gpus": 8}}, "--module qwen3"),
+                                               "--training.local_batch_size 1", "cluster": {"gpus": 8}},
+         "--module qwen3"),
     ]
     for body, why in cases:
         r = client.post("/v1/evaluations", json=body, headers=reader)
