@@ -156,10 +156,16 @@ def _read(text: str, model: ModelSource | None, gpus: int | None, seq_len: int |
         layers[b] = LayerStrategy(tp=t, dp=dp, zero=zero, sp=sp and t > 1,
                                   recompute=Recompute.FULL if c else Recompute.SELECTIVE, tp_inner=bool(o))
     gb, m = _positive_int(cfg, "global_bsz", 0), _positive_int(cfg, "chunks", 1)
+    for flag, value in (("--global_train_batch_size", gb), ("--chunks", m)):
+        if isinstance(flags.get(flag), str) and str(flags[flag]) != str(value):
+            raise ImportProblemError(KIND, [f"{flag} {flags[flag]} but the strategy file says {value}"])
     plan = LayerPlan(pp=pp, num_microbatches=m, global_batch=gb, layers=layers,
                      partition=tuple(division) if division else None, schedule=schedule,
                      flash_attention="--use-flash-attn" in flags or launch is None, precision=precision,
                      sync_every_microbatch="--no_async_grad_reduce" in flags)
     for strategy in layers.values():
         plan.local_batch(strategy)  # StrategyError when the batch does not split
-    return LayerImport(KIND, model, plan, seq, gpus, None, "galvatron", unknown, [], unpriced)
+    read = {*_SIZE_FLAGS, "--seq_length", "--mixed_precision", "--reduce_in_fp32", "--sequence-parallel",
+            "--use-flash-attn", "--no_async_grad_reduce", "--global_train_batch_size", "--chunks"}
+    ignored = [f for f in flags if f not in read]  # model presets, paths, data and optimizer flags
+    return LayerImport(KIND, model, plan, seq, gpus, None, "galvatron", unknown, ignored, unpriced)
