@@ -46,6 +46,9 @@ def read_ds_config(text: str, model: ModelSource | None, gpus: int | None, seq_l
     if not isinstance(zero, Mapping):
         problems.append("zero_optimization must be an object")
         zero = {}
+    # ZeRO settings the prediction does not read (overlap, contiguous gradients, ...): said, not dropped
+    ignored += sorted(f"zero_optimization.{k}" for k in zero
+                      if k != "stage" and k not in _ZERO_UNMODELLED and k not in _BUCKET_DEFAULTS)
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         problems.append(f"zero_optimization.stage {stage!r}")
