@@ -29,6 +29,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     val.add_argument("--plan", metavar="FILE", default=None,
                      help="run a saved plan instead of the strategy flags: a plan document (parplan plan --json, "
                           "GET /v1/plans/{id}) or target parplan's export (parplan_plan.json), the same file")
+    val.add_argument("--torchtitan", metavar="FILE", default=None,
+                     help="run a torchtitan 0.3.0 job with torchtitan's own code: the torchtitan_args.txt of "
+                          "`parplan export --target torchtitan` (or its torchrun line); one rank per process, "
+                          "--gpus ranks (default: the degrees' product); measured vs parplan's prediction for "
+                          "the same file")
     val.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     val.add_argument("--max-procs", type=int, default=8, help="most processes to start (default 8)")
     val.add_argument("--shrink", choices=("auto", "yes", "no"), default="auto",
@@ -131,6 +136,33 @@ def _validate_plan_file(args: argparse.Namespace) -> int:
     return 0 if m.get("correct") in (True, None) else 1
 
 
+def _validate_torchtitan(args: argparse.Namespace) -> int:
+    """``parplan validate --torchtitan FILE``: the exported job, run by torchtitan's code and measured."""
+    from parplan.agent.launch import LaunchError
+    from parplan.agent.torchtitan_exec import TorchtitanRunError
+    from parplan.agent.torchtitan_validate import compare_torchtitan, format_torchtitan
+    from parplan.cli import UsageError
+    from parplan.imports.common import ImportProblemError
+
+    used = [f"--{n.replace('_', '-')}" for n in ("model", "tp", "pp", "plan") if getattr(args, n) is not None]
+    if used:
+        raise UsageError(f"--torchtitan runs the job in {args.torchtitan}; leave out {', '.join(used)}")
+    try:
+        text = Path(args.torchtitan).read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read {args.torchtitan}: {e.strerror or e}") from None
+    device = _device(args.device)
+    try:
+        result = compare_torchtitan(text, device, gpus=args.gpus, max_procs=args.max_procs, timing_steps=args.steps)
+    except (ImportProblemError, TorchtitanRunError) as e:
+        raise UsageError(" ".join(str(e).split())) from None
+    except LaunchError as e:
+        print(f"parplan validate: the run failed: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, default=str) if args.json else format_torchtitan(result))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from parplan.agent.launch import LaunchError
     from parplan.agent.plans import AUTO_SHRINK_PARAMETERS, config_of_source, spec_for
@@ -139,6 +171,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if args.plan is not None:
         return _validate_plan_file(args)
+    if args.torchtitan is not None:
+        return _validate_torchtitan(args)
     missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus", "tp", "pp") if getattr(args, n) is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --plan FILE)")

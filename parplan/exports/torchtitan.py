@@ -37,6 +37,13 @@ CONFIG_MODULE = "parplan_torchtitan_config"
 #: The longest sequence torchtitan's llama3 flavors take (their RoPE tables), tokens.
 ROPE_MAX_SEQ_LEN = 131072
 
+#: torchtitan's SPMD backend the export selects. 0.3.0's default, ``spmd_types``, hands FSDP2 plain
+#: parameters annotated with their layout; torch 2.13's ``fully_shard`` refuses them once the data-parallel
+#: mesh has more than one rank ("all parameters must be DTensors on the full SPMD mesh", measured with
+#: torch 2.13.0 and torchtitan 0.3.0). ``partial_dtensor`` (DTensors for tensor parallelism only, FSDP2 on
+#: the data-parallel mesh) runs on it.
+SPMD_BACKEND = "partial_dtensor"
+
 #: parplan's pipeline schedules -> torch.distributed.pipelining's schedule names (torchtitan passes
 #: ``parallelism.pipeline_parallel_schedule`` to ``get_schedule_class``).
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
@@ -66,11 +73,13 @@ class Flavor:
                 "ffn": self.ffn, "vocab": self.vocab, "head_dim": self.hidden // self.heads}
 
 
-#: The llama3 flavors with a training recipe in 0.3.0 (``llama3_8b``, ``llama3_70b``, ``llama3_405b``;
-#: untied embeddings). The 405B recipe makes its linear layers (but the output) Float8 (torchao) inside
-#: its model spec, which no option undoes, so a bf16 plan gets a config function of its own
-#: (:data:`CONFIG_MODULE`).
+#: The llama3 flavors with a training recipe in 0.3.0 (``llama3_debugmodel``, ``llama3_8b``, ``llama3_70b``,
+#: ``llama3_405b``; untied embeddings). The debug model (6 layers, hidden 256) is torchtitan's own test
+#: model, small enough for ``parplan validate --torchtitan`` on a CPU. The 405B recipe makes its linear
+#: layers (but the output) Float8 (torchao) inside its model spec, which no option undoes, so a bf16 plan
+#: gets a config function of its own (:data:`CONFIG_MODULE`).
 FLAVORS: tuple[Flavor, ...] = (
+    Flavor("debugmodel", "llama3_debugmodel", 6, 256, 16, 16, 768, 2048),
     Flavor("8B", "llama3_8b", 32, 4096, 32, 8, 14336, 128256),
     Flavor("70B", "llama3_70b", 80, 8192, 64, 8, 28672, 128256),
     Flavor("405B", "llama3_405b_bf16", 126, 16384, 128, 8, 53248, 128256, written=True),
@@ -151,6 +160,7 @@ def torchtitan_arguments(plan: UniformPlan, ctx: PlanContext, flavor: Flavor) ->
             "--parallelism.enable_sequence_parallel" if plan.sequence_parallel
             else "--parallelism.no_enable_sequence_parallel",
             "--parallelism.context_parallel_degree", "1",
+            "--parallelism.spmd_backend", SPMD_BACKEND,
             "--parallelism.expert_parallel_degree", "1",
             "--parallelism.pipeline_parallel_degree", str(plan.pp)]
     if pp_on:
@@ -218,7 +228,8 @@ def _flavor(ctx: PlanContext, reasons: list[str]) -> Flavor | None:
              "kv_heads": int(arch.get("kv_heads") or heads), "ffn": int(arch["ffn"]), "vocab": int(arch["vocab"]),
              "head_dim": int(arch.get("head_dim") or int(arch["hidden"]) // heads)}
     if arch.get("tied_embeddings"):
-        reasons.append(f"{ctx.model_name} ties its embeddings; torchtitan 0.3.0's llama3 recipes (8B, 70B, 405B) "
+        reasons.append(f"{ctx.model_name} ties its embeddings; torchtitan 0.3.0's llama3 recipes (debugmodel, 8B, 70B, "
+                       "405B) "
                        "have untied ones")
         return None
     for f in FLAVORS:
@@ -411,6 +422,10 @@ def _notes(plan: UniformPlan, ctx: PlanContext, flavor: Flavor, strategy: Mappin
         notes.append(f"tp {plan.tp}: attention heads and FFN columns/rows sharded; sequence parallelism {sp} "
                      "(parallelism.enable_sequence_parallel, on by default in 0.3.0, written explicitly); the "
                      "loss is always vocabulary-parallel under TP (no option in 0.3.0)")
+    notes.append(f"parallelism.spmd_backend {SPMD_BACKEND}: torchtitan 0.3.0's default (spmd_types) needs a torch "
+                 "whose FSDP2 takes layout-annotated plain parameters; torch 2.13's fully_shard refuses them when "
+                 "the data-parallel degree is above 1. partial_dtensor (DTensor for tensor parallelism, FSDP2 over "
+                 "the data-parallel mesh) runs on torch 2.13")
     notes.append("rank order: torchtitan's mesh is pp (outermost), data parallel, tp (innermost): tensor-parallel "
                  "ranks are adjacent, so tp <= GPUs per node keeps them on one node")
     if plan.pp > 1:

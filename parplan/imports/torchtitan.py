@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import shlex
 
-from parplan.exports.torchtitan import CONFIG_MODULE, FLAVORS, SCHEDULES
+from parplan.exports.torchtitan import CONFIG_MODULE, FLAVORS, SCHEDULES, Flavor
 from parplan.imports.common import Imported, ImportProblemError, world_size
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
+from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import PRESETS
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig, Schedule
 
 KIND = "torchtitan-config"
+
+#: ``parallelism.spmd_backend`` values of torchtitan 0.3.0 (priced alike).
+SPMD_BACKENDS = ("spmd_types", "partial_dtensor", "full_dtensor")
 
 _VALUED = {"module", "config", "training.seq_len", "training.local_batch_size", "training.global_batch_size",
            "training.dtype", "training.mixed_precision_param", "training.mixed_precision_reduce",
@@ -31,7 +35,7 @@ _VALUED = {"module", "config", "training.seq_len", "training.local_batch_size", 
            "parallelism.fsdp_reshard_after_forward", "parallelism.tensor_parallel_degree",
            "parallelism.context_parallel_degree", "parallelism.expert_parallel_degree",
            "parallelism.pipeline_parallel_degree", "parallelism.pipeline_parallel_schedule",
-           "parallelism.pipeline_parallel_microbatch_size"}
+           "parallelism.pipeline_parallel_microbatch_size", "parallelism.spmd_backend"}
 _SWITCHES = {"parallelism.enable_sequence_parallel", "parallelism.no_enable_sequence_parallel",
              "training.disable_cuda_graphs"}
 #: sections that do not change memory or time as parplan prices them
@@ -131,8 +135,6 @@ def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: 
     preset = next((name for name, c in PRESETS.items() if c.family == "llama" and not c.tied_embeddings
                    and {"layers": c.layers, "hidden": c.hidden, "heads": c.heads, "kv_heads": c.n_kv_heads,
                         "ffn": c.ffn, "vocab": c.vocab, "head_dim": c.d_head} == sizes), None)
-    if preset is None:
-        raise ImportProblemError(KIND, [f"no parplan preset has the sizes of torchtitan's {flavor.flavor}"])
     module = values.get("module", "llama3")
     if module not in ("llama3", CONFIG_MODULE):
         problems.append(f"--module {module}: parplan reads torchtitan's llama3 recipes only")
@@ -174,6 +176,9 @@ def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: 
     schedule = {v: Schedule(k) for k, v in SCHEDULES.items()}.get(schedule_name)
     if pp > 1 and schedule is None:
         problems.append(f"pipeline schedule {schedule_name}")
+    backend = values.get("parallelism.spmd_backend", "spmd_types")
+    if backend not in SPMD_BACKENDS:
+        problems.append(f"--parallelism.spmd_backend {backend} (torchtitan 0.3.0 has {', '.join(SPMD_BACKENDS)})")
     if problems:
         raise ImportProblemError(KIND, problems)
     assert recompute is not None and precision is not None
@@ -202,11 +207,19 @@ def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: 
             virtual_stages=virtual, precision=precision, partition=partition, runtime=Runtime.TORCH)
     except SolverError as e:
         raise ImportProblemError(KIND, [str(e)]) from None
-    model = ModelSource(preset, config=PRESETS[preset])
+    model = ModelSource(preset, config=PRESETS[preset]) if preset else _flavor_model(flavor, seq)
     unpriced = [] if "training.disable_cuda_graphs" in switches else [
         "CUDA graphs (torchtitan's default without --training.disable_cuda_graphs) keep memory pools the "
         "prediction leaves out"]
     return Imported(KIND, model, strategy, seq, world, per_node, "torchtitan", unknown, ignored, unpriced)
+
+
+def _flavor_model(flavor: Flavor, seq_len: int) -> ModelSource:
+    """A flavor no preset has the sizes of (the debug model), as a Llama architecture."""
+    name = f"torchtitan-llama3-{flavor.flavor}"
+    return ModelSource(name, config=TransformerConfig(
+        family="llama", name=name, layers=flavor.layers, hidden=flavor.hidden, heads=flavor.heads,
+        kv_heads=flavor.kv_heads, ffn=flavor.ffn, vocab=flavor.vocab, seq_len=seq_len, tied_embeddings=False))
 
 
 def _stages(parts: list[str], pp: int, layers: int) -> tuple[int, tuple[int, ...] | None]:
