@@ -1,6 +1,6 @@
 """Measured vs predicted for a torchtitan export: the same file run by torchtitan's code and priced
-by parplan's import of it (:mod:`parplan.imports.torchtitan`), with the cost model's rules for the
-kernels the ranks ran (:func:`parplan.agent.validate.runtime_of`)."""
+by parplan's import of it (:mod:`parplan.imports.torchtitan`) with the torchtitan runtime's rules
+for the kernels the ranks ran (``torchtitan-cpu`` on a CPU)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from parplan.agent.torchtitan_exec import (
     parse_config,
     torchtitan_args,
 )
-from parplan.agent.validate import runtime_of
 from parplan.imports import price
 from parplan.imports.common import ImportProblemError
 from parplan.imports.torchtitan import KIND, read_torchtitan_config
 from parplan.solver.cluster import make_cluster
+from parplan.solver.cost.runtime import Runtime
 
 MIB = 1 << 20
 
@@ -52,7 +52,7 @@ def compare_torchtitan(text: str, device: str, gpus: int | None = None, max_proc
     if world > max_procs:
         raise LaunchError(f"the job needs {world} ranks; --max-procs is {max_procs}")
     imported = read_torchtitan_config(text, world)
-    runtime = runtime_of(device)
+    runtime = Runtime.TORCHTITAN_CPU if device == "cpu" else Runtime.TORCHTITAN
     imported = dataclasses.replace(imported, strategy=dataclasses.replace(imported.strategy, runtime=runtime))
     predicted = price(imported, make_cluster(world))
     reports = measure(text, world, device, timing_steps)

@@ -455,9 +455,10 @@ def _notes(plan: UniformPlan, ctx: PlanContext, flavor: Flavor, strategy: Mappin
     notes.append("the loss is the recipe's chunked cross entropy (the output layer applied in 8 sequence chunks), "
                  "which holds fewer logits at once than parplan counts")
     runtime = strategy.get("runtime")
-    if runtime and runtime != "torch":
-        notes.append(f"the plan's memory was estimated for runtime {runtime}; torchtitan is PyTorch-native "
-                     "(plan with runtime torch for its buffers)")
+    if runtime and runtime != "torchtitan":
+        notes.append(f"the plan's memory was estimated for runtime {runtime}; plan with --target torchtitan for "
+                     "torchtitan's buffers (runtime torchtitan: fp32 weights as the master copy, gradients freed "
+                     "between steps)")
     if flavor.written:
         notes.append(f"{CONFIG_MODULE}.py: torchtitan's llama3_405b recipe makes the linear layers but the output "
                      "Float8 (torchao) in its model spec, which no option undoes; this bf16 plan runs the "

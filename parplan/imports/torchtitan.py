@@ -204,7 +204,7 @@ def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: 
             sequence_parallel=tp > 1 and "parallelism.no_enable_sequence_parallel" not in switches,
             recompute=recompute, micro_batch=mb, num_microbatches=m,
             schedule=(schedule or Schedule.ONE_F_ONE_B) if pp > 1 else Schedule.ONE_F_ONE_B,
-            virtual_stages=virtual, precision=precision, partition=partition, runtime=Runtime.TORCH)
+            virtual_stages=virtual, precision=precision, partition=partition, runtime=Runtime.TORCHTITAN)
     except SolverError as e:
         raise ImportProblemError(KIND, [str(e)]) from None
     model = ModelSource(preset, config=PRESETS[preset]) if preset else _flavor_model(flavor, seq)

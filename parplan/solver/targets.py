@@ -6,9 +6,10 @@
   distributed optimizer (ZeRO-1), expert parallelism for MoE models, selective or full
   recomputation; priced with Megatron-LM's buffers;
 - ``torchtitan``: FSDP2 (ZeRO-3, or ZeRO-2 without resharding after forward) or replicated data
-  parallelism of tensor-parallel layers, TP with or without sequence parallelism, PP (1F1B or
-  interleaved); priced with
-  PyTorch-native buffers (its exports run Llama 3 models only: the sizes of its registry);
+  parallelism (FSDP2's replicate), TP with or without sequence parallelism, PP (1F1B or
+  interleaved); priced with the ``torchtitan`` runtime (PyTorch-native buffers, fp32 weights as
+  the master copy, gradients freed between steps; its exports run Llama 3 models only: the sizes
+  of its registry);
 - ``deepspeed``: the DeepSpeed engine's data parallelism, ZeRO 0-3, no TP or PP (those need the
   model's own code); priced with the ``deepspeed`` runtime (Megatron-LM's data-parallel buffers,
   PyTorch's loss, its communication buckets as set by the export);
@@ -61,7 +62,7 @@ class TargetSpec:
 SPECS: dict[Target, TargetSpec] = {
     Target.ANY: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
     Target.MEGATRON: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "megatron"),
-    Target.TORCHTITAN: TargetSpec(Runtime.TORCH, True, ("uniform",), "zero3"),
+    Target.TORCHTITAN: TargetSpec(Runtime.TORCHTITAN, True, ("uniform",), "zero3"),
     Target.DEEPSPEED: TargetSpec(Runtime.DEEPSPEED, True, ("uniform",), "zero3", (
         "DeepSpeed's buckets are priced as an upper bound set by the export (50M elements each for "
         "reduce_bucket_size, allgather_bucket_size and ZeRO-3's prefetch bucket and live parameters), not "
@@ -88,9 +89,9 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
                 yield from _with_schedules_and_experts(c, global_batch, num_blocks, experts)
     elif target is Target.TORCHTITAN:
         for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3)):
-            # ZeRO-0 is torchtitan's replicate (FSDP2 over a shard group of one), which the torch runtime
-            # prices as such only for tensor-parallel layers (without TP it prices DDP's buckets)
-            if node % c.tp == 0 and (c.zero > 0 or c.tp > 1 or c.dp == 1):
+            # ZeRO-0 is torchtitan's replicate (FSDP2 over a shard group of one), as the torchtitan
+            # runtime prices it
+            if node % c.tp == 0:
                 yield from _with_schedules_and_experts(c, global_batch, num_blocks, 0)
     elif target is Target.DEEPSPEED:
         yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,))

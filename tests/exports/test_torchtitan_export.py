@@ -80,7 +80,7 @@ def doc_for(preset: str, gpus: int, per_node: int = 8, **strategy: Any) -> dict[
     s: dict[str, Any] = {"kind": "uniform", "tp": 1, "pp": 1, "dp": gpus, "zero": 3, "sequence_parallel": False,
                          "recompute": "full", "micro_batch": 1, "num_microbatches": 1, "schedule": "1f1b",
                          "virtual_stages": 1, "precision": "bf16", "expert_parallel": 1,
-                         "flash_attention": True, "runtime": "torch"} | strategy
+                         "flash_attention": True, "runtime": "torchtitan"} | strategy
     s.setdefault("global_batch", s["micro_batch"] * s["num_microbatches"] * s["dp"])
     return {"model": {"name": preset, "seq_len": arch["seq_len"], "architecture": arch},
             "cluster": {"gpus": gpus, "gpus_per_node": min(gpus, per_node)}, "strategy": s}

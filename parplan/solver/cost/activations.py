@@ -96,9 +96,11 @@ def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_att
     if k is OpKind.SOFTMAX:
         return [_tensor(node, activation_bytes)]
     if k is OpKind.RMSNORM and runtime.rmsnorm_saves_normalized:
-        # composite RMSNorm: x for the norm's gradient, x·rstd for the weight's
-        return [_tensor(ins[0], activation_bytes),
-                SavedItem(f"{node.id}#normalized", node.id, node.numel, tensor_bytes(node, activation_bytes))]
+        # composite RMSNorm computing in fp32: x (upcast) for the norm's gradient, x·rstd for the weight's
+        x = ins[0]
+        upcast = tensor_bytes(x, activation_bytes) < 4  # a copy of its own, not x itself
+        return [SavedItem(f"{x.id}#fp32" if upcast else x.id, x.id, x.numel, 4.0),
+                SavedItem(f"{node.id}#normalized", node.id, node.numel, 4.0)]
     if k in (OpKind.LAYERNORM, OpKind.RMSNORM, OpKind.EMBEDDING):
         return [_tensor(ins[0], activation_bytes)]
     if k is OpKind.ATTENTION:

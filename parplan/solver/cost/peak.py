@@ -73,7 +73,8 @@ def stage_unit(name: str, costs: GraphCosts, strategy: UnitStrategy, cost: UnitC
 
 
 def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float, tied_elems: float,
-               tied_workspace_elems: float, accumulating: bool = False, pipelined: bool = False) -> StagePeak:
+               tied_workspace_elems: float, accumulating: bool = False, pipelined: bool = False,
+               created_grads: Sequence[float] | None = None, shared_grads: float = 0.0) -> StagePeak:
     """The busiest moment of one micro-batch's forward and backward through ``units`` (forward
     order), above the resident model states and the other micro-batches in flight.
 
@@ -85,8 +86,22 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     (FSDP2 without gradient synchronisation), so every micro-batch but the first sees all of them;
     ``pipelined``: with that, gathering units also keep their weights gathered from their first
     backward until the last (``torch.distributed.pipelining`` turns resharding after backward off
-    for every micro-batch but the last), so later micro-batches gather nothing."""
+    for every micro-batch but the last), so later micro-batches gather nothing.
+
+    ``created_grads``: the resident gradient bytes of each unit when the runtime frees gradients
+    between steps (torchtitan): the caller's resident states leave them out, a unit's appear when its
+    backward ends, and ``shared_grads`` (parameters several units share) from the start of backward;
+    every micro-batch after the first finds all of them."""
     w = _Walk(units, shared_act_bytes)
+    made = list(created_grads) if created_grads is not None else [0.0] * len(units)
+    all_made = sum(made) + shared_grads
+
+    def made_by(i: int, including: bool = False) -> float:
+        """Gradients alive in the last micro-batch's backward at unit ``i`` (units after it done)."""
+        if accumulating:
+            return all_made
+        return shared_grads + sum(made[i + (0 if including else 1):])
+
     tied = tied_elems * prec.grad_bytes
     tied_users = [i for i, u in enumerate(units) if u.tied_user] if tied_elems else []
     # unsharded gradient bytes of each gathering unit: parameters first used there, tied ones apart
@@ -96,7 +111,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     all_gathered = sum(w.gathered.values())
     later = pipelined and accumulating  # later micro-batches find every unit's weights still gathered
     for first in (True, False) if accumulating else (True,):  # the first micro-batch's forward, a later one's
-        acc = 0.0 if first else accumulated
+        acc = 0.0 if first else accumulated + all_made
         for i, u in enumerate(units):  # forward: every unit's busiest moment, with its saved tensors
             fixed = acc + w.root_params + (all_gathered if later and not first else w.weights_in_forward(i))
             extra = u.forward_transient
@@ -112,7 +127,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
             u = units[i]
             prof = u.profile
             fixed = accumulated + w.root_params + (all_gathered if later else w.weights_in_backward(i))
-            w.moment(w.held_before[i] + fixed + prof.peak, fixed + prof.transient_peak)
+            w.moment(w.held_before[i] + fixed + all_made + prof.peak, fixed + prof.transient_peak)
     # the last (or only) micro-batch: gradients reduced block by block
     root_grads = reduce_buffer = pending_tied = 0.0
     for i in reversed(range(len(units))):
@@ -125,7 +140,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
         fixed = w.root_params + root_grads + weights + reduce_buffer + pending_tied
         own, transient = ((prof.peak_unsharded, prof.transient_peak_unsharded) if u.dp.gathers and not accumulating
                           else (prof.peak, prof.transient_peak))
-        w.moment(w.held_before[i] + fixed + own, fixed + transient)
+        w.moment(w.held_before[i] + fixed + made_by(i) + own, fixed + transient)
         if i in w.gathered:
             # end of the block's backward: its weights freed, the older buffers released, its
             # gradients copied into new reduce buffers
@@ -133,7 +148,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
             reduce_buffer = u.dp.reduce_buffers * unsharded
             fixed = w.root_params + root_grads + weights - w.gathered[i] + reduce_buffer + pending_tied + (
                 0.0 if accumulating else unsharded)
-            w.moment(w.held_before[i] + fixed, fixed)
+            w.moment(w.held_before[i] + fixed + made_by(i, including=True), fixed)
         elif i in grads and not accumulating:  # outside the blocks: unsharded to the end of backward
             root_grads += grads[i]
         if tied_users and i == tied_users[-1] and len(tied_users) > 1:
@@ -141,7 +156,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
         if tied_users and i == tied_users[0]:
             # the first user's own gradient of the table, the one waiting, and their sum
             fixed = w.root_params + root_grads + weights + reduce_buffer + pending_tied + tied
-            w.moment(w.held_before[i] + fixed + tied_workspace_elems * prec.grad_bytes,
+            w.moment(w.held_before[i] + fixed + made_by(i) + tied_workspace_elems * prec.grad_bytes,
                      fixed + tied_workspace_elems * prec.grad_bytes)
             pending_tied = 0.0
     return StagePeak(w.total, w.temp)

@@ -481,7 +481,7 @@ class PlanEvaluator:
         c = self.unit_cost(plan, u, s, prec, timed=False)
         dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
         walk = stage_unit(u, gc, s.unit(plan.flash_attention, plan.runtime), c, is_block, dp, prec, seen, tied_ids)
-        st = model_states(c.params, s, prec, dp.shards_parameters)
+        st = model_states(c.params, s, plan.runtime.states_precision(prec), dp.shards_parameters)
         floats = (*st.bytes.as_floats().values(), *st.redundant.as_floats().values())
         out = (walk, floats, dp.rebuilds_buckets, c.act_bytes, c.act_redundant_bytes, c.largest_param_elems)
         if key is not None:
@@ -547,10 +547,12 @@ class PlanEvaluator:
         # torch.distributed.pipelining, which drives DDP's synchronisation itself)
         rebuilt_buckets = 0.0
         sums = [0.0] * 10  # model states by category: bytes, then redundant (summed in unit order)
+        unit_grads: list[float] = []
         for u in units:
             entry, floats, rebuilds, unit_act, unit_red, unit_largest = self._stage_unit_memory(
                 plan, u, strat[u], prec, seen, tied_ids)
             walk.append(entry)
+            unit_grads.append(floats[1])
             for k in range(10):
                 sums[k] += floats[k]
             rebuilt_buckets += floats[1] if rebuilds and plan.pp == 1 else 0.0
@@ -562,7 +564,8 @@ class PlanEvaluator:
         gc = self.costs_for(plan.local_batch(first))
         us = first.unit(plan.flash_attention, plan.runtime)
         first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
-        shared_states = model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
+        shared_states = model_states(gc.shared_param_elems(units, us), first, plan.runtime.states_precision(prec),
+                                     first_dp.shards_parameters)
         states = states + shared_states
         rebuilt_buckets += shared_states.bytes.gradients if first_dp.rebuilds_buckets and plan.pp == 1 else 0.0
         shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
@@ -582,14 +585,20 @@ class PlanEvaluator:
             # PyTorch's 1F1B keeps the handle of the first warm-up send until the steady phase
             # ends, and the handle keeps that micro-batch's output alive after its backward
             pinned = sent
+        # gradients made in backward (torchtitan sets them to None between steps); with pipelining
+        # other micro-batches' backwards run before, so they count as resident there
+        grads_later = not plan.runtime.keeps_gradients and plan.pp == 1
         walked = stage_peak(walk, prec, shared_act, gc.tied_within(units, us),
                             gc.tied_gradient_workspace(units, us),
                             accumulating=(plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded
                                           and not plan.sync_every_microbatch),
-                            pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs)
+                            pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs,
+                            created_grads=unit_grads if grads_later else None,
+                            shared_grads=shared_states.bytes.gradients if grads_later else 0.0)
         optimizer = optimizer_temporary_bytes(largest, prec)
         resident = states.bytes.total
-        peak = max(resident + act * (flight - 1) + walked.above_resident, resident + optimizer,
+        walk_base = resident - states.bytes.gradients if grads_later else resident
+        peak = max(walk_base + act * (flight - 1) + walked.above_resident, resident + optimizer,
                    resident + rebuilt_buckets)
         fixed = receive + plan.runtime.held_through_step_bytes  # held through the whole step
         held = states.bytes.replace(activations=act * flight + pinned,
@@ -636,7 +645,7 @@ class PlanEvaluator:
                 dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
                 walk.append(stage_unit(u, self.costs_for(plan.local_batch(s)), s.unit(plan.flash_attention,
                                        plan.runtime), c, u in plan.layers, dp, prec, seen, tied_ids))
-                states = states + model_states(c.params, s, prec, dp.shards_parameters)
+                states = states + model_states(c.params, s, plan.runtime.states_precision(prec), dp.shards_parameters)
                 act += c.act_bytes
                 red += c.act_redundant_bytes
                 largest = max(largest, c.largest_param_elems)
@@ -672,7 +681,8 @@ class PlanEvaluator:
         gc = self.costs_for(plan.local_batch(first))
         us = first.unit(plan.flash_attention, plan.runtime)
         first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
-        states = states + model_states(gc.shared_param_elems(units, us), first, prec, first_dp.shards_parameters)
+        states = states + model_states(gc.shared_param_elems(units, us), first, plan.runtime.states_precision(prec),
+                                       first_dp.shards_parameters)
         optimizer = optimizer_temporary_bytes(largest, prec)
         resident = states.bytes.total
         per_micro = sum(acts)
@@ -764,7 +774,7 @@ class PlanEvaluator:
         gc = self.costs_for(plan.local_batch(first))
         shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
         if shared:
-            opt += self.optimizer_seconds(model_states(shared, first, prec).bytes)
+            opt += self.optimizer_seconds(model_states(shared, first, plan.runtime.states_precision(prec)).bytes)
         p2p = 0.0
         if plan.pp > 1:
             link = self.mesh(plan, first).link("pp", self.cluster)
@@ -789,7 +799,7 @@ class PlanEvaluator:
         c = self.unit_cost(plan, u, s, prec, timed=True)
         traffic, hidden_not = self.once_per_step(plan, c, s, prec, synced)
         out = (c.forward_seconds, c.backward_seconds, c.recompute_seconds, c.tp_comm_seconds, traffic, hidden_not,
-               self.optimizer_seconds(model_states(c.params, s, prec).bytes))
+               self.optimizer_seconds(model_states(c.params, s, plan.runtime.states_precision(prec)).bytes))
         if key is not None:
             self._unit_time[key] = out
         return out

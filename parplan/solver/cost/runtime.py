@@ -42,12 +42,29 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   backward stays in its buffer instead of counting again as an activation. Under its 1F1B
   schedule the handle of the first warm-up send lives until the steady phase ends and keeps that
   micro-batch's output alive after its backward: one more output on every stage but the last.
+
+torchtitan's trainer (runtimes ``torchtitan``, ``torchtitan-cpu``) is PyTorch-native with three
+differences of its own, measured by running its code on an export (``parplan validate --torchtitan``,
+bench/RESULTS.md):
+
+- its weights are fp32 and are the optimizer's master copy: FSDP2's mixed precision casts them to
+  bf16 only when it gathers them (16 bytes a parameter with Adam, not 18);
+- it zeroes gradients with ``set_to_none`` before every step, so a gradient exists only from its
+  backward to the optimizer step: none while the first micro-batch's forward runs;
+- data parallelism without sharding is FSDP2's ``replicate`` (never DDP), and its attention
+  (FlexAttention) does not repeat K and V for grouped-query attention.
+
+On a CPU, PyTorch's RMSNorm is a composite that computes in fp32: with bf16 inputs it keeps an fp32
+copy of its input and the fp32 normalised input for backward (measured on torchtitan's debug model).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
+
+from parplan.solver.cost.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -103,10 +120,42 @@ class Runtime(StrEnum):
     #: gradients reduced every micro-batch), PyTorch's loss, cuBLAS's workspaces, and its
     #: communication buckets bounded by :data:`DEEPSPEED_BUCKET_BYTES`. No measurement yet.
     DEEPSPEED = "deepspeed"
+    #: torchtitan's trainer on GPUs: the torch runtime's buffers with torchtitan's own step (module
+    #: docstring)
+    TORCHTITAN = "torchtitan"
+    TORCHTITAN_CPU = "torchtitan-cpu"  # the same with CPU kernels (parplan validate --torchtitan on gloo)
 
     @property
     def _pytorch_native(self) -> bool:
-        return self in (Runtime.TORCH, Runtime.TORCH_CPU)
+        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+
+    @property
+    def _torchtitan(self) -> bool:
+        return self in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+
+    @property
+    def cpu_kernels(self) -> bool:
+        """Whether the ranks run PyTorch's CPU kernels."""
+        return self in (Runtime.TORCH_CPU, Runtime.TORCHTITAN_CPU)
+
+    @property
+    def master_is_parameter(self) -> bool:
+        """Whether the resident weights are fp32 and serve as the optimizer's master copy (torchtitan:
+        FSDP2 mixed precision casts them to the compute type only when gathering)."""
+        return self._torchtitan
+
+    @property
+    def keeps_gradients(self) -> bool:
+        """Whether gradients stay allocated between steps (zeroed in place: Megatron-LM's buffers,
+        DDP's buckets, the agent's executor); torchtitan sets them to None before each step."""
+        return not self._torchtitan
+
+    def states_precision(self, prec: Precision) -> Precision:
+        """Bytes per parameter of the resident model states under this runtime: with
+        :attr:`master_is_parameter`, the master copy is the weight itself."""
+        if not self.master_is_parameter or not prec.master_bytes:
+            return prec
+        return dataclasses.replace(prec, param_bytes=prec.master_bytes, master_bytes=0)
 
     @property
     def saves_gathered_sp_inputs(self) -> bool:
@@ -124,7 +173,7 @@ class Runtime(StrEnum):
         32 MiB at the first matmul, 32 MiB more at the first backward. None on the CPU. Megatron-LM
         holds them as well (and Transformer Engine's own); runtime ``megatron`` follows Megatron-LM's
         estimator, which leaves them out."""
-        return 2 * CUBLAS_WORKSPACE_BYTES if self in (Runtime.TORCH, Runtime.DEEPSPEED) else 0.0
+        return 2 * CUBLAS_WORKSPACE_BYTES if self in (Runtime.TORCH, Runtime.DEEPSPEED, Runtime.TORCHTITAN) else 0.0
 
     @property
     def held_through_step_bytes(self) -> float:
@@ -153,7 +202,9 @@ class Runtime(StrEnum):
 
     @property
     def rmsnorm_saves_normalized(self) -> bool:
-        return self is Runtime.TORCH_CPU
+        """CPU RMSNorm (a composite computing in fp32) keeps its input and the normalised input,
+        both in fp32."""
+        return self.cpu_kernels
 
     @property
     def accumulates_unsharded(self) -> bool:
@@ -173,6 +224,9 @@ class Runtime(StrEnum):
             return IN_PLACE
         if zero >= 3:
             return FSDP
+        if self._torchtitan and zero == 0:
+            # torchtitan replicates with FSDP2 over a shard group of one (data_parallel_replicate_degree)
+            return DataParallelBuffers(gathers=True, kept_from_forward=True, reduce_buffers=2)
         if self in (Runtime.MEGATRON, Runtime.DEEPSPEED):
             # ZeRO-1/2: optimizer states and main gradients sharded in place; ZeRO-0: gradients reduced
             # in place (Megatron-LM's buffers, DeepSpeed's engine with its own buckets: no DDP rebuild)
