@@ -20,7 +20,8 @@ torch 2.13's CPU kernels and gloo force, reported with every measurement:
   which gloo lacks; the ranks set FSDP2's ``force_sum_reduction_for_comms`` (a plain sum, then a
   division by one).
 
-Pipeline parallelism is refused here (torchtitan builds it through ``pipelining_fn``; not wired yet).
+Pipeline parallelism is refused here (torchtitan builds it through ``pipelining_fn``; not wired yet), and
+so is tensor parallelism on a CPU (the CPU flash-attention kernel has no DTensor sharding rule).
 """
 
 from __future__ import annotations
@@ -88,10 +89,13 @@ def parse_config(args: list[str]) -> Any:
         raise TorchtitanRunError(f"torchtitan's loader refused the arguments: {detail[:600]}") from None
 
 
-def check_runnable(config: Any) -> None:
-    """:class:`TorchtitanRunError` for settings this runner does not run."""
+def check_runnable(config: Any, device_kind: str = "cuda") -> None:
+    """:class:`TorchtitanRunError` for settings this runner does not run (on ``device_kind``)."""
     par = config.parallelism
     problems = []
+    if device_kind == "cpu" and par.tensor_parallel_degree > 1:
+        problems.append("tensor parallelism on a CPU (the CPU flash-attention kernel that stands in for "
+                        "FlexAttention has no DTensor sharding rule in torch 2.13)")
     if par.pipeline_parallel_degree > 1:
         problems.append("pipeline parallelism (torchtitan's pipelining_fn is not wired into the agent yet)")
     if par.context_parallel_degree > 1 or par.expert_parallel_degree > 1:
@@ -214,7 +218,7 @@ def run_rank(args: list[str], timing_steps: int) -> dict[str, Any]:
 
     device = device_for_rank()
     config = parse_config(args)
-    check_runnable(config)
+    check_runnable(config, device.type)
     job = _Job(config, device.type)
     losses = [job.step(0)]
     dist.barrier()
@@ -263,7 +267,7 @@ def measure(text: str, nprocs: int, device_kind: str, timing_steps: int = 2) -> 
     from parplan.agent.launch import launch_function
 
     args = torchtitan_args(text)
-    check_runnable(parse_config(args))  # fail before starting processes
+    check_runnable(parse_config(args), device_kind)  # fail before starting processes
     return launch_function(run_rank, (args, timing_steps), nprocs, device_kind)
 
 

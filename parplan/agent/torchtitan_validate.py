@@ -47,7 +47,7 @@ def compare_torchtitan(text: str, device: str, gpus: int | None = None, max_proc
     the prediction. Keys: ``predicted`` (the memory document), ``ranks`` (measured, relative error),
     ``max_relative_error``, ``substitutions``, ``runtime``."""
     config = parse_config(torchtitan_args(text))
-    check_runnable(config)
+    check_runnable(config, device)
     world = world_of(config, gpus)
     if world > max_procs:
         raise LaunchError(f"the job needs {world} ranks; --max-procs is {max_procs}")
