@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 #: torchtitan's MoE token dispatcher imports these Triton kernels with every model module.
-_KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
+KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
 
 #: What the CPU ranks run differently from the exported job (see the module docstring).
 CPU_SUBSTITUTIONS = (
@@ -50,24 +50,28 @@ class TorchtitanRunError(ValueError):
     """The argument file asks for something this runner cannot run."""
 
 
-def _stand_in_kernels() -> None:
-    """Without Triton, stand in for the expert-parallel kernels torchtitan imports (a dense Llama
-    never calls them) with functions that raise."""
-    if importlib.util.find_spec("triton") is not None or _KERNELS in sys.modules:
-        return
-    module = types.ModuleType(_KERNELS)
+def kernel_stand_in() -> types.ModuleType:
+    """A module standing in for torchtitan's Triton kernels: every public name a function that raises."""
+    module = types.ModuleType(KERNELS)
 
     def missing(attr: str) -> Callable[..., Any]:
         if attr.startswith("__"):
             raise AttributeError(attr)
 
         def kernel(*_: Any, **__: Any) -> Any:
-            raise RuntimeError(f"{_KERNELS}.{attr} needs Triton")
+            raise RuntimeError(f"{KERNELS}.{attr} needs Triton")
 
         return kernel
 
     module.__getattr__ = missing  # type: ignore[method-assign]
-    sys.modules[_KERNELS] = module
+    return module
+
+
+def _stand_in_kernels() -> None:
+    """Without Triton, stand in for the expert-parallel kernels torchtitan imports (a dense Llama
+    never calls them)."""
+    if importlib.util.find_spec("triton") is None and KERNELS not in sys.modules:
+        sys.modules[KERNELS] = kernel_stand_in()
 
 
 def parse_config(args: list[str]) -> Any:

@@ -17,13 +17,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from parplan.agent.torchtitan_exec import KERNELS, kernel_stand_in
 from parplan.exports.common import Export, NotExpressibleError
 from parplan.exports.torchtitan import ARGS_FILE, CONFIG_MODULE, SCRIPT_FILE, TORCHTITAN_VERSION, export_torchtitan
 from parplan.solver.cost.pipeline import even_partition
@@ -33,27 +33,7 @@ pytest.importorskip("torchtitan.config.manager", reason="torchtitan is not insta
 if importlib.metadata.version("torchtitan") != TORCHTITAN_VERSION:
     pytest.skip(f"the export is pinned to torchtitan {TORCHTITAN_VERSION}", allow_module_level=True)
 
-#: torchtitan's MoE token dispatcher imports these Triton kernels with every model module.
-_KERNELS = "torchtitan.distributed.minimal_async_ep.kernels"
-
 Loader = Callable[[list[str]], Any]
-
-
-def _stand_in(name: str) -> types.ModuleType:
-    """A module whose every public name is a function that raises (nothing here calls them)."""
-    module = types.ModuleType(name)
-
-    def missing(attr: str) -> Callable[..., Any]:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-
-        def kernel(*_: Any, **__: Any) -> Any:
-            raise RuntimeError(f"{name}.{attr} needs Triton")
-
-        return kernel
-
-    module.__getattr__ = missing  # type: ignore[method-assign]
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +41,14 @@ def loader() -> Iterator[Loader]:
     """torchtitan's ``ConfigManager().parse_args``. With CPU-only torch (no Triton) the Triton kernels
     of torchtitan's expert-parallel dispatcher, imported with every model module and never run
     while a config is parsed, are stood in for by functions that raise."""
-    added = importlib.util.find_spec("triton") is None and _KERNELS not in sys.modules
+    added = importlib.util.find_spec("triton") is None and KERNELS not in sys.modules
     if added:
-        sys.modules[_KERNELS] = _stand_in(_KERNELS)
+        sys.modules[KERNELS] = kernel_stand_in()
     from torchtitan.config.manager import ConfigManager
 
     yield lambda args: ConfigManager().parse_args(list(args))
     if added:
-        sys.modules.pop(_KERNELS, None)
+        sys.modules.pop(KERNELS, None)
 
 
 # --- plan documents, written by hand (no search runs) ------------------------------------------
