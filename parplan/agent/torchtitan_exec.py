@@ -257,13 +257,10 @@ def run_rank(args: list[str], timing_steps: int) -> dict[str, Any]:
 
 def torchtitan_args(text: str) -> list[str]:
     """The arguments of an export's ``torchtitan_args.txt`` (one a line) or of a ``torchrun ...
-    -m torchtitan.train ...`` line."""
-    import shlex
+    -m torchtitan.train ...`` line, shell variables left out (ImportProblemError if it does not split)."""
+    from parplan.imports.torchtitan import split_launch
 
-    words = shlex.split(text.replace("\\\n", " "), comments=True)
-    if "torchtitan.train" in words:
-        words = words[words.index("torchtitan.train") + 1:]
-    return [w for w in words if not w.startswith("$")]
+    return [w for w in split_launch(text)[1] if not w.startswith("$")]
 
 
 def measure(text: str, nprocs: int, device_kind: str, timing_steps: int = 2) -> list[dict[str, Any]]:

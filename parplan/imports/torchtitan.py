@@ -12,6 +12,7 @@ attention they keep the same tensors). Priced with the PyTorch-native runtime's 
 
 from __future__ import annotations
 
+import itertools
 import shlex
 
 from parplan.exports.torchtitan import CONFIG_MODULE, FLAVORS, SCHEDULES, Flavor
@@ -49,28 +50,35 @@ def _key(flag: str) -> str:
     return flag[2:].replace("-", "_")
 
 
-def read_torchtitan_config(text: str, gpus: int | None = None) -> Imported:
-    """The model, strategy and batch of torchtitan 0.3.0 arguments on ``gpus`` devices (from a
-    torchrun line when it says)."""
+def split_launch(text: str) -> tuple[list[str], list[str]]:
+    """(launcher words, ``torchtitan.train``'s arguments) of an argument file (one a line) or of a
+    ``torchrun ... -m torchtitan.train ...`` line (no launcher words without one)."""
     try:
         words = shlex.split(text.replace("\\\n", " "), comments=True)
     except ValueError as e:
         raise ImportProblemError(KIND, [f"cannot split the arguments: {e}"]) from None
+    if "torchtitan.train" not in words:
+        return [], words
+    at = words.index("torchtitan.train")
+    return words[:at], words[at + 1:]
+
+
+def read_torchtitan_config(text: str, gpus: int | None = None) -> Imported:
+    """The model, strategy and batch of torchtitan 0.3.0 arguments on ``gpus`` devices (from a
+    torchrun line when it says)."""
+    launcher, words = split_launch(text)
     nodes = procs = None
-    if "torchtitan.train" in words:
-        at = words.index("torchtitan.train")
-        for w in words[:at]:
-            name, _, given = w.partition("=")
-            if name == "--nnodes" and given.isdigit():
-                nodes = int(given)
-            if name in ("--nproc-per-node", "--nproc_per_node") and given.isdigit():
-                procs = int(given)
-        for i, w in enumerate(words[:at - 1]):
-            if w == "--nnodes" and words[i + 1].isdigit():
-                nodes = int(words[i + 1])
-            if w in ("--nproc-per-node", "--nproc_per_node") and words[i + 1].isdigit():
-                procs = int(words[i + 1])
-        words = words[at + 1:]
+    for w in launcher:
+        name, _, given = w.partition("=")
+        if name == "--nnodes" and given.isdigit():
+            nodes = int(given)
+        if name in ("--nproc-per-node", "--nproc_per_node") and given.isdigit():
+            procs = int(given)
+    for w, following in itertools.pairwise(launcher):
+        if w == "--nnodes" and following.isdigit():
+            nodes = int(following)
+        if w in ("--nproc-per-node", "--nproc_per_node") and following.isdigit():
+            procs = int(following)
     values: dict[str, str] = {}
     switches: set[str] = set()
     parts: list[str] = []

@@ -78,6 +78,7 @@ def test_bad_files_are_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFix
         "pp.txt": ("--module llama3 --config llama3_debugmodel --training.disable_cuda_graphs "
                    "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1\n",
                    "pipeline parallelism"),
+        "quote.txt": ("--module 'llama3 --config llama3_debugmodel\n", "cannot split"),
         "tp.txt": ("--module llama3 --config llama3_debugmodel --training.disable_cuda_graphs "
                    "--parallelism.tensor_parallel_degree 2 --parallelism.data_parallel_shard_degree 1\n",
                    "tensor parallelism on a CPU"),

@@ -93,14 +93,18 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     backward ends, and ``shared_grads`` (parameters several units share) from the start of backward;
     every micro-batch after the first finds all of them."""
     w = _Walk(units, shared_act_bytes)
-    made = list(created_grads) if created_grads is not None else [0.0] * len(units)
-    all_made = sum(made) + shared_grads
+    # after[i]: gradients made by the units after i (suffix sums; all zero when none are made in backward)
+    after = [0.0] * (len(units) + 1)
+    if created_grads is not None:
+        for i in reversed(range(len(units))):
+            after[i] = after[i + 1] + created_grads[i]
+    all_made = after[0] + shared_grads
 
     def made_by(i: int, including: bool = False) -> float:
         """Gradients alive in the last micro-batch's backward at unit ``i`` (units after it done)."""
         if accumulating:
             return all_made
-        return shared_grads + sum(made[i + (0 if including else 1):])
+        return shared_grads + after[i if including else i + 1]
 
     tied = tied_elems * prec.grad_bytes
     tied_users = [i for i, u in enumerate(units) if u.tied_user] if tied_elems else []
