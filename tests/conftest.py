@@ -1,13 +1,22 @@
-"""Fixtures shared by the service and worker tests (each folder's conftest defines ``settings``)."""
+"""Fixtures shared by the service and worker tests (each folder's conftest defines ``settings``), and
+Hypothesis's profile: under ``CI=true`` its examples are derandomised (the same on every run, so a
+run that lands is reproducible); elsewhere they are random, to keep finding new cases. A case found
+that way is pinned with ``@example``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from parplan.service.settings import Settings
 from parplan.workers.celery_app import CeleryJobQueue
+
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI") == "true":
+    hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture

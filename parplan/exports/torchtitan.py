@@ -23,6 +23,7 @@ from typing import Any
 
 from parplan.exports.common import Export, NotExpressible, PlanContext, UniformPlan, context_of, uniform_of
 from parplan.solver.cost.pipeline import even_partition
+from parplan.solver.cost.runtime import TORCHTITAN_LOSS_CHUNKS
 
 TORCHTITAN_VERSION = "0.3.0"
 TARGET = "torchtitan"
@@ -442,18 +443,16 @@ def _notes(plan: UniformPlan, ctx: PlanContext, flavor: Flavor, strategy: Mappin
     elif plan.num_microbatches > 1:
         notes.append(f"{plan.num_microbatches} micro-batches without pipelining -> gradient accumulation "
                      f"(global batch {plan.global_batch} / (local batch {plan.micro_batch} x dp {plan.dp})); "
-                     "torchtitan reduces gradients after every accumulation pass"
-                     + ("" if strategy.get("sync_every_microbatch") else
-                        " (the plan assumed they stay unsharded until the last micro-batch: torchtitan needs "
-                        "less memory)"))
+                     "torchtitan reduces gradients after every accumulation pass (and the torchtitan runtime "
+                     "prices it so)")
     prec = "bfloat16 compute, float32 weights, gradient reduction and optimizer states (FSDP2 mixed precision)" \
         if plan.precision == "bf16" else "float32 throughout"
     notes.append(f"precision {plan.precision} -> {prec}")
     notes.append("CUDA graphs and torch.compile are off (training.disable_cuda_graphs, compile.no_enable): the "
                  "step runs eagerly, as parplan's memory model assumes; CUDA graphs cannot run pipeline "
                  "parallelism in 0.3.0")
-    notes.append("the loss is the recipe's chunked cross entropy (the output layer applied in 8 sequence chunks), "
-                 "which holds fewer logits at once than parplan counts")
+    notes.append(f"the loss is the recipe's chunked cross entropy (the output layer and the loss run in "
+                 f"{TORCHTITAN_LOSS_CHUNKS} sequence chunks inside forward), priced so by the torchtitan runtime")
     runtime = strategy.get("runtime")
     if runtime and runtime != "torchtitan":
         notes.append(f"the plan's memory was estimated for runtime {runtime}; plan with --target torchtitan for "

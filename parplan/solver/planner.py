@@ -356,6 +356,10 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     return doc
 
 
+#: Relative difference of two step times that counts as equal (floating-point rounding), in choosing.
+TIME_TIE = 1e-9
+
+
 @dataclass(frozen=True)
 class Known:
     """A plan known to the planner: its step time (s), peak memory per device (bytes), and how to
@@ -378,11 +382,13 @@ def choose(req: PlanRequest, known: list[Known]) -> Known | None:
     if not fits:
         return None
     if req.objective == "max-throughput":
-        return min(fits, key=lambda k: (k.step_seconds, k.peak_bytes))
+        # times equal but for rounding (two pricings of the same plan) are a tie, which memory decides
+        fastest = min(k.step_seconds for k in fits) * (1 + TIME_TIE)
+        return min((k for k in fits if k.step_seconds <= fastest), key=lambda k: (k.peak_bytes, k.step_seconds))
     if req.alpha is not None:
         alpha = req.alpha * 2**30
         return min(fits, key=lambda k: (k.peak_bytes + alpha * k.step_seconds, k.step_seconds))
-    limit = min(k.step_seconds for k in fits) * (1 + req.max_slowdown) * (1 + 1e-9)
+    limit = min(k.step_seconds for k in fits) * (1 + req.max_slowdown) * (1 + TIME_TIE)
     return min((k for k in fits if k.step_seconds <= limit), key=lambda k: (k.peak_bytes, k.step_seconds))
 
 

@@ -3,9 +3,8 @@ torchtitan's loader and run by torchtitan's model, parallelisation, loss and opt
 measured against parplan's prediction for the same file.
 
 Oracles: the parameter count of torchtitan's debug model from its sizes (closed form), the sharded
-fp32 states FSDP2 must hold (closed form), and the measurement itself: never under-predicted, and no
-further above it than today's 5.0% (issue 11 asks for 5%; what is left is the recipe's chunked loss,
-whose logits parplan counts whole; bench/RESULTS.md).
+fp32 states FSDP2 must hold (closed form), and the measurement itself: never under-predicted, and at
+most 5% above it (issue 11; the recipe's chunked loss priced by ``cost.loss_loop``; bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def test_the_exported_file_runs_with_torchtitans_code_and_is_not_under_predicted
         assert abs(m["breakdown"]["parameters"] - 4 * n / 2) <= 4 * 2048, m["breakdown"]
         assert abs(m["breakdown"]["optimizer_states"] - 8 * n / 2) <= 8 * 2048 + 64, m["breakdown"]
         assert all(loss == loss and 0 < loss < 20 for loss in rank["losses"])  # finite
-        assert 0 <= rank["relative_error"] <= 0.06, rank["relative_error"]
+        assert 0 <= rank["relative_error"] <= 0.05, rank["relative_error"]
     print(f"torchtitan debug model, 2 ranks: prediction {r['ranks'][0]['relative_error']:+.1%} of measured")
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from parplan.solver.planner import parse_plan_request, solve
@@ -58,6 +58,9 @@ def _check(doc: dict[str, Any], objective: str, slowdown: float, budget: int) ->
 @given(model=st.sampled_from(sorted(MODELS)), gpus=st.sampled_from([1, 2, 4, 8, 16, 64]),
        batch=st.sampled_from(["1", "n", "4n"]), objective=st.sampled_from(["min-memory", "max-throughput"]),
        tight=st.booleans(), pareto=st.booleans())
+# one device: the ILP's plan and the baselines are the same plan, priced by two paths whose step
+# times differ by rounding; the faster by 1e-20 s held 512 bytes more and was chosen (found in CI)
+@example(model="llama", gpus=1, batch="1", objective="max-throughput", tight=False, pareto=False)
 def test_the_answer_is_never_beaten_on_both_memory_and_time(model: str, gpus: int, batch: str, objective: str,
                                                             tight: bool, pareto: bool) -> None:
     global_batch = {"1": 1, "n": gpus, "4n": 4 * gpus}[batch]

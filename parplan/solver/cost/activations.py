@@ -120,6 +120,8 @@ def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_att
             items.append(SavedItem(f"{node.id}#scores", node.id, geo.scores_numel, per_elem, q_dims))
         return items
     if k is OpKind.CROSS_ENTROPY:
+        if runtime.loss_chunks:  # a chunked loss runs its backward inside forward (cost.loss_loop)
+            return []
         # Softmax of the logits kept in fp32 (Megatron-LM's vocab-parallel cross entropy; PyTorch's
         # log_softmax keeps its fp32 log-probabilities, the same size).
         return [SavedItem(f"{node.id}#probs", ins[0].id, ins[0].numel, LOSS_BYTES)]

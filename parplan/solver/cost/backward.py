@@ -32,6 +32,7 @@ from parplan.solver.cost.activations import (
     op_saved_items,
     tensor_bytes,
 )
+from parplan.solver.cost.loss_loop import looped_nodes
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import (
@@ -82,12 +83,13 @@ def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision
             freed_by.setdefault(n.id, []).append((gc.item_bytes((it,), s)[0], kept is not None and it.key not in kept))
     alive = sum(b for v in freed_by.values() for b, _ in v)
     rebuilt_alive = sum(b for v in freed_by.values() for b, r in v if r)
+    looped = looped_nodes(nodes, graph, s.runtime.loss_chunks)  # their backward ran inside forward
     grads = peak = peak_g = trans = trans_g = 0.0
     for n in reversed(nodes):
-        t = _transient(gc, n, s, act, prec.grad_bytes)
+        t = 0.0 if n.id in looped else _transient(gc, n, s, act, prec.grad_bytes)
         peak, peak_g = max(peak, alive + t), max(peak_g, alive + t + grads)
         trans, trans_g = max(trans, rebuilt_alive + t), max(trans_g, rebuilt_alive + t + grads)
-        grads += _weight_grad_bytes(gc, n, s, prec.grad_bytes)
+        grads += 0.0 if n.id in looped else _weight_grad_bytes(gc, n, s, prec.grad_bytes)
         for b, r in freed_by.get(n.id, ()):
             alive -= b
             rebuilt_alive -= b if r else 0.0
@@ -97,9 +99,11 @@ def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision
 def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision) -> float:
     """The most bytes of tensors ``unit``'s forward makes and does not keep for backward, alive at
     once (an operator's output and the unsaved inputs still to be read: the logits while the loss
-    reads them). Views cost nothing; tensors read by other units stay to the end of the unit."""
+    reads them). Views cost nothing; tensors read by other units stay to the end of the unit. A
+    chunked loss's operators are left to :mod:`.loss_loop`."""
     act = prec.activation_bytes
     nodes = gc.nodes[unit]
+    looped = looped_nodes(nodes, gc.graph, s.runtime.loss_chunks)
     local = {n.id for n in nodes}
     kept = {it.key for items in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0].values() for it in items}
     consumers = gc.consumers
@@ -108,7 +112,7 @@ def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precisio
     peak = 0.0
     sizes = UnitSizes(gc.graph, s)
     for n in nodes:
-        if n.id not in kept and n.kind is not OpKind.RESHAPE:
+        if n.id not in kept and n.id not in looped and n.kind is not OpKind.RESHAPE:
             # an operator's output as it makes it; a graph input as the unit's layout holds it
             elems = local_elems(n, s) if n.kind is OpKind.INPUT else sizes.output(n)
             live[n.id] = elems * tensor_bytes(n, act)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from parplan.solver.cost.backward import BackwardProfile
+from parplan.solver.cost.loss_loop import LossLoop, loop_peak
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.runtime import DataParallelBuffers
 from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems
@@ -50,6 +51,7 @@ class StageUnit:
     own_param_bytes: float  # weights of parameters first used here (a stage's shared ones once)
     own_grad_bytes: float  # their gradients, a tied table's apart
     tied_user: bool = False  # it reads a parameter another unit of the stage reads
+    loss_loop: LossLoop | None = None  # a chunked loss run by its forward (backward included)
 
 
 @dataclass(frozen=True)
@@ -69,12 +71,13 @@ def stage_unit(name: str, costs: GraphCosts, strategy: UnitStrategy, cost: UnitC
     return StageUnit(name, is_block, dp, cost.act_bytes, costs.backward_profile(name, strategy, prec),
                      costs.forward_transient(name, strategy, prec), cost.param_elems_all * prec.param_bytes,
                      cost.param_elems_all * prec.grad_bytes, own_elems * prec.param_bytes, untied * prec.grad_bytes,
-                     any(p.id in tied_ids for p in costs.params[name]))
+                     any(p.id in tied_ids for p in costs.params[name]), costs.loss_loop(name, strategy, prec))
 
 
 def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float, tied_elems: float,
                tied_workspace_elems: float, accumulating: bool = False, pipelined: bool = False,
-               created_grads: Sequence[float] | None = None, shared_grads: float = 0.0) -> StagePeak:
+               created_grads: Sequence[float] | None = None, shared_grads: float = 0.0,
+               later_microbatches: bool = False) -> StagePeak:
     """The busiest moment of one micro-batch's forward and backward through ``units`` (forward
     order), above the resident model states and the other micro-batches in flight.
 
@@ -91,8 +94,9 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     ``created_grads``: the resident gradient bytes of each unit when the runtime frees gradients
     between steps (torchtitan): the caller's resident states leave them out, a unit's appear when its
     backward ends, and ``shared_grads`` (parameters several units share) from the start of backward;
-    every micro-batch after the first finds all of them."""
+    every micro-batch after the first (``later_microbatches``: the step has several) finds all of them."""
     w = _Walk(units, shared_act_bytes)
+    later = later_microbatches and created_grads is not None  # later micro-batches find the made gradients
     # after[i]: gradients made by the units after i (suffix sums; all zero when none are made in backward)
     after = [0.0] * (len(units) + 1)
     if created_grads is not None:
@@ -102,7 +106,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
 
     def made_by(i: int, including: bool = False) -> float:
         """Gradients alive in the last micro-batch's backward at unit ``i`` (units after it done)."""
-        if accumulating:
+        if accumulating or later:
             return all_made
         return shared_grads + after[i if including else i + 1]
 
@@ -113,14 +117,17 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     tied_accumulated = tied if accumulating and any(units[i].dp.gathers for i in tied_users) else 0.0
     accumulated = sum(grads.values()) + tied_accumulated if accumulating else 0.0
     all_gathered = sum(w.gathered.values())
-    later = pipelined and accumulating  # later micro-batches find every unit's weights still gathered
-    for first in (True, False) if accumulating else (True,):  # the first micro-batch's forward, a later one's
+    still_gathered = pipelined and accumulating  # later micro-batches find every unit's weights gathered
+    for first in (True, False) if accumulating or later else (True,):  # the first micro-batch's forward, a later one's
         acc = 0.0 if first else accumulated + all_made
         for i, u in enumerate(units):  # forward: every unit's busiest moment, with its saved tensors
-            fixed = acc + w.root_params + (all_gathered if later and not first else w.weights_in_forward(i))
+            fixed = acc + w.root_params + (all_gathered if still_gathered and not first else w.weights_in_forward(i))
             extra = u.forward_transient
+            if u.loss_loop is not None:
+                extra = max(extra, loop_peak(u.loss_loop, u.dp, u.gathered_bytes, u.unsharded_grad_bytes,
+                                             created_grads[i] if created_grads is not None else 0.0))
             w.moment(w.held_before[i] + u.act_bytes + fixed + extra, fixed + extra)
-            if i in w.gathered and u.dp.gather_buffer and (first or not later):
+            if i in w.gathered and u.dp.gather_buffer and (first or not still_gathered):
                 # the block's all-gather: its output buffer and the previous one's, besides the copy
                 earlier = [j for j in w.blocks if j < i]
                 previous = w.gathered[earlier[-1]] if earlier else w.root_params
@@ -130,7 +137,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
         for i in reversed(range(len(units))):
             u = units[i]
             prof = u.profile
-            fixed = accumulated + w.root_params + (all_gathered if later else w.weights_in_backward(i))
+            fixed = accumulated + w.root_params + (all_gathered if still_gathered else w.weights_in_backward(i))
             w.moment(w.held_before[i] + fixed + all_made + prof.peak, fixed + prof.transient_peak)
     # the last (or only) micro-batch: gradients reduced block by block
     root_grads = reduce_buffer = pending_tied = 0.0
@@ -138,7 +145,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
         u = units[i]
         prof = u.profile
         # pipelined: the blocks not reached yet are still gathered from the earlier micro-batches
-        weights = sum(g for j, g in w.gathered.items() if j <= i) if later else w.weights_in_backward(i)
+        weights = sum(g for j, g in w.gathered.items() if j <= i) if still_gathered else w.weights_in_backward(i)
         if accumulating:  # gradients accumulated earlier, not reduced yet: outside the blocks, and blocks up to i
             root_grads = tied_accumulated + sum(g for j, g in grads.items() if j not in w.gathered or j <= i)
         fixed = w.root_params + root_grads + weights + reduce_buffer + pending_tied
@@ -154,7 +161,9 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
                 0.0 if accumulating else unsharded)
             w.moment(w.held_before[i] + fixed + made_by(i, including=True), fixed)
         elif i in grads and not accumulating:  # outside the blocks: unsharded to the end of backward
-            root_grads += grads[i]
+            # (but a chunked loss's weight gradient, reduced inside forward)
+            looped = u.loss_loop.weight_elems * prec.grad_bytes if u.loss_loop is not None else 0.0
+            root_grads += max(0.0, grads[i] - looped)
         if tied_users and i == tied_users[-1] and len(tied_users) > 1:
             pending_tied = tied  # the head's gradient of the tied table waits for the embedding's
         if tied_users and i == tied_users[0]:

@@ -428,7 +428,7 @@ class PlanEvaluator:
         (``synced`` collects them). ``own`` / ``shared``: which parameters to count."""
         total = exposed = 0.0
         m = plan.num_microbatches
-        every = m if plan.sync_every_microbatch else 1  # gradient syncs per step
+        every = m if plan.sync_every_microbatch or plan.runtime.reduces_every_microbatch else 1  # syncs per step
         for op in c.owners:
             params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
             synced.update(p.id for p in params if p.shared)
@@ -594,7 +594,8 @@ class PlanEvaluator:
                                           and not plan.sync_every_microbatch),
                             pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs,
                             created_grads=unit_grads if grads_later else None,
-                            shared_grads=shared_states.bytes.gradients if grads_later else 0.0)
+                            shared_grads=shared_states.bytes.gradients if grads_later else 0.0,
+                            later_microbatches=plan.num_microbatches > 1)
         optimizer = optimizer_temporary_bytes(largest, prec)
         resident = states.bytes.total
         walk_base = resident - states.bytes.gradients if grads_later else resident

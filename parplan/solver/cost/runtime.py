@@ -52,7 +52,12 @@ bench/RESULTS.md):
 - it zeroes gradients with ``set_to_none`` before every step, so a gradient exists only from its
   backward to the optimizer step: none while the first micro-batch's forward runs;
 - data parallelism without sharding is FSDP2's ``replicate`` (never DDP), and its attention
-  (FlexAttention) does not repeat K and V for grouped-query attention.
+  (FlexAttention) does not repeat K and V for grouped-query attention;
+- gradient accumulation reduces every micro-batch's gradients (its trainer never turns FSDP2's
+  gradient synchronisation off), so no unsharded gradient outlives its unit's backward;
+- its recipes' loss is ``ChunkedLossWrapper``: the output layer and the cross entropy run inside
+  forward on :data:`TORCHTITAN_LOSS_CHUNKS` sequence chunks, each chunk's backward at once, so no
+  logits are kept for backward; the loop's own buffers are priced by :mod:`.loss_loop`.
 
 On a CPU, PyTorch's RMSNorm is a composite that computes in fp32: with bf16 inputs it keeps an fp32
 copy of its input and the fp32 normalised input for backward (measured on torchtitan's debug model).
@@ -90,6 +95,10 @@ class DataParallelBuffers:
     #: while the old ones (the gradients) still live, a second copy of the gradients for a moment
     rebuilds_buckets: bool = False
 
+
+#: Sequence chunks of torchtitan's ``ChunkedLossWrapper`` (its default ``num_chunks`` in 0.3.0, which
+#: parplan's exports leave as it is).
+TORCHTITAN_LOSS_CHUNKS = 8
 
 #: cuBLAS's workspace per handle with PyTorch's default configuration on Hopper GPUs (4096 KiB x 8;
 #: 4096 KiB x 2 + 16 KiB x 8 on earlier ones, which this bounds), bytes.
@@ -209,9 +218,21 @@ class Runtime(StrEnum):
     @property
     def accumulates_unsharded(self) -> bool:
         """Whether gradient accumulation keeps gathering units' gradients unsharded from the first
-        micro-batch to the last (FSDP2 skips the reduce-scatter until the last micro-batch; Megatron
-        reduces into sharded buffers every micro-batch)."""
-        return self._pytorch_native
+        micro-batch to the last (the agent's FSDP2 skips the reduce-scatter until the last micro-batch;
+        Megatron-LM reduces into sharded buffers every micro-batch, and so does torchtitan's trainer)."""
+        return self._pytorch_native and not self._torchtitan
+
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """Whether gradients are reduced after every micro-batch's backward, not once a step (torchtitan:
+        its gradient accumulation keeps FSDP2's synchronisation on)."""
+        return self._torchtitan
+
+    @property
+    def loss_chunks(self) -> int:
+        """Sequence chunks the loss runs in inside forward, each chunk's backward at once (torchtitan's
+        ``ChunkedLossWrapper``); 0 where the loss keeps its logits for the step's backward."""
+        return TORCHTITAN_LOSS_CHUNKS if self._torchtitan else 0
 
     @property
     def holds_stage_outputs(self) -> bool:

@@ -20,9 +20,10 @@ from typing import Any
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
 from parplan.solver.cost.activations import LOSS_BYTES, Recompute, SavedItem, block_of, saved_items, tensor_bytes
-from parplan.solver.cost.backward import BackwardProfile, backward_profile, forward_transient
+from parplan.solver.cost.backward import BackwardProfile, UnitSizes, backward_profile, forward_transient
 from parplan.solver.cost.collectives import all_reduce_seconds
 from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.loss_loop import LossLoop, loss_loop
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout, partial_gradient_axes, renaming
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.precision import Precision
@@ -159,6 +160,7 @@ class GraphCosts:
         self._costs: dict[tuple[str, UnitStrategy, TimeEnv | None], UnitCost] = {}
         self._profiles: dict[tuple[str, UnitStrategy, Precision], BackwardProfile] = {}
         self._forward: dict[tuple[str, UnitStrategy, Precision], float] = {}
+        self._loops: dict[tuple[str, UnitStrategy, Precision], LossLoop | None] = {}
 
     def node_representatives(self, structural: bool = False) -> dict[str, str]:
         """Node id -> the node at the same position of its unit's representative
@@ -239,6 +241,14 @@ class GraphCosts:
         if key not in self._forward:
             self._forward[key] = forward_transient(self, key[0], s, precision)
         return self._forward[key]
+
+    def loss_loop(self, unit: str, s: UnitStrategy, precision: Precision) -> LossLoop | None:
+        """The chunked loss's loop run by ``unit``'s forward, None without one (see :mod:`.loss_loop`)."""
+        key = (self.representative[unit], s, precision)
+        if key not in self._loops:
+            act = precision.activation_bytes
+            self._loops[key] = loss_loop(self.graph, self.nodes[key[0]], UnitSizes(self.graph, s, act), s.runtime, act)
+        return self._loops[key]
 
     def _price(self, unit: str, s: UnitStrategy, prec: Precision, env: TimeEnv | None) -> UnitCost:
         mesh = {"tp": s.tp, "ep": s.ep}

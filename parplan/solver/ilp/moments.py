@@ -707,6 +707,10 @@ def _temporaries(gp: GraphProblem, terms: _Terms, units: list[_Unit]) -> Iterabl
             weights = units[last].gathered.add(units[last].gathered) if last == i else units[last].gathered
         for live in u.detail.forward_live:
             yield root_params.add(weights).add(live)
+        if i in blocks:  # the block's all-gather: its output buffer and the previous one's, besides the copy
+            earlier = [j for j in blocks if j < i]
+            previous = units[earlier[-1]].gathered if earlier else root_params
+            yield root_params.add(u.gathered, 2).add(previous)
     tied, tied_workspace, tied_users = terms.tied(units)
     root_grads = Lin()
     reduce_buffer = Lin()
