@@ -428,7 +428,8 @@ class PlanEvaluator:
         (``synced`` collects them). ``own`` / ``shared``: which parameters to count."""
         total = exposed = 0.0
         m = plan.num_microbatches
-        every = m if plan.sync_every_microbatch or plan.runtime.reduces_every_microbatch else 1  # syncs per step
+        # gradient syncs per step
+        every = m if plan.sync_every_microbatch or plan.runtime.reduces_every_microbatch(plan.pp > 1) else 1
         for op in c.owners:
             params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
             synced.update(p.id for p in params if p.shared)
@@ -590,7 +591,7 @@ class PlanEvaluator:
         grads_later = not plan.runtime.keeps_gradients and plan.pp == 1
         walked = stage_peak(walk, prec, shared_act, gc.tied_within(units, us),
                             gc.tied_gradient_workspace(units, us),
-                            accumulating=(plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded
+                            accumulating=(plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded(plan.pp > 1)
                                           and not plan.sync_every_microbatch),
                             pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs,
                             created_grads=unit_grads if grads_later else None,

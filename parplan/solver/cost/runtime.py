@@ -53,8 +53,9 @@ bench/RESULTS.md):
   backward to the optimizer step: none while the first micro-batch's forward runs;
 - data parallelism without sharding is FSDP2's ``replicate`` (never DDP), and its attention
   (FlexAttention) does not repeat K and V for grouped-query attention;
-- gradient accumulation reduces every micro-batch's gradients (its trainer never turns FSDP2's
-  gradient synchronisation off), so no unsharded gradient outlives its unit's backward;
+- gradient accumulation without pipelining reduces every micro-batch's gradients (its trainer
+  never turns FSDP2's gradient synchronisation off), so no unsharded gradient outlives its unit's
+  backward (pipelining's schedule does turn it off until the last micro-batch);
 - its recipes' loss is ``ChunkedLossWrapper``: the output layer and the cross entropy run inside
   forward on :data:`TORCHTITAN_LOSS_CHUNKS` sequence chunks, each chunk's backward at once, so no
   logits are kept for backward; the loop's own buffers are priced by :mod:`.loss_loop`.
@@ -215,18 +216,17 @@ class Runtime(StrEnum):
         both in fp32."""
         return self.cpu_kernels
 
-    @property
-    def accumulates_unsharded(self) -> bool:
+    def accumulates_unsharded(self, pipelined: bool) -> bool:
         """Whether gradient accumulation keeps gathering units' gradients unsharded from the first
-        micro-batch to the last (the agent's FSDP2 skips the reduce-scatter until the last micro-batch;
-        Megatron-LM reduces into sharded buffers every micro-batch, and so does torchtitan's trainer)."""
-        return self._pytorch_native and not self._torchtitan
+        micro-batch to the last (the agent's FSDP2, and ``torch.distributed.pipelining`` under
+        ``pipelined``, skip the reduce-scatter until the last micro-batch; Megatron-LM reduces into
+        sharded buffers every micro-batch, and so does torchtitan's trainer without pipelining)."""
+        return self._pytorch_native and (pipelined or not self._torchtitan)
 
-    @property
-    def reduces_every_microbatch(self) -> bool:
-        """Whether gradients are reduced after every micro-batch's backward, not once a step (torchtitan:
-        its gradient accumulation keeps FSDP2's synchronisation on)."""
-        return self._torchtitan
+    def reduces_every_microbatch(self, pipelined: bool) -> bool:
+        """Whether gradients are reduced after every micro-batch's backward, not once a step (torchtitan
+        without pipelining: its gradient accumulation keeps FSDP2's synchronisation on)."""
+        return self._torchtitan and not pipelined
 
     @property
     def loss_chunks(self) -> int:
