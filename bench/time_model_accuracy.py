@@ -95,6 +95,12 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
                             tied_embeddings=family == "gpt")
     gpus = int(r["gpus"])
     tp, pp = int(r.get("tp") or 1), int(r.get("pp") or 1)
+    mp = int(r.get("model_parallel_size") or 1)
+    if (r.get("tp") is None or r.get("pp") is None) and mp > 1:
+        # only the model-parallel size is printed: 8-way TP within a node, the rest pipelined
+        tp = 8 if mp % 8 == 0 else mp
+        pp = mp // tp
+        assumed.append(f"tp {tp} x pp {pp} of model-parallel size {mp}")
     dp = gpus // (tp * pp)
     mb = r.get("micro_batch")
     if not mb:
