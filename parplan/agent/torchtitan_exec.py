@@ -50,7 +50,7 @@ class TorchtitanRunError(ValueError):
     """The argument file asks for something this runner cannot run."""
 
 
-def kernel_stand_in() -> types.ModuleType:
+def _kernel_stand_in() -> types.ModuleType:
     """A module standing in for torchtitan's Triton kernels: every public name a function that raises."""
     module = types.ModuleType(KERNELS)
 
@@ -67,11 +67,13 @@ def kernel_stand_in() -> types.ModuleType:
     return module
 
 
-def _stand_in_kernels() -> None:
+def stand_in_kernels() -> bool:
     """Without Triton, stand in for the expert-parallel kernels torchtitan imports (a dense Llama
-    never calls them)."""
+    never calls them); whether the stand-in was installed now."""
     if importlib.util.find_spec("triton") is None and KERNELS not in sys.modules:
-        sys.modules[KERNELS] = kernel_stand_in()
+        sys.modules[KERNELS] = _kernel_stand_in()
+        return True
+    return False
 
 
 def parse_config(args: list[str]) -> Any:
@@ -79,7 +81,7 @@ def parse_config(args: list[str]) -> Any:
     import contextlib
     import io
 
-    _stand_in_kernels()
+    stand_in_kernels()
     from torchtitan.config.manager import ConfigManager
 
     err = io.StringIO()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from parplan.agent.torchtitan_exec import KERNELS, kernel_stand_in
+from parplan.agent.torchtitan_exec import KERNELS, stand_in_kernels
 from parplan.exports.common import Export, NotExpressibleError
 from parplan.exports.torchtitan import ARGS_FILE, CONFIG_MODULE, SCRIPT_FILE, TORCHTITAN_VERSION, export_torchtitan
 from parplan.solver.cost.pipeline import even_partition
@@ -41,9 +41,7 @@ def loader() -> Iterator[Loader]:
     """torchtitan's ``ConfigManager().parse_args``. With CPU-only torch (no Triton) the Triton kernels
     of torchtitan's expert-parallel dispatcher, imported with every model module and never run
     while a config is parsed, are stood in for by functions that raise."""
-    added = importlib.util.find_spec("triton") is None and KERNELS not in sys.modules
-    if added:
-        sys.modules[KERNELS] = kernel_stand_in()
+    added = stand_in_kernels()
     from torchtitan.config.manager import ConfigManager
 
     yield lambda args: ConfigManager().parse_args(list(args))

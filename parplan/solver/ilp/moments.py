@@ -655,9 +655,7 @@ def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin,
         for live in u.detail.forward_live:
             yield _Moment(base.add(live), i, "forward")
         if i in blocks:
-            earlier = [j for j in blocks if j < i]
-            previous = units[earlier[-1]].gathered if earlier else root_params
-            yield _Moment(held_before[i].add(root_params).add(u.gathered, 2).add(previous), i, "gather")
+            yield _Moment(held_before[i].add(_gather_buffers(units, blocks, i, root_params)), i, "gather")
     # backward
     tied, tied_workspace, tied_users = terms.tied(units)
     root_grads = Lin()
@@ -707,10 +705,8 @@ def _temporaries(gp: GraphProblem, terms: _Terms, units: list[_Unit]) -> Iterabl
             weights = units[last].gathered.add(units[last].gathered) if last == i else units[last].gathered
         for live in u.detail.forward_live:
             yield root_params.add(weights).add(live)
-        if i in blocks:  # the block's all-gather: its output buffer and the previous one's, besides the copy
-            earlier = [j for j in blocks if j < i]
-            previous = units[earlier[-1]].gathered if earlier else root_params
-            yield root_params.add(u.gathered, 2).add(previous)
+        if i in blocks:
+            yield _gather_buffers(units, blocks, i, root_params)
     tied, tied_workspace, tied_users = terms.tied(units)
     root_grads = Lin()
     reduce_buffer = Lin()
@@ -738,6 +734,14 @@ def _temporaries(gp: GraphProblem, terms: _Terms, units: list[_Unit]) -> Iterabl
             opt = terms.optimizer(n)
             if opt.nodes:
                 yield opt
+
+
+def _gather_buffers(units: list[_Unit], blocks: list[int], i: int, root_params: Lin) -> Lin:
+    """Weights alive at block ``i``'s ZeRO-3 all-gather: its copy and output buffer, and the previous
+    all-gather's (the last block before it, or the parameters outside the blocks)."""
+    earlier = [j for j in blocks if j < i]
+    previous = units[earlier[-1]].gathered if earlier else root_params
+    return root_params.add(units[i].gathered, 2).add(previous)
 
 
 def _weights_in_backward(units: list[_Unit], blocks: list[int], i: int) -> Lin:
