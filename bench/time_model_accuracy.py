@@ -128,6 +128,8 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     schedule = Schedule.INTERLEAVED if v > 1 and pp > 1 and m % pp == 0 else Schedule.ONE_F_ONE_B
     gpu, remark = _gpu(str(r.get("gpu")))
     assert gpu is not None
+    if "compile" in str(r.get("techniques") or "").lower():
+        remark = "; ".join(x for x in (remark, "torch.compile (parplan prices eager kernels)") if x)
     strategy = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
                               sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
                               recompute=_recompute(r.get("recompute"), assumed), micro_batch=int(mb),
