@@ -12,7 +12,8 @@ and listed in the row's ``assumed`` column. The rows left out, and why, are list
 FP8 runs, context parallelism, runs without a step time.
 
 This measures the time model as it is. It is not a fit: nothing in the model is tuned to these rows.
-Run: python bench/time_model_accuracy.py
+Run: python bench/time_model_accuracy.py [--write]  (--write: store the summary plans show,
+parplan/solver/time_accuracy.json)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -32,6 +34,7 @@ from parplan.solver.evaluate import evaluate
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig, Schedule
+from parplan.solver.time_accuracy import ACCURACY_FILE
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "published_runs.json")
 
@@ -109,8 +112,12 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     gb = int(r.get("global_batch") or mb * dp)
     m = max(1, gb // (int(mb) * dp))
     zero_text = str(r.get("distributed_optimizer_zero") or "").lower()
-    zero = 3 if ("zero-3" in zero_text or "full_shard" in zero_text or "fsdp" in zero_text) else (
-        1 if ("zero-1" in zero_text or "distributed" in zero_text) else 0)
+    if "shard_grad_op" in zero_text:  # FSDP's ZeRO-2
+        zero = 2
+    elif "zero-3" in zero_text or "full_shard" in zero_text or "fsdp" in zero_text:
+        zero = 3
+    else:
+        zero = 1 if ("zero-1" in zero_text or "distributed" in zero_text) else 0
     runtime = Runtime.MEGATRON
     source = str(r["source"]).lower()
     if "torchtitan" in source:
@@ -145,7 +152,8 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
             "assumed": ", ".join(assumed), "remark": remark}
 
 
-def main() -> None:
+def measure() -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
+    """Every priced row, and the rows left out with the reason."""
     with open(DATA) as f:
         data = json.load(f)
     rows, skipped = [], []
@@ -158,8 +166,25 @@ def main() -> None:
                 skipped.append((r["source"], r["params"], f"parplan refused: {e}"))
         else:
             skipped.append((r["source"], r["params"], why))
+    return rows, skipped
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a plan shows beside its time (parplan/solver/time_accuracy.json)."""
+    ratios = [x["ratio"] for x in rows]
+    geo = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
+    return {"rows": len(ratios), "sources": len({x["source"] for x in rows}),
+            "geometric_mean_ratio": round(geo, 3), "min_ratio": round(min(ratios), 3),
+            "max_ratio": round(max(ratios), 3), "within_10_percent": sum(1 for q in ratios if abs(q - 1) <= 0.10),
+            "measured_by": "bench/time_model_accuracy.py"}
+
+
+def main() -> None:
+    rows, skipped = measure()
+    with open(DATA) as f:
+        total = len(json.load(f)["runs"])
     print(header("Time model against published training runs (issue 12)"))
-    print(f"data: bench/data/published_runs.json ({len(data['runs'])} rows, {len(rows)} priced)\n")
+    print(f"data: bench/data/published_runs.json ({total} rows, {len(rows)} priced)\n")
     print("| source | model | GPUs | layout | published s | predicted s | ratio | assumed | remark |")
     print("|---|---|---:|---|---:|---:|---:|---|---|")
     for x in rows:
@@ -170,16 +195,20 @@ def main() -> None:
     by_source: dict[str, list[float]] = defaultdict(list)
     for x in rows:
         by_source[x["source"]].append(x["ratio"])
-    geo = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
-    within = sum(1 for q in ratios if abs(q - 1) <= 0.10)
-    print(f"\nall {len(ratios)} rows: geometric mean {geo:.3f}, min {min(ratios):.2f}, max {max(ratios):.2f}, "
-          f"within 10%: {within}")
+    s = summary(rows)
+    print(f"\nall {s['rows']} rows: geometric mean {s['geometric_mean_ratio']:.3f}, min {min(ratios):.2f}, "
+          f"max {max(ratios):.2f}, within 10%: {s['within_10_percent']}")
     for src, qs in sorted(by_source.items()):
         g = math.exp(sum(math.log(q) for q in qs) / len(qs))
         print(f"- {src}: {len(qs)} rows, geometric mean {g:.3f}, {min(qs):.2f} to {max(qs):.2f}")
     print("\nleft out:")
     for src, params, why in skipped:
         print(f"- {src}, {params}: {why}")
+    if "--write" in sys.argv[1:]:
+        with open(ACCURACY_FILE, "w") as f:
+            json.dump(s, f, indent=2)
+            f.write("\n")
+        print(f"\nwrote {os.path.relpath(ACCURACY_FILE)}")
 
 
 if __name__ == "__main__":

@@ -233,6 +233,8 @@ def _memory_table(doc: dict[str, Any]) -> str:
                 f"{st['first_unit']}..{st['last_unit']}")
     lines += ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
               f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
+    if t.get("accuracy"):
+        lines.append(f"           {t['accuracy']['note']}")
     return "\n".join(lines)
 
 
@@ -333,6 +335,8 @@ def _layer_table(doc: dict[str, Any]) -> str:
     lines.append(f"  {'peak':<18s}          {_gib(mem['peak_bytes'])}  ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
     lines += ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
               f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
+    if t.get("accuracy"):
+        lines.append(f"           {t['accuracy']['note']}")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ fastest, so neighbours along it have consecutive device ids.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -300,6 +301,52 @@ def factorizations(n: int, k: int) -> list[tuple[int, ...]]:
     return out
 
 
+def ring_link(ranks: int, nodes: int, intra: Link, inter: Link, per_node: int | None = None) -> Link:
+    """The link a ring collective over ``ranks`` GPUs on ``nodes`` nodes sees, as one α-β link.
+
+    - Bandwidth per GPU: a group with ``g`` members on each node (``per_node``, default
+      ``ranks / nodes``; the fewest where they differ) runs one ring per member (NCCL's channels),
+      each crossing nodes through its own GPU's NIC, so the group's traffic leaves a node over
+      ``g`` NICs at once: ``min(intra, g · inter)``. One member per node (TP inside the node, DP
+      across) gets one NIC's share.
+    - Latency per ring pass: ``nodes − 1`` of the ``ranks − 1`` steps cross the network, the
+      others stay on the intra-node link (NCCL's tuning model charges intra- and inter-node steps
+      alike). Given as the mean per step, so that ``(ranks − 1) · latency`` is the pass's latency.
+
+    One node gives ``intra`` itself.
+    """
+    if per_node is None:
+        if nodes < 1 or ranks % nodes:
+            raise ConfigError(f"a ring of {ranks} ranks cannot lie evenly on {nodes} nodes")
+        per_node = ranks // nodes
+    if not 1 <= nodes <= ranks or not 1 <= per_node <= ranks:
+        raise ConfigError(f"a ring of {ranks} ranks cannot lie on {nodes} nodes, {per_node} on each")
+    if nodes == 1:
+        return intra
+    steps = ranks - 1
+    latency = ((steps - (nodes - 1)) * intra.latency_seconds + (nodes - 1) * inter.latency_seconds) / steps
+    return Link(min(intra.bandwidth_bytes_per_s, per_node * inter.bandwidth_bytes_per_s), latency)
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_spread(mesh_axes: tuple[tuple[str, int], ...], axes: tuple[str, ...], gpus_per_node: int) -> tuple[int, int]:
+    """:meth:`DeviceMesh.group_spread` by counting every device (kept: meshes repeat)."""
+    strides: dict[str, int] = {}
+    stride = 1
+    for name, size in reversed(mesh_axes):
+        strides[name] = stride
+        stride *= size
+    others = [(strides[a], size) for a, size in mesh_axes if a not in axes]
+    members: dict[tuple[tuple[int, ...], int], int] = {}
+    for dev in range(stride):
+        key = (tuple((dev // st) % size for st, size in others), dev // gpus_per_node)
+        members[key] = members.get(key, 0) + 1
+    nodes: dict[tuple[int, ...], int] = {}
+    for g, _ in members:
+        nodes[g] = nodes.get(g, 0) + 1
+    return max(nodes.values()), min(members.values())
+
+
 @dataclass(frozen=True)
 class DeviceMesh:
     """Devices arranged as a row-major grid of named axes (last axis fastest-varying).
@@ -374,16 +421,30 @@ class DeviceMesh:
         return size == 1 or (span <= cluster.gpus_per_node and cluster.gpus_per_node % span == 0)
 
     def link(self, axis: str, cluster: Cluster) -> Link:
-        """The link a collective along ``axis`` runs over: intra-node if its groups fit in a node."""
+        """The link a collective along ``axis`` runs over, as its ring sees it (:meth:`group_link`)."""
+        return self.group_link([axis], cluster)
+
+    def hop_link(self, axis: str, cluster: Cluster) -> Link:
+        """The link one message between neighbours along ``axis`` crosses (a pipeline hand-off):
+        intra-node if the groups along ``axis`` fit in a node, else one GPU's network share."""
         return cluster.intra_node if self.within_node(axis, cluster) else cluster.inter_node
 
-    def group_link(self, axes: Sequence[str], cluster: Cluster) -> Link:
-        """The slowest link of a group spanning several axes (the devices varying along all of them).
+    def group_spread(self, axes: Sequence[str], cluster: Cluster) -> tuple[int, int]:
+        """(the most nodes a group spanning ``axes`` lies on, the fewest members such a group has on
+        one of its nodes): the groups of the devices varying along all of ``axes``."""
+        return _group_spread(self.axes, tuple(sorted(set(axes))), cluster.gpus_per_node)
 
-        Because the mesh is row-major, such a group stays in a node iff each of its axes does.
-        No axes (a single device) gives the intra-node link.
-        """
-        return cluster.intra_node if all(self.within_node(a, cluster) for a in axes) else cluster.inter_node
+    def group_link(self, axes: Sequence[str], cluster: Cluster) -> Link:
+        """The link a ring collective over a group spanning ``axes`` sees (:func:`ring_link`), for
+        the group spread widest (:meth:`group_spread`). A group inside one node (or no axes: a
+        single device) gives the intra-node link."""
+        for a in axes:
+            self._check(a)
+        if all(self.within_node(a, cluster) for a in axes):
+            return cluster.intra_node
+        nodes, per_node = self.group_spread(axes, cluster)
+        n = math.prod(self.size(a) for a in set(axes))
+        return ring_link(n, nodes, cluster.intra_node, cluster.inter_node, per_node)
 
     def device_coordinates(self, device: int) -> dict[str, int]:
         """Coordinates of device id ``device`` along each axis."""
@@ -391,3 +452,21 @@ class DeviceMesh:
             raise ConfigError(f"device {device} is outside the mesh of {self.num_devices} devices")
         return {a: (device // self._strides[a]) % s for a, s in self.axes}
 
+
+
+class MeshLinks(dict[str, Link]):
+    """The link of each axis of a mesh on a cluster, as its ring sees it, and of any group of
+    several axes (:meth:`group`)."""
+
+    def __init__(self, mesh: DeviceMesh, cluster: Cluster) -> None:
+        super().__init__({a: mesh.link(a, cluster) for a in mesh.names})
+        self._mesh, self._cluster = mesh, cluster
+        self._groups: dict[frozenset[str], Link] = {}
+
+    def group(self, axes: Sequence[str]) -> Link:
+        """:meth:`DeviceMesh.group_link` of ``axes``, kept."""
+        key = frozenset(axes)
+        link = self._groups.get(key)
+        if link is None:
+            link = self._groups[key] = self._mesh.group_link(sorted(key), self._cluster)
+        return link

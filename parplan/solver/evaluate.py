@@ -18,6 +18,7 @@ from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
+from parplan.solver.time_accuracy import time_accuracy
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class Evaluation:
                 "samples_per_second": s.global_batch / self.time.step_seconds if self.time.step_seconds else 0.0,
                 "bubble_fraction": self.time.bubble_fraction,
                 "calibration": self.calibration.source,
+                "accuracy": time_accuracy(self.calibration),
                 "stages": [{
                     "stage": t.stage, "forward_seconds": t.forward_seconds, "backward_seconds": t.backward_seconds,
                     "recompute_seconds": t.recompute_seconds, "tp_comm_seconds": t.tp_comm_seconds,

@@ -37,6 +37,7 @@ from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource, model_from_json
 from parplan.solver.progress import ProgressFn
 from parplan.solver.targets import SPECS, Target, runnable
+from parplan.solver.time_accuracy import time_accuracy
 
 Objective = Literal["min-memory", "max-throughput"]
 Search = Literal["auto", "ilp", "dp"]
@@ -558,7 +559,8 @@ def per_layer_document(plan: Any, ev: Any, cluster: Cluster, calibration: Calibr
                                "in_flight_microbatches": st.in_flight_microbatches} for st in mem.stages]},
         "time": {"step_seconds": t.step_seconds, "tokens_per_second": t.tokens_per_second,
                  "samples_per_second": plan.global_batch / t.step_seconds if t.step_seconds else 0.0,
-                 "bubble_fraction": t.bubble_fraction, "calibration": calibration.source},
+                 "bubble_fraction": t.bubble_fraction, "calibration": calibration.source,
+                 "accuracy": time_accuracy(calibration)},
     }
 
 

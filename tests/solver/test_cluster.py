@@ -19,6 +19,7 @@ from parplan.solver.cluster import (
     factorizations,
     gpu_preset,
     make_cluster,
+    ring_link,
 )
 from parplan.solver.errors import ConfigError
 
@@ -157,9 +158,13 @@ def test_link_dp8_tp2() -> None:
     c = make_cluster(16, gpus_per_node=8)
     mesh = DeviceMesh.of(c, {"dp": 8, "tp": 2})
     assert mesh.link("tp", c) == c.intra_node
-    assert mesh.link("dp", c) == c.inter_node
+    # dp has stride 2: each group holds 4 devices of each node, so 4 NICs per node carry its rings
+    assert mesh.link("dp", c) == ring_link(8, 2, c.intra_node, c.inter_node)
+    assert mesh.link("dp", c).bandwidth_bytes_per_s == min(c.intra_node.bandwidth_bytes_per_s,
+                                                           4 * c.inter_node.bandwidth_bytes_per_s)
+    assert mesh.hop_link("dp", c) == c.inter_node
     assert mesh.group_link(["tp"], c) == c.intra_node
-    assert mesh.group_link(["dp", "tp"], c) == c.inter_node
+    assert mesh.group_link(["dp", "tp"], c) == ring_link(16, 2, c.intra_node, c.inter_node)
 
 
 def test_link_all_intra_on_one_node() -> None:
@@ -174,8 +179,23 @@ def test_group_link_spanning_axes() -> None:
     c = make_cluster(32, gpus_per_node=8)
     mesh = DeviceMesh.of(c, {"dp": 4, "pp": 2, "tp": 4})
     assert mesh.group_link(["pp", "tp"], c) == c.intra_node
-    assert mesh.group_link(["dp", "tp"], c) == c.inter_node
+    assert mesh.group_link(["dp", "tp"], c) == ring_link(16, 4, c.intra_node, c.inter_node)
     assert mesh.group_link([], c) == c.intra_node
+
+
+def test_ring_link_closed_form() -> None:
+    """A ring of 64 ranks, 8 on each of 8 nodes: 7 of its 63 steps cross the network; the 8
+    members of a node send over 8 NICs. One member per node: one NIC's bandwidth, every step
+    crosses the network."""
+    intra, inter = Link(300e9, 3e-6), Link(25e9, 8e-6)
+    ring = ring_link(64, 8, intra, inter)
+    assert ring.bandwidth_bytes_per_s == 200e9
+    assert ring.latency_seconds * 63 == pytest.approx(56 * 3e-6 + 7 * 8e-6)
+    assert ring_link(8, 8, intra, inter) == inter
+    assert ring_link(8, 1, intra, inter) == intra
+    assert ring_link(64, 2, intra, inter).bandwidth_bytes_per_s == 300e9  # NVLink-bound
+    with pytest.raises(ConfigError):
+        ring_link(6, 4, intra, inter)
 
 
 def _groups_within_node(mesh: DeviceMesh, axes: list[str], cluster: Cluster) -> bool:
@@ -188,13 +208,31 @@ def _groups_within_node(mesh: DeviceMesh, axes: list[str], cluster: Cluster) -> 
     return all(len(nodes) == 1 for nodes in groups.values())
 
 
+def _spread(mesh: DeviceMesh, axes: list[str], cluster: Cluster) -> tuple[int, int]:
+    """Brute force: (most nodes a group of devices varying only along ``axes`` spans, fewest
+    members a group has on one node)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    others = [a for a in mesh.names if a not in axes]
+    for dev in range(mesh.num_devices):
+        coords = mesh.device_coordinates(dev)
+        groups.setdefault(tuple(coords[a] for a in others), []).append(cluster.node_of(dev))
+    nodes = max(len(set(g)) for g in groups.values())
+    fewest = min(g.count(k) for g in groups.values() for k in set(g))
+    return nodes, fewest
+
+
 @given(st.sampled_from([1, 2, 3, 4, 6, 8]), st.integers(1, 4), st.integers(1, 3), st.data())
 def test_group_link_matches_brute_force(gpn: int, nodes: int, k: int, data: st.DataObject) -> None:
     c = make_cluster(gpn * nodes, gpus_per_node=gpn)
     sizes = data.draw(st.sampled_from(factorizations(c.num_devices, k)))
     mesh = DeviceMesh.of(c, {f"a{i}": s for i, s in enumerate(sizes)})
     subset = data.draw(st.lists(st.sampled_from(mesh.names), unique=True))
-    want = c.intra_node if _groups_within_node(mesh, subset, c) else c.inter_node
+    if _groups_within_node(mesh, subset, c):
+        want = c.intra_node
+    else:
+        n = math.prod(mesh.size(a) for a in subset)
+        nodes, fewest = _spread(mesh, subset, c)
+        want = ring_link(n, nodes, c.intra_node, c.inter_node, fewest)
     assert mesh.group_link(subset, c) == want
 
 

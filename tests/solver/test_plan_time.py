@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from parplan.solver.cluster import make_cluster
+from parplan.solver.cluster import make_cluster, ring_link
 from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from parplan.solver.cost.compute import forward_flops
 from parplan.solver.cost.plan_time import plan_time
@@ -66,9 +66,11 @@ def test_pipeline_bubble_is_p_minus_1_over_m_for_balanced_stages() -> None:
 
 
 def test_data_parallel_all_reduces_each_layers_fp32_gradients() -> None:
-    """The fp32 gradients all-reduced over 16 ranks on two nodes, in DDP's 25 MiB buckets: the
-    ring's bandwidth term of every byte, and its latency once per 25 MiB, however the layers
-    group their parameters (the per-layer sums add up to the closed form of the whole)."""
+    """The fp32 gradients all-reduced over 16 ranks on two nodes, in Megatron-LM's buckets of
+    max(40M, 1M x 16) parameters: the ring's bandwidth term of every byte, and its latency once per
+    40M parameters, however the layers group their parameters (the per-layer sums add up to the
+    closed form of the whole). The ring has 8 members on each node: 8 NICs carry it (200 GB/s on
+    A100 nodes, under NVLink's 300), and 1 of its 15 steps crosses the network."""
     g = build_graph(_gpt(2), batch=1)
     cluster = make_cluster(16, 8, "A100-80GB")
     t = plan_time(g, ParallelConfig(dp=16), cluster)
@@ -82,9 +84,13 @@ def test_data_parallel_all_reduces_each_layers_fp32_gradients() -> None:
         key = "shared" if len(layers) > 1 else next(iter(layers))
         per_unit[key] = per_unit.get(key, 0) + g.node(i).numel
     assert sum(per_unit.values()) == g.parameter_count()
-    link = cluster.inter_node
-    total = 4 * sum(per_unit.values())
-    expected = 2 * 15 * (total / (16 * link.bandwidth_bytes_per_s) + link.latency_seconds * total / (25 * 2**20))
+    link = ring_link(16, 2, cluster.intra_node, cluster.inter_node)
+    assert link.bandwidth_bytes_per_s == 8 * cluster.inter_node.bandwidth_bytes_per_s
+    assert 15 * link.latency_seconds == pytest.approx(14 * cluster.intra_node.latency_seconds
+                                                      + cluster.inter_node.latency_seconds)
+    elems = sum(per_unit.values())
+    total = 4 * elems
+    expected = 2 * 15 * (total / (16 * link.bandwidth_bytes_per_s) + link.latency_seconds * elems / 40e6)
     assert t.stages[0].dp_comm_seconds == pytest.approx(expected)
 
 

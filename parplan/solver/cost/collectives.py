@@ -70,34 +70,38 @@ def p2p_seconds(size_bytes: float, link: Link) -> float:
     return size_bytes / link.bandwidth_bytes_per_s + link.latency_seconds
 
 
-#: Gradient buckets of data parallelism (DDP's default ``bucket_cap_mb``), bytes.
+#: Gradient buckets of DDP (its default ``bucket_cap_mb``), bytes.
 DP_BUCKET_BYTES = 25 * 2**20
 
 
-def _bucketed(n: int, size_bytes: float, link: Link, passes: int) -> float:
-    """``passes`` ring passes over gradients sent in buckets of :data:`DP_BUCKET_BYTES`: the
-    bandwidth term of the whole buffer, the latency of ``size_bytes / DP_BUCKET_BYTES`` collectives
-    (a fraction for a buffer that shares its bucket with others, so the parameters of a step add up
-    to the same whichever way they are grouped)."""
+def _passes(n: int, size_bytes: float, link: Link, passes: int, collectives: float) -> float:
+    """``passes`` ring passes over ``size_bytes``, sent as ``collectives`` collectives per pass: the
+    bandwidth term of the whole buffer and the latency of each collective (a fraction for a buffer
+    that shares its collective with others, so the parameters of a step add up to the same
+    whichever way they are grouped)."""
     _check(n, size_bytes)
+    if collectives < 0 or not math.isfinite(collectives):
+        raise ConfigError(f"collectives must be a finite number >= 0, got {collectives!r}")
     if n == 1 or size_bytes == 0:
         return 0.0
     steps = n - 1
-    return passes * steps * (size_bytes / (n * link.bandwidth_bytes_per_s)
-                             + link.latency_seconds * size_bytes / DP_BUCKET_BYTES)
+    return passes * steps * (size_bytes / (n * link.bandwidth_bytes_per_s) + link.latency_seconds * collectives)
 
 
 def data_parallel_seconds(n: int, grad_bytes: float, weight_bytes: float, zero: int,
-                          link: Link) -> tuple[float, float]:
+                          link: Link, collectives: float | None = None) -> tuple[float, float]:
     """(once-per-step gradient sync, one micro-batch's weight gathers) of parameters replicated
-    over ``n`` data-parallel ranks, in buckets (:func:`_bucketed`): an all-reduce of the gradients
-    (ZeRO 0) or a reduce-scatter and an all-gather of the updated weights (ZeRO 1-3); ZeRO-3 also
-    gathers the weights in every micro-batch's forward and backward."""
+    over ``n`` data-parallel ranks: an all-reduce of the gradients (ZeRO 0) or a reduce-scatter and
+    an all-gather of the updated weights (ZeRO 1-3); ZeRO-3 also gathers the weights in every
+    micro-batch's forward and backward. ``collectives``: how many collectives of each pass these
+    parameters account for (:func:`parplan.solver.cost.rules.data_parallel_collectives`); None:
+    DDP's buckets of :data:`DP_BUCKET_BYTES` of gradients."""
     if n == 1:
         return 0.0, 0.0
+    k = grad_bytes / DP_BUCKET_BYTES if collectives is None else collectives
     if zero == 0:
-        sync = _bucketed(n, grad_bytes, link, passes=2)
+        sync = _passes(n, grad_bytes, link, 2, k)
     else:
-        sync = _bucketed(n, grad_bytes, link, passes=1) + _bucketed(n, weight_bytes, link, passes=1)
-    gathers = 2 * _bucketed(n, weight_bytes, link, passes=1) if zero >= 3 else 0.0
+        sync = _passes(n, grad_bytes, link, 1, k) + _passes(n, weight_bytes, link, 1, k)
+    gathers = 2 * _passes(n, weight_bytes, link, 1, k) if zero >= 3 else 0.0
     return sync, gathers

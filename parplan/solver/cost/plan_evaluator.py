@@ -44,6 +44,7 @@ from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
 from parplan.solver.cost.pipeline import in_flight_microbatches, interleaved_rank_order, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.rules import (
+    data_parallel_collectives,
     exposed_seconds,
     optimizer_step_seconds,
     optimizer_temporary_bytes,
@@ -399,22 +400,28 @@ class PlanEvaluator:
         return gc.unit_cost(u, s.unit(plan.flash_attention, plan.runtime), prec, env)
 
     def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam],
-                     prec: Precision) -> tuple[float, float]:
+                     prec: Precision, unit_numel: float = 0.0) -> tuple[float, float]:
         """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers) of one operator's
-        parameters, synchronised together (one bucket): over their data-parallel group (dense:
-        ``dp`` ranks, experts: ``dp / ep``), and those TP replicates while the operator's work is
-        split all-reduced over TP."""
+        parameters, synchronised together: over their data-parallel group (dense: ``dp`` ranks,
+        experts: ``dp / ep``), in the collectives the runtime groups them into
+        (:func:`data_parallel_collectives`; ``unit_numel``: the elements of the parameters the unit
+        reads, whose one collective the operator shares), and those TP replicates while the
+        operator's work is split all-reduced over TP."""
         elems = {False: 0.0, True: 0.0}
+        numel = {False: 0.0, True: 0.0}
         tp_partial = 0.0
         for p in params:
             elems[p.group.expert] += p.elems
+            numel[p.group.expert] += p.numel
             tp_partial += p.elems if p.tp_partial else 0.0
         sync = gathers = 0.0
         for expert, e in elems.items():
             n = s.dp // s.ep if expert else s.dp
             if n > 1 and e:
+                count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, e, prec.grad_bytes,
+                                                  numel[expert] / unit_numel if unit_numel else 0.0)
                 step, micro = data_parallel_seconds(n, e * prec.grad_bytes, e * prec.param_bytes, s.zero,
-                                                    self.data_link(plan, s, expert))
+                                                    self.data_link(plan, s, expert), count)
                 sync += step
                 gathers += micro
         if tp_partial:
@@ -433,7 +440,7 @@ class PlanEvaluator:
         for op in c.owners:
             params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
             synced.update(p.id for p in params if p.shared)
-            sync, gathers = self.sync_seconds(plan, s, params, prec)
+            sync, gathers = self.sync_seconds(plan, s, params, prec, c.param_numel)
             total += every * sync + m * gathers
             exposed += every * exposed_seconds(sync, gathers, op.forward_seconds, op.backward_seconds, m // every)
         return total, exposed
@@ -779,7 +786,7 @@ class PlanEvaluator:
             opt += self.optimizer_seconds(model_states(shared, first, plan.runtime.states_precision(prec)).bytes)
         p2p = 0.0
         if plan.pp > 1:
-            link = self.mesh(plan, first).link("pp", self.cluster)
+            link = self.mesh(plan, first).hop_link("pp", self.cluster)
             boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
                                          first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
             p2p = sum(2 * p2p_seconds(b, link) for b in boundary)

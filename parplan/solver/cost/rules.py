@@ -10,7 +10,9 @@ strategy):
   ``replicas`` devices hold a copy of, with ZeRO sharding over ``zero_ranks`` of them;
 - :func:`exposed_seconds`: the part of gradient synchronisation (once per step) and of ZeRO-3's
   weight gathers (every micro-batch) that the backward (and forward) compute does not hide;
-- :func:`optimizer_step_seconds`: Adam's memory-bound update of what a device holds.
+- :func:`optimizer_step_seconds`: Adam's memory-bound update of what a device holds;
+- :func:`data_parallel_collectives`: how many data-parallel collectives an operator's parameters
+  account for (their latency), from how the runtime groups parameters into collectives.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
 from parplan.solver.cost.activations import Recompute, block_of, is_float
+from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
 from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.op_layout import Mesh, OpStrategy, input_layout, loop_dims, output_layout, work_shards
 from parplan.solver.cost.precision import Precision
+from parplan.solver.cost.runtime import DEEPSPEED_BUCKET_ELEMENTS, Runtime
 from parplan.solver.ir import Graph, Node, OpKind
 
 
@@ -95,3 +99,44 @@ def optimizer_temporary_bytes(largest_param_elems: float, prec: Precision) -> fl
     """Adam's update (PyTorch's reference implementation) works on two temporaries the size of the
     largest tensor, in the optimizer's precision."""
     return 2 * largest_param_elems * max(prec.master_bytes, prec.param_bytes)
+
+
+#: Megatron-LM's default gradient bucket, parameters: ``max(40M, 1M · dp)`` (its
+#: ``DistributedDataParallelConfig.bucket_size``; larger groups get larger buckets).
+MEGATRON_BUCKET_FLOOR_ELEMS = 40_000_000
+MEGATRON_BUCKET_PER_RANK_ELEMS = 1_000_000
+
+
+def data_parallel_collectives(runtime: Runtime, tp: int, dp: int, zero: int, local_elems: float,
+                              grad_bytes: float, unit_share: float) -> float:
+    """How many collectives of each data-parallel pass (gradient reduction, weight all-gather) an
+    operator's ``local_elems`` parameter elements account for, a fraction where they share one:
+
+    - a runtime that gathers each unit's weights (FSDP, DeepSpeed ZeRO-3, torchtitan's replicate)
+      sends one collective per unit: the operator's ``unit_share`` of its unit's parameters;
+    - Megatron-LM: buckets of ``max(40M, 1M · dp)`` parameters;
+    - DeepSpeed ZeRO 0-2: the buckets parplan's exports set
+      (:data:`~parplan.solver.cost.runtime.DEEPSPEED_BUCKET_ELEMENTS`);
+    - DDP: buckets of :data:`~parplan.solver.cost.collectives.DP_BUCKET_BYTES` of gradients.
+    """
+    if runtime.data_parallel(tp, dp, zero).gathers:
+        return unit_share
+    if runtime is Runtime.MEGATRON:
+        return local_elems / max(MEGATRON_BUCKET_FLOOR_ELEMS, MEGATRON_BUCKET_PER_RANK_ELEMS * dp)
+    if runtime is Runtime.DEEPSPEED:
+        return local_elems / DEEPSPEED_BUCKET_ELEMENTS
+    return local_elems * grad_bytes / DP_BUCKET_BYTES
+
+
+def unit_parameter_numel(graph: Graph) -> dict[str, float]:
+    """Elements of the distinct parameters each unit's operators read (whole tensors), by layer tag."""
+    out: dict[str, float] = {}
+    seen: set[tuple[str, str]] = set()
+    for n in graph.nodes:
+        unit = n.layer or ""
+        for i in n.inputs:
+            p = graph.node(i)
+            if p.is_parameter and (unit, p.id) not in seen:
+                seen.add((unit, p.id))
+                out[unit] = out.get(unit, 0.0) + p.numel
+    return out

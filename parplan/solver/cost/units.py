@@ -60,6 +60,7 @@ class OwnedParam:
     elems: float  # local elements, before ZeRO
     shared: bool  # read by several units (a tied embedding): synchronised once per stage
     tp_partial: bool  # replicated over TP by an operator whose work TP splits: its gradient is all-reduced over TP
+    numel: float = 0.0  # whole-tensor elements
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class UnitCost:
 
     params: dict[ParamGroup, float] = field(default_factory=dict)  # local elements, shared params excluded
     param_elems_all: float = 0.0  # every parameter the unit uses (ZeRO-3 gathers them all)
+    param_numel: float = 0.0  # whole-tensor elements of the distinct parameters the unit reads
     largest_param_elems: float = 0.0  # the largest parameter tensor on one device
     grad_workspace_bytes: float = 0.0  # a weight gradient and its input's gradient, before accumulation
     act_bytes: float = 0.0  # saved for backward, shared items excluded
@@ -340,7 +342,8 @@ class GraphCosts:
                 replicated = s.tp > 1 and "tp" not in lay.axes
                 owned.append(OwnedParam(p.id, ParamGroup(tp_replicated=replicated, expert="ep" in lay.axes),
                                         p.numel / lay.shards(mesh), p.id in self.shared_params,
-                                        replicated and op.assignment[0] is not None))
+                                        replicated and op.assignment[0] is not None, float(p.numel)))
+                c.param_numel += p.numel
             if owned:
                 c.owners.append(OwnerOp(f, b, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parplan.solver.calibration import Calibration
-from parplan.solver.cluster import GpuSpec, Link
+from parplan.solver.cluster import GpuSpec, Link, MeshLinks
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of
 from parplan.solver.cost.collectives import (
     all_reduce_seconds,
@@ -42,7 +42,14 @@ from parplan.solver.cost.collectives import (
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.precision import Precision
-from parplan.solver.cost.rules import exposed_seconds, op_seconds, optimizer_step_seconds, parameter_states
+from parplan.solver.cost.rules import (
+    data_parallel_collectives,
+    exposed_seconds,
+    op_seconds,
+    optimizer_step_seconds,
+    parameter_states,
+    unit_parameter_numel,
+)
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import _freeze
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, loop_dims, output_layout
@@ -80,7 +87,10 @@ class IlpContext:
         return self.runtime.saves_gathered_sp_inputs
 
     def group_link(self, axes: Sequence[str]) -> Link:
-        """Slowest link among ``axes`` (the group spans all of them)."""
+        """The link a ring over the group spanning ``axes`` sees (:class:`MeshLinks`); with plain
+        per-axis links, the slowest of them."""
+        if isinstance(self.links, MeshLinks) and axes:
+            return self.links.group(axes)
         links = [self.links[a] for a in axes]
         return min(links, key=lambda lk: lk.bandwidth_bytes_per_s) if links else next(iter(self.links.values()))
 
@@ -128,14 +138,15 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
 def signature(node: Node, ctx: IlpContext) -> tuple[object, ...]:
     """What :func:`_work_cost` depends on besides the strategy: the operator's kind, shape, dtype
     and attributes, its inputs' kinds and shapes, the parameters it owns, whether it is in a block
-    (full recomputation runs the blocks' forward again)."""
+    (full recomputation runs the blocks' forward again), its share of its unit's parameters."""
     cache = ctx.memo.setdefault("signature", {})
     sig = cache.get(node.id)
     if sig is None:
         g = ctx.graph
         ins = tuple((i.kind, i.dims, i.dtype) for i in map(g.node, node.inputs))
         sig = cache[node.id] = (node.kind, node.dims, node.dtype, _freeze(node.attrs), ins,
-                                tuple(ctx.owned_params.get(node.id, ())), block_of(node) is None)
+                                tuple(ctx.owned_params.get(node.id, ())), block_of(node) is None,
+                                _unit_share(node, ctx))
     return sig  # type: ignore[no-any-return]
 
 
@@ -180,8 +191,11 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
         if other:
             sync += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
         if dp_axes:
-            step, micro = data_parallel_seconds(ctx.group_size(dp_axes), grads, weights, s.zero,
-                                                ctx.group_link(dp_axes))
+            dp = ctx.group_size(dp_axes)
+            share = 1.0 if ctx.zero3_per_operator else _unit_share(node, ctx)
+            count = data_parallel_collectives(ctx.runtime, ctx.group_size(mesh.names) // dp, dp, s.zero, local,
+                                              prec.grad_bytes, share)
+            step, micro = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
             sync += step
             gathers += micro
     # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward, ZeRO-3's
@@ -193,6 +207,17 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
     if node.kind in (OpKind.CROSS_ENTROPY, OpKind.DISPATCH, OpKind.COMBINE):
         seconds += _own_collectives(node, s, ctx)
     return StrategyCost(MemoryBreakdown(**held), MemoryBreakdown(**redundant), seconds)
+
+
+def _unit_share(node: Node, ctx: IlpContext) -> float:
+    """The share of its unit's parameter elements the operator owns: its part of the unit's one
+    collective per pass, where the runtime sends one per unit (:func:`data_parallel_collectives`)."""
+    totals = ctx.memo.get("unit_parameter_numel")
+    if totals is None:
+        totals = ctx.memo["unit_parameter_numel"] = unit_parameter_numel(ctx.graph)
+    total = totals.get(node.layer or "", 0.0)
+    own = sum(ctx.graph.node(node.inputs[pos]).numel for pos in ctx.owned_params.get(node.id, ()))
+    return own / total if total else 0.0
 
 
 def _own_collectives(node: Node, s: OpStrategy, ctx: IlpContext) -> float:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parplan.solver.calibration import apply
-from parplan.solver.cluster import Cluster, DeviceMesh
+from parplan.solver.cluster import Cluster, DeviceMesh, MeshLinks
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
@@ -164,10 +164,9 @@ def micro_step_batch(global_batch: int, devices: int, micro_batch: int | None) -
     return max(d for d in range(1, min(global_batch, devices) + 1) if global_batch % d == 0)
 
 
-def mesh_links(cluster: Cluster, mesh: Mesh) -> dict[str, Any]:
-    """The link each axis of ``mesh`` runs its collectives over on ``cluster``."""
-    dm = DeviceMesh.of(cluster, mesh.axes)
-    return {a: dm.link(a, cluster) for a in mesh.names}
+def mesh_links(cluster: Cluster, mesh: Mesh) -> MeshLinks:
+    """The link each axis (and group of axes) of ``mesh`` runs its collectives over on ``cluster``."""
+    return MeshLinks(DeviceMesh.of(cluster, mesh.axes), cluster)
 
 
 def distinct_meshes(meshes: list[Mesh], cluster: Cluster) -> list[Mesh]:
