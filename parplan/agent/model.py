@@ -46,6 +46,8 @@ def check_supported(cfg: TransformerConfig) -> None:
     if cfg.family not in SUPPORTED_FAMILIES:
         raise ConfigError(f"the validation agent builds {' and '.join(SUPPORTED_FAMILIES)} models only, "
                           f"not {cfg.family!r} ({cfg.name})")
+    if cfg.qkv_bias or cfg.qk_norm:
+        raise ConfigError(f"the validation agent does not build q/k/v biases or q/k norms (Qwen) yet ({cfg.name})")
 
 
 class Dropout(nn.Module):

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from parplan.exports.common import Export, NotExpressible, NotExpressibleError, context_of
+from parplan.exports.common import Export, NotExpressible, NotExpressibleError, context_of, unwritten_features
 
 __all__ = ["EXPORT_TARGETS", "Export", "NotExpressible", "NotExpressibleError", "export_plan"]
 
@@ -56,6 +56,11 @@ def export_plan(doc: Mapping[str, Any], target: str) -> Export:
     if not isinstance(doc, Mapping):
         raise NotExpressibleError(target, ["expected a plan document (a JSON object)"])
     export = _exporter(target)
+    model = doc.get("model")
+    arch = model.get("architecture") if isinstance(model, Mapping) else None
+    unwritten = unwritten_features(arch) if target != "parplan" and isinstance(arch, Mapping) else []
+    if unwritten:
+        raise NotExpressibleError(target, unwritten)
     try:
         return export(doc)
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:

@@ -98,6 +98,18 @@ def context_of(doc: Mapping[str, Any]) -> PlanContext:
                        int(cluster["gpus"]), int(cluster.get("gpus_per_node") or cluster["gpus"]))
 
 
+def unwritten_features(arch: Mapping[str, Any] | None) -> list[str]:
+    """What of the model's architecture no export writes yet: Qwen's q/k/v biases and q/k norms
+    (a trainer launched without them would train another model)."""
+    arch = arch or {}
+    out = []
+    if arch.get("qkv_bias"):
+        out.append("the model's q/k/v biases (Qwen2) are not written by parplan's exports yet")
+    if arch.get("qk_norm"):
+        out.append("the model's q/k norms (Qwen3) are not written by parplan's exports yet")
+    return out
+
+
 def layered_strategy(doc: Mapping[str, Any], target: str, runs: str) -> Mapping[str, Any]:
     """The document's strategy, when it gives layers their strategies (a trainer's unit); else
     NotExpressible: no plan at all, or an ILP plan's per-operator shardings (``runs``: what the

@@ -61,6 +61,36 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "seq_len": 32768,
         "tied_embeddings": False,
     },
+    "qwen2": {
+        "family": "llama",
+        "name": "Qwen/Qwen2.5-7B",
+        "layers": 28,
+        "hidden": 3584,
+        "heads": 28,
+        "kv_heads": 4,
+        "head_dim": None,
+        "ffn": 18944,
+        "vocab": 152064,
+        "seq_len": 131072,
+        "tied_embeddings": False,
+        "qkv_bias": True,
+        "qk_norm": False,
+    },
+    "qwen3": {
+        "family": "llama",
+        "name": "Qwen/Qwen3-32B",
+        "layers": 64,
+        "hidden": 5120,
+        "heads": 64,
+        "kv_heads": 8,
+        "head_dim": 128,
+        "ffn": 25600,
+        "vocab": 151936,
+        "seq_len": 40960,
+        "tied_embeddings": False,
+        "qkv_bias": False,
+        "qk_norm": True,
+    },
     "bert": {
         "family": "bert",
         "layers": 24,
@@ -133,11 +163,14 @@ def test_fixture_dicts_match_file_loading() -> None:
 
 
 def test_all_families_covered() -> None:
-    assert set(supported_model_types()) == {"gpt2", "llama", "mistral", "bert", "t5", "vit", "mixtral"}
+    assert set(supported_model_types()) == {"gpt2", "llama", "mistral", "bert", "t5", "vit", "mixtral", "qwen2",
+                                            "qwen3"}
 
 
 @pytest.mark.parametrize(
-    ("fx", "preset", "seq_len"), [("llama", "llama-2-7b", None), ("mixtral", "mixtral-8x7b", 4096)]
+    ("fx", "preset", "seq_len"),
+    [("llama", "llama-2-7b", None), ("mixtral", "mixtral-8x7b", 4096), ("qwen2", "qwen2.5-7b", 4096),
+     ("qwen3", "qwen3-32b", 4096)],
 )
 def test_hf_equals_preset(fx: str, preset: str, seq_len: int | None) -> None:
     """The published HF configs give exactly the preset's config (Mixtral trains at 4096 by default)."""
@@ -338,3 +371,18 @@ def test_unreadable_file(tmp_path: Path) -> None:
     path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ConfigError, match=r"bin\.json"):
         load_hf_config(path)
+
+
+def test_output_projection_bias_is_refused_by_name() -> None:
+    """A Llama or Qwen3 config with ``attention_bias`` true biases the output projection too, which
+    the graph does not model: one clear line, not a silently different model."""
+    cfg = fixture("qwen3")
+    cfg["attention_bias"] = True
+    with pytest.raises(ConfigError, match="attention_bias"):
+        config_from_hf(cfg)
+
+
+def test_qwen_architectures_hint_when_model_type_missing() -> None:
+    cfg = fixture("qwen2")
+    del cfg["model_type"]
+    assert config_from_hf(cfg).qkv_bias

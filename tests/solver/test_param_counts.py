@@ -35,9 +35,11 @@ def mixtral_mlp(c: TransformerConfig) -> int:
 
 
 def llama_params(c: TransformerConfig) -> int:
+    """Qwen2's q/k/v biases add a·d + 2·g·d per layer, Qwen3's q/k norms 2·d."""
     V, h, a, g, d, L = c.vocab, c.hidden, c.heads, c.n_kv_heads, c.d_head, c.layers
     mlp = mixtral_mlp(c) if c.family == "mixtral" else llama_mlp(c)
-    layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + mlp
+    extra = (a * d + 2 * g * d if c.qkv_bias else 0) + (2 * d if c.qk_norm else 0)
+    layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + mlp + extra
     head = 0 if c.tied_embeddings else V * h
     return V * h + L * layer + h + head
 
@@ -95,6 +97,14 @@ PUBLISHED = {
     "llama-3-70b": 70_553_706_496,
     "mixtral-8x7b": 46_702_792_704,
     "t5-11b": 11_307_321_344,  # T5ForConditionalGeneration, lm_head tied to ``shared`` (counted once)
+    "llama-3.1-8b": 8_030_261_248,  # Llama 3.1 has Llama 3's shapes and count
+    "llama-3.1-70b": 70_553_706_496,
+}
+
+# Totals as the model cards round them, billions: (figure, decimals).
+PUBLISHED_ROUNDED = {
+    "qwen2.5-72b": (72.7, 1),  # Qwen2.5-72B model card: 72.7B parameters
+    "qwen3-32b": (32.8, 1),  # Qwen3-32B model card: 32.8B parameters
 }
 
 
@@ -105,6 +115,13 @@ PUBLISHED = {
 def test_closed_form_matches_published(name: str) -> None:
     cfg = get_preset(name)
     assert CLOSED_FORM[cfg.family](cfg) == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ROUNDED))
+def test_closed_form_matches_published_rounding(name: str) -> None:
+    figure, decimals = PUBLISHED_ROUNDED[name]
+    cfg = get_preset(name)
+    assert round(CLOSED_FORM[cfg.family](cfg) / 1e9, decimals) == figure
 
 
 def test_bert_large_matches_published_bert_model() -> None:

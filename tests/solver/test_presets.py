@@ -24,6 +24,12 @@ EXPECTED_NAMES = [
     "llama-3-8b",
     "llama-3-70b",
     "llama-3-405b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "qwen3-32b",
     "t5-11b",
     "vit-huge",
     "mixtral-8x7b",
@@ -46,6 +52,12 @@ SHAPES: dict[str, tuple[str, int, int, int, int, int, int, int]] = {
     "llama-3-8b": ("llama", 32, 4096, 32, 14336, 128256, 8192, 8),
     "llama-3-70b": ("llama", 80, 8192, 64, 28672, 128256, 8192, 8),
     "llama-3-405b": ("llama", 126, 16384, 128, 53248, 128256, 8192, 8),
+    "llama-3.1-8b": ("llama", 32, 4096, 32, 14336, 128256, 8192, 8),
+    "llama-3.1-70b": ("llama", 80, 8192, 64, 28672, 128256, 8192, 8),
+    "llama-3.1-405b": ("llama", 126, 16384, 128, 53248, 128256, 8192, 8),
+    "qwen2.5-7b": ("llama", 28, 3584, 28, 18944, 152064, 4096, 4),
+    "qwen2.5-72b": ("llama", 80, 8192, 64, 29568, 152064, 4096, 8),
+    "qwen3-32b": ("llama", 64, 5120, 64, 25600, 151936, 4096, 8),
     "t5-11b": ("t5", 24, 1024, 128, 65536, 32128, 512, 128),
     "vit-huge": ("vit", 32, 1280, 16, 5120, 0, 257, 16),
     "mixtral-8x7b": ("mixtral", 32, 4096, 32, 14336, 32000, 4096, 8),
@@ -78,6 +90,10 @@ def test_family_specific_fields() -> None:
     assert (mix.num_experts, mix.top_k) == (8, 2)
     assert get_preset("bert-large").type_vocab == 2
     assert get_preset("llama-2-7b").d_head == 128
+    for name in EXPECTED_NAMES:
+        c = get_preset(name)
+        assert (c.qkv_bias, c.qk_norm) == (name.startswith("qwen2"), name.startswith("qwen3")), name
+    assert get_preset("qwen3-32b").d_head == 128  # 64 heads of 128 over a hidden of 5,120
 
 
 @pytest.mark.parametrize("spelling", ["LLaMA-2-7B", "llama-2-7b", "  Llama-2-7b ", "LLAMA-2-7B"])

@@ -84,14 +84,21 @@ class _Builder:
 
 
 def _attention(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, bias: bool, causal: bool,
-               dropout: float, kv: str | None = None, pos_bias: str | None = None) -> str:
-    """Self- (or cross-, when ``kv`` is given) attention; returns the output projection."""
+               dropout: float, kv: str | None = None, pos_bias: str | None = None,
+               qkv_bias: bool | None = None, qk_norm: bool = False) -> str:
+    """Self- (or cross-, when ``kv`` is given) attention; returns the output projection.
+    ``qkv_bias``: biases on q, k and v (default: ``bias``); ``qk_norm``: RMSNorm of q and k over
+    the head dim."""
     a, g, d = cfg.heads, cfg.n_kv_heads, cfg.d_head
     kvh = "heads" if g == a else "kv_heads"
-    q = b.linear(f"{p}.q", x, ["hidden"], {"heads": a, "head_dim": d}, bias=bias)
+    in_bias = bias if qkv_bias is None else qkv_bias
+    q = b.linear(f"{p}.q", x, ["hidden"], {"heads": a, "head_dim": d}, bias=in_bias)
     src = kv or x
-    k = b.linear(f"{p}.k", src, ["hidden"], {kvh: g, "head_dim": d}, bias=bias)
-    v = b.linear(f"{p}.v", src, ["hidden"], {kvh: g, "head_dim": d}, bias=bias)
+    k = b.linear(f"{p}.k", src, ["hidden"], {kvh: g, "head_dim": d}, bias=in_bias)
+    v = b.linear(f"{p}.v", src, ["hidden"], {kvh: g, "head_dim": d}, bias=in_bias)
+    if qk_norm:
+        q = b.norm(f"{p}.q_norm", q, "rmsnorm", dim="head_dim")
+        k = b.norm(f"{p}.k_norm", k, "rmsnorm", dim="head_dim")
     ins = [q, k, v] + ([pos_bias] if pos_bias else [])
     ctx = b.add(f"{p}.core", OpKind.ATTENTION, ins, b.dims[q], causal=causal, dropout=dropout)
     return b.linear(f"{p}.o", ctx, ["heads", "head_dim"], {"hidden": cfg.hidden}, bias=bias)
@@ -147,7 +154,8 @@ def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> 
         p = f"layers.{i}"
         b.unit(p)
         h = b.norm(f"{p}.ln1", x, norm)
-        h = _attention(b, f"{p}.attn", h, cfg, bias=gpt, causal=True, dropout=drop)
+        h = _attention(b, f"{p}.attn", h, cfg, bias=gpt, causal=True, dropout=drop, qkv_bias=gpt or cfg.qkv_bias,
+                       qk_norm=cfg.qk_norm)
         h = b.dropout(f"{p}.attn.dropout", h, drop)
         x = b.ew(f"{p}.residual1", "add", x, h)
         h = b.norm(f"{p}.ln2", x, norm)

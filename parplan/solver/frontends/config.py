@@ -22,6 +22,9 @@ class TransformerConfig:
       MLP, no biases, untied LM head unless ``tied_embeddings``; ``layers`` encoder, ``decoder_layers``.
     - ``vit``: patch embedding, class token, learned positions, pre-LN, GELU, classification head.
     - ``mixtral``: llama blocks whose MLP is ``num_experts`` SwiGLU experts with top-k routing.
+
+    Llama-style variants: ``qkv_bias`` (Qwen2: biases on q, k, v), ``qk_norm`` (Qwen3: RMSNorm of
+    each head's q and k over the head dim).
     """
 
     family: Family
@@ -46,6 +49,8 @@ class TransformerConfig:
     patch_size: int = 14  # vit
     channels: int = 3  # vit
     num_classes: int = 1000  # vit classifier head (0: none)
+    qkv_bias: bool = False  # llama/mixtral: biases on the q, k and v projections only (Qwen2)
+    qk_norm: bool = False  # llama/mixtral: RMSNorm over each head's q and k before attention (Qwen3)
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "ffn"):
@@ -63,6 +68,8 @@ class TransformerConfig:
             raise ConfigError(f"{self.name}: t5 needs decoder_layers > 0")
         if self.family == "vit" and self.image_size % self.patch_size:
             raise ConfigError(f"{self.name}: patch_size must divide image_size")
+        if (self.qkv_bias or self.qk_norm) and self.family not in ("llama", "mixtral"):
+            raise ConfigError(f"{self.name}: qkv_bias and qk_norm apply to llama-style models only")
 
     @property
     def n_kv_heads(self) -> int:

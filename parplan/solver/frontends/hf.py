@@ -1,7 +1,8 @@
 """Import a Hugging Face ``config.json`` as a :class:`TransformerConfig`.
 
-Only shape fields are read; training-only settings (dropout, rope scaling, Mistral's sliding
-window, ...) are ignored. The sequence length defaults to the model's maximum positions.
+Only shape fields are read; training-only settings (dropout, rope scaling, Mistral's and Qwen's
+sliding window, ...) are ignored. Qwen2 adds biases to q, k and v; Qwen3 normalises q and k per
+head (RMSNorm over the head dim). The sequence length defaults to the model's maximum positions.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def _gpt2(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> Tr
 
 
 def _llama(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> TransformerConfig:
+    if mt != "qwen2" and _bool(cfg, "attention_bias", mt, False):
+        raise ConfigError(f"HF config (model_type {mt!r}): attention_bias true (a bias on the output "
+                          f"projection too) is not modelled; only Qwen2's q/k/v biases are")
     hidden = _int(cfg, "hidden_size", mt)
     heads = _int(cfg, "num_attention_heads", mt)
     moe = mt == "mixtral"
@@ -87,6 +91,8 @@ def _llama(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> T
         tied_embeddings=_bool(cfg, "tie_word_embeddings", mt, False),
         num_experts=_int(cfg, "num_local_experts", mt) if moe else 0,
         top_k=_int(cfg, "num_experts_per_tok", mt) if moe else 2,
+        qkv_bias=mt == "qwen2",  # transformers' Qwen2Attention always biases q, k and v (not o)
+        qk_norm=mt == "qwen3",
     )
 
 
@@ -155,6 +161,8 @@ _MAPPERS: Mapping[str, _Mapper] = {
     "llama": _llama,
     "mistral": _llama,
     "mixtral": _llama,
+    "qwen2": _llama,
+    "qwen3": _llama,
     "bert": _bert,
     "t5": _t5,
     "vit": _vit,
@@ -162,6 +170,8 @@ _MAPPERS: Mapping[str, _Mapper] = {
 
 #: ``architectures`` class-name prefixes (lower case) -> model_type, longest first.
 _ARCH_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("qwen3", "qwen3"),
+    ("qwen2", "qwen2"),
     ("mistral", "mistral"),
     ("mixtral", "mixtral"),
     ("llama", "llama"),

@@ -19,11 +19,13 @@ def _gpt(name: str, layers: int, hidden: int, heads: int) -> TransformerConfig:
 
 
 def _llama(
-    name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq_len: int
+    name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq_len: int,
+    head_dim: int | None = None, qkv_bias: bool = False, qk_norm: bool = False,
 ) -> TransformerConfig:
     return TransformerConfig(
         family="llama", name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-        ffn=ffn, vocab=vocab, seq_len=seq_len, tied_embeddings=False,
+        ffn=ffn, vocab=vocab, seq_len=seq_len, tied_embeddings=False, head_dim=head_dim,
+        qkv_bias=qkv_bias, qk_norm=qk_norm,
     )
 
 
@@ -46,6 +48,15 @@ _ALL: tuple[TransformerConfig, ...] = (
     _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
     _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
     _llama("llama-3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    # Llama 3.1: the shapes of Llama 3 (its longer context is rope scaling, not parameters)
+    _llama("llama-3.1-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _llama("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _llama("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+    # Qwen2.5 (config.json of Qwen/Qwen2.5-7B and -72B): biases on q, k, v; pre-trained at 4,096 tokens
+    _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 4096, qkv_bias=True),
+    _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 4096, qkv_bias=True),
+    # Qwen3-32B (config.json of Qwen/Qwen3-32B): head dim 128 (64 heads over hidden 5,120), q/k norm
+    _llama("qwen3-32b", 64, 5120, 64, 8, 25600, 151936, 4096, head_dim=128, qk_norm=True),
     TransformerConfig(
         family="t5", name="t5-11b", layers=24, decoder_layers=24, hidden=1024, heads=128, head_dim=128,
         ffn=65536, vocab=32128, seq_len=512, tied_embeddings=True, gated_mlp=False, relative_buckets=32,
