@@ -98,15 +98,23 @@ def context_of(doc: Mapping[str, Any]) -> PlanContext:
                        int(cluster["gpus"]), int(cluster.get("gpus_per_node") or cluster["gpus"]))
 
 
-def unwritten_features(arch: Mapping[str, Any] | None) -> list[str]:
-    """What of the model's architecture no export writes yet: Qwen's q/k/v biases and q/k norms
-    (a trainer launched without them would train another model)."""
+#: Targets whose exports write Qwen's q/k/v biases and q/k norms (Megatron-LM: --add-qkv-bias,
+#: --qk-layernorm).
+WRITES_QWEN = frozenset({"megatron"})
+
+
+def unwritten_features(arch: Mapping[str, Any] | None, target: str) -> list[str]:
+    """What of the model's architecture ``target``'s export does not write yet: Qwen's q/k/v biases
+    and q/k norms outside :data:`WRITES_QWEN` (a trainer launched without them would train another
+    model)."""
     arch = arch or {}
-    out = []
+    out: list[str] = []
+    if target in WRITES_QWEN:
+        return out
     if arch.get("qkv_bias"):
-        out.append("the model's q/k/v biases (Qwen2) are not written by parplan's exports yet")
+        out.append(f"the model's q/k/v biases (Qwen2) are not written by parplan's {target} export yet")
     if arch.get("qk_norm"):
-        out.append("the model's q/k norms (Qwen3) are not written by parplan's exports yet")
+        out.append(f"the model's q/k norms (Qwen3) are not written by parplan's {target} export yet")
     return out
 
 

@@ -86,6 +86,10 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
                  "--disable-bias-linear"]
         if kv != heads:
             args += ["--group-query-attention", "--num-query-groups", str(kv)]
+        if arch.get("qkv_bias"):
+            args.append("--add-qkv-bias")  # biases on q, k, v only (Qwen2), beside --disable-bias-linear
+        if arch.get("qk_norm"):
+            args.append("--qk-layernorm")  # the --normalization (RMSNorm) of q and k per head (Qwen3)
     if not arch.get("tied_embeddings", family == "gpt"):
         args.append("--untie-embeddings-and-output-weights")
     if family == "mixtral":

@@ -2,7 +2,8 @@
 
 The text may be one flag per line, a command line, or a ``torchrun ... pretrain_gpt.py ...`` line
 (its ``--nnodes`` and ``--nproc-per-node`` then give the GPU count). The model comes from the size
-flags (GPT: LayerNorm, GELU, biases; Llama: ``--swiglu``, RMSNorm, no biases; Mixtral: Llama with
+flags (GPT: LayerNorm, GELU, biases; Llama: ``--swiglu``, RMSNorm, no biases, Qwen2's q/k/v biases
+with ``--add-qkv-bias`` and Qwen3's q/k norms with ``--qk-layernorm``; Mixtral: Llama with
 ``--num-experts``); ``--vocab-size`` is needed because Megatron-LM otherwise reads it from the
 tokenizer. Flags for data, tokenizer, optimizer, logging and checkpoints do not change the
 prediction and are listed in ``ignored``; a flag that changes memory or time and is not modelled is
@@ -34,7 +35,8 @@ _VALUED = {
     "--expert-tensor-parallel-size", "--fp8-format",
 }
 _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--untie-embeddings-and-output-weights",
-             "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16"}
+             "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--add-qkv-bias",
+             "--qk-layernorm"}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
     "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--lr",
@@ -160,6 +162,8 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
         problems.append("a --swiglu model is parplan's Llama: --normalization RMSNorm, --position-embedding-type "
                         f"rope and --disable-bias-linear (got {norm}, {pos}"
                         + ("" if "--disable-bias-linear" in flags else ", biases") + ")")
+    if family == "gpt" and ("--add-qkv-bias" in flags or "--qk-layernorm" in flags):
+        problems.append("--add-qkv-bias and --qk-layernorm are modelled for --swiglu (Llama-style) models only")
     granularity = str(flags.get("--recompute-granularity", "none"))
     recompute = {"none": Recompute.NONE, "selective": Recompute.SELECTIVE, "full": Recompute.FULL}.get(granularity)
     if recompute is None:
@@ -187,7 +191,8 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
             family=family, name="megatron-args", layers=layers, hidden=hidden, heads=heads,
             ffn=_get(flags, "--ffn-hidden-size", 4 * hidden) or 4 * hidden, vocab=vocab, seq_len=positions, kv_heads=kv,
             head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
-            num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2)
+            num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2,
+            qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags)
         pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
         if world % (tp * pp):
             raise ImportProblemError(KIND, [f"tp x pp = {tp * pp} does not divide the {world} GPUs"])

@@ -49,12 +49,16 @@ def test_qwen_config_plans_with_both_searches(tmp_path: Path, capsys: pytest.Cap
     assert doc["time"]["step_seconds"] > 0
 
 
-def test_exports_refuse_what_they_would_drop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A trainer launched without the biases would train another model: the export says so."""
+def test_exports_write_or_refuse_what_they_would_drop(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Megatron-LM's export writes the biases (--add-qkv-bias); DeepSpeed's, which would launch the
+    user's model without them, says so in one line."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(_config("qwen2")))
-    assert main(["plan", "--model", str(path), "--gpus", "4", "--global-batch", "8", "--seq-len", "128",
-                 "--target", "megatron", "--export", str(tmp_path / "out")]) == 2
+    common = ["plan", "--model", str(path), "--gpus", "4", "--global-batch", "8", "--seq-len", "128"]
+    assert main([*common, "--target", "megatron", "--export", str(tmp_path / "mlm")]) == 0
+    capsys.readouterr()
+    assert "--add-qkv-bias" in (tmp_path / "mlm" / "megatron_args.txt").read_text().split()
+    assert main([*common, "--target", "deepspeed", "--export", str(tmp_path / "ds")]) == 2
     err = capsys.readouterr().err
     assert "q/k/v biases" in err and "Traceback" not in err
 

@@ -170,3 +170,26 @@ def test_per_operator_and_mixed_per_layer_plans_are_refused() -> None:
     config, declared = read_args(export_plan(same, "megatron").files["megatron_args.txt"])
     assert build_config(config, declared).tensor_model_parallel_size == 2
     assert declared["--micro-batch-size"] == "2"  # 16 samples / (2 micro-batches x dp 4)
+
+
+@pytest.mark.parametrize("preset", ["qwen2.5-7b", "qwen3-32b"])
+def test_megatron_core_builds_qwen_with_its_biases_and_norms(preset: str) -> None:
+    """Qwen2's q/k/v biases (--add-qkv-bias beside --disable-bias-linear) and Qwen3's q/k norms
+    (--qk-layernorm, with its 128-wide heads as --kv-channels) reach megatron-core's config, and
+    parplan's import of the file gives back the same model (its parameter count)."""
+    from parplan.imports import read_config
+    from parplan.solver.frontends.presets import get_preset
+    from parplan.solver.models import ModelSource
+
+    doc = doc_for(preset, 8, {"tp": 4, "pp": 1, "dp": 2, "zero": 1, "sequence_parallel": True, "num_microbatches": 4})
+    text = export_plan(doc, "megatron").files["megatron_args.txt"]
+    cfg = build_config(*read_args(text))
+    arch = doc["model"]["architecture"]
+    assert (cfg.add_qkv_bias, cfg.qk_layernorm, cfg.add_bias_linear) == (arch["qkv_bias"], arch["qk_norm"], False)
+    assert cfg.kv_channels == (arch["head_dim"] or arch["hidden"] // arch["heads"])
+    imported = read_config("megatron-args", text, gpus=8)
+    assert imported.model is not None
+    config = imported.model.config
+    assert config is not None and (config.qkv_bias, config.qk_norm) == (arch["qkv_bias"], arch["qk_norm"])
+    want = ModelSource(preset, config=get_preset(preset)).parameter_count()
+    assert imported.model.parameter_count() == want
