@@ -58,7 +58,7 @@ def export_plan(doc: Mapping[str, Any], target: str) -> Export:
     export = _exporter(target)
     model = doc.get("model")
     arch = model.get("architecture") if isinstance(model, Mapping) else None
-    unwritten = unwritten_features(arch, target) if target != "parplan" and isinstance(arch, Mapping) else []
+    unwritten = unwritten_features(arch if isinstance(arch, Mapping) else None, target) if target != "parplan" else []
     if unwritten:
         raise NotExpressibleError(target, unwritten)
     try:

@@ -437,8 +437,6 @@ class DeviceMesh:
         """The link a ring collective over a group spanning ``axes`` sees (:func:`ring_link`), for
         the group spread widest (:meth:`group_spread`). A group inside one node (or no axes: a
         single device) gives the intra-node link."""
-        for a in axes:
-            self._check(a)
         if all(self.within_node(a, cluster) for a in axes):
             return cluster.intra_node
         nodes, per_node = self.group_spread(axes, cluster)
@@ -450,7 +448,6 @@ class DeviceMesh:
         if not 0 <= device < self.num_devices:
             raise ConfigError(f"device {device} is outside the mesh of {self.num_devices} devices")
         return {a: (device // self._strides[a]) % s for a, s in self.axes}
-
 
 
 class MeshLinks(dict[str, Link]):

@@ -84,17 +84,22 @@ def test_data_parallel_traffic_per_zero_stage() -> None:
 
     link = Link(100e9, 5e-6)
     g, w = 32 * DP_BUCKET_BYTES, 16 * DP_BUCKET_BYTES
-    assert data_parallel_seconds(4, g, w, 0, link) == pytest.approx((32 * all_reduce_seconds(4, DP_BUCKET_BYTES, link),
-                                                                     0.0))
+
+    def ddp(grad_bytes: float) -> float:  # DDP's buckets the gradients make
+        return grad_bytes / DP_BUCKET_BYTES
+
+    assert data_parallel_seconds(4, g, w, 0, link, ddp(g)) == pytest.approx(
+        (32 * all_reduce_seconds(4, DP_BUCKET_BYTES, link), 0.0))
     ag = 32 * all_gather_seconds(4, w / 32, link)
     rs_ag = 32 * reduce_scatter_seconds(4, DP_BUCKET_BYTES, link) + ag
-    assert data_parallel_seconds(4, g, w, 2, link) == pytest.approx((rs_ag, 0.0))
-    assert data_parallel_seconds(4, g, w, 3, link) == pytest.approx((rs_ag, 2 * ag))
-    assert data_parallel_seconds(1, g, w, 3, link) == (0.0, 0.0)
+    assert data_parallel_seconds(4, g, w, 2, link, ddp(g)) == pytest.approx((rs_ag, 0.0))
+    assert data_parallel_seconds(4, g, w, 3, link, ddp(g)) == pytest.approx((rs_ag, 2 * ag))
+    assert data_parallel_seconds(1, g, w, 3, link, ddp(g)) == (0.0, 0.0)
     # one collective per pass (a unit's, under FSDP)
     one = (reduce_scatter_seconds(4, g, link) + all_gather_seconds(4, w, link), 2 * all_gather_seconds(4, w, link))
     assert data_parallel_seconds(4, g, w, 3, link, collectives=1.0) == pytest.approx(one)
     halves = [data_parallel_seconds(4, g / 2, w / 2, 3, link, collectives=0.5) for _ in range(2)]
     assert tuple(map(sum, zip(*halves, strict=True))) == pytest.approx(one)
-    parts = [data_parallel_seconds(4, x, x / 2, 1, link)[0] for x in (1e5, 3e6, 7e7)]
-    assert sum(parts) == pytest.approx(data_parallel_seconds(4, 1e5 + 3e6 + 7e7, (1e5 + 3e6 + 7e7) / 2, 1, link)[0])
+    parts = [data_parallel_seconds(4, x, x / 2, 1, link, ddp(x))[0] for x in (1e5, 3e6, 7e7)]
+    total = 1e5 + 3e6 + 7e7
+    assert sum(parts) == pytest.approx(data_parallel_seconds(4, total, total / 2, 1, link, ddp(total))[0])

@@ -23,7 +23,7 @@ from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem, InfeasibleError, PeakTerm, brute_force, solve_aux
 from parplan.solver.ilp.problem import build_problem
-from parplan.solver.ilp.search import certify, distinct_meshes, peak_bytes
+from parplan.solver.ilp.search import certify, distinct_meshes, mesh_links, peak_bytes
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, candidate_strategies, enumerate_assignments
 from parplan.solver.ir import Graph, make_node
 from parplan.solver.planner import RequestError, parse_plan_request, solve
@@ -106,9 +106,8 @@ def _mlp_graph(batch: int = 4, hidden: int = 8, ffn: int = 16) -> Graph:
 
 def _problem(graph: Graph, mesh: Mesh, recompute: Recompute = Recompute.SELECTIVE, zero: tuple[int, ...] = (0, 3)):
     cl = make_cluster(mesh.num_devices, mesh.num_devices, "A100-80GB")
-    links = dict.fromkeys(mesh.names, cl.intra_node)
-    return build_problem(graph, mesh, links, cl.gpu, DEFAULT_CALIBRATION, get_precision("bf16"), 2, recompute, True,
-                         zero_stages=zero)
+    return build_problem(graph, mesh, mesh_links(cl, mesh), cl.gpu, DEFAULT_CALIBRATION, get_precision("bf16"), 2,
+                         recompute, True, zero_stages=zero)
 
 
 @pytest.mark.parametrize("mesh", [Mesh((("m0", 2),)), Mesh((("m0", 2), ("m1", 2)))])
@@ -228,7 +227,7 @@ def test_meshes_that_differ_only_in_axis_order_have_the_same_optima() -> None:
     cl = make_cluster(8, 8, "A100-80GB")
     results = []
     for mesh in (Mesh((("m0", 4), ("m1", 2))), Mesh((("m0", 2), ("m1", 4)))):
-        gp = build_problem(graph, mesh, dict.fromkeys(mesh.names, cl.intra_node), cl.gpu, DEFAULT_CALIBRATION,
+        gp = build_problem(graph, mesh, mesh_links(cl, mesh), cl.gpu, DEFAULT_CALIBRATION,
                            get_precision("bf16"), 2, Recompute.SELECTIVE, True)
         fast = solve_aux(gp.problem, "time", budget=80 * GIB)
         lean = solve_aux(gp.problem, "memory", time_limit=fast.seconds * 1.1)
@@ -253,7 +252,7 @@ def test_views_follow_their_producer_without_loss() -> None:
     assert gp.follows  # the rename follows its producer
     r = solve_aux(gp.problem, "weighted", alpha=1e10)
     cl = make_cluster(2, 2, "A100-80GB")
-    decided = build_problem(graph, mesh, {"m0": cl.intra_node}, cl.gpu, DEFAULT_CALIBRATION, get_precision("bf16"), 2,
+    decided = build_problem(graph, mesh, mesh_links(cl, mesh), cl.gpu, DEFAULT_CALIBRATION, get_precision("bf16"), 2,
                             Recompute.SELECTIVE, True, zero_stages=(0, 3), follow_views=False)
     assert not decided.follows
     r2 = solve_aux(decided.problem, "weighted", alpha=1e10)

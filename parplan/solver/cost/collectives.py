@@ -89,19 +89,17 @@ def _passes(n: int, size_bytes: float, link: Link, passes: int, collectives: flo
 
 
 def data_parallel_seconds(n: int, grad_bytes: float, weight_bytes: float, zero: int,
-                          link: Link, collectives: float | None = None) -> tuple[float, float]:
+                          link: Link, collectives: float) -> tuple[float, float]:
     """(once-per-step gradient sync, one micro-batch's weight gathers) of parameters replicated
     over ``n`` data-parallel ranks: an all-reduce of the gradients (ZeRO 0) or a reduce-scatter and
     an all-gather of the updated weights (ZeRO 1-3); ZeRO-3 also gathers the weights in every
     micro-batch's forward and backward. ``collectives``: how many collectives of each pass these
-    parameters account for (:func:`parplan.solver.cost.rules.data_parallel_collectives`); None:
-    DDP's buckets of :data:`DP_BUCKET_BYTES` of gradients."""
+    parameters account for (:func:`parplan.solver.cost.rules.data_parallel_collectives`)."""
     if n == 1:
         return 0.0, 0.0
-    k = grad_bytes / DP_BUCKET_BYTES if collectives is None else collectives
     if zero == 0:
-        sync = _passes(n, grad_bytes, link, 2, k)
+        sync = _passes(n, grad_bytes, link, 2, collectives)
     else:
-        sync = _passes(n, grad_bytes, link, 1, k) + _passes(n, weight_bytes, link, 1, k)
-    gathers = 2 * _passes(n, weight_bytes, link, 1, k) if zero >= 3 else 0.0
+        sync = _passes(n, grad_bytes, link, 1, collectives) + _passes(n, weight_bytes, link, 1, collectives)
+    gathers = 2 * _passes(n, weight_bytes, link, 1, collectives) if zero >= 3 else 0.0
     return sync, gathers

@@ -400,7 +400,7 @@ class PlanEvaluator:
         return gc.unit_cost(u, s.unit(plan.flash_attention, plan.runtime), prec, env)
 
     def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam],
-                     prec: Precision, unit_numel: float = 0.0) -> tuple[float, float]:
+                     prec: Precision, unit_numel: float) -> tuple[float, float]:
         """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers) of one operator's
         parameters, synchronised together: over their data-parallel group (dense: ``dp`` ranks,
         experts: ``dp / ep``), in the collectives the runtime groups them into

@@ -28,7 +28,7 @@ from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.resharding import edge_seconds
-from parplan.solver.cost.rules import op_seconds
+from parplan.solver.cost.rules import op_seconds, unit_parameter_numel
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import (
     UnitStrategy,
@@ -60,7 +60,7 @@ class OwnedParam:
     elems: float  # local elements, before ZeRO
     shared: bool  # read by several units (a tied embedding): synchronised once per stage
     tp_partial: bool  # replicated over TP by an operator whose work TP splits: its gradient is all-reduced over TP
-    numel: float = 0.0  # whole-tensor elements
+    numel: float  # whole-tensor elements
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,7 @@ class GraphCosts:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.units = units_of(graph)
+        self.param_numel = unit_parameter_numel(graph)  # by unit, as the ILP counts them
         self.nodes: dict[str, list[Node]] = {u: [] for u in self.units}
         for n in graph.nodes:
             if not n.is_parameter:
@@ -254,7 +255,7 @@ class GraphCosts:
 
     def _price(self, unit: str, s: UnitStrategy, prec: Precision, env: TimeEnv | None) -> UnitCost:
         mesh = {"tp": s.tp, "ep": s.ep}
-        c = UnitCost()
+        c = UnitCost(param_numel=self.param_numel.get(unit, 0.0))
         for p in self.params[unit]:
             lay = unit_layout(p, s)
             local = p.numel / lay.shards(mesh)
@@ -343,7 +344,6 @@ class GraphCosts:
                 owned.append(OwnedParam(p.id, ParamGroup(tp_replicated=replicated, expert="ep" in lay.axes),
                                         p.numel / lay.shards(mesh), p.id in self.shared_params,
                                         replicated and op.assignment[0] is not None, float(p.numel)))
-                c.param_numel += p.numel
             if owned:
                 c.owners.append(OwnerOp(f, b, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:

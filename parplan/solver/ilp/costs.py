@@ -62,7 +62,7 @@ class IlpContext:
 
     graph: Graph
     mesh: Mesh
-    links: Mapping[str, Link]  # per mesh axis
+    links: MeshLinks  # per mesh axis, and per group of axes
     gpu: GpuSpec
     calibration: Calibration
     precision: Precision
@@ -87,12 +87,8 @@ class IlpContext:
         return self.runtime.saves_gathered_sp_inputs
 
     def group_link(self, axes: Sequence[str]) -> Link:
-        """The link a ring over the group spanning ``axes`` sees (:class:`MeshLinks`); with plain
-        per-axis links, the slowest of them."""
-        if isinstance(self.links, MeshLinks) and axes:
-            return self.links.group(axes)
-        links = [self.links[a] for a in axes]
-        return min(links, key=lambda lk: lk.bandwidth_bytes_per_s) if links else next(iter(self.links.values()))
+        """The link a ring over the group spanning ``axes`` sees (:meth:`MeshLinks.group`)."""
+        return self.links.group(axes)
 
     def group_size(self, axes: Sequence[str]) -> int:
         sizes = self.mesh.sizes

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from parplan.solver.calibration import Calibration
-from parplan.solver.cluster import GpuSpec, Link
+from parplan.solver.cluster import GpuSpec, MeshLinks
 from parplan.solver.cost.activations import Recompute, SavedItem, op_saved_items, saved_items
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.layout import TensorLayout
@@ -124,7 +124,7 @@ def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, 
     return by_owner, at_input
 
 
-def build_problem(graph: Graph, mesh: Mesh, links: Mapping[str, Link], gpu: GpuSpec, calibration: Calibration,
+def build_problem(graph: Graph, mesh: Mesh, links: MeshLinks, gpu: GpuSpec, calibration: Calibration,
                   precision: Precision, microbatches: int, recompute: Recompute, flash_attention: bool,
                   zero_stages: tuple[int, ...] = (0, 1, 2, 3), max_strategies: int | None = None,
                   follow_views: bool = True, prune: bool = True, runtime: Runtime = Runtime.MEGATRON,
