@@ -220,6 +220,23 @@ def test_shared_layers_share_variables_and_the_certificate_matches() -> None:
     assert len(blocks) == 1
 
 
+def test_certificate_prices_every_choice_of_an_encoder_decoder_as_the_ilp_does() -> None:
+    """The encoder's output is read by every decoder block's cross-attention: each block converts
+    it (one conversion per reading block, not one for all of them). The certificate, recomputed
+    edge by edge, and the ILP's tables agree on any choice, not only on the solver's answer (t5-11b
+    on 8 GPUs once reported 0.510 s beside the ILP's 0.547 s)."""
+    import random
+
+    cfg = get_preset("t5-11b").with_(layers=2, decoder_layers=3, hidden=256, heads=4, head_dim=64, ffn=1024,
+                                     vocab=1024, seq_len=128)
+    gp = _problem(build_graph(cfg, batch=4), Mesh((("m0", 2), ("m1", 2))), zero=(0, 1, 2, 3))
+    rng = random.Random(0)
+    choices = [{k: rng.randrange(len(n.seconds)) for k, n in gp.problem.nodes.items()} for _ in range(25)]
+    choices.append(solve_aux(gp.problem, "time", budget=80 * GIB).choice)
+    for choice in choices:
+        assert certify(gp, choice).seconds == pytest.approx(gp.problem.totals(choice)[1], rel=1e-9)
+
+
 def test_meshes_that_differ_only_in_axis_order_have_the_same_optima() -> None:
     """What lets the search solve only one of ``4x2`` and ``2x4`` inside a node."""
     cfg = get_preset("gpt-1.7b").with_(layers=2, hidden=256, heads=8, ffn=1024, vocab=1024, seq_len=64)

@@ -104,12 +104,14 @@ def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
             continue
         c = op_cost(n, gp.strategy_of(n.id, choice), ctx, gp.partial_dims[n.id])
         held, redundant, seconds = held + c.memory, redundant + c.redundant, seconds + c.seconds
-    # the readers of a tensor share its conversion: the costliest counts (among readers whose edges
-    # stand for the same tensors: a block's output read by the next block and by the head is not)
-    alike: dict[tuple[str, str, int], set[str]] = {}
+    # the readers of a tensor in one unit share its conversion: of the edge classes that read the
+    # same tensors, the costliest class counts, each of its edges once (a block's output read by
+    # the next block and by the head is two groups; an encoder's output read by every decoder
+    # block is converted by each of them)
+    reads: dict[tuple[str, str, int], set[str]] = {}
     for src, dst, pos in gp.edges:
-        alike.setdefault((gp.rep_of[src], gp.rep_of[dst], pos), set()).add(_origin(gp, src))
-    per_tensor: dict[tuple[str, frozenset[str]], float] = {}
+        reads.setdefault((gp.rep_of[src], gp.rep_of[dst], pos), set()).add(_origin(gp, src))
+    per_class: dict[tuple[str, str, int], float] = {}
     first_read: set[str] = set()
     for src, dst, pos in gp.edges:
         tensor = graph.node(_origin(gp, src))
@@ -119,15 +121,19 @@ def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
         partial = partial_gradient_axes(graph.node(dst), pos, graph, strategy, mesh)
         cost = ctx.microbatches * edge_seconds(total, gp.out_layout(src, choice), dst_layout, partial, sizes,
                                                ctx.links)
-        group = (tensor.id, frozenset(alike[(gp.rep_of[src], gp.rep_of[dst], pos)]))
-        per_tensor[group] = max(per_tensor.get(group, 0.0), cost)
+        cls = (gp.rep_of[src], gp.rep_of[dst], pos)
+        per_class[cls] = per_class.get(cls, 0.0) + cost
         copy = resharded_copy_bytes(consumer_saves(gp, dst, pos), gp.out_layout(src, choice), dst_layout, sizes)
         if tensor.id not in first_read:  # a partial output is saved as its first reader receives it
             first_read.add(tensor.id)
             copy += partial_saved_bytes(ctx.saved_by_owner.get(tensor.id, ()), gp.out_layout(src, choice),
                                         dst_layout, sizes)
         held = held + MemoryBreakdown(activations=copy)
-    seconds += sum(per_tensor.values())
+    groups: dict[frozenset[str], float] = {}
+    for cls, secs in per_class.items():
+        key = frozenset(reads[cls])
+        groups[key] = max(groups.get(key, 0.0), secs)
+    seconds += sum(groups.values())
     for owner, opos, user, upos in gp.param_edges:
         owner_node, user_node = graph.node(owner), graph.node(user)
         param = graph.node(owner_node.inputs[opos])
