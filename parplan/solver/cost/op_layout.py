@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.ir import Graph, Node, OpKind, attention_dims, parse_equation
@@ -31,12 +32,13 @@ class Mesh:
 
     axes: tuple[tuple[str, int], ...]
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(a for a, _ in self.axes)
 
-    @property
+    @cached_property
     def sizes(self) -> dict[str, int]:
+        """Axis -> size (one dict per mesh, made once: read it, never change it)."""
         return dict(self.axes)
 
     @property

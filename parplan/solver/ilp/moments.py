@@ -27,6 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
 
 from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items, tensor_bytes
 from parplan.solver.cost.backward import BackwardProfile, op_transient_bytes, selective_rebuilt_items
@@ -42,29 +45,34 @@ from parplan.solver.ilp.problem import GraphProblem, partial_saved_bytes, reshar
 from parplan.solver.ir import Node, OpKind
 from parplan.solver.strategy import SEQ_DIMS
 
+_K = TypeVar("_K")
+
 
 @dataclass
 class Lin:
     """A linear expression of the choice: per variable set a value per candidate, per edge a value
-    per pair of classes."""
+    per pair of classes (numpy arrays, never changed in place once made, so expressions share them)."""
 
-    nodes: dict[str, list[float]] = field(default_factory=dict)
-    edges: dict[int, list[list[float]]] = field(default_factory=dict)
+    nodes: dict[str, np.ndarray] = field(default_factory=dict)
+    edges: dict[int, np.ndarray] = field(default_factory=dict)
 
     def add(self, other: Lin, k: float = 1.0) -> Lin:
-        # a new expression; the value lists are never changed in place, so ``self``'s are shared
-        out = Lin(dict(self.nodes), dict(self.edges))
-        for r, v in other.nodes.items():
-            cur = out.nodes.setdefault(r, [0.0] * len(v))
-            out.nodes[r] = [a + k * b for a, b in zip(cur, v, strict=True)]
-        for e, m in other.edges.items():
-            cur_m = out.edges.setdefault(e, [[0.0] * len(m[0]) for _ in m])
-            out.edges[e] = [[a + k * b for a, b in zip(ra, rb, strict=True)] for ra, rb in zip(cur_m, m, strict=True)]
-        return out
+        """A new expression: ``self + k·other``."""
+        return Lin(_plus(self.nodes, other.nodes, k), _plus(self.edges, other.edges, k))
 
     def term(self) -> PeakTerm:
-        return PeakTerm(nodes={r: v for r, v in self.nodes.items() if any(v)},
-                        edges={e: m for e, m in self.edges.items() if any(any(row) for row in m)})
+        return PeakTerm(nodes={r: v.tolist() for r, v in self.nodes.items() if v.any()},
+                        edges={e: m.tolist() for e, m in self.edges.items() if m.any()})
+
+
+def _plus(a: dict[_K, np.ndarray], b: dict[_K, np.ndarray], k: float) -> dict[_K, np.ndarray]:
+    """``a + k·b`` key by key, as a new dict (no array is changed)."""
+    out = dict(a)
+    for key, v in b.items():
+        cur = out.get(key)
+        scaled = v if k == 1.0 else k * v
+        out[key] = scaled if cur is None else cur + scaled
+    return out
 
 
 def _sum(parts: Iterable[Lin]) -> Lin:
@@ -211,7 +219,8 @@ class _Terms:
         """A term of ``op`` depending on its (origin's) candidate: ``fn(strategy, origin node)``."""
         origin = self._origin(op)
         rep = self.gp.rep_of[origin]
-        values = [fn(s, self.graph.node(origin)) for s in self.gp.strategies[rep]]  # type: ignore[operator]
+        values = np.array([fn(s, self.graph.node(origin)) for s in self.gp.strategies[rep]],  # type: ignore[operator]
+                          dtype=np.float64)
         return Lin({rep: values})
 
     # ---------------------------------------------------------------- saved tensors
@@ -263,7 +272,8 @@ class _Terms:
         matrix = cache.get((ei, what))
         if matrix is None:
             outs, ins = self.gp.edge_layouts[ei]
-            matrix = cache[(ei, what)] = [[fn(o, i) for i in ins] for o in outs]  # type: ignore[operator]
+            matrix = cache[(ei, what)] = np.array([[fn(o, i) for i in ins] for o in outs],  # type: ignore[operator]
+                                                  dtype=np.float64)
         return Lin(edges={ei: matrix})
 
     # ---------------------------------------------------------------- one operator's backward
@@ -279,8 +289,8 @@ class _Terms:
             owners, users = self.gp.edge_layouts[ei]
             w = self.graph.node(n.inputs[upos])
             nbytes = w.numel * self.prec.param_bytes
-            out = out.add(Lin(edges={ei: [[0.0 if o == i else nbytes / i.shards(self.sizes) for i in users]
-                                          for o in owners]}))
+            out = out.add(Lin(edges={ei: np.array([[0.0 if o == i else nbytes / i.shards(self.sizes) for i in users]
+                                                   for o in owners], dtype=np.float64)}))
         return out
 
     def transient(self, n: Node) -> Lin:

@@ -71,6 +71,8 @@ class GraphProblem:
     param_edge_index: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     #: values computed once per problem (layouts, the moments' units), see :mod:`.moments`
     caches: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: whether the edges and the moments are in the problem (:func:`complete_problem`)
+    complete: bool = False
 
     @property
     def temporary_terms(self) -> list[PeakTerm]:
@@ -134,6 +136,22 @@ def build_problem(graph: Graph, mesh: Mesh, links: MeshLinks, gpu: GpuSpec, cali
     ``max_strategies`` caps the candidates per operator (after dropping dominated ones) by keeping
     the least-memory and the fastest halves; None keeps all (exact). ``prune=False`` keeps even
     dominated candidates (to price a given plan)."""
+    gp = build_choices(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
+                       zero_stages, max_strategies, follow_views, prune, runtime, zero3_per_operator)
+    complete_problem(gp)
+    return gp
+
+
+def build_choices(graph: Graph, mesh: Mesh, links: MeshLinks, gpu: GpuSpec, calibration: Calibration,
+                  precision: Precision, microbatches: int, recompute: Recompute, flash_attention: bool,
+                  zero_stages: tuple[int, ...] = (0, 1, 2, 3), max_strategies: int | None = None,
+                  follow_views: bool = True, prune: bool = True, runtime: Runtime = Runtime.MEGATRON,
+                  zero3_per_operator: bool = False) -> GraphProblem:
+    """The first half of :func:`build_problem`: the variable sets, their candidates and each
+    candidate's model states and seconds, without the edges and the moments
+    (:func:`complete_problem`). Enough for :meth:`AuxProblem.seconds_lower_bound` and for
+    :meth:`AuxProblem.memory_lower_bound` without the moments (a weaker bound), so that a search can
+    rule a candidate out before paying for the rest of its problem."""
     ops = [n for n in graph.nodes if not n.is_leaf]
     owned = _owners(graph, ops)
     by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention, runtime)
@@ -168,10 +186,22 @@ def build_problem(graph: Graph, mesh: Mesh, links: MeshLinks, gpu: GpuSpec, cali
             priced = _cap(priced, max_strategies)
         strategies[rep] = [s for s, _ in priced]
         costs[rep] = [c for _, c in priced]
-        problem.nodes[rep] = AuxNode(rep, [c.memory_bytes for c in costs[rep]], [c.seconds for c in costs[rep]])
+        # memory beyond the model states is in the moments (:func:`complete_problem`)
+        problem.nodes[rep] = AuxNode(rep, [c.memory.model_states for c in costs[rep]], [c.seconds for c in costs[rep]])
     edges = _edges(graph, ops, follows)
     param_edges = _param_edges(graph, ops, owned)
-    gp = GraphProblem(problem, ctx, ops, rep_of, copies, strategies, costs, partial, follows, edges, param_edges)
+    return GraphProblem(problem, ctx, ops, rep_of, copies, strategies, costs, partial, follows, edges, param_edges)
+
+
+def complete_problem(gp: GraphProblem) -> None:
+    """The second half of :func:`build_problem`: the edges (conversion seconds, copies held) and the
+    step's moments (:mod:`.moments`). Does nothing when done already."""
+    if gp.complete:
+        return
+    gp.complete = True
+    problem, graph, ctx = gp.problem, gp.ctx.graph, gp.ctx
+    mesh, links, precision, microbatches = ctx.mesh, ctx.links, ctx.precision, ctx.microbatches
+    edges, param_edges, follows, rep_of, strategies = gp.edges, gp.param_edges, gp.follows, gp.rep_of, gp.strategies
     classes: dict[tuple[str, str, int], int] = {}
     tensors_read: dict[tuple[str, str, int], set[str]] = {}  # edge class -> the tensors its edges read
     for src, dst, pos in edges:
@@ -231,10 +261,7 @@ def build_problem(graph: Graph, mesh: Mesh, links: MeshLinks, gpu: GpuSpec, cali
         gp.edge_layouts[len(problem.edges) - 1] = (owner_reps, user_reps)
     from parplan.solver.ilp.moments import add_moment_terms
 
-    for rep, node_costs in costs.items():  # memory beyond the model states is in the moments
-        problem.nodes[rep].memory = [c.memory.model_states for c in node_costs]
     add_moment_terms(gp)
-    return gp
 
 
 def least_bytes(graph: Graph, devices: int, precision: Precision, recompute: Recompute, flash_attention: bool,

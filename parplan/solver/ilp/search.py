@@ -15,6 +15,11 @@ per step), and for every candidate mesh (1-D, 2-D, 3-D; see
 3. when nothing fits, it says so and reports the least memory any plan needs (memory alone,
    minimised without constraints).
 
+A candidate's problem is built in two halves (:func:`~.problem.build_choices`, then
+:func:`~.problem.complete_problem`): the candidates and their prices first, which give the least
+possible time and a weaker least memory (the model states, no moments); the edges and the moments,
+most of the cost, only for a candidate that these bounds do not rule out.
+
 The ILP's memory is the step's busiest moment (the model states and the walk's moments as linear
 terms, :mod:`.moments`). The answer is re-priced independently of the solver's encoding (the
 *certificate*): the model states, activations and time recomputed over every original operator and
@@ -44,7 +49,8 @@ from parplan.solver.ilp.model import MIP_REL_GAP, IlpResult, InfeasibleError, ke
 from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import (
     GraphProblem,
-    build_problem,
+    build_choices,
+    complete_problem,
     consumer_saves,
     least_bytes,
     partial_saved_bytes,
@@ -243,9 +249,9 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         return left
 
     # the work done, counted for regression tests (``solver.work.ilp``)
-    work = {"meshes": len(meshes), "problems_built": 0, "solves": 0, "variables": 0, "constraints": 0,
-            "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0, "time_solves_skipped": 0,
-            "memory_solves_skipped": 0, "problems_not_built": 0}
+    work = {"meshes": len(meshes), "problems_built": 0, "problems_completed": 0, "solves": 0, "variables": 0,
+            "constraints": 0, "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0,
+            "time_solves_skipped": 0, "memory_solves_skipped": 0, "problems_not_built": 0}
     fastest: list[Candidate] = []
     problems: list[Candidate] = []
     # A time solve stops within MIP_REL_GAP of its optimum, so a candidate whose least possible time
@@ -253,6 +259,17 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     # solve is skipped (max-throughput and min-memory without alpha; min-memory then asks it for a
     # plan within the time limit directly).
     skip_slow = alpha_gib_per_s is None
+
+    def complete(c: Candidate) -> float:
+        """Build the rest of ``c``'s problem (edges, moments) if not done yet; its least memory."""
+        if not c.gp.complete:
+            complete_problem(c.gp)
+            work["problems_completed"] += 1
+            work["peak_terms"] += len(c.gp.problem.peaks)
+            work["peak_terms_kept"] += len(kept_peaks(c.gp.problem))
+            remaining()
+        return c.gp.problem.memory_lower_bound()
+
     for recompute in (Recompute.SELECTIVE, Recompute.FULL):
         problems = []
         combos = [(mesh, b) for mesh in meshes for b in sizes]
@@ -262,26 +279,29 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             if floor[b] > budget_bytes and any(floor[s] <= budget_bytes for s in sizes):
                 work["problems_not_built"] += 1  # nothing at this micro-step fits, whatever the mesh
                 continue
-            gp = build_problem(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
+            gp = build_choices(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
                                recompute, flash_attention, zero_stages=zero_stages,
                                max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime,
                                zero3_per_operator=zero3_per_operator)
             gp.problem.floor_bytes = floor[b]
             work["problems_built"] += 1
-            work["peak_terms"] += len(gp.problem.peaks)
-            work["peak_terms_kept"] += len(kept_peaks(gp.problem))
             problems.append(Candidate(mesh, gp, None, b))
             remaining()
         # least possible time first: the fastest is found early and the others are skipped against it
         order = sorted(problems, key=lambda c: c.gp.problem.seconds_lower_bound())
         for i, c in enumerate(order):
             report("solving: best time", 0.4 + 0.2 * i / len(order))
+            # (the bound without the moments first: it needs no more of the problem, and never
+            # exceeds the whole one)
             if c.gp.problem.memory_lower_bound() > budget_bytes:
                 c.fits = False  # even the least memory any choice needs exceeds the budget
                 continue
             best = min((f.res.seconds for f in fastest), default=None)
             if skip_slow and best is not None and c.gp.problem.seconds_lower_bound() >= best * (1 - MIP_REL_GAP):
                 work["time_solves_skipped"] += 1
+                continue
+            if complete(c) > budget_bytes:
+                c.fits = False
                 continue
             try:
                 c.result = solve_aux(c.gp.problem, "time", budget=budget_bytes, timeout_seconds=remaining(), work=work)
@@ -295,6 +315,8 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         report("solving: least memory", 0.8)
         b_least = min(c.b for c in problems)
         smallest = [c for c in problems if c.b == b_least]
+        for c in smallest:
+            complete(c)
         least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=remaining(),
                                                           work=work), c.b)
                      for c in smallest), key=lambda c: c.res.memory)
@@ -318,9 +340,17 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         for i, c in enumerate(within):
             report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(within))
             cutoff = min((p.res.objective for p in pool), default=None)
-            if cutoff is not None and alpha_gib_per_s is None and c.gp.problem.memory_lower_bound() >= cutoff:
+            # the bound without the moments first, then the whole problem's
+            lower = c.gp.problem.memory_lower_bound()
+            if cutoff is not None and alpha_gib_per_s is None and lower >= cutoff:
                 work["memory_solves_skipped"] += 1
-                continue  # even the least memory any choice here needs is no better than the best so far
+                continue  # even the lower memory any choice here needs is no better than the best so far
+            lower = complete(c)
+            if lower > budget_bytes:
+                continue  # no choice here fits (known once the moments are in)
+            if cutoff is not None and alpha_gib_per_s is None and lower >= cutoff:
+                work["memory_solves_skipped"] += 1
+                continue
             start = c.res.choice if c.result is not None else None
             try:
                 if alpha_gib_per_s is not None:
