@@ -12,12 +12,14 @@ one needing the least memory is reported with ``fits = False``.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 
-from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.calibration import DEFAULT_CALIBRATION, FALLBACK_MATMUL_EFFICIENCY, Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.compute import backward_flops, forward_flops
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.precision import get_precision
@@ -99,6 +101,7 @@ class UniformEvaluator:
         self._times: dict[Candidate, PlanTime | None] = {}
         self._memories: dict[Candidate, PlanMemory | None] = {}
         self._parameters: int | None = None
+        self._flops: dict[int, float] = {}  # micro-batch -> forward and backward FLOPs of its graph
 
     def graph(self, micro_batch: int) -> Graph:
         if micro_batch not in self._graphs:
@@ -137,6 +140,24 @@ class UniformEvaluator:
             t = None
         self._times[c] = t
         return t
+
+    def time_floor(self, c: Candidate) -> float:
+        """Seconds per step ``c`` takes at least, without pricing it: every operator's arithmetic at
+        the GPU's highest peak and matmul efficiency, cut over at most ``tp·ep`` devices per stage,
+        through a pipeline whose busiest stage holds at least ``1/pp`` of it. The step is ``m·t_max +
+        (Σ − t_max)/v + once`` (:func:`~parplan.solver.cost.plan_evaluator.pipeline_seconds`), at
+        least ``Σ/pp·(m + (pp − 1)/v)``. A test checks it against every configuration priced."""
+        if c.micro_batch not in self._flops:
+            g = self.graph(c.micro_batch)
+            self._flops[c.micro_batch] = sum(forward_flops(n, g) + backward_flops(n, g) for n in g.nodes
+                                             if not n.is_leaf)
+        gpu = self.cluster.gpu
+        rate = max(gpu.peak_flops.values()) * max([*self.calibration.matmul_efficiency.values(),
+                                                   FALLBACK_MATMUL_EFFICIENCY])
+        m = self.global_batch // (c.micro_batch * c.dp)
+        v = c.virtual if c.schedule is Schedule.INTERLEAVED else 1
+        per_microbatch = self._flops[c.micro_batch] / (c.tp * c.ep * rate)  # Σ over the stages, at least
+        return per_microbatch / c.pp * (m + (c.pp - 1) / v) * (1 - 1e-9)  # (rounding: never above)
 
     def states_floor(self, c: Candidate) -> float:
         """Bytes per device ``c`` holds at least, without pricing it: every parameter's weights,
@@ -190,10 +211,14 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
     """:func:`best_of` the candidates' evaluations, pricing only what can change the answer.
 
     A candidate whose model states alone (:meth:`UniformEvaluator.states_floor`) exceed the budget
-    cannot fit: it is not priced. The others' step time is priced; memory (the dearer half) only
-    in order of time until one fits, and for the candidates as fast as it (the tie goes to the least
-    memory). When none fits, memory is priced in order of the floor until the floor is above the
-    least memory found. The answer is the one :func:`best_of` gives."""
+    cannot fit: it is not priced. The others are taken best first: by their step time once priced,
+    by their least possible time (:meth:`UniformEvaluator.time_floor`) until then; a candidate
+    comes up unpriced is priced and goes back by its time, one comes up priced has its memory (the
+    dearer half) priced. The first that fits is the fastest, and the candidates that come up as
+    fast as it are priced too (the tie goes to the least memory, then to the first given); the
+    rest cannot be faster and are never priced. When none fits, memory is priced in order of the
+    floor until the floor is above the least memory found. The answer is the one :func:`best_of`
+    gives."""
     every = list(cands)
     floor = [ev.states_floor(c) for c in every]
     times: dict[int, PlanTime | None] = {}
@@ -209,14 +234,21 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
             memory[i] = ev.memory_of(every[i])
         return memory[i]
 
-    seconds = {i: t.step_seconds for i in range(len(every)) if floor[i] <= budget_bytes and (t := tim(i)) is not None}
+    # (seconds, priced, index): least possible seconds until priced, then the step's
+    queue = [(ev.time_floor(every[i]), False, i) for i in range(len(every)) if floor[i] <= budget_bytes]
+    heapq.heapify(queue)
     best: tuple[float, float, int, PlanMemory] | None = None  # (seconds, peak bytes, index, memory)
-    for i in sorted(seconds, key=lambda i: seconds[i]):  # stable: ties in given order
-        secs = seconds[i]
+    while queue:
+        secs, priced, i = heapq.heappop(queue)
         if best is not None and secs > best[0]:
-            break
+            break  # neither it nor anything after it is as fast as the answer
+        if not priced:
+            t = tim(i)
+            if t is not None:
+                heapq.heappush(queue, (t.step_seconds, True, i))
+            continue
         m = mem(i)
-        if m is not None and m.peak_bytes <= budget_bytes and (best is None or (secs, m.peak_bytes) < best[:2]):
+        if m is not None and m.peak_bytes <= budget_bytes and (best is None or (secs, m.peak_bytes, i) < best[:3]):
             best = (secs, m.peak_bytes, i, m)
     if best is None:  # none fits: the least memory, first in the given order among equal ones
         for i in sorted(range(len(every)), key=lambda i: floor[i]):

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from parplan.solver.baselines import BASELINES, UniformEvaluator, _family, baseline, best_of
+from parplan.solver.baselines import BASELINES, UniformEvaluator, _family, baseline, best_of, enumerate_uniform
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.pipeline import blocks_of
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.models import resolve_model
+from parplan.solver.targets import Target, family
 
 GIB = 2**30
 
@@ -36,4 +38,34 @@ def test_lazy_baselines_equal_every_configuration_priced(model: str, gpus: int, 
         assert got.strategy == want.strategy, name
         assert (got.memory, got.time) == (want.memory, want.time)
     if budget_gib == 80.0:  # every family has a configuration that fits: few memories are priced
-        assert ev.memory_evaluations * 4 < ev.evaluations
+        family = {c for name in BASELINES for c in _family(name, cluster, batch, blocks)}
+        assert ev.memory_evaluations * 4 < len(family)
+        assert ev.evaluations < len(family)  # and not every step time (the least possible time rules some out)
+
+
+@pytest.mark.parametrize(("model", "gpus", "batch"), [("gpt-1.7b", 8, 16), ("llama-2-7b", 16, 64),
+                                                      ("bert-large", 4, 4), ("mixtral-8x7b", 16, 32),
+                                                      ("t5-11b", 8, 16)])
+@pytest.mark.parametrize("runtime", [Runtime.MEGATRON, Runtime.TORCH, Runtime.DEEPSPEED])
+def test_the_least_possible_time_is_never_above_the_step(model: str, gpus: int, batch: int,
+                                                         runtime: Runtime) -> None:
+    """What lets :func:`fastest_fitting` leave configurations unpriced: every configuration the
+    baselines and the targets' families enumerate (TP, PP, DP, ZeRO 0-3, SP, recomputation,
+    micro-batches, interleaved schedules, expert parallelism), priced, takes at least
+    :meth:`UniformEvaluator.time_floor`."""
+    source = resolve_model(model)
+    cluster = make_cluster(gpus, 8, "A100-80GB")
+    ev = UniformEvaluator(source, cluster, batch, None, runtime=runtime)
+    blocks = len(blocks_of(ev.graph(1)))
+    experts = 8 if model.startswith("mixtral") else 0
+    cands = set(enumerate_uniform(cluster, batch, blocks))
+    cands |= set(family(Target.MEGATRON, cluster, batch, blocks, experts))
+    assert any(c.virtual > 1 for c in cands) and (not experts or any(c.ep > 1 for c in cands))
+    priced = 0
+    for c in sorted(cands, key=repr):
+        t = ev.time_of(c)
+        if t is None:
+            continue
+        priced += 1
+        assert ev.time_floor(c) <= t.step_seconds, c
+    assert priced > 20
