@@ -130,6 +130,9 @@ class Graph:
     meta: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     _index: Mapping[str, Node] = field(default_factory=lambda: MappingProxyType({}), repr=False,
                                        compare=False)
+    #: values derived from the graph alone, computed once (a graph never changes once made; a new
+    #: graph, e.g. from ``dataclasses.replace``, starts empty)
+    memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @staticmethod
     def of(name: str, nodes: Iterable[Node], meta: Mapping[str, Any] | None = None) -> Graph:

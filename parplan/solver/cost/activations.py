@@ -76,7 +76,20 @@ def _tensor(node: Node, activation_bytes: int) -> SavedItem:
 
 def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_attention: bool,
                    recompute: Recompute, runtime: Runtime = Runtime.MEGATRON) -> list[SavedItem]:
-    """Buffers ``node`` keeps for backward (parameters are never activations)."""
+    """Buffers ``node`` keeps for backward (parameters are never activations); remembered on the
+    graph for its own nodes (the searches ask for the same ones many times)."""
+    if node.id not in graph or graph.node(node.id) is not node:
+        return _op_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime)
+    cache = graph.memo.setdefault("op_saved_items", {})
+    key = (node.id, activation_bytes, flash_attention, recompute, runtime)
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = tuple(_op_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime))
+    return list(hit)
+
+
+def _op_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
+                    recompute: Recompute, runtime: Runtime) -> list[SavedItem]:
     ins = [graph.node(i) for i in node.inputs]
     acts = [i for i in ins if not i.is_parameter and i.kind is not OpKind.PARAMETER]
     k = node.kind

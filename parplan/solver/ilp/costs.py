@@ -127,7 +127,14 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
     work = ctx.memo.get(key)
     if work is None:
         work = ctx.memo[key] = _work_cost(node, s, ctx)
-    held, redundant = _saved_cost(node, s, ctx, partial_dims)
+    # the saved activations: the same for operators alike that save alike buffers
+    saved = (tuple((it.total_bytes, it.dims) for it in ctx.saved_by_owner.get(node.id, ())),
+             tuple((pos, it.total_bytes, it.dims) for pos, it in ctx.saved_at_input.get(node.id, ())))
+    skey = ("saved", key, partial_dims, saved)
+    held_redundant = ctx.memo.get(skey)
+    if held_redundant is None:
+        held_redundant = ctx.memo[skey] = _saved_cost(node, s, ctx, partial_dims)
+    held, redundant = held_redundant
     return StrategyCost(work.memory + held, work.redundant + redundant, work.seconds)
 
 

@@ -38,7 +38,7 @@ from parplan.solver.cost.op_layout import OpStrategy, input_layout, output_layou
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.rules import optimizer_temporary_bytes
-from parplan.solver.cost.runtime import FSDP, IN_PLACE, Runtime
+from parplan.solver.cost.runtime import FSDP, IN_PLACE
 from parplan.solver.ilp.costs import signature
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
 from parplan.solver.ilp.problem import GraphProblem, partial_saved_bytes, resharded_copy_bytes
@@ -536,13 +536,17 @@ def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
                                                    recompute=ctx.recompute, runtime=ctx.runtime)}
         unit_act = Lin()
         seen: set[str] = set()
+        saver: dict[str, Node] = {}  # saved buffer -> the first operator of the unit that saves it
+        for n in nodes:
+            for it in saved_items(graph, [n], act, flash_attention=ctx.flash_attention, recompute=ctx.recompute,
+                                  runtime=ctx.runtime):
+                saver.setdefault(it.key, n)
         for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention, recompute=ctx.recompute,
                               runtime=ctx.runtime):
             if it.key in seen or it.key in shared_keys:
                 continue
             seen.add(it.key)
-            saver = _saver(nodes, it.key, ctx.recompute, graph, act, ctx.flash_attention, ctx.runtime)
-            unit_act = unit_act.add(terms.item(it.key, saver, it))
+            unit_act = unit_act.add(terms.item(it.key, saver.get(it.key, nodes[0]), it))
         for n in nodes:
             unit_act = unit_act.add(terms.kept_copies(n))
         acc = _sum(terms.weight_grads(n, zero3_only=True) for n in nodes)
@@ -583,16 +587,6 @@ def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
         out.append(_Unit(name, nodes, is_block, tuple(gp.rep_of[n.id] for n in nodes), unit_act, acc, untied,
                          gathered, detail))
     return out
-
-
-def _saver(nodes: Sequence[Node], key: str, recompute: Recompute, graph: object, act: int, flash: bool,
-           runtime: Runtime) -> Node:
-    for n in nodes:
-        items = saved_items(graph, [n], act, flash_attention=flash, recompute=recompute,  # type: ignore[arg-type]
-                            runtime=runtime)
-        if any(it.key == key for it in items):
-            return n
-    return nodes[0]
 
 
 def _shared_keys(gp: GraphProblem) -> set[str]:
