@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parplan.solver.errors import ConfigError
+from parplan.solver.frontends.torch_moe import collapse_experts, is_experts_module, map_topk
 from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, make_node
 
 #: ATen operator (overload packet name, in-place ``_`` stripped) -> the IR it maps to.
@@ -78,6 +79,9 @@ OP_TABLE: Mapping[str, str] = {
     # slicing: reshape + reduce(op=select), or nothing when the slice is the whole axis
     "split": "select", "split_with_sizes": "select", "unsafe_split": "select", "chunk": "select",
     "unbind": "select", "slice": "select", "narrow": "select", "select": "select",
+    # MoE routing (torch_moe): the values select k entries; a routed-experts module is one dispatch,
+    # the experts' einsums and one combine
+    "topk": "select (values) + index input (indices)",
 }
 
 _ALIAS = frozenset({"alias", "contiguous", "clone", "detach", "to", "_to_copy", "type_as", "lift_fresh_copy"})
@@ -126,6 +130,7 @@ class _Atoms:
         self.name_as: dict[int, int] = {}  # atom -> atom whose name it takes (concat inputs)
         self.keep: set[int] = set()  # size-1 atoms that stay in IR dims
         self.derived: dict[int, tuple[int, str]] = {}  # atom -> (atom, suffix) its name extends
+        self.expanded: set[int] = set()  # atoms an ``expand`` created (broadcast copies when read whole)
         self._tensors = 0
         self._order = 0
 
@@ -542,6 +547,7 @@ class _Tracer:
         self.param_of: dict[str, str] = {}  # exported target -> canonical parameter name
         self.user_inputs: list[int] = []
         self._split_cache: dict[tuple[Any, ...], _Val] = {}
+        self.router: tuple[_Val, int] | None = None  # the last top-k router's (probabilities, k)
         canon: dict[int, str] = {}
         for n, p in module.named_parameters():
             canon[id(p)] = n
@@ -814,6 +820,7 @@ class _Tracer:
                 else:
                     a = self.A.new(s)
                     new.add(a)
+                    self.A.expanded.add(a)
                     axes.append([a])
             self.A.register(_flat(axes))
             return x.like(axes, dtype, frozenset(new))
@@ -842,6 +849,8 @@ class _Tracer:
             if ("norm" in cls and "batch" not in cls and "group" not in cls and w is not None and w.dim() == 1
                     and total == len(own) and set(own) <= {"weight", "bias"}):
                 res = ("norm", mod)
+            elif is_experts_module(mod):
+                res = ("experts", mod)
             elif total == 0 and "squared" not in cls and "glu" not in cls.replace("gelu", ""):
                 res = next((("act", fn) for key, fn in _ACT_NAMES if key in cls), None)
         self._collapsible_cache[path] = res
@@ -882,6 +891,9 @@ class _Tracer:
             ext.extend(a for a in n.all_input_nodes if a not in inside and a not in ext)
         vals = [(a, env.get(a)) for a in ext]
         params = {v.rec for _, v in vals if isinstance(v, _Val) and self._is_param(v)}
+        if info[0] == "experts":
+            outs = [n for n in nodes if any(u not in inside for u in n.users)]
+            return len(outs) == 1 and collapse_experts(self, path, info[1], outs[0], vals, env)
         xs = [(a, v) for a, v in vals if isinstance(v, _Val) and not self._is_param(v)
               and v.dtype in _FLOAT and not v.empty]
         if len(xs) != 1:
@@ -1165,7 +1177,7 @@ class _Tracer:
 
     def _coerce(self, j: int, expected: list[int]) -> str:
         """The id of a node holding record ``j`` with the dims ``expected``: the record itself,
-        or a rename (reshape) / broadcast copies (reshape + concat) of it."""
+        or broadcast copies (reshape + concat) of it and / or a rename (reshape)."""
         src = self._by_id[self._ids[j]]
         have = [a for a, _ in src.dims]
         want = self._ir_leaves(expected)
@@ -1174,20 +1186,26 @@ class _Tracer:
         key = (j, tuple(want))
         if key in self._coerced:
             return self._coerced[key]
-        cur = src
         if set(have) < set(want):  # broadcast view read whole: materialise the copies
-            for m in (a for a in want if a not in set(have)):
-                n = self.A.size[m]
-                if n > _MAX_REPEAT:
-                    raise self._err(f"an expand by {n} of a computed tensor feeds an op that needs it whole")
-                one = self._new(f"{src.id}.unsqueeze", OpKind.RESHAPE, [cur.id], [*cur.dims, (m, 1)], cur.dtype,
-                                src.path, {})
-                cur = one if n == 1 else self._new(f"{src.id}.repeat", OpKind.CONCAT, [one.id] * n,
-                                                   [*cur.dims, (m, n)], cur.dtype, src.path, {"dim": _D((m,))})
-        else:
-            if math.prod(s for _, s in src.dims) != self._size(want):
+            copies = [a for a in want if a not in set(have)]
+        else:  # e.g. repeat_kv's expanded keys read with a renamed (kv_seq) axis: copies, then a rename
+            expanded = {self.A.find(e) for e in self.A.expanded}
+            copies = [a for a in want if a not in set(have) and self.A.find(a) in expanded]
+            if math.prod(s for _, s in src.dims) * self._size(copies) != self._size(want):
+                copies = []
+        cur = src
+        for m in copies:
+            n = self.A.size[m]
+            if n > _MAX_REPEAT:
+                raise self._err(f"an expand by {n} of a computed tensor feeds an op that needs it whole")
+            one = self._new(f"{src.id}.unsqueeze", OpKind.RESHAPE, [cur.id], [*cur.dims, (m, 1)], cur.dtype,
+                            src.path, {})
+            cur = one if n == 1 else self._new(f"{src.id}.repeat", OpKind.CONCAT, [one.id] * n,
+                                               [*cur.dims, (m, n)], cur.dtype, src.path, {"dim": _D((m,))})
+        if {a for a, _ in cur.dims} != set(want):
+            if math.prod(s for _, s in cur.dims) != self._size(want):
                 raise self._err(f"internal: {src.id!r} is read with dims of another size")
-            cur = self._new(f"{src.id}.view", OpKind.RESHAPE, [src.id], [(a, self.A.size[a]) for a in want],
+            cur = self._new(f"{src.id}.view", OpKind.RESHAPE, [cur.id], [(a, self.A.size[a]) for a in want],
                             src.dtype, src.path, {})
         self._coerced[key] = cur.id
         return cur.id
@@ -1625,6 +1643,10 @@ def _h_select(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> _Val:
     return t._select(x, dim, int(args["index"]) % t._size(x.axes[dim]), _out(t, node)[1], None)
 
 
+def _h_topk(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> list[Any]:
+    return map_topk(t, node, args)
+
+
 _HANDLERS: Mapping[str, Handler] = {
     "linear": _h_linear,
     **dict.fromkeys(("addmm", "baddbmm", "mm", "bmm", "matmul"), _h_matmul),
@@ -1642,4 +1664,5 @@ _HANDLERS: Mapping[str, Handler] = {
     **dict.fromkeys(_VIEWS, _h_view),
     **dict.fromkeys(("split", "split_with_sizes", "unsafe_split", "chunk", "unbind", "slice", "narrow"), _h_split),
     "select": _h_select,
+    "topk": _h_topk,
 }
