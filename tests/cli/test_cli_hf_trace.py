@@ -22,8 +22,9 @@ from parplan.solver.planner import RequestError, parse_plan_request  # noqa: E40
 from parplan.solver.wire import SCHEMA_PATH  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "hf"
-#: Tiny configs (2 layers, hidden 64) of architectures without a hand-written mapper.
-TRACED = ["gemma2", "gemma3_text", "phi3", "gpt_neox", "olmo2", "qwen2_moe"]
+#: Tiny configs (2 layers, hidden 64) of architectures without a hand-written mapper; DeepSeek-V3's
+#: first layer is dense, its second routes 2 of 4 experts in 2 groups (multi-head latent attention).
+TRACED = ["gemma2", "gemma3_text", "phi3", "gpt_neox", "olmo2", "qwen2_moe", "deepseek_v3"]
 PLAN = ["--gpus", "2", "--global-batch", "4", "--seq-len", "32", "--json"]
 
 

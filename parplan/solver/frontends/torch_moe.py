@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 #: Name-hint priority of the ``expert`` and ``capacity`` dims (the cost model reads ``expert``).
 _P_EXPERT = 5
+#: Priority of naming the tokens' features ``hidden`` (a norm's or embedding's name wins).
+_P_HIDDEN = 13
 
 
 def is_experts_module(mod: Any) -> bool:
@@ -56,6 +58,35 @@ def map_topk(t: _Tracer, node: Any, args: dict[str, Any]) -> list[Any]:
     if dim == len(x.axes) - 1:
         t.router = (x, k)
     return [values, indices]
+
+
+def map_gather(t: _Tracer, node: Any, args: dict[str, Any]) -> Any:
+    """``gather`` of activations along ``dim`` by an index tensor of the input's shape but fewer
+    entries there (a router's top-k weights): a select of as many entries (same shape and bytes;
+    which entries is data)."""
+    from parplan.solver.frontends.torch_trace import _Val
+
+    x, index = args["self"], args["index"]
+    assert isinstance(x, _Val)
+    dim = int(args["dim"]) % len(x.axes)
+    shape = [int(s) for s in node.meta["val"].shape]
+    if not isinstance(index, _Val) or not index.aux or len(shape) != len(x.axes) \
+            or any(shape[i] != t._size(a) for i, a in enumerate(x.axes) if i != dim):
+        raise t._err("unsupported operator aten.gather: only a gather along one dim of an index of the input's "
+                     "other sizes maps")
+    out = t._ranges(x, dim, [(0, shape[dim])], refine=False)[0]
+    return out.like([list(a) for a in out.axes], t._dtype(node.meta["val"].dtype))
+
+
+def map_masked_fill(t: _Tracer, node: Any, args: dict[str, Any]) -> Any:
+    """``masked_fill`` of activations by a mask not derived from parameters (a router's group
+    mask): an elementwise ``mul`` by the mask (the same bytes and FLOPs)."""
+    from parplan.solver.frontends.torch_trace import _Val
+
+    x, mask = args["self"], args["mask"]
+    if not isinstance(x, _Val) or not isinstance(mask, _Val) or not mask.aux or isinstance(args.get("value"), _Val):
+        raise t._err("unsupported operator aten.masked_fill: only a mask computed from inputs or indices maps")
+    return t._ew([x, mask], "mul", "mul", t._dtype(node.meta["val"].dtype))
 
 
 def collapse_experts(t: _Tracer, path: str, mod: Any, main: Any, vals: list[tuple[Any, Any]],
@@ -93,6 +124,7 @@ def collapse_experts(t: _Tracer, path: str, mod: Any, main: Any, vals: list[tupl
     tokens = math.prod(shape[:-1])
     cap = t.A.new(math.ceil(tokens * top_k / n_exp))
     t.A.hint(cap, "capacity", _P_EXPERT)
+    t._hint(x.axes[-1], "hidden", _P_HIDDEN)
     probs_in = t._spec(probs, exp_p)
     xe_atoms = [e, cap, *x.axes[-1]]
     xe_rec = t._rec(OpKind.DISPATCH, xe_atoms, [t._spec(x), probs_in], x.dtype, "dispatch", top_k=top_k,

@@ -26,8 +26,10 @@ first block) or ``head`` (after the last), and ``meta["units"]`` lists the tags 
 
 Slices and splits become ``reduce`` nodes with ``op="select"`` (and ``index``) over a
 ``[parts, piece]`` split of the axis; an ``expand`` read whole by a non-elementwise op becomes
-copies (``reshape`` + ``concat``). Not mapped (they raise): MoE routing (``topk``, ``scatter``,
-``index_select``), ``where`` / ``masked_fill`` on activations, convolutions, strided slices.
+copies (``reshape`` + ``concat``). A strided slice ``start::step`` (interleaved rotary halves) is a
+``[rows, step]`` reshape and a select. MoE: see :mod:`parplan.solver.frontends.torch_moe`. Not mapped
+(they raise): ``scatter``, ``index_select``, ``where`` on activations,
+convolutions, other strided slices.
 Attention masks the model computes are kept as the attention's bias input (``causal`` is then
 false, as the exported call says).
 """
@@ -44,7 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parplan.solver.errors import ConfigError
-from parplan.solver.frontends.torch_moe import collapse_experts, is_experts_module, map_topk
+from parplan.solver.frontends.torch_moe import (
+    collapse_experts,
+    is_experts_module,
+    map_gather,
+    map_masked_fill,
+    map_topk,
+)
 from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, make_node
 
 #: ATen operator (overload packet name, in-place ``_`` stripped) -> the IR it maps to.
@@ -82,6 +90,8 @@ OP_TABLE: Mapping[str, str] = {
     # MoE routing (torch_moe): the values select k entries; a routed-experts module is one dispatch,
     # the experts' einsums and one combine
     "topk": "select (values) + index input (indices)",
+    "gather": "select (as many entries along the dim as the index holds)",
+    "masked_fill": "elementwise mul by the mask (a mask not derived from parameters)",
 }
 
 _ALIAS = frozenset({"alias", "contiguous", "clone", "detach", "to", "_to_copy", "type_as", "lift_fresh_copy"})
@@ -1080,6 +1090,26 @@ class _Tracer:
             base = cached
         return [self._select(base, dim, i, dtype, f"{i}") for i in range(parts)]
 
+    def _strided(self, x: _Val, dim: int, step: int, start: int, dtype: str) -> _Val:
+        """Every ``step``-th element of axis ``dim`` from ``start`` (< step), e.g. the even and odd
+        halves of an interleaved rotary embedding: the axis as ``[rows, step]`` (a reshape of this
+        tensor unless its atoms already split so), and a select of ``start`` over ``step``."""
+        rows = self._size(x.axes[dim]) // step
+        groups = self.A.regroup(self.A.leaves(x.axes[dim]), [rows, step], refine=False)
+        if groups is not None:
+            base = x.like([*x.axes[:dim], groups[0], groups[1], *x.axes[dim + 1:]], dtype)
+        else:
+            key = (x.rec, tuple(_flat(x.axes)), dim, -step)
+            cached = self._split_cache.get(key)
+            if cached is None:
+                r, q = ([self.A.new(rows)] if rows > 1 else []), self.A.new(step)
+                self.A.hint(q, "interleave", _P_MISC)
+                axes = [*(list(a) for a in x.axes[:dim]), r, [q], *(list(a) for a in x.axes[dim + 1:])]
+                rec = self._rec(OpKind.RESHAPE, _flat(axes), [self._spec(x)], dtype, "interleave")
+                cached = self._split_cache[key] = _Val(axes, rec, dtype, False)
+            base = cached
+        return self._select(base, dim + 1, start, dtype, f"{start}")
+
     def _ranges(self, x: _Val, dim: int, ranges: list[tuple[int, int]], *, refine: bool) -> list[_Val]:
         """Ranges ``[a, b)`` of axis ``dim``: the axis cut into pieces of gcd(bounds) elements
         (see :meth:`_pieces`), and a range of several pieces their concat."""
@@ -1629,7 +1659,10 @@ def _h_split(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
             step, start = 1, int(args["start"]) % total
             end = start + int(args["length"])
         if step != 1:
-            raise t._err(f"unsupported operator aten.{op}: a strided slice is not representable")
+            if total % step or start >= step or -(-(end - start) // step) != total // step:
+                raise t._err(f"unsupported operator aten.{op}: a strided slice of {start}:{end}:{step} over "
+                             f"{total} elements is not representable")
+            return t._strided(x, dim, step, start, x.dtype)
         return t._ranges(x, dim, [(start, end)], refine=False)[0]
     bounds = [0]
     for m in node.meta["val"]:
@@ -1645,6 +1678,14 @@ def _h_select(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> _Val:
 
 def _h_topk(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> list[Any]:
     return map_topk(t, node, args)
+
+
+def _h_gather(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
+    return map_gather(t, node, args)
+
+
+def _h_masked_fill(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
+    return map_masked_fill(t, node, args)
 
 
 _HANDLERS: Mapping[str, Handler] = {
@@ -1665,4 +1706,6 @@ _HANDLERS: Mapping[str, Handler] = {
     **dict.fromkeys(("split", "split_with_sizes", "unsafe_split", "chunk", "unbind", "slice", "narrow"), _h_split),
     "select": _h_select,
     "topk": _h_topk,
+    "gather": _h_gather,
+    "masked_fill": _h_masked_fill,
 }
