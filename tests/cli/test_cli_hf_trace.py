@@ -65,6 +65,18 @@ def test_traced_config_plans_with_both_searches(model_type: str, search: str,
         assert base is None or (base["memory"]["peak_bytes"] > 0 and base["time"]["step_seconds"] > 0), name
 
 
+def test_memory_of_a_traced_config_with_tp_and_pp(capsys: pytest.CaptureFixture[str]) -> None:
+    """``parplan memory`` prices a strategy on the traced graph: TP 2 halves the block weights."""
+    common = ["memory", "--model", str(DATA / "phi3.json"), "--gpus", "4", "--seq-len", "32", "--json"]
+    docs = []
+    for tp in ("1", "2"):
+        assert main([*common, "--tp", tp, "--pp", "2", "--global-batch", "8"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    assert all(d["memory"]["peak_bytes"] > 0 and d["time"]["step_seconds"] > 0 for d in docs)
+    assert len(docs[1]["memory"]["stages"]) == 2
+    assert docs[1]["memory"]["breakdown"]["parameters"] < docs[0]["memory"]["breakdown"]["parameters"]
+
+
 def test_moe_trace_has_dispatch_combine_and_k_times_the_expert_flops(tmp_path: Path) -> None:
     """Qwen2-MoE: one dispatch and one combine per layer; the experts see tokens·top_k/experts
     tokens each (capacity), so their einsum is top_k times a dense MLP of the expert width."""

@@ -79,7 +79,7 @@ OP_TABLE: Mapping[str, str] = {
     # views: no node, or a reshape when axes cannot be regrouped
     "view": "view", "_unsafe_view": "view", "reshape": "view", "flatten": "view", "unflatten": "view",
     "squeeze": "view", "unsqueeze": "view", "view_as": "view", "reshape_as": "view",
-    "transpose": "view", "swapaxes": "view", "swapdims": "view", "permute": "view", "t": "view",
+    "transpose": "view", "swapaxes": "view", "swapdims": "view", "permute": "view", "t": "view", "numpy_T": "view",
     "movedim": "view", "expand": "broadcast view", "expand_as": "broadcast view",
     "broadcast_to": "broadcast view",
     "alias": "alias", "contiguous": "alias", "clone": "alias", "detach": "alias", "to": "alias",
@@ -95,7 +95,7 @@ OP_TABLE: Mapping[str, str] = {
 }
 
 _ALIAS = frozenset({"alias", "contiguous", "clone", "detach", "to", "_to_copy", "type_as", "lift_fresh_copy"})
-_PERMUTE = frozenset({"transpose", "swapaxes", "swapdims", "permute", "t", "movedim"})
+_PERMUTE = frozenset({"transpose", "swapaxes", "swapdims", "permute", "t", "numpy_T", "movedim"})
 _REGROUP = frozenset({"view", "_unsafe_view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze",
                       "view_as", "reshape_as"})
 _EXPAND = frozenset({"expand", "expand_as", "broadcast_to"})
@@ -1376,7 +1376,7 @@ def _permutation(op: str, args: dict[str, Any], n: int) -> list[int]:
         return perm
     if op == "permute":
         return [int(d) % n for d in args["dims"]]
-    if op == "t":
+    if op in ("t", "numpy_T"):  # Tensor.t and Tensor.T: all axes reversed
         return list(range(n))[::-1]
     src_raw, dst_raw = args["source"], args["destination"]
     src = [int(s) % n for s in (src_raw if isinstance(src_raw, list | tuple) else [src_raw])]
