@@ -159,3 +159,22 @@ def test_masked_fill_by_an_input_mask_is_a_mul() -> None:
     g = _check(trace_module(model, (torch.zeros(B, S, dtype=torch.long, device="meta"),)), model)
     (mul,) = [n for n in g.nodes if n.kind is OpKind.ELEMENTWISE]
     assert mul.attrs["fn"] == "mul" and g.node(mul.inputs[1]).kind is OpKind.INPUT
+
+
+def test_top1_of_128_is_one_select_of_a_128_way_split() -> None:
+    """The top-1 value over 128 experts: one select (the 127 other pieces are never made)."""
+
+    class Top1(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router = nn.Linear(H, 128, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            return x * self.router(x).softmax(dim=-1).topk(1, dim=-1)[0]
+
+    with torch.device("meta"):
+        model = Top1()
+    g = _check(trace_module(model, (torch.zeros(B, S, H, device="meta"),)), model)
+    (sel,) = [n for n in g.nodes if n.kind is OpKind.REDUCE and n.attrs.get("op") == "select"]
+    assert sel.numel == B * S and sel.attrs["index"] == 0
+    assert g.node(sel.inputs[0]).numel == B * S * 128

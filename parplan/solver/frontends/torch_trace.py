@@ -114,7 +114,7 @@ _FLOAT = frozenset({"fp32", "tf32", "bf16", "fp16", "fp8"})
 
 #: Largest broadcast (``expand``) of a computed tensor that is materialised as copies.
 _MAX_REPEAT = 256
-#: Most pieces an uneven slice or split of a computed tensor is cut into.
+#: Most pieces an uneven slice or split of a computed tensor is made of (selected and concatenated).
 _MAX_PIECES = 64
 
 # name-hint priorities (lower wins)
@@ -1064,10 +1064,11 @@ class _Tracer:
                         over=_D(tuple(x.axes[dim]), many=True), op="select", index=index)
         return _Val(out, rec, dtype, False)
 
-    def _pieces(self, x: _Val, dim: int, parts: int, dtype: str, *, refine: bool) -> list[_Val]:
-        """``parts`` equal pieces of axis ``dim``, each a select. With ``refine`` (split, chunk) the
-        axis itself is split into [parts, piece] everywhere (a fused qkv weight gets a ``qkv``
-        dim); otherwise (slices) a reshape of this tensor makes the [parts, piece] dims."""
+    def _pieces(self, x: _Val, dim: int, parts: int, dtype: str, *, refine: bool,
+                which: Sequence[int] | None = None) -> list[_Val]:
+        """``parts`` equal pieces of axis ``dim`` (only those ``which`` lists), each a select. With
+        ``refine`` (split, chunk) the axis itself is split into [parts, piece] everywhere (a fused
+        qkv weight gets a ``qkv`` dim); otherwise (slices) a reshape of this tensor makes them."""
         total = self._size(x.axes[dim])
         piece = total // parts
         src = self.A.leaves(x.axes[dim])
@@ -1088,7 +1089,7 @@ class _Tracer:
                 rec = self._rec(OpKind.RESHAPE, _flat(axes), [self._spec(x)], dtype, "split")
                 cached = self._split_cache[key] = _Val(axes, rec, dtype, False)
             base = cached
-        return [self._select(base, dim, i, dtype, f"{i}") for i in range(parts)]
+        return [self._select(base, dim, i, dtype, f"{i}") for i in (range(parts) if which is None else which)]
 
     def _strided(self, x: _Val, dim: int, step: int, start: int, dtype: str) -> _Val:
         """Every ``step``-th element of axis ``dim`` from ``start`` (< step), e.g. the even and odd
@@ -1118,12 +1119,13 @@ class _Tracer:
             return [x.like([list(a) for a in x.axes])]
         g = math.gcd(total, *(c for r in ranges for c in r))
         parts = total // g
-        if parts > _MAX_PIECES:
-            raise self._err(f"a slice of an axis of {total} into pieces of {g} ({parts} pieces) is not representable")
-        pieces = self._pieces(x, dim, parts, x.dtype, refine=refine)
+        needed = sorted({i for a, b in ranges for i in range(a // g, b // g)})
+        if len(needed) > _MAX_PIECES:
+            raise self._err(f"a slice of an axis of {total} into {len(needed)} pieces of {g} is not representable")
+        pieces = dict(zip(needed, self._pieces(x, dim, parts, x.dtype, refine=refine, which=needed), strict=True))
         out: list[_Val] = []
         for a, b in ranges:
-            sel = pieces[a // g: b // g]
+            sel = [pieces[i] for i in range(a // g, b // g)]
             if not sel:
                 out.append(_Val([[] for _ in x.axes], -1, x.dtype, False, empty=True))
             else:
