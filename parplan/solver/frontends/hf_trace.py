@@ -127,6 +127,7 @@ def trace_hf_config(cfg: Mapping[str, Any], name: str, seq_len: int | None = Non
     if batch < 2:
         raise ConfigError(f"trace with batch >= 2 (a batch of 1 has no batch dim), got {batch}")
     seq = seq_len or default_seq_len(cfg)
+    batch = batch + 1 if batch == seq else batch  # two axes of one size could not be told apart by name
     model, causal = build_meta_model(cfg)
     torch = import_torch()
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
