@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole CLI: this module's subcommands plus the service's and the agent's. Every
     subparser sets ``handler`` (a function of the parsed arguments returning the exit status)."""
     from parplan.agent.commands import register as register_agent
+    from parplan.graph_command import register as register_graph
     from parplan.service.commands import register as register_service
 
     parser = argparse.ArgumentParser(prog="parplan", description="Automatic parallelism planner for training "
@@ -168,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list model presets with their parameter counts")
     models.add_argument("--json", action="store_true", help="print one JSON document")
     models.set_defaults(handler=cmd_models)
+    register_graph(sub)
     register_service(sub)
     register_agent(sub)
     return parser
@@ -175,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, ParallelConfig]:
     """Model, cluster and strategy from parsed ``memory``-style arguments (UsageError if bad)."""
-    model = resolve_model(args.model)
+    model = resolve_model(args.model, seq_len=args.seq_len)
     cluster = make_cluster(args.gpus, args.gpus_per_node, args.gpu, args.gpu_memory_gib)
     per_replica = args.tp * args.pp
     if cluster.num_devices % per_replica:
@@ -267,7 +269,7 @@ def _memory_from(args: argparse.Namespace) -> int:
         text = Path(path).read_text()
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
-    model = resolve_model(args.model) if args.model else None
+    model = resolve_model(args.model, seq_len=args.seq_len) if args.model else None
     launch = None
     if kind == "galvatron-config":
         text, launch = _galvatron_files(Path(path), text)
@@ -354,7 +356,7 @@ def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:
 
 def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The HTTP request body (DESIGN.md's shape) equivalent to ``parplan plan`` arguments."""
-    model = resolve_model(args.model)
+    model = resolve_model(args.model, seq_len=args.seq_len)
     if model.config is not None and not args.model.endswith(".json"):
         spec: dict[str, Any] = {"preset": model.name}
     else:

@@ -10,7 +10,8 @@ from typing import Any
 from parplan.solver.errors import ConfigError, GraphValidationError, UnknownModelError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
-from parplan.solver.frontends.hf import config_from_hf
+from parplan.solver.frontends.hf import config_from_hf, has_mapper, supported_model_types
+from parplan.solver.frontends.hf_trace import HF_EXTRA, trace_hf_config
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ir import Graph, Node
 from parplan.solver.validate import validate_graph
@@ -78,18 +79,31 @@ def resize_graph(graph: Graph, sizes: dict[str, int]) -> Graph:
     return out
 
 
-def model_from_json(doc: dict[str, Any], name: str) -> ModelSource:
-    """A graph document (``format: parplan.graph/v1``) or an HF config (``model_type``)."""
-    if "nodes" in doc or doc.get("format", "").startswith("parplan.graph"):
+def model_from_json(doc: dict[str, Any], name: str, *, trace: bool = False, seq_len: int | None = None) -> ModelSource:
+    """A graph document (``format: parplan.graph/v1``) or an HF config (``model_type``).
+
+    An HF config without a hand-written mapper is built by transformers and traced when ``trace``
+    (at ``seq_len`` tokens, default its maximum positions); otherwise it is a ConfigError that says
+    how to trace it (the service never traces in a request)."""
+    if "nodes" in doc or str(doc.get("format", "")).startswith("parplan.graph"):
         graph = graph_from_json(doc)
         validate_graph(graph)
         return ModelSource(graph.name or name, graph=graph)
+    if not has_mapper(doc) and isinstance(doc.get("model_type"), str):
+        if trace:
+            graph = trace_hf_config(doc, name, seq_len=seq_len)
+            validate_graph(graph)
+            return ModelSource(name, graph=graph)
+        raise ConfigError(f"HF model_type {doc['model_type']!r} has no hand-written mapper (mapped: "
+                          f"{', '.join(supported_model_types())}); trace it into a graph with `parplan graph "
+                          f"config.json --out graph.json` (needs {HF_EXTRA}) and send that as model.graph")
     cfg = config_from_hf(doc, name=name)
     return ModelSource(cfg.name, config=cfg)
 
 
-def resolve_model(spec: str) -> ModelSource:
-    """A preset name, or the path of a graph JSON / HF ``config.json`` file."""
+def resolve_model(spec: str, *, seq_len: int | None = None) -> ModelSource:
+    """A preset name, or the path of a graph JSON / HF ``config.json`` file. An HF config without a
+    hand-written mapper is traced (see :func:`model_from_json`) at ``seq_len`` tokens."""
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
         try:
@@ -100,6 +114,7 @@ def resolve_model(spec: str) -> ModelSource:
             raise ConfigError(f"{spec}: not readable JSON ({e})") from None
         if not isinstance(doc, dict):
             raise ConfigError(f"{spec}: expected a JSON object")
-        return model_from_json(doc, name=path.parent.name if path.name == "config.json" else path.stem)
+        return model_from_json(doc, name=path.parent.name if path.name == "config.json" else path.stem, trace=True,
+                               seq_len=seq_len)
     cfg = get_preset(spec)
     return ModelSource(cfg.name, config=cfg)

@@ -187,15 +187,31 @@ def supported_model_types() -> list[str]:
     return sorted(_MAPPERS)
 
 
-def _model_type(cfg: Mapping[str, Any]) -> str:
+def _mapped_type(cfg: Mapping[str, Any]) -> str | None:
+    """The hand-mapped model_type of ``cfg``, or None. ``architectures`` is a hint only when
+    ``model_type`` is missing: ``qwen2_moe`` (``Qwen2MoeForCausalLM``) is not a dense ``qwen2``."""
     mt = cfg.get("model_type")
-    if isinstance(mt, str) and mt.lower() in _MAPPERS:
-        return mt.lower()
+    if isinstance(mt, str) and mt:
+        return mt.lower() if mt.lower() in _MAPPERS else None
     archs = cfg.get("architectures") or []
     for arch in archs if isinstance(archs, list) else []:
         for prefix, guess in _ARCH_PREFIXES:
             if isinstance(arch, str) and arch.lower().startswith(prefix):
                 return guess
+    return None
+
+
+def has_mapper(cfg: Mapping[str, Any]) -> bool:
+    """Whether :func:`config_from_hf` maps ``cfg`` by hand (else it can only be traced)."""
+    return isinstance(cfg, Mapping) and _mapped_type(cfg) is not None
+
+
+def _model_type(cfg: Mapping[str, Any]) -> str:
+    found = _mapped_type(cfg)
+    if found is not None:
+        return found
+    mt = cfg.get("model_type")
+    archs = cfg.get("architectures") or []
     what = f"model_type {mt!r}" if mt is not None else "no model_type"
     raise ConfigError(
         f"unsupported HF config ({what}, architectures {archs!r}); "

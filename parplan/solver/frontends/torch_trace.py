@@ -26,8 +26,10 @@ first block) or ``head`` (after the last), and ``meta["units"]`` lists the tags 
 
 Slices and splits become ``reduce`` nodes with ``op="select"`` (and ``index``) over a
 ``[parts, piece]`` split of the axis; an ``expand`` read whole by a non-elementwise op becomes
-copies (``reshape`` + ``concat``). Not mapped (they raise): MoE routing (``topk``, ``scatter``,
-``index_select``), ``where`` / ``masked_fill`` on activations, convolutions, strided slices.
+copies (``reshape`` + ``concat``). A strided slice ``start::step`` (interleaved rotary halves) is a
+``[rows, step]`` reshape and a select. MoE: see :mod:`parplan.solver.frontends.torch_moe`. Not mapped
+(they raise): ``scatter``, ``index_select``, ``where`` on activations,
+convolutions, other strided slices.
 Attention masks the model computes are kept as the attention's bias input (``causal`` is then
 false, as the exported call says).
 """
@@ -44,6 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parplan.solver.errors import ConfigError
+from parplan.solver.frontends.torch_moe import (
+    collapse_experts,
+    is_experts_module,
+    map_gather,
+    map_masked_fill,
+    map_topk,
+)
 from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, make_node
 
 #: ATen operator (overload packet name, in-place ``_`` stripped) -> the IR it maps to.
@@ -70,7 +79,7 @@ OP_TABLE: Mapping[str, str] = {
     # views: no node, or a reshape when axes cannot be regrouped
     "view": "view", "_unsafe_view": "view", "reshape": "view", "flatten": "view", "unflatten": "view",
     "squeeze": "view", "unsqueeze": "view", "view_as": "view", "reshape_as": "view",
-    "transpose": "view", "swapaxes": "view", "swapdims": "view", "permute": "view", "t": "view",
+    "transpose": "view", "swapaxes": "view", "swapdims": "view", "permute": "view", "t": "view", "numpy_T": "view",
     "movedim": "view", "expand": "broadcast view", "expand_as": "broadcast view",
     "broadcast_to": "broadcast view",
     "alias": "alias", "contiguous": "alias", "clone": "alias", "detach": "alias", "to": "alias",
@@ -78,10 +87,15 @@ OP_TABLE: Mapping[str, str] = {
     # slicing: reshape + reduce(op=select), or nothing when the slice is the whole axis
     "split": "select", "split_with_sizes": "select", "unsafe_split": "select", "chunk": "select",
     "unbind": "select", "slice": "select", "narrow": "select", "select": "select",
+    # MoE routing (torch_moe): the values select k entries; a routed-experts module is one dispatch,
+    # the experts' einsums and one combine
+    "topk": "select (values) + index input (indices)",
+    "gather": "select (as many entries along the dim as the index holds)",
+    "masked_fill": "elementwise mul by the mask (a mask not derived from parameters)",
 }
 
 _ALIAS = frozenset({"alias", "contiguous", "clone", "detach", "to", "_to_copy", "type_as", "lift_fresh_copy"})
-_PERMUTE = frozenset({"transpose", "swapaxes", "swapdims", "permute", "t", "movedim"})
+_PERMUTE = frozenset({"transpose", "swapaxes", "swapdims", "permute", "t", "numpy_T", "movedim"})
 _REGROUP = frozenset({"view", "_unsafe_view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze",
                       "view_as", "reshape_as"})
 _EXPAND = frozenset({"expand", "expand_as", "broadcast_to"})
@@ -100,7 +114,7 @@ _FLOAT = frozenset({"fp32", "tf32", "bf16", "fp16", "fp8"})
 
 #: Largest broadcast (``expand``) of a computed tensor that is materialised as copies.
 _MAX_REPEAT = 256
-#: Most pieces an uneven slice or split of a computed tensor is cut into.
+#: Most pieces an uneven slice or split of a computed tensor is made of (selected and concatenated).
 _MAX_PIECES = 64
 
 # name-hint priorities (lower wins)
@@ -126,6 +140,7 @@ class _Atoms:
         self.name_as: dict[int, int] = {}  # atom -> atom whose name it takes (concat inputs)
         self.keep: set[int] = set()  # size-1 atoms that stay in IR dims
         self.derived: dict[int, tuple[int, str]] = {}  # atom -> (atom, suffix) its name extends
+        self.expanded: set[int] = set()  # atoms an ``expand`` created (broadcast copies when read whole)
         self._tensors = 0
         self._order = 0
 
@@ -542,6 +557,7 @@ class _Tracer:
         self.param_of: dict[str, str] = {}  # exported target -> canonical parameter name
         self.user_inputs: list[int] = []
         self._split_cache: dict[tuple[Any, ...], _Val] = {}
+        self.router: tuple[_Val, int] | None = None  # the last top-k router's (probabilities, k)
         canon: dict[int, str] = {}
         for n, p in module.named_parameters():
             canon[id(p)] = n
@@ -814,6 +830,7 @@ class _Tracer:
                 else:
                     a = self.A.new(s)
                     new.add(a)
+                    self.A.expanded.add(a)
                     axes.append([a])
             self.A.register(_flat(axes))
             return x.like(axes, dtype, frozenset(new))
@@ -842,6 +859,8 @@ class _Tracer:
             if ("norm" in cls and "batch" not in cls and "group" not in cls and w is not None and w.dim() == 1
                     and total == len(own) and set(own) <= {"weight", "bias"}):
                 res = ("norm", mod)
+            elif is_experts_module(mod):
+                res = ("experts", mod)
             elif total == 0 and "squared" not in cls and "glu" not in cls.replace("gelu", ""):
                 res = next((("act", fn) for key, fn in _ACT_NAMES if key in cls), None)
         self._collapsible_cache[path] = res
@@ -882,6 +901,9 @@ class _Tracer:
             ext.extend(a for a in n.all_input_nodes if a not in inside and a not in ext)
         vals = [(a, env.get(a)) for a in ext]
         params = {v.rec for _, v in vals if isinstance(v, _Val) and self._is_param(v)}
+        if info[0] == "experts":
+            outs = [n for n in nodes if any(u not in inside for u in n.users)]
+            return len(outs) == 1 and collapse_experts(self, path, info[1], outs[0], vals, env)
         xs = [(a, v) for a, v in vals if isinstance(v, _Val) and not self._is_param(v)
               and v.dtype in _FLOAT and not v.empty]
         if len(xs) != 1:
@@ -1042,10 +1064,11 @@ class _Tracer:
                         over=_D(tuple(x.axes[dim]), many=True), op="select", index=index)
         return _Val(out, rec, dtype, False)
 
-    def _pieces(self, x: _Val, dim: int, parts: int, dtype: str, *, refine: bool) -> list[_Val]:
-        """``parts`` equal pieces of axis ``dim``, each a select. With ``refine`` (split, chunk) the
-        axis itself is split into [parts, piece] everywhere (a fused qkv weight gets a ``qkv``
-        dim); otherwise (slices) a reshape of this tensor makes the [parts, piece] dims."""
+    def _pieces(self, x: _Val, dim: int, parts: int, dtype: str, *, refine: bool,
+                which: Sequence[int] | None = None) -> list[_Val]:
+        """``parts`` equal pieces of axis ``dim`` (only those ``which`` lists), each a select. With
+        ``refine`` (split, chunk) the axis itself is split into [parts, piece] everywhere (a fused
+        qkv weight gets a ``qkv`` dim); otherwise (slices) a reshape of this tensor makes them."""
         total = self._size(x.axes[dim])
         piece = total // parts
         src = self.A.leaves(x.axes[dim])
@@ -1066,7 +1089,27 @@ class _Tracer:
                 rec = self._rec(OpKind.RESHAPE, _flat(axes), [self._spec(x)], dtype, "split")
                 cached = self._split_cache[key] = _Val(axes, rec, dtype, False)
             base = cached
-        return [self._select(base, dim, i, dtype, f"{i}") for i in range(parts)]
+        return [self._select(base, dim, i, dtype, f"{i}") for i in (range(parts) if which is None else which)]
+
+    def _strided(self, x: _Val, dim: int, step: int, start: int, dtype: str) -> _Val:
+        """Every ``step``-th element of axis ``dim`` from ``start`` (< step), e.g. the even and odd
+        halves of an interleaved rotary embedding: the axis as ``[rows, step]`` (a reshape of this
+        tensor unless its atoms already split so), and a select of ``start`` over ``step``."""
+        rows = self._size(x.axes[dim]) // step
+        groups = self.A.regroup(self.A.leaves(x.axes[dim]), [rows, step], refine=False)
+        if groups is not None:
+            base = x.like([*x.axes[:dim], groups[0], groups[1], *x.axes[dim + 1:]], dtype)
+        else:
+            key = (x.rec, tuple(_flat(x.axes)), dim, -step)
+            cached = self._split_cache.get(key)
+            if cached is None:
+                r, q = ([self.A.new(rows)] if rows > 1 else []), self.A.new(step)
+                self.A.hint(q, "interleave", _P_MISC)
+                axes = [*(list(a) for a in x.axes[:dim]), r, [q], *(list(a) for a in x.axes[dim + 1:])]
+                rec = self._rec(OpKind.RESHAPE, _flat(axes), [self._spec(x)], dtype, "interleave")
+                cached = self._split_cache[key] = _Val(axes, rec, dtype, False)
+            base = cached
+        return self._select(base, dim + 1, start, dtype, f"{start}")
 
     def _ranges(self, x: _Val, dim: int, ranges: list[tuple[int, int]], *, refine: bool) -> list[_Val]:
         """Ranges ``[a, b)`` of axis ``dim``: the axis cut into pieces of gcd(bounds) elements
@@ -1076,12 +1119,13 @@ class _Tracer:
             return [x.like([list(a) for a in x.axes])]
         g = math.gcd(total, *(c for r in ranges for c in r))
         parts = total // g
-        if parts > _MAX_PIECES:
-            raise self._err(f"a slice of an axis of {total} into pieces of {g} ({parts} pieces) is not representable")
-        pieces = self._pieces(x, dim, parts, x.dtype, refine=refine)
+        needed = sorted({i for a, b in ranges for i in range(a // g, b // g)})
+        if len(needed) > _MAX_PIECES:
+            raise self._err(f"a slice of an axis of {total} into {len(needed)} pieces of {g} is not representable")
+        pieces = dict(zip(needed, self._pieces(x, dim, parts, x.dtype, refine=refine, which=needed), strict=True))
         out: list[_Val] = []
         for a, b in ranges:
-            sel = pieces[a // g: b // g]
+            sel = [pieces[i] for i in range(a // g, b // g)]
             if not sel:
                 out.append(_Val([[] for _ in x.axes], -1, x.dtype, False, empty=True))
             else:
@@ -1165,7 +1209,7 @@ class _Tracer:
 
     def _coerce(self, j: int, expected: list[int]) -> str:
         """The id of a node holding record ``j`` with the dims ``expected``: the record itself,
-        or a rename (reshape) / broadcast copies (reshape + concat) of it."""
+        or broadcast copies (reshape + concat) of it and / or a rename (reshape)."""
         src = self._by_id[self._ids[j]]
         have = [a for a, _ in src.dims]
         want = self._ir_leaves(expected)
@@ -1174,20 +1218,26 @@ class _Tracer:
         key = (j, tuple(want))
         if key in self._coerced:
             return self._coerced[key]
-        cur = src
         if set(have) < set(want):  # broadcast view read whole: materialise the copies
-            for m in (a for a in want if a not in set(have)):
-                n = self.A.size[m]
-                if n > _MAX_REPEAT:
-                    raise self._err(f"an expand by {n} of a computed tensor feeds an op that needs it whole")
-                one = self._new(f"{src.id}.unsqueeze", OpKind.RESHAPE, [cur.id], [*cur.dims, (m, 1)], cur.dtype,
-                                src.path, {})
-                cur = one if n == 1 else self._new(f"{src.id}.repeat", OpKind.CONCAT, [one.id] * n,
-                                                   [*cur.dims, (m, n)], cur.dtype, src.path, {"dim": _D((m,))})
-        else:
-            if math.prod(s for _, s in src.dims) != self._size(want):
+            copies = [a for a in want if a not in set(have)]
+        else:  # e.g. repeat_kv's expanded keys read with a renamed (kv_seq) axis: copies, then a rename
+            expanded = {self.A.find(e) for e in self.A.expanded}
+            copies = [a for a in want if a not in set(have) and self.A.find(a) in expanded]
+            if math.prod(s for _, s in src.dims) * self._size(copies) != self._size(want):
+                copies = []
+        cur = src
+        for m in copies:
+            n = self.A.size[m]
+            if n > _MAX_REPEAT:
+                raise self._err(f"an expand by {n} of a computed tensor feeds an op that needs it whole")
+            one = self._new(f"{src.id}.unsqueeze", OpKind.RESHAPE, [cur.id], [*cur.dims, (m, 1)], cur.dtype,
+                            src.path, {})
+            cur = one if n == 1 else self._new(f"{src.id}.repeat", OpKind.CONCAT, [one.id] * n,
+                                               [*cur.dims, (m, n)], cur.dtype, src.path, {"dim": _D((m,))})
+        if {a for a, _ in cur.dims} != set(want):
+            if math.prod(s for _, s in cur.dims) != self._size(want):
                 raise self._err(f"internal: {src.id!r} is read with dims of another size")
-            cur = self._new(f"{src.id}.view", OpKind.RESHAPE, [src.id], [(a, self.A.size[a]) for a in want],
+            cur = self._new(f"{src.id}.view", OpKind.RESHAPE, [cur.id], [(a, self.A.size[a]) for a in want],
                             src.dtype, src.path, {})
         self._coerced[key] = cur.id
         return cur.id
@@ -1328,7 +1378,7 @@ def _permutation(op: str, args: dict[str, Any], n: int) -> list[int]:
         return perm
     if op == "permute":
         return [int(d) % n for d in args["dims"]]
-    if op == "t":
+    if op in ("t", "numpy_T"):  # Tensor.t and Tensor.T: all axes reversed
         return list(range(n))[::-1]
     src_raw, dst_raw = args["source"], args["destination"]
     src = [int(s) % n for s in (src_raw if isinstance(src_raw, list | tuple) else [src_raw])]
@@ -1611,7 +1661,10 @@ def _h_split(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
             step, start = 1, int(args["start"]) % total
             end = start + int(args["length"])
         if step != 1:
-            raise t._err(f"unsupported operator aten.{op}: a strided slice is not representable")
+            if total % step or start >= step or -(-(end - start) // step) != total // step:
+                raise t._err(f"unsupported operator aten.{op}: a strided slice of {start}:{end}:{step} over "
+                             f"{total} elements is not representable")
+            return t._strided(x, dim, step, start, x.dtype)
         return t._ranges(x, dim, [(start, end)], refine=False)[0]
     bounds = [0]
     for m in node.meta["val"]:
@@ -1623,6 +1676,18 @@ def _h_select(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> _Val:
     x = args["self"]
     dim = int(args["dim"]) % len(x.axes)
     return t._select(x, dim, int(args["index"]) % t._size(x.axes[dim]), _out(t, node)[1], None)
+
+
+def _h_topk(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> list[Any]:
+    return map_topk(t, node, args)
+
+
+def _h_gather(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
+    return map_gather(t, node, args)
+
+
+def _h_masked_fill(t: _Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
+    return map_masked_fill(t, node, args)
 
 
 _HANDLERS: Mapping[str, Handler] = {
@@ -1642,4 +1707,7 @@ _HANDLERS: Mapping[str, Handler] = {
     **dict.fromkeys(_VIEWS, _h_view),
     **dict.fromkeys(("split", "split_with_sizes", "unsafe_split", "chunk", "unbind", "slice", "narrow"), _h_split),
     "select": _h_select,
+    "topk": _h_topk,
+    "gather": _h_gather,
+    "masked_fill": _h_masked_fill,
 }
