@@ -27,10 +27,12 @@ async def list_jobs(uow: UoW, _: Annotated[Principal, require(Scope.PLANS_READ)]
               status: Annotated[list[JobStatus] | None, Query(description="Repeat to match several.")] = None,
               cursor: Annotated[str | None, Query(max_length=200)] = None,
               limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT) -> JSONResponse:
-    """Jobs, newest first."""
+    """Jobs, newest first. Each carries ``request_summary`` (model, GPUs, objective, target, search,
+    solve seconds, and ``cached``: finished with a plan it did not solve itself)."""
     def work(session: Session) -> dict[str, Any]:
         rows, nxt = service.list_jobs(session, status, cursor, limit)
-        return {"jobs": [job_out(j) for j in rows], "next_cursor": nxt}
+        summaries = service.request_summaries(session, rows)
+        return {"jobs": [job_out(j) | {"request_summary": summaries.get(j.id)} for j in rows], "next_cursor": nxt}
     return JSONResponse(await uow.run(work, read_only=True))
 
 
