@@ -127,7 +127,9 @@
     const pts = [...frontier, ...others, chosen];
     const W = 640, H = 360, L = 64, R = 20, T = 16, B = 44;
     const device = doc.memory.device_memory_bytes;
-    const xs = pts.map((p) => p.step_seconds), ys = pts.map((p) => p.peak_bytes).concat([device]);
+    // Points far above the device's memory (a baseline that does not fit) are drawn on the top edge.
+    const inScale = [...frontier, chosen, ...others.filter((p) => p.peak_bytes <= 1.5 * device)];
+    const xs = pts.map((p) => p.step_seconds), ys = inScale.map((p) => p.peak_bytes).concat([device]);
     const pad = (lo, hi) => (hi > lo ? [lo - (hi - lo) * 0.08, hi + (hi - lo) * 0.08] : [lo * 0.9, hi * 1.1 + 1e-9]);
     const [x0, x1] = pad(Math.min(...xs), Math.max(...xs));
     const y0 = 0, y1 = Math.max(...ys) * 1.08;
@@ -147,7 +149,7 @@
         transform: `rotate(-90 12 ${(T + H - B) / 2})` }));
     if (device <= y1) {
       chart.append(svg("line", { x1: L, x2: W - R, y1: Y(device), y2: Y(device), class: "device" }),
-        svg("text", { x: W - R, y: Y(device) - 4, class: "axis end", text: "device memory" }));
+        svg("text", { x: L + 6, y: Y(device) - 4, class: "axis", text: "device memory" }));
     }
     if (frontier.length > 1) {
       chart.append(svg("polyline", { class: "frontier", points: frontier.map((p) => `${X(p.step_seconds)},${Y(p.peak_bytes)}`).join(" ") }));
@@ -157,10 +159,13 @@
         svg("title", { text: `${p.summary || "frontier"}: ${gib(p.peak_bytes)} GiB, ${PP.seconds(p.step_seconds)}` })));
     }
     for (const p of others) {
-      chart.append(svg("rect", { x: X(p.step_seconds) - 4, y: Y(p.peak_bytes) - 4, width: 8, height: 8,
+      const off = p.peak_bytes > y1;
+      const py = off ? T : Y(p.peak_bytes);
+      chart.append(svg("rect", { x: X(p.step_seconds) - 4, y: py - 4, width: 8, height: 8,
         class: "point baseline-point", "data-baseline": p.name },
         svg("title", { text: `${p.name}: ${gib(p.peak_bytes)} GiB, ${PP.seconds(p.step_seconds)}` })),
-        svg("text", { x: X(p.step_seconds) + 7, y: Y(p.peak_bytes) - 6, class: "axis", text: p.name }));
+        svg("text", { x: X(p.step_seconds) + (X(p.step_seconds) > W * 0.75 ? -7 : 7), y: py + (off ? 14 : -6),
+          class: X(p.step_seconds) > W * 0.75 ? "axis end" : "axis", text: off ? `${p.name} ↑ ${gib(p.peak_bytes)} GiB` : p.name }));
     }
     chart.append(svg("circle", { id: "chosen-point", cx: X(chosen.step_seconds), cy: Y(chosen.peak_bytes), r: 7,
       class: "point chosen" }, svg("title", { text: `chosen: ${gib(chosen.peak_bytes)} GiB, ${PP.seconds(chosen.step_seconds)}` })),
