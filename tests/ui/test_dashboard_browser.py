@@ -4,6 +4,7 @@ is cancelled from the jobs table; a validation's measured-vs-predicted table."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST, finished, poll_job
 
 GIB = 2**30
+HF_CONFIGS = Path(__file__).parents[1] / "data" / "hf"
 Login = Callable[[Any, str, str], None]
 HARDWARE = {"key": "A100-80GB", "device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB", "device_count": 8,
             "memory_bytes": 80 * GIB, "torch_version": "2.13.0"}
@@ -37,6 +39,27 @@ def test_the_form_shows_the_apis_errors_beside_the_fields(page: Any, dashboard: 
     assert page.locator(".field.invalid").count() == 2
     assert page.locator("[data-error-for='cluster.gpu']").inner_text() == ""
     assert "422" in page.inner_text("#status") and "/ui/new" in page.url
+
+
+def test_an_uploaded_hf_config_is_checked_by_the_api_then_planned(page: Any, dashboard: Any, login: Login,
+                                                                  tmp_path: Path) -> None:
+    good = HF_CONFIGS / "bert.json"
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps(json.loads(good.read_text()) | {"num_attention_heads": -3}))
+    login(page, dashboard.base + "/ui/new", dashboard.writer)
+    page.wait_for_selector("#f-cluster-gpu option[value='A100-80GB']", state="attached")
+    page.select_option("#f-model-source", "hf_config")
+    assert page.locator("[data-field='model.preset']").is_hidden()
+    page.set_input_files("#f-model-hf_config", str(bad))
+    page.fill("#f-cluster-gpus", "2")
+    page.select_option("#f-search", "dp")
+    page.click("#submit")
+    slot = page.wait_for_selector("[data-error-for='model.hf_config']:not(:empty)")
+    assert "num_attention_heads" in slot.inner_text() and "/ui/new" in page.url
+    page.set_input_files("#f-model-hf_config", str(good))
+    page.click("#submit")
+    page.wait_for_url("**/ui/plans/*", timeout=60_000)
+    assert "bert" in page.inner_text("dl.details")
 
 
 def test_a_submitted_plan_is_followed_live_to_its_page(page: Any, dashboard: Any, login: Login,

@@ -31,8 +31,10 @@ SF = sessionmaker[Session]
 
 
 def follow(c: httpx.Client, job_url: str) -> list[tuple[str, dict[str, Any]]]:
-    """Every event of the job's stream, until the server closes it."""
+    """Every event of the job's stream, until the server closes it. The events arrive as they
+    happen: the first one (the job as it is) well before the end."""
     events: list[tuple[str, dict[str, Any]]] = []
+    arrived: list[float] = []
     name = None
     with c.stream("GET", job_url + "/events", timeout=httpx.Timeout(10, read=60)) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -42,6 +44,8 @@ def follow(c: httpx.Client, job_url: str) -> list[tuple[str, dict[str, Any]]]:
             elif line.startswith("data: "):
                 assert name is not None
                 events.append((name, json.loads(line[6:])))
+                arrived.append(time.monotonic())
+    assert arrived[-1] - arrived[0] > 0.5, "the stream was delivered at once, not as the job went"
     return events
 
 

@@ -55,15 +55,6 @@
   source.addEventListener("change", showSource);
   showSource();
 
-  PP.who();
-  try {
-    const [models, gpus] = await Promise.all([api("/v1/models"), api("/v1/clusters/presets")]);
-    presetSelect.replaceChildren(...models.data.models.map((m) => el("option", { value: m.name, text: m.name })));
-    gpuSelect.replaceChildren(...gpus.data.gpus.map((g) => el("option", { value: g.name, text: g.name,
-      selected: g.name === "A100-80GB" })));
-  } catch (err) {
-    PP.fail(err);
-  }
 
   /** A number when the text is one, else the text itself (the API then says what is wrong). */
   function value(name) {
@@ -161,4 +152,14 @@
       button.disabled = false;
     }
   });
+
+  PP.who();
+  try {
+    const [models, gpus] = await Promise.all([api("/v1/models"), api("/v1/clusters/presets")]);
+    presetSelect.replaceChildren(...models.data.models.map((m) => el("option", { value: m.name, text: m.name })));
+    gpuSelect.replaceChildren(...gpus.data.gpus.map((g) => el("option", { value: g.name, text: g.name,
+      selected: g.name === "A100-80GB" })));
+  } catch (err) {
+    PP.fail(err);
+  }
 })();

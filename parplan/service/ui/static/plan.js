@@ -16,7 +16,9 @@
     const m = doc.memory || {};
     const t = doc.time || {};
     const s = doc.solver || {};
-    const rows = [["model", `${doc.model.name} (${(doc.model.parameters / 1e9).toFixed(2)} B parameters)`],
+    const arch = doc.model.architecture;
+    const shape = arch ? `, ${arch.family}: ${arch.layers} layers, hidden ${arch.hidden}, ${arch.heads} heads` : "";
+    const rows = [["model", `${doc.model.name} (${(doc.model.parameters / 1e9).toFixed(2)} B parameters${shape})`],
       ["cluster", `${doc.cluster.gpus} × ${doc.cluster.gpu} (${doc.cluster.gpus_per_node} per node, ` +
         `${gib(doc.cluster.device_memory_bytes)} GiB each)`],
       ["strategy", (doc.strategy || {}).summary || "–"],
