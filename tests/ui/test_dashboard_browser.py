@@ -133,3 +133,18 @@ def test_a_validation_shows_measured_against_predicted(page: Any, dashboard: Any
     assert by_key[("1", "parameters")][4] == "+0.0%"
     assert table.query_selector_all("span.bad")[0].inner_text() == "+25.0%"
     assert "25.0%" in page.inner_text("#max-error")
+
+
+def test_a_per_operator_plan_shows_its_operators_and_one_memory_bar(page: Any, dashboard: Any, login: Login) -> None:
+    with _client(dashboard, dashboard.writer) as c:
+        url = c.post("/v1/plans", json=FAST_REQUEST | {"search": "ilp"}).json()["job"]["url"]
+        job = poll_job(c, url, finished)
+    assert job["status"] == "succeeded", job
+    login(page, dashboard.base + f"/ui/plans/{job['plan_id']}", dashboard.writer)
+    ops = page.wait_for_selector("#unit-strategies")
+    assert len(ops.query_selector_all("tbody tr")) >= 5
+    chart = page.wait_for_selector("#stage-memory-chart")
+    assert len(chart.query_selector_all("text.axis")) >= 1 and len(chart.query_selector_all("line.peak")) == 1
+    assert {b.get_attribute("data-category") for b in chart.query_selector_all("rect[data-category]")} >= {
+        "parameters", "optimizer_states", "activations"}
+    assert page.query_selector("#pareto-chart #chosen-point") is not None

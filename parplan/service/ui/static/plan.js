@@ -54,7 +54,9 @@
 
   /** One stacked bar per pipeline stage: bytes by category, against the device's memory. */
   function stageMemoryChart(doc) {
-    const stages = (doc.memory && doc.memory.stages) || [];
+    // Per-operator (ILP) plans have no pipeline: one bar for the device.
+    const stages = doc.memory.stages && doc.memory.stages.length ? doc.memory.stages
+      : [{ stage: 0, breakdown: doc.memory.breakdown, peak_bytes: doc.memory.peak_bytes }];
     const device = doc.memory.device_memory_bytes || doc.cluster.device_memory_bytes;
     const W = 640, rowH = 28, left = 70, right = 20, top = 20;
     const H = top + stages.length * (rowH + 10) + 30;
