@@ -33,8 +33,10 @@ ProgressCallback = Callable[[dict[str, Any]], None]
 
 class Client:
     """A parplan service over HTTP. Every call has a timeout; 429, 502-504 and connection errors are
-    retried with backoff (``Retry-After`` honoured); errors raise :class:`ApiError` subclasses built
-    from the problem document. Use as a context manager, or call :meth:`close`.
+    retried with backoff (``Retry-After`` honoured; a repeated ``POST /v1/plans`` is harmless: the
+    service joins an identical request to the job already made for it); errors raise
+    :class:`ApiError` subclasses built from the problem document. Use as a context manager, or call
+    :meth:`close`.
 
     >>> with Client("http://127.0.0.1:8000", token) as c:     # doctest: +SKIP
     ...     plan = c.plan_and_wait({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}})

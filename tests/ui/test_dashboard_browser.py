@@ -31,12 +31,14 @@ def test_the_form_shows_the_apis_errors_beside_the_fields(page: Any, dashboard: 
     page.wait_for_selector("#f-model-preset option[value='bert-large']", state="attached")
     page.fill("#f-cluster-gpus", "0")
     page.fill("#f-training-seq_len", "long")
+    page.fill("#f-objective-alpha", "-1")
     page.click("#submit")
     gpus = page.wait_for_selector("[data-error-for='cluster.gpus']:not(:empty)")
     assert "greater than or equal to 1" in gpus.inner_text()
     seq = page.locator("[data-error-for='training.seq_len']")
     assert "integer" in seq.inner_text()
-    assert page.locator(".field.invalid").count() == 2
+    assert "greater than or equal to 0" in page.inner_text("[data-error-for='objective.alpha']")
+    assert page.locator(".field.invalid").count() == 3
     assert page.locator("[data-error-for='cluster.gpu']").inner_text() == ""
     assert "422" in page.inner_text("#status") and "/ui/new" in page.url
 
