@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -83,7 +83,7 @@ def event_name(before: JobDoc | None, now: JobDoc) -> str:
 
 
 async def job_events(session_factory: Callable[[], Session], job_id: uuid.UUID, first: JobDoc,
-                     disconnected: Callable[[], Any], poll_seconds: float = POLL_SECONDS,
+                     disconnected: Callable[[], Awaitable[bool]], poll_seconds: float = POLL_SECONDS,
                      keepalive_seconds: float = KEEPALIVE_SECONDS) -> AsyncIterator[bytes]:
     """The event stream of one job: its state now (``status``), then a ``status`` or ``progress``
     event at every change, and a last ``end`` event with the final status and plan id, after which
