@@ -150,3 +150,16 @@ def test_a_per_operator_plan_shows_its_operators_and_one_memory_bar(page: Any, d
     assert {b.get_attribute("data-category") for b in chart.query_selector_all("rect[data-category]")} >= {
         "parameters", "optimizer_states", "activations"}
     assert page.query_selector("#pareto-chart #chosen-point") is not None
+
+
+def test_a_plan_with_a_target_exports_from_its_page(page: Any, dashboard: Any, login: Login) -> None:
+    request = {"model": {"preset": "bert-large"}, "cluster": {"gpus": 2}, "target": "deepspeed"}
+    with _client(dashboard, dashboard.writer) as c:
+        job = poll_job(c, c.post("/v1/plans", json=request).json()["job"]["url"], finished)
+    assert job["status"] == "succeeded", job
+    login(page, dashboard.base + f"/ui/plans/{job['plan_id']}", dashboard.writer)
+    page.click("#export-button")
+    link = page.wait_for_selector("#export-output a[download='ds_config.json']")
+    assert (link.get_attribute("href") or "").startswith("blob:")
+    config = json.loads(page.inner_text("#export-output pre"))
+    assert config["train_batch_size"] == 2 and config["zero_optimization"]["stage"] in (0, 1, 2, 3)

@@ -104,6 +104,8 @@
     return out;
   }
 
+  const ratio = (v) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(2) : "–");
+
   function baselines(doc) {
     const cols = [["this plan", doc]];
     for (const [name, b] of Object.entries(doc.baselines || {})) cols.push([name, b]);
@@ -116,8 +118,8 @@
       ["step time", ...cols.map(([, b]) => cell(b, (x) => PP.seconds(x.time.step_seconds)))],
       ["tokens/s", ...cols.map(([, b]) => cell(b, (x) => Math.round(x.time.tokens_per_second).toLocaleString()))],
       ["bubble", ...cols.map(([, b]) => cell(b, (x) => PP.pct(x.time.bubble_fraction)))],
-      ["plan's memory ÷ this", "1", ...cols.slice(1).map(([n]) => (rel[n] ? rel[n].memory.toFixed(2) : "–"))],
-      ["plan's throughput ÷ this", "1", ...cols.slice(1).map(([n]) => (rel[n] ? rel[n].throughput.toFixed(2) : "–"))]];
+      ["plan's memory ÷ this", "1", ...cols.slice(1).map(([n]) => ratio(rel[n] && rel[n].memory))],
+      ["plan's throughput ÷ this", "1", ...cols.slice(1).map(([n]) => ratio(rel[n] && rel[n].throughput))]];
     return [PP.table(["", ...cols.map(([n]) => n)], rows, { id: "baselines", class: "side-by-side" })];
   }
 
