@@ -103,33 +103,8 @@ def _add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> 
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole CLI: this module's subcommands plus the service's and the agent's. Every
-    subparser sets ``handler`` (a function of the parsed arguments returning the exit status)."""
-    from parplan.agent.commands import register as register_agent
-    from parplan.graph_command import register as register_graph
-    from parplan.service.commands import register as register_service
-
-    parser = argparse.ArgumentParser(prog="parplan", description="Automatic parallelism planner for training "
-                                     "large models.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
-                         description="Predict per-device memory (by category) and step time of one strategy.")
-    _add_strategy_args(mem, importable=True)
-    mem.add_argument("--from", dest="from_", nargs=2, metavar=("KIND", "FILE"), default=None,
-                     help="price a trainer's own configuration: megatron-args FILE (pretrain_gpt.py flags or its "
-                          "torchrun line), ds-config FILE (DeepSpeed; give --model and --gpus), torchtitan-config "
-                          "FILE, or galvatron-config FILE (galvatron_config.json or its train_galvatron.sh; give "
-                          "--model and --gpus); the strategy flags are then not used")
-    mem.add_argument("--suggest", action="store_true",
-                     help="with --from: also plan for the same trainer and show the best plan beside it")
-    mem.add_argument("--runtime", choices=[r.value for r in Runtime], default="megatron",
-                     help="whose buffers to count: megatron (default), torch (PyTorch-native DTensor/FSDP2 on "
-                          "GPUs), torch-cpu (the same with CPU kernels), deepspeed, torchtitan (torchtitan's "
-                          "trainer) or torchtitan-cpu; see README")
-    mem.set_defaults(handler=cmd_memory)
-    plan = sub.add_parser("plan", help="search for a parallelism plan", description="Search for the plan that fits "
-                          "with the least redundant memory (or the fastest one), with baselines.")
+def add_plan_args(plan: argparse.ArgumentParser) -> None:
+    """The flags of ``parplan plan`` (``parplan remote plan`` takes the same)."""
     plan.add_argument("--model", required=True, help="preset name, graph JSON or HF config.json")
     _add_cluster_args(plan)
     plan.add_argument("--seq-len", type=_positive, default=None, help="tokens per sample (default: the model's)")
@@ -156,6 +131,37 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--export", metavar="DIR", default=None,
                       help="also write the plan for --target into DIR (its config files and launch lines)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole CLI: this module's subcommands plus the service's and the agent's. Every
+    subparser sets ``handler`` (a function of the parsed arguments returning the exit status)."""
+    from parplan.agent.commands import register as register_agent
+    from parplan.client.commands import register as register_remote
+    from parplan.graph_command import register as register_graph
+    from parplan.service.commands import register as register_service
+
+    parser = argparse.ArgumentParser(prog="parplan", description="Automatic parallelism planner for training "
+                                     "large models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
+                         description="Predict per-device memory (by category) and step time of one strategy.")
+    _add_strategy_args(mem, importable=True)
+    mem.add_argument("--from", dest="from_", nargs=2, metavar=("KIND", "FILE"), default=None,
+                     help="price a trainer's own configuration: megatron-args FILE (pretrain_gpt.py flags or its "
+                          "torchrun line), ds-config FILE (DeepSpeed; give --model and --gpus), torchtitan-config "
+                          "FILE, or galvatron-config FILE (galvatron_config.json or its train_galvatron.sh; give "
+                          "--model and --gpus); the strategy flags are then not used")
+    mem.add_argument("--suggest", action="store_true",
+                     help="with --from: also plan for the same trainer and show the best plan beside it")
+    mem.add_argument("--runtime", choices=[r.value for r in Runtime], default="megatron",
+                     help="whose buffers to count: megatron (default), torch (PyTorch-native DTensor/FSDP2 on "
+                          "GPUs), torch-cpu (the same with CPU kernels), deepspeed, torchtitan (torchtitan's "
+                          "trainer) or torchtitan-cpu; see README")
+    mem.set_defaults(handler=cmd_memory)
+    plan = sub.add_parser("plan", help="search for a parallelism plan", description="Search for the plan that fits "
+                          "with the least redundant memory (or the fastest one), with baselines.")
+    add_plan_args(plan)
     plan.set_defaults(handler=cmd_plan)
     exp = sub.add_parser("export", help="write a saved plan as a trainer's config and launch lines",
                          description="Convert a plan document (parplan plan --json, GET /v1/plans/{id}) into the "
@@ -172,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_graph(sub)
     register_service(sub)
     register_agent(sub)
+    register_remote(sub)
     return parser
 
 
@@ -519,4 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run as ``python -m parplan.cli``: use the module's importable copy, so that the exceptions the
+    # subcommands raise (imported from parplan.cli) are the ones main() catches.
+    from parplan.cli import main as _main
+
+    sys.exit(_main())

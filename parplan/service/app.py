@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from parplan import __version__ as package_version
 from parplan.service import problems
 from parplan.service.agents.router import router as agents_router
+from parplan.service.auth.router import router as auth_router
 from parplan.service.catalog.router import router as catalog_router
 from parplan.service.evaluations.router import router as evaluations_router
 from parplan.service.health.metrics import Metrics, MetricsMiddleware
@@ -21,6 +22,7 @@ from parplan.service.plans.router import router as plans_router
 from parplan.service.profiles.router import router as profiles_router
 from parplan.service.runtime import Runtime
 from parplan.service.settings import Settings
+from parplan.service.ui.router import router as ui_router
 from parplan.service.validations.router import router as validations_router
 from parplan.solver import SOLVER_VERSION
 
@@ -30,7 +32,9 @@ DESCRIPTION = """Parallelism plans for training large models.
 
 `POST /v1/plans` answers `202` with a job to poll (`GET /v1/jobs/{id}`), or `200` with the plan
 when the same request was solved before. Errors are RFC 9457 `application/problem+json`.
-Authenticate with `Authorization: Bearer <token>` (`parplan token create --scope ...`)."""
+Authenticate with `Authorization: Bearer <token>` (`parplan token create --scope ...`).
+Follow a job with `GET /v1/jobs/{id}/events` (Server-Sent Events) or `GET /v1/jobs/{id}?wait=30`
+(long poll). People use the dashboard at `/ui`."""
 
 
 def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None) -> FastAPI:
@@ -53,7 +57,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     app.state.solver_version = SOLVER_VERSION
     problems.install(app)
     for r in (plans_router, jobs_router, validations_router, agents_router, profiles_router, catalog_router,
-              evaluations_router, health_router):
+              evaluations_router, health_router, auth_router, ui_router):
         app.include_router(r)
 
     def current_metrics() -> Metrics | None:

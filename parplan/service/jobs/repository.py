@@ -55,6 +55,23 @@ class JobRepository:
         rows = list(self.session.scalars(page(stmt, Job.created_at, Job.id, cursor, limit)))
         return next_cursor(rows, limit)
 
+    def request_summaries(self, job_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+        """A few fields of each job's request (read inside the JSON column, so a large graph is
+        never loaded): model preset or HF model type, GPUs, objective, target, search."""
+        req = Job.request
+        cols = (Job.id, req["model"]["preset"].as_string(), req["model"]["hf_config"]["model_type"].as_string(),
+                req["cluster"]["gpus"].as_string(), req["cluster"]["gpu"].as_string(),
+                req["objective"]["kind"].as_string(), req["target"].as_string(), req["search"].as_string(),
+                Job.solve_seconds)
+        out: dict[uuid.UUID, dict[str, Any]] = {}
+        for jid, preset, hf_type, gpus, gpu, objective, target, search, solve in self.session.execute(
+                select(*cols).where(Job.id.in_(list(job_ids)))):
+            model = preset or (f"hf:{hf_type}" if hf_type else "graph")
+            out[jid] = {"model": model, "gpus": int(gpus) if gpus and str(gpus).isdigit() else None,
+                        "gpu": gpu or "A100-80GB", "objective": objective or "min-memory", "target": target or "any",
+                        "search": search or "auto", "solve_seconds": solve}
+        return out
+
     def count_by_status(self) -> dict[str, int]:
         rows = self.session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
         return {status: int(n) for status, n in rows}

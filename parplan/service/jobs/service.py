@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from parplan.service.database import utcnow
@@ -17,6 +20,16 @@ def get_job(session: Session, job_id: str) -> Job:
 def list_jobs(session: Session, statuses: list[JobStatus] | None, cursor: str | None,
               limit: int) -> tuple[list[Job], str | None]:
     return JobRepository(session).list_page([s.value for s in statuses] if statuses else None, cursor, limit)
+
+
+def request_summaries(session: Session, jobs: list[Job]) -> dict[uuid.UUID, dict[str, Any]]:
+    """What the dashboard's job table shows of each job's request; ``cached``: the job succeeded
+    with a plan solved before or meanwhile (it ran no solve of its own)."""
+    out = JobRepository(session).request_summaries([j.id for j in jobs]) if jobs else {}
+    for j in jobs:
+        if j.id in out:
+            out[j.id]["cached"] = j.status == JobStatus.SUCCEEDED.value and out[j.id]["solve_seconds"] is None
+    return out
 
 
 def cancel_job(session: Session, job_id: str) -> Job:

@@ -1,0 +1,144 @@
+"""The asyncio client: :class:`AsyncClient`, the same calls as :class:`~parplan.client.Client`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from parplan.client.core import (
+    FALLBACK_STATUSES,
+    LONG_POLL_SECONDS,
+    TERMINAL,
+    ClientConfig,
+    EventParser,
+    checked,
+    job_of_event,
+    problem_of,
+    should_retry,
+)
+from parplan.client.errors import UnreachableError, WaitTimeoutError, error_for
+from parplan.client.sync import ProgressCallback, succeeded
+
+
+class AsyncClient:
+    """A parplan service over HTTP, for asyncio code (orchestrators with many jobs in flight).
+    Same timeouts, retries and typed errors as :class:`~parplan.client.Client`."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 retries: int = 4, backoff: float = 0.5, http: httpx.AsyncClient | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.config = ClientConfig.create(url, token, timeout_seconds=timeout, retries=retries,
+                                          backoff_seconds=backoff)
+        self._own = http is None
+        self.http = http or httpx.AsyncClient(base_url=self.config.url, timeout=self.config.timeout())
+        self.http.headers.update(self.config.headers())
+        self._sleep = sleep
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._own:
+            await self.http.aclose()
+
+    async def _request(self, method: str, path: str, *, timeout: float | None = None, **kw: Any) -> httpx.Response:
+        last: Exception | None = None
+        for attempt in range(self.config.retries + 1):
+            response = None
+            try:
+                response = await self.http.request(method, path, timeout=timeout or self.config.timeout_seconds,
+                                                   **kw)
+            except httpx.TransportError as e:
+                last = e
+            else:
+                if not should_retry(response) or attempt == self.config.retries:
+                    return response
+            if attempt < self.config.retries:
+                await self._sleep(self.config.delay(attempt, response))
+        raise UnreachableError(f"{method} {self.config.url}{path}: {last.__class__.__name__}: {last}") from last
+
+    async def _json(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        return checked(await self._request(method, path, **kw))
+
+    async def submit(self, request: dict[str, Any]) -> dict[str, Any]:
+        return await self._json("POST", "/v1/plans", json=request)
+
+    async def job(self, job_id: str, wait: float | None = None) -> dict[str, Any]:
+        params = {"wait": wait} if wait else None
+        body = await self._json("GET", f"/v1/jobs/{job_id}", params=params,
+                                timeout=(wait or 0) + self.config.timeout_seconds)
+        job: dict[str, Any] = body["job"]
+        return job
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        job: dict[str, Any] = (await self._json("POST", f"/v1/jobs/{job_id}/cancel"))["job"]
+        return job
+
+    async def plan(self, plan_id: str) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/plans/{plan_id}")
+
+    async def export(self, plan_id: str, target: str) -> dict[str, Any]:
+        return await self._json("GET", f"/v1/plans/{plan_id}/export", params={"target": target})
+
+    async def wait(self, job_id: str, *, timeout: float | None = None, on_progress: ProgressCallback | None = None,
+                   use_events: bool = True) -> dict[str, Any]:
+        """As :meth:`parplan.client.Client.wait`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        job: dict[str, Any] | None = None
+        if use_events:
+            job = await self._follow_events(job_id, deadline, on_progress)
+        while job is None or job["status"] not in TERMINAL:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeoutError(f"job {job_id} did not finish within {timeout:g} s", job)
+            job = await self.job(job_id, wait=min(LONG_POLL_SECONDS, left) if left is not None else LONG_POLL_SECONDS)
+            if on_progress is not None:
+                on_progress(job)
+        return succeeded(job)
+
+    async def _follow_events(self, job_id: str, deadline: float | None,
+                             on_progress: ProgressCallback | None) -> dict[str, Any] | None:
+        job = None
+        read = self.config.timeout_seconds + 20.0
+        if deadline is not None:
+            read = max(0.1, min(read, deadline - time.monotonic()))
+        try:
+            async with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers={"Accept": "text/event-stream"},
+                                        timeout=httpx.Timeout(self.config.timeout_seconds, read=read)) as r:
+                if not r.is_success:
+                    await r.aread()
+                    if r.status_code == 404:
+                        await self.job(job_id)
+                        return None
+                    if r.status_code in FALLBACK_STATUSES or r.status_code >= 500:
+                        return None
+                    raise error_for(r.status_code, problem_of(r))
+                parser = EventParser()
+                async for line in r.aiter_lines():
+                    for event, data in parser.feed([line]):
+                        found = job_of_event(event, data)
+                        if found is not None:
+                            job = found
+                            if on_progress is not None and event != "end":
+                                on_progress(job)
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise WaitTimeoutError(f"job {job_id} did not finish in time", job)
+        except httpx.TransportError:
+            return job if job is not None and job["status"] in TERMINAL else None
+        return job
+
+    async def plan_and_wait(self, request: dict[str, Any], *, timeout: float | None = None,
+                            on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+        submitted = await self.submit(request)
+        if submitted.get("plan") is not None:
+            plan: dict[str, Any] = submitted["plan"]
+            return plan
+        job = await self.wait(submitted["job"]["id"], timeout=timeout, on_progress=on_progress)
+        return await self.plan(job["plan_id"])

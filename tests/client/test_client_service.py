@@ -1,0 +1,124 @@
+"""The client and `parplan remote plan` against a real `parplan serve` (SQLite, in-process
+executor, tokens required): submit, follow, fetch, export, cancel, and the service's problems
+as typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from parplan.client import (
+    AsyncClient,
+    Client,
+    InvalidRequestError,
+    JobCancelledError,
+    UnauthorizedError,
+)
+from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST, service_env, start_server
+
+Service = tuple[str, str, dict[str, str]]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    env = service_env({"PARPLAN_DATA_DIR": str(tmp_path_factory.mktemp("client")), "PARPLAN_AUTH": "required",
+                       "PARPLAN_EXECUTOR_WORKERS": "2"})
+    server, base = start_server(env)
+    try:
+        token = subprocess.run([sys.executable, "-m", "parplan.cli", "token", "create", "--scope", "plans:write"],
+                               env=env, capture_output=True, text=True, check=True).stdout.strip()
+        yield base, token, env
+    finally:
+        server.stop()
+
+
+def test_plan_and_wait_then_export(service: Service) -> None:
+    base, token, _ = service
+    request = FAST_REQUEST | {"target": "deepspeed", "search": "auto"}
+    seen: list[dict[str, Any]] = []
+    with Client(base, token, timeout=10) as c:
+        plan = c.plan_and_wait(request, timeout=60, on_progress=seen.append)
+        assert plan["memory"]["peak_bytes"] > 0 and plan["target"]["name"] == "deepspeed"
+        assert seen and seen[-1]["status"] == "succeeded" and seen[-1]["plan_id"] == plan["id"]
+        exported = c.export(plan["id"], "deepspeed")
+        assert "ds_config.json" in exported["files"] and exported["launch"]
+        again = c.submit(request)  # the cache answers the same request with the plan itself
+        assert again["cached"] is True and again["plan"]["id"] == plan["id"]
+        assert c.plan_and_wait(request) == again["plan"]
+
+
+def test_the_services_problems_are_typed_errors(service: Service) -> None:
+    base, token, _ = service
+    with Client(base, token, timeout=10) as c:
+        with pytest.raises(InvalidRequestError) as e:
+            c.submit({"model": {"preset": "bert-large"}, "cluster": {"gpus": 0}})
+        assert e.value.status == 422 and e.value.errors[0]["field"] == "cluster.gpus"
+    with Client(base, None, timeout=10) as anonymous, pytest.raises(UnauthorizedError):
+        anonymous.submit(FAST_REQUEST)
+
+
+def test_the_async_client_waits_and_a_cancelled_job_raises(service: Service) -> None:
+    base, token, _ = service
+
+    async def run() -> None:
+        async with AsyncClient(base, token, timeout=10) as c:
+            plan = await c.plan_and_wait({"model": {"preset": "bert-large"}, "cluster": {"gpus": 4},
+                                          "search": "dp"}, timeout=60)
+            assert plan["cluster"]["gpus"] == 4
+            job = (await c.submit(SLOW_REQUEST))["job"]
+            waiting = asyncio.create_task(c.wait(job["id"], timeout=60))
+            while (await c.job(job["id"]))["status"] != "running":
+                await asyncio.sleep(0.1)
+            await c.cancel(job["id"])
+            with pytest.raises(JobCancelledError):
+                await waiting
+    asyncio.run(run())
+
+
+def _remote(env: dict[str, str], *args: str, token: str | None = None, url: str | None = None) -> Any:
+    e = {k: v for k, v in env.items() if k not in ("PARPLAN_TOKEN", "PARPLAN_URL")}
+    if token:
+        e["PARPLAN_TOKEN"] = token
+    if url:
+        e["PARPLAN_URL"] = url
+    return subprocess.run([sys.executable, "-m", "parplan.cli", "remote", "plan", *args], env=e,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_remote_plan_prints_what_plan_prints(service: Service, tmp_path: Path) -> None:
+    base, token, env = service
+    flags = ["--model", "bert-large", "--gpus", "2", "--search", "dp"]
+    out = _remote(env, *flags, "--json", token=token, url=base)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert {"memory", "time", "strategy", "baselines", "solver"} <= set(doc)
+    assert doc["memory"]["breakdown"].keys() >= {"parameters", "gradients", "optimizer_states", "activations"}
+    with Client(base, token) as c:
+        assert c.plan(doc["id"]) == doc
+    local = subprocess.run([sys.executable, "-m", "parplan.cli", "plan", *flags, "--json"], capture_output=True,
+                           text=True, timeout=120)
+    assert json.loads(local.stdout)["strategy"] == doc["strategy"]
+
+    table = _remote(env, *flags[:4], "--url", base, "--target", "deepspeed", "--export", str(tmp_path / "ds"),
+                    token=token)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.startswith("model     bert-large") and "baselines" in table.stdout
+    assert (tmp_path / "ds" / "ds_config.json").exists() and "wrote ds_config.json" in table.stderr
+
+
+def test_remote_plan_errors_are_one_line(service: Service) -> None:
+    base, token, env = service
+    refused = _remote(env, "--model", "bert-large", "--gpus", "2", url=base)  # no PARPLAN_TOKEN
+    assert refused.returncode == 2 and "401" in refused.stderr and "Traceback" not in refused.stderr
+    bad = _remote(env, "--model", "bert-large", "--gpus", "2", "--gpu", "NO-SUCH-GPU", token=token, url=base)
+    assert bad.returncode == 2 and "answered 422" in bad.stderr and "unknown GPU 'NO-SUCH-GPU'" in bad.stderr
+    assert bad.stderr.count("\n") == 1 and bad.stdout == ""
+    no_url = _remote(env, "--model", "bert-large", "--gpus", "2", token=token)
+    assert no_url.returncode == 2 and "PARPLAN_URL" in no_url.stderr
