@@ -31,9 +31,12 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from parplan.solver.errors import SolverError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Objective = Literal["weighted", "time", "memory"]
 
@@ -100,14 +103,16 @@ class PeakTerm:
     one resharding buffer, the logits' gradient): bytes per strategy of some nodes and per class
     pair of some edges. The temporary peak is the largest term, modelled as ``T >= term``."""
 
-    nodes: dict[str, list[float]] = field(default_factory=dict)
-    edges: dict[int, list[list[float]]] = field(default_factory=dict)
+    #: per node, bytes per strategy; per edge, bytes per pair of classes (lists, or numpy arrays
+    #: as :mod:`.moments` makes them)
+    nodes: dict[str, Sequence[float] | np.ndarray] = field(default_factory=dict)
+    edges: dict[int, Sequence[Sequence[float]] | np.ndarray] = field(default_factory=dict)
 
     def value(self, problem: AuxProblem, choice: dict[str, int]) -> float:
-        v = sum(vals[choice[k]] for k, vals in self.nodes.items())
+        v = sum(float(vals[choice[k]]) for k, vals in self.nodes.items())
         for ei, vals in self.edges.items():
             e = problem.edges[ei]
-            v += vals[e.cls("src", choice[e.src])][e.cls("dst", choice[e.dst])]
+            v += float(vals[e.cls("src", choice[e.src])][e.cls("dst", choice[e.dst])])
         return v
 
 

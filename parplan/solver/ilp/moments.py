@@ -61,8 +61,8 @@ class Lin:
         return Lin(_plus(self.nodes, other.nodes, k), _plus(self.edges, other.edges, k))
 
     def term(self) -> PeakTerm:
-        return PeakTerm(nodes={r: v.tolist() for r, v in self.nodes.items() if v.any()},
-                        edges={e: m.tolist() for e, m in self.edges.items() if m.any()})
+        return PeakTerm(nodes={r: v for r, v in self.nodes.items() if v.any()},
+                        edges={e: m for e, m in self.edges.items() if m.any()})
 
 
 def _plus(a: dict[_K, np.ndarray], b: dict[_K, np.ndarray], k: float) -> dict[_K, np.ndarray]:
