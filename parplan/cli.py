@@ -137,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole CLI: this module's subcommands plus the service's and the agent's. Every
     subparser sets ``handler`` (a function of the parsed arguments returning the exit status)."""
     from parplan.agent.commands import register as register_agent
-    from parplan.client.commands import register as register_remote
     from parplan.graph_command import register as register_graph
+    from parplan.remote_command import register as register_remote
     from parplan.service.commands import register as register_service
 
     parser = argparse.ArgumentParser(prog="parplan", description="Automatic parallelism planner for training "
