@@ -237,6 +237,31 @@ def test_certificate_prices_every_choice_of_an_encoder_decoder_as_the_ilp_does()
         assert certify(gp, choice).seconds == pytest.approx(gp.problem.totals(choice)[1], rel=1e-9)
 
 
+def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_afresh() -> None:
+    """``rules.op_seconds`` keeps its answers on the graph by the product of the axis sizes each
+    dim takes; every candidate of every operator on meshes of several shapes gets what pricing it
+    afresh gives."""
+    from parplan.solver.cost.rules import _op_seconds, op_seconds
+
+    cfg = get_preset("mixtral-8x7b").with_(layers=2, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=512,
+                                           seq_len=64)
+    graph = build_graph(cfg, batch=8)
+    cl = make_cluster(8, 8, "A100-80GB")
+    prec = get_precision("bf16")
+    checked = 0
+    for mesh in (Mesh((("m0", 8),)), Mesh((("m0", 4), ("m1", 2))), Mesh((("m0", 2), ("m1", 4))),
+                 Mesh((("m0", 2), ("m1", 2), ("m2", 2)))):
+        for n in graph.nodes:
+            if n.is_leaf:
+                continue
+            for s in candidate_strategies(n, graph, mesh, True, (0,)):
+                for rc in (Recompute.SELECTIVE, Recompute.FULL):
+                    args = (n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh, rc, False)
+                    assert op_seconds(*args) == _op_seconds(*args)
+                    checked += 1
+    assert checked > 1000 and len(graph.memo["op_seconds"]) < checked
+
+
 def test_meshes_that_differ_only_in_axis_order_have_the_same_optima() -> None:
     """What lets the search solve only one of ``4x2`` and ``2x4`` inside a node."""
     cfg = get_preset("gpt-1.7b").with_(layers=2, hidden=256, heads=8, ffn=1024, vocab=1024, seq_len=64)

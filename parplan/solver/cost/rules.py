@@ -47,7 +47,27 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
                mesh: Mesh, recompute: Recompute, flash_attention: bool) -> tuple[float, float, float]:
     """(forward, backward, recomputed forward) roofline seconds of one micro-batch of ``node`` under
     strategy ``s``: its FLOPs divided over the devices its work is split over, its memory traffic
-    that of the pieces of its inputs and output one device holds (backward: twice both)."""
+    that of the pieces of its inputs and output one device holds (backward: twice both).
+
+    The answer depends on the strategy only through how much each of the operator's dims is cut
+    (the product of the sizes of the mesh axes assigned to it), so it is remembered on the graph
+    by that: meshes of other shapes that cut the dims alike share it."""
+    factors: dict[str, int] = {}
+    for (_, size), d in zip(mesh.axes, s.assignment, strict=True):
+        if d is not None:
+            factors[d] = factors.get(d, 1) * size
+    cache = graph.memo.setdefault("op_seconds", {})
+    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec, recompute, flash_attention)
+    hit = cache.get(key) if node.id in graph and graph.node(node.id) is node else None
+    if hit is None:
+        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh, recompute, flash_attention)
+        if node.id in graph and graph.node(node.id) is node:
+            cache[key] = hit
+    return hit
+
+
+def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
+                mesh: Mesh, recompute: Recompute, flash_attention: bool) -> tuple[float, float, float]:
     dt = compute_dtype(node, prec)
     work = work_shards(s, mesh)
     sizes = mesh.sizes
