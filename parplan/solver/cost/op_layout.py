@@ -66,7 +66,18 @@ class OpStrategy:
 
 
 def loop_dims(node: Node, graph: Graph) -> tuple[dict[str, int], frozenset[str]]:
-    """(splittable dims with sizes, dims whose split leaves partial sums) of an operator."""
+    """(splittable dims with sizes, dims whose split leaves partial sums) of an operator;
+    remembered on the graph for its own operators."""
+    if node.id not in graph or graph.node(node.id) is not node:
+        return _loop_dims(node, graph)
+    cache = graph.memo.setdefault("loop_dims", {})
+    hit = cache.get(node.id)
+    if hit is None:
+        hit = cache[node.id] = _loop_dims(node, graph)
+    return dict(hit[0]), hit[1]
+
+
+def _loop_dims(node: Node, graph: Graph) -> tuple[dict[str, int], frozenset[str]]:
     ins = [graph.node(i) for i in node.inputs]
     out = node.shape
     k = node.kind
@@ -123,7 +134,19 @@ def output_layout(node: Node, s: OpStrategy, mesh: Mesh, partial_dims: frozenset
 
 
 def input_layout(node: Node, position: int, graph: Graph, s: OpStrategy, mesh: Mesh) -> TensorLayout:
-    """Layout the operator needs for input ``position`` under ``s``."""
+    """Layout the operator needs for input ``position`` under ``s``; remembered on the graph for
+    its own operators."""
+    if node.id not in graph or graph.node(node.id) is not node:
+        return _input_layout(node, position, graph, s, mesh)
+    cache = graph.memo.setdefault("input_layout", {})
+    key = (node.id, position, s.assignment, mesh.names)
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = _input_layout(node, position, graph, s, mesh)
+    return hit  # type: ignore[no-any-return]
+
+
+def _input_layout(node: Node, position: int, graph: Graph, s: OpStrategy, mesh: Mesh) -> TensorLayout:
     inp = graph.node(node.inputs[position])
     dims = inp.shape
     if node.kind is OpKind.ATTENTION and position in (1, 2):
