@@ -241,7 +241,7 @@ def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_a
     """``rules.op_seconds`` keeps its answers on the graph by the product of the axis sizes each
     dim takes; every candidate of every operator on meshes of several shapes gets what pricing it
     afresh gives."""
-    from parplan.solver.cost.rules import _op_seconds, op_seconds
+    from parplan.solver.cost.rules import _op_seconds, op_seconds, recomputed
 
     cfg = get_preset("mixtral-8x7b").with_(layers=2, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=512,
                                            seq_len=64)
@@ -255,10 +255,13 @@ def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_a
             if n.is_leaf:
                 continue
             for s in candidate_strategies(n, graph, mesh, True, (0,)):
+                fresh = _op_seconds(n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh)
                 for rc in (Recompute.SELECTIVE, Recompute.FULL):
-                    args = (n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh, rc, False)
-                    assert op_seconds(*args) == _op_seconds(*args)
-                    checked += 1
+                    for flash in (False, True):
+                        fwd, bwd, rec = op_seconds(n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh, rc, flash)
+                        assert (fwd, bwd) == fresh
+                        assert rec == (fwd if recomputed(n, rc, flash) else 0.0)
+                        checked += 1
     assert checked > 1000 and len(graph.memo["op_seconds"]) < checked
 
 

@@ -57,17 +57,19 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
         if d is not None:
             factors[d] = factors.get(d, 1) * size
     cache = graph.memo.setdefault("op_seconds", {})
-    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec, recompute, flash_attention)
+    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec)
     hit = cache.get(key) if node.id in graph and graph.node(node.id) is node else None
     if hit is None:
-        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh, recompute, flash_attention)
+        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh)
         if node.id in graph and graph.node(node.id) is node:
             cache[key] = hit
-    return hit
+    fwd, bwd = hit
+    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention) else 0.0
 
 
 def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
-                mesh: Mesh, recompute: Recompute, flash_attention: bool) -> tuple[float, float, float]:
+                mesh: Mesh) -> tuple[float, float]:
+    """(forward, backward) seconds of :func:`op_seconds`, priced afresh."""
     dt = compute_dtype(node, prec)
     work = work_shards(s, mesh)
     sizes = mesh.sizes
@@ -77,7 +79,7 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
     m_eff, b_eff = calibration.matmul_efficiency_for(dt), calibration.memory_efficiency
     fwd = roofline_seconds(forward_flops(node, graph) / work, traffic, gpu, dt, m_eff, b_eff)
     bwd = roofline_seconds(backward_flops(node, graph) / work, 2 * traffic, gpu, dt, m_eff, b_eff)
-    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention) else 0.0
+    return fwd, bwd
 
 
 def parameter_states(elems: float, prec: Precision, zero: int, zero_ranks: int, replicas: int,
