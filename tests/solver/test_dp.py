@@ -248,3 +248,23 @@ def test_the_whole_frontier_is_searched_when_asked() -> None:
     assert request_hash(_body(pareto=False)) == request_hash(_body())
     with pytest.raises(RequestError, match="pareto"):
         parse_plan_request(_body(pareto="yes"))
+
+
+def test_expert_parallelism_never_exceeds_the_experts() -> None:
+    """An expert-parallel degree splits the experts: it divides their number. Mixtral-8x22B's 8
+    experts on 64 GPUs once came back as ep64; the search now offers only divisors of 8, and the
+    evaluator refuses a plan that does not."""
+    from parplan.solver.cost.plan_evaluator import LayerPlan, LayerStrategy, PlanEvaluator
+    from parplan.solver.errors import StrategyError
+
+    cfg = get_preset("mixtral-8x7b").with_(layers=2, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=512, seq_len=64)
+    cluster = make_cluster(64, 8, "H100-80GB")
+    ds = DpSearch(lambda b: build_graph(cfg, batch=b), cluster, 64, DEFAULT_CALIBRATION, 80 * GIB)
+    eps = {s.ep for pp in (1, 2) for s in ds.strategies(pp, 1)}
+    assert eps == {1, 2, 4, 8}
+    gc = GraphCosts(build_graph(cfg, batch=1))
+    ev = PlanEvaluator(lambda b: gc, cluster)
+    bad = LayerStrategy(tp=1, dp=64, ep=16)
+    plan = LayerPlan(pp=1, num_microbatches=1, global_batch=64, layers={u: bad for u in gc.units})
+    with pytest.raises(StrategyError, match="ep=16 does not divide its 8 experts"):
+        ev.time(plan)

@@ -105,6 +105,15 @@ PUBLISHED = {
 PUBLISHED_ROUNDED = {
     "qwen2.5-72b": (72.7, 1),  # Qwen2.5-72B model card: 72.7B parameters
     "qwen3-32b": (32.8, 1),  # Qwen3-32B model card: 32.8B parameters
+    "mixtral-8x22b": (141, 0),  # Mistral AI's announcement of Mixtral 8x22B: 141B parameters, 39B active
+    "qwen3-235b-a22b": (235, 0),  # Qwen3-235B-A22B model card: 235B in total, 22B activated
+}
+
+# Parameters a token uses (the top-k experts of each layer, not all of them), as published: (figure, decimals).
+PUBLISHED_ACTIVE_ROUNDED = {
+    "mixtral-8x7b": (12.9, 1),  # Mistral AI's announcement of Mixtral 8x7B: 12.9B used per token
+    "mixtral-8x22b": (39, 0),
+    "qwen3-235b-a22b": (22, 0),
 }
 
 
@@ -122,6 +131,15 @@ def test_closed_form_matches_published_rounding(name: str) -> None:
     figure, decimals = PUBLISHED_ROUNDED[name]
     cfg = get_preset(name)
     assert round(CLOSED_FORM[cfg.family](cfg) / 1e9, decimals) == figure
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ACTIVE_ROUNDED))
+def test_active_parameters_match_published_rounding(name: str) -> None:
+    """A token goes through ``top_k`` of each layer's experts: the closed form with that many."""
+    figure, decimals = PUBLISHED_ACTIVE_ROUNDED[name]
+    cfg = get_preset(name)
+    active = llama_params(cfg.with_(num_experts=cfg.top_k)) - cfg.layers * cfg.hidden * (cfg.top_k - cfg.num_experts)
+    assert round(active / 1e9, decimals) == figure
 
 
 def test_bert_large_matches_published_bert_model() -> None:

@@ -33,6 +33,8 @@ EXPECTED_NAMES = [
     "t5-11b",
     "vit-huge",
     "mixtral-8x7b",
+    "mixtral-8x22b",
+    "qwen3-235b-a22b",
 ]
 
 # name: (family, layers, hidden, heads, ffn, vocab, seq_len, kv_heads as n_kv_heads)
@@ -61,6 +63,8 @@ SHAPES: dict[str, tuple[str, int, int, int, int, int, int, int]] = {
     "t5-11b": ("t5", 24, 1024, 128, 65536, 32128, 512, 128),
     "vit-huge": ("vit", 32, 1280, 16, 5120, 0, 257, 16),
     "mixtral-8x7b": ("mixtral", 32, 4096, 32, 14336, 32000, 4096, 8),
+    "mixtral-8x22b": ("mixtral", 56, 6144, 48, 16384, 32768, 4096, 8),
+    "qwen3-235b-a22b": ("mixtral", 94, 4096, 64, 1536, 151936, 4096, 4),
 }
 
 
@@ -88,6 +92,9 @@ def test_family_specific_fields() -> None:
     assert vit.tokens_per_sample == 257
     mix = get_preset("mixtral-8x7b")
     assert (mix.num_experts, mix.top_k) == (8, 2)
+    assert (get_preset("mixtral-8x22b").num_experts, get_preset("mixtral-8x22b").top_k) == (8, 2)
+    qwen_moe = get_preset("qwen3-235b-a22b")
+    assert (qwen_moe.num_experts, qwen_moe.top_k, qwen_moe.d_head) == (128, 8, 128)
     assert get_preset("bert-large").type_vocab == 2
     assert get_preset("llama-2-7b").d_head == 128
     for name in EXPECTED_NAMES:

@@ -284,6 +284,7 @@ class PlanEvaluator:
         self._cluster = apply(cluster, calibration) if cluster is not None else None
         self.calibration = calibration
         self._meshes: dict[tuple[int, LayerStrategy], DeviceMesh] = {}
+        self._experts: dict[str, int] = {}  # unit -> experts per MoE layer in it (0: none)
         self._envs: dict[tuple[int, LayerStrategy, str], TimeEnv] = {}
         self._plan_memory: dict[tuple[Any, ...], PlanMemory] = {}
         self._plan_time: dict[tuple[Any, ...], PlanTime] = {}
@@ -392,6 +393,14 @@ class PlanEvaluator:
         for u, s in plan.layers.items():
             if s.sp and s.tp == 1:
                 raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
+            if s.ep > 1:
+                experts = self._experts.get(u)
+                if experts is None:
+                    nodes = self.costs_for(plan.local_batch(s)).nodes.get(u, ())
+                    experts = self._experts[u] = max((size for n in nodes for d, size in n.dims if d == "expert"),
+                                                     default=0)
+                if experts % s.ep:
+                    raise StrategyError(f"{u}: expert parallelism ep={s.ep} does not divide its {experts} experts")
 
     # ---------------------------------------------------------------- costs of one unit
     def unit_cost(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision, timed: bool) -> UnitCost:

@@ -115,7 +115,9 @@ class DpSearch:
         self.blocks = blocks_of(probe.graph)
         self.units = units_of(probe.graph)
         self._block_set = set(self.blocks)
-        self.moe = any(d == "expert" for n in probe.graph.nodes for d, _ in n.dims)
+        #: experts per MoE layer (0: a dense model); an expert-parallel degree must divide it
+        self.experts = max((size for n in probe.graph.nodes for d, size in n.dims if d == "expert"), default=0)
+        self.moe = self.experts > 0
         self.evaluations = 0
         self._rows: dict[tuple[int, int, str, bool, int], UnitRow] = {}
         # a stage's tables depend on its units, its in-flight micro-batches, pp and m only (not on
@@ -141,7 +143,7 @@ class DpSearch:
         opts = self.options
         if self.moe and opts.expert_parallel == (1,):
             opts = SpaceOptions(opts.zero_stages, opts.checkpointing, opts.sequence_parallel, opts.both_orders,
-                                tuple(degrees(n)), opts.max_tp)
+                                tuple(e for e in degrees(n) if self.experts % e == 0), opts.max_tp)
         out = []
         for s in layer_strategies(n, opts, moe=self.moe):
             if self.B % (m * s.dp):

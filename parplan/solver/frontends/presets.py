@@ -69,6 +69,17 @@ _ALL: tuple[TransformerConfig, ...] = (
         family="mixtral", name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
         vocab=32000, seq_len=4096, num_experts=8, top_k=2, tied_embeddings=False,
     ),
+    # Mixtral-8x22B (config.json of mistralai/Mixtral-8x22B-v0.1): 8 experts of 16,384, top 2
+    TransformerConfig(
+        family="mixtral", name="mixtral-8x22b", layers=56, hidden=6144, heads=48, kv_heads=8, ffn=16384,
+        vocab=32768, seq_len=4096, num_experts=8, top_k=2, tied_embeddings=False,
+    ),
+    # Qwen3-235B-A22B (config.json of Qwen/Qwen3-235B-A22B): every layer a mixture of 128 experts of
+    # 1,536 (moe_intermediate_size), top 8, head dim 128, q/k norm, no shared expert
+    TransformerConfig(
+        family="mixtral", name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
+        ffn=1536, vocab=151936, seq_len=4096, num_experts=128, top_k=8, tied_embeddings=False, qk_norm=True,
+    ),
 )
 
 #: Every preset by its (lower-case) name.
