@@ -111,7 +111,14 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         assumed.append("micro-batch 1")
     gb = int(r.get("global_batch") or mb * dp)
     m = max(1, gb // (int(mb) * dp))
+    overlap = str(r.get("comm_overlap") or "")
     zero_text = str(r.get("distributed_optimizer_zero") or "").lower()
+    if "--overlap-param-gather" in overlap and not zero_text:
+        # Megatron-LM gathers parameters during forward only with its distributed optimizer
+        # (megatron-core DistributedDataParallel acts on overlap_param_gather only with
+        # use_distributed_optimizer): the flag implies ZeRO-1
+        zero_text = "distributed optimizer"
+        assumed.append("distributed optimizer (implied by --overlap-param-gather)")
     if "shard_grad_op" in zero_text:  # FSDP's ZeRO-2
         zero = 2
     elif "zero-3" in zero_text or "full_shard" in zero_text or "fsdp" in zero_text:
@@ -126,6 +133,12 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         runtime = Runtime.DEEPSPEED
     elif "fsdp" in zero_text:
         runtime = Runtime.TORCH
+    sp = bool(r.get("sequence_parallel"))
+    if r.get("sequence_parallel") is None and "--tp-comm-overlap" in overlap and tp > 1:
+        # Megatron-LM refuses --tp-comm-overlap without --sequence-parallel (its argument check:
+        # Transformer Engine overlaps only all-gather / reduce-scatter with the GEMMs)
+        sp = True
+        assumed.append("sequence parallel (implied by --tp-comm-overlap)")
     vp = r.get("virtual_pipeline")
     v = vp if isinstance(vp, int) else 1
     if isinstance(vp, str) and "(m=3)" in vp:
@@ -138,7 +151,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     if "compile" in str(r.get("techniques") or "").lower():
         remark = "; ".join(x for x in (remark, "torch.compile (parplan prices eager kernels)") if x)
     strategy = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
-                              sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
+                              sequence_parallel=sp and tp > 1,
                               recompute=_recompute(r.get("recompute"), assumed), micro_batch=int(mb),
                               num_microbatches=m, schedule=schedule,
                               virtual_stages=v if schedule is Schedule.INTERLEAVED else 1,
