@@ -185,3 +185,8 @@ def flag_lines(args: list[str], quote: Callable[[str], str] = str) -> list[str]:
             lines.append(args[i])
             i += 1
     return lines
+
+
+#: What to give instead of an operator graph, for an export that builds the model from its sizes.
+SIZES_HINT = ("give a preset, or a Hugging Face config of a model_type parplan maps by hand; a traced "
+              "config or a posted graph has no sizes")

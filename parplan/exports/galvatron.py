@@ -30,7 +30,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parplan.exports.common import Export, NotExpressible, PlanContext, context_of, flag_lines, layered_strategy
+from parplan.exports.common import (
+    SIZES_HINT,
+    Export,
+    NotExpressible,
+    PlanContext,
+    context_of,
+    flag_lines,
+    layered_strategy,
+)
 
 GALVATRON_VERSION = "2.4.0"
 TARGET = "galvatron"
@@ -102,7 +110,7 @@ def export_galvatron(doc: Mapping[str, Any]) -> Export:
     family = str(arch.get("family")) if arch is not None else ""
     if arch is None:
         reasons.append("the model is an operator graph without an architecture; Galvatron trains only its own "
-                       "model families, built from their sizes (give a preset or a Hugging Face config)")
+                       f"model families, built from their sizes ({SIZES_HINT})")
     elif family not in MODEL_DIRS:
         why = " (Galvatron 2.4.0 has no mixture-of-experts model)" if family == "mixtral" else ""
         reasons.append(f"{ctx.model_name} is a {family} model; Galvatron {GALVATRON_VERSION} trains "

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from parplan.exports.common import (
+    SIZES_HINT,
     Export,
     NotExpressible,
     PlanContext,
@@ -51,7 +52,7 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
     arch = ctx.architecture
     if arch is None:
         raise NotExpressible(TARGET, ["the model is an operator graph without an architecture; Megatron-LM "
-                                      "builds its model from sizes (give a preset or a Hugging Face config)"])
+                                      f"builds its model from sizes ({SIZES_HINT})"])
     family = str(arch.get("family"))
     if family not in ("gpt", "llama", "mixtral"):
         reasons.append(f"{ctx.model_name} is a {family} model; pretrain_gpt.py trains decoder-only GPT, Llama and "

@@ -21,7 +21,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parplan.exports.common import Export, NotExpressible, PlanContext, UniformPlan, context_of, uniform_of
+from parplan.exports.common import (
+    SIZES_HINT,
+    Export,
+    NotExpressible,
+    PlanContext,
+    UniformPlan,
+    context_of,
+    uniform_of,
+)
 from parplan.solver.cost.pipeline import even_partition
 from parplan.solver.cost.runtime import TORCHTITAN_LOSS_CHUNKS
 
@@ -212,7 +220,7 @@ def _flavor(ctx: PlanContext, reasons: list[str]) -> Flavor | None:
     arch = ctx.architecture
     if arch is None:
         reasons.append(f"{ctx.model_name} is an operator graph without an architecture; torchtitan trains the "
-                       "models of its registry (give a preset or a Hugging Face config)")
+                       f"models of its registry ({SIZES_HINT})")
         return None
     family = str(arch.get("family"))
     if family == "mixtral":
