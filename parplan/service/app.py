@@ -6,16 +6,17 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from parplan import __version__ as package_version
-from parplan.service import problems
+from parplan.service import openapi, problems
 from parplan.service.agents.router import router as agents_router
 from parplan.service.catalog.router import router as catalog_router
 from parplan.service.evaluations.router import router as evaluations_router
 from parplan.service.health.metrics import Metrics, MetricsMiddleware
 from parplan.service.health.router import router as health_router
 from parplan.service.jobs.router import router as jobs_router
+from parplan.service.json_text import check_json_text
 from parplan.service.limits import BodyLimitMiddleware
 from parplan.service.plans.router import router as plans_router
 from parplan.service.profiles.router import router as profiles_router
@@ -30,6 +31,7 @@ DESCRIPTION = """Parallelism plans for training large models.
 
 `POST /v1/plans` answers `202` with a job to poll (`GET /v1/jobs/{id}`), or `200` with the plan
 when the same request was solved before. Errors are RFC 9457 `application/problem+json`.
+Strings in request bodies are Unicode text: NUL (`\\u0000`) and lone surrogates are refused (422).
 Authenticate with `Authorization: Bearer <token>` (`parplan token create --scope ...`)."""
 
 
@@ -48,10 +50,12 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
             rt.stop()
 
     app = FastAPI(title="parplan", version=package_version, description=DESCRIPTION, lifespan=lifespan,
-                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None,
+                  dependencies=[Depends(check_json_text)])
     app.state.runtime = rt
     app.state.solver_version = SOLVER_VERSION
     problems.install(app)
+    openapi.install(app, settings)
     for r in (plans_router, jobs_router, validations_router, agents_router, profiles_router, catalog_router,
               evaluations_router, health_router):
         app.include_router(r)

@@ -13,7 +13,7 @@ from parplan.service.deps import UoW, require
 from parplan.service.jobs import service
 from parplan.service.jobs.schemas import JobEnvelope, JobPage, job_out
 from parplan.service.models import JobStatus
-from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT, CursorParam
 from parplan.service.problems import PROBLEM_JSON
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -23,7 +23,7 @@ _PROBLEM = {"content": {PROBLEM_JSON: {}}, "description": "RFC 9457 problem"}
 @router.get("", response_model=JobPage, responses={422: _PROBLEM})
 async def list_jobs(uow: UoW, _: Annotated[Principal, require(Scope.PLANS_READ)],
               status: Annotated[list[JobStatus] | None, Query(description="Repeat to match several.")] = None,
-              cursor: Annotated[str | None, Query(max_length=200)] = None,
+              cursor: CursorParam = None,
               limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT) -> JSONResponse:
     """Jobs, newest first."""
     def work(session: Session) -> dict[str, Any]:

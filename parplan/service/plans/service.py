@@ -25,6 +25,9 @@ from parplan.solver.errors import GraphIssue, GraphValidationError, SolverError
 from parplan.solver.planner import PlanRequest, RequestError, parse_plan_request, request_hash
 from parplan.workers.queue import JobQueue
 
+#: The solver's time limit when a request gives none.
+DEFAULT_TIME_LIMIT_SECONDS = 60.0
+
 
 def _loc(field: str) -> list[str | int]:
     """``"cluster.gpus"`` → ``["body", "cluster", "gpus"]``; ``"inputs[0]"`` → ``["inputs", 0]``."""
@@ -101,6 +104,10 @@ def check_limits(payload: PlanRequestIn, settings: Settings) -> None:
                            f"({settings.max_devices}, PARPLAN_MAX_DEVICES)",
                            [field_error(["body", "cluster", "gpus"], f"must be <= {settings.max_devices}",
                                         "less_than_equal")])
+    if payload.time_limit is not None and payload.time_limit > settings.max_time_limit_seconds:
+        limit = settings.max_time_limit_seconds
+        raise InvalidError(f"time_limit: at most {limit:g} s on this service (PARPLAN_MAX_TIME_LIMIT_SECONDS)",
+                           [field_error(["body", "time_limit"], f"must be <= {limit:g}", "less_than_equal")])
     graph = payload.model.graph
     if graph is not None:
         nodes = graph.get("nodes")
@@ -116,6 +123,8 @@ def validate(payload: PlanRequestIn, settings: Settings) -> Validated:
     CPU only: cheap for presets and HF configs; graphs cost in proportion to their size."""
     check_limits(payload, settings)
     body = payload.to_body()
+    if "time_limit" not in body and settings.max_time_limit_seconds < DEFAULT_TIME_LIMIT_SECONDS:
+        body["time_limit"] = settings.max_time_limit_seconds
     try:
         return Validated(body, parse_plan_request(body), request_hash(body))
     except SolverError as e:
