@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from parplan import __version__ as package_version
-from parplan.service import openapi, problems
+from parplan.service import openapi, problems, redaction, security
 from parplan.service.agents.router import router as agents_router
 from parplan.service.catalog.router import router as catalog_router
 from parplan.service.evaluations.router import router as evaluations_router
@@ -39,6 +39,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     """The app. ``runtime`` (tests) replaces the one built from ``settings``; it is started and
     stopped with the app's lifespan."""
     settings = settings or (runtime.settings if runtime else Settings())
+    redaction.install()
     rt = runtime or Runtime.create(settings)
 
     @asynccontextmanager
@@ -65,4 +66,5 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=current_metrics)
+    security.install(app, settings)
     return app
