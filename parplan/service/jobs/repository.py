@@ -160,6 +160,11 @@ class JobRepository:
                 .order_by(Job.created_at).limit(limit))
         return list(self.session.scalars(stmt))
 
+    def count_active_for_token(self, token_id: uuid.UUID) -> int:
+        """Queued or running jobs the token submitted."""
+        return int(self.session.scalar(select(func.count()).select_from(Job)
+                                       .where(Job.token_id == token_id, Job.status.in_((Q, R)))) or 0)
+
     def count_queued(self) -> int:
         return int(self.session.scalar(select(func.count()).select_from(Job).where(Job.status == Q)) or 0)
 

@@ -16,6 +16,7 @@ from parplan.service.database import utcnow
 from parplan.service.deps import UnitOfWork
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus, Plan
+from parplan.service.overload import admit_new_job
 from parplan.service.plans.repository import PlanRepository
 from parplan.service.plans.schemas import PlanRequestIn
 from parplan.service.problems import InvalidError, TooLargeError, field_error, get_or_404
@@ -146,9 +147,9 @@ class Submission:
 
 
 def submit(v: Validated, calibration: dict[str, Any] | None, session: Session, uow: UnitOfWork,
-           queue: JobQueue, token_id: uuid.UUID | None) -> Submission:
+           queue: JobQueue, token_id: uuid.UUID | None, settings: Settings | None = None) -> Submission:
     """Serve from the cache, join the same request in flight, or create a job (enqueued by
-    ``uow`` after its commit)."""
+    ``uow`` after its commit) if ``settings``' job limits admit one (429 / 503 otherwise)."""
     key = cache_key(v.request_hash, calibration)
     hit = PlanRepository(session).cached_with_job(key)
     if hit is not None:
@@ -157,6 +158,8 @@ def submit(v: Validated, calibration: dict[str, Any] | None, session: Session, u
     active = jobs.active_for_key(key)
     if active is not None:  # the same request is already queued or running: share that job
         return Submission(job=active, plan=None, cache_key=key)
+    if settings is not None:
+        admit_new_job(session, token_id, settings)
     now = utcnow()
     job = jobs.add(Job(status=JobStatus.QUEUED.value, request=v.body, request_hash=v.request_hash,
                        cache_key=key, calibration=calibration, progress_stage="queued",
