@@ -172,3 +172,18 @@ def test_cors_is_off_unless_configured(client: TestClient, cors_client: TestClie
     assert r.headers["access-control-allow-origin"] == "https://dash.example"
     r = cors_client.options("/v1/jobs", headers={**preflight, "Origin": "https://evil.example"})
     assert r.headers.get("access-control-allow-origin") != "https://evil.example"
+
+
+def test_a_job_records_the_token_that_submitted_it(client: TestClient, db: sessionmaker[Session],
+                                                   auth: Callable[..., Headers]) -> None:
+    from parplan.service.auth.service import hash_token
+    from parplan.service.models import ApiToken, Job
+
+    headers = auth(Scope.PLANS_WRITE)
+    r = client.post("/v1/plans", json={"model": {"preset": "bert-large"}, "cluster": {"gpus": 2}}, headers=headers)
+    assert r.status_code == 202, r.text
+    with db() as s:
+        token = s.query(ApiToken).filter(
+            ApiToken.token_hash == hash_token(headers["Authorization"].removeprefix("Bearer "))).one()
+        job = s.get(Job, uuid.UUID(r.json()["job"]["id"]))
+        assert job is not None and job.token_id == token.id
