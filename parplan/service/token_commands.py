@@ -63,9 +63,9 @@ def _row(t: Any, now: datetime) -> dict[str, Any]:
     state = ("revoked" if t.revoked_at is not None else
              "expired" if t.expires_at is not None and t.expires_at <= now else "active")
     return {"id": str(t.id), "name": t.name, "prefix": t.prefix, "scopes": list(t.scopes), "state": state,
-            "created_at": t.created_at.isoformat(),
-            "expires_at": t.expires_at.isoformat() if t.expires_at else None,
-            "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None}
+            "created_at": t.created_at.isoformat(timespec="seconds"),
+            "expires_at": t.expires_at.isoformat(timespec="seconds") if t.expires_at else None,
+            "revoked_at": t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None}
 
 
 @_guard

@@ -92,4 +92,6 @@ def test_a_wrong_method_lists_the_paths_own_methods(client: TestClient, agent: H
     assert r.status_code == 405 and r.headers["allow"] == "POST" and r.headers["content-type"] == PROBLEM
     r = client.delete("/v1/profiles", headers=agent)
     assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
-    assert client.get(f"/v1/validations/{uuid.uuid4()}", headers=agent).status_code == 404
+    for ident in (uuid.uuid4(), "not-a-uuid"):
+        r = client.get(f"/v1/validations/{ident}", headers=agent)
+        assert r.status_code == 404 and r.headers["content-type"] == PROBLEM
