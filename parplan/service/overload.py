@@ -80,6 +80,7 @@ def admit_new_job(session: Session, token_id: uuid.UUID | None, settings: Settin
     """Raise 429 when the token has its share of jobs queued or running, 503 when the queue is full."""
     jobs = JobRepository(session)
     if token_id is not None:
+        jobs.lock_token_submissions(token_id)  # exact per token; the queue-wide cap may overshoot by a few
         active = jobs.count_active_for_token(token_id)
         if active >= settings.max_active_jobs_per_token:
             raise TooManyRequestsError(

@@ -118,3 +118,18 @@ def test_the_time_limit_is_capped(limited: Callable[..., TestClient], writer: He
     with db() as s:
         job = s.get(Job, uuid.UUID(r.json()["job"]["id"]))
         assert job is not None and job.request["time_limit"] == 10
+
+
+def test_concurrent_submissions_of_one_token_respect_its_cap(settings: Settings, committed_db: sessionmaker[Session],
+                                                             queue: CeleryJobQueue) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parplan.service.testing import make_token
+
+    rt = Runtime(settings=settings.model_copy(update={"max_active_jobs_per_token": 1}), session_factory=committed_db,
+                 queue=queue, run_sweeper=False)
+    headers = {"Authorization": f"Bearer {make_token(committed_db, Scope.PLANS_WRITE)}"}
+    with TestClient(create_app(runtime=rt), raise_server_exceptions=False) as c, ThreadPoolExecutor(6) as pool:
+        codes = list(pool.map(lambda g: c.post("/v1/plans", json=_request(g), headers=headers).status_code,
+                              (1, 2, 4, 8, 16, 32)))
+    assert sorted(codes) == [202, 429, 429, 429, 429, 429], codes
