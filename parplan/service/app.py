@@ -6,10 +6,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from parplan import __version__ as package_version
-from parplan.service import problems
+from parplan.service import openapi, problems, redaction, security
 from parplan.service.agents.router import router as agents_router
 from parplan.service.auth.router import router as auth_router
 from parplan.service.catalog.router import router as catalog_router
@@ -17,6 +17,7 @@ from parplan.service.evaluations.router import router as evaluations_router
 from parplan.service.health.metrics import Metrics, MetricsMiddleware
 from parplan.service.health.router import router as health_router
 from parplan.service.jobs.router import router as jobs_router
+from parplan.service.json_text import check_json_text
 from parplan.service.limits import BodyLimitMiddleware
 from parplan.service.plans.router import router as plans_router
 from parplan.service.profiles.router import router as profiles_router
@@ -32,6 +33,7 @@ DESCRIPTION = """Parallelism plans for training large models.
 
 `POST /v1/plans` answers `202` with a job to poll (`GET /v1/jobs/{id}`), or `200` with the plan
 when the same request was solved before. Errors are RFC 9457 `application/problem+json`.
+Strings in request bodies are Unicode text: NUL (`\\u0000`) and lone surrogates are refused (422).
 Authenticate with `Authorization: Bearer <token>` (`parplan token create --scope ...`).
 Follow a job with `GET /v1/jobs/{id}/events` (Server-Sent Events) or `GET /v1/jobs/{id}?wait=30`
 (long poll). People use the dashboard at `/ui`."""
@@ -41,6 +43,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     """The app. ``runtime`` (tests) replaces the one built from ``settings``; it is started and
     stopped with the app's lifespan."""
     settings = settings or (runtime.settings if runtime else Settings())
+    redaction.install()
     rt = runtime or Runtime.create(settings)
 
     @asynccontextmanager
@@ -52,10 +55,12 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
             rt.stop()
 
     app = FastAPI(title="parplan", version=package_version, description=DESCRIPTION, lifespan=lifespan,
-                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
+                  openapi_url="/openapi.json", docs_url="/docs", redoc_url=None,
+                  dependencies=[Depends(check_json_text)])
     app.state.runtime = rt
     app.state.solver_version = SOLVER_VERSION
     problems.install(app)
+    openapi.install(app, settings)
     for r in (plans_router, jobs_router, validations_router, agents_router, profiles_router, catalog_router,
               evaluations_router, health_router, auth_router, ui_router):
         app.include_router(r)
@@ -65,4 +70,5 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=current_metrics)
+    security.install(app, settings)
     return app

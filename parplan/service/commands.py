@@ -134,9 +134,11 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     from parplan.cli import UsageError
     from parplan.service.auth.service import create_token, parse_scopes
     from parplan.service.database import make_engine, make_session_factory
+    from parplan.service.token_commands import parse_expires
 
     try:
         scopes = parse_scopes(args.scope)
+        expires_at = parse_expires(args.expires) if args.expires else None
     except ValueError as e:
         raise UsageError(str(e)) from None
     settings = _settings()
@@ -145,7 +147,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     engine = make_engine(settings.resolved_database_url)
     try:
         with make_session_factory(engine)() as session:
-            row, secret = create_token(session, args.name, scopes)
+            row, secret = create_token(session, args.name, scopes, expires_at)
             session.commit()
     except (OperationalError, ProgrammingError) as e:
         print(f"parplan token: error: cannot store the token ({e.__class__.__name__}); is the database reachable "
@@ -154,7 +156,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     if args.json:
-        print(json.dumps({"id": str(row.id), "name": row.name, "scopes": row.scopes, "token": secret}))
+        print(json.dumps({"id": str(row.id), "name": row.name, "scopes": row.scopes, "token": secret,
+                          "expires_at": expires_at.isoformat() if expires_at else None}))
     else:
         print(f"parplan token: created {row.name!r} ({', '.join(row.scopes)}); it is shown only once:",
               file=sys.stderr)
@@ -204,5 +207,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     create.add_argument("--scope", action="append", required=True,
                         help="plans:write, plans:read, agent or admin (repeat, or separate with commas)")
     create.add_argument("--name", default="token", help="a label for the token")
+    create.add_argument("--expires", default=None, metavar="WHEN",
+                        help="stop working after a duration (30d, 12h, 90m) or at an ISO date (default: never)")
     create.add_argument("--json", action="store_true", help="print one JSON document")
     create.set_defaults(handler=cmd_token_create)
+    from parplan.service.token_commands import register as register_token_admin
+
+    register_token_admin(token_sub)

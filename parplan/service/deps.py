@@ -79,6 +79,18 @@ _bearer = HTTPBearer(auto_error=False, description="A token from `parplan token 
 
 async def get_principal(request: Request,
                         creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+    """The caller, within its rate limit (429 beyond it; per token, or per address without one)."""
+    principal = await _identify(request, creds)
+    limiter = request.app.state.runtime.rate_limiter
+    if limiter is not None:
+        if principal.token_id is not None:
+            limiter.check(principal.token_id, f"token {principal.name!r}")
+        else:
+            limiter.check(("address", request.client.host if request.client else ""), "this client address")
+    return principal
+
+
+async def _identify(request: Request, creds: HTTPAuthorizationCredentials | None) -> Principal:
     """The caller. Tokens are looked up by hash and remembered for a few seconds; a lookup uses its
     own short session on a worker thread, so a long-polling endpoint holds no connection."""
     rt: Runtime = request.app.state.runtime

@@ -52,6 +52,7 @@ class ApiToken(Base):
     scopes: Mapped[list[str]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Plan(Base):
@@ -80,6 +81,7 @@ class Job(Base):
         Index("ix_jobs_created", "created_at", "id"),
         Index("ix_jobs_status_deadline", "status", "deadline_at"),
         Index("ix_jobs_cache_key_status", "cache_key", "status"),
+        Index("ix_jobs_token_status", "token_id", "status"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=new_id)

@@ -1,14 +1,16 @@
-"""Keyset (cursor) pagination over ``(created_at, id)``, newest first. Cursors are opaque."""
+"""Keyset (cursor) pagination over ``(created_at, id)``, newest first. Cursors are opaque to
+clients; their form (microseconds since the epoch, a dot, the id's 32 hex digits) is published as
+:data:`CURSOR_PATTERN`, so any string the OpenAPI document allows names a position."""
 
 from __future__ import annotations
 
-import base64
-import json
+import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
 
+from fastapi import Query
 from sqlalchemy import Select, and_, or_
 from sqlalchemy.orm import InstrumentedAttribute
 
@@ -16,6 +18,10 @@ from parplan.service.problems import InvalidError, field_error
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
+#: Every cursor matches this (at most 17 digits of microseconds: before the year 5000).
+CURSOR_PATTERN = r"^[0-9]{1,17}\.[0-9a-f]{32}$"
+_CURSOR = re.compile(CURSOR_PATTERN)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -24,18 +30,22 @@ class Cursor:
     id: uuid.UUID
 
     def encode(self) -> str:
-        raw = json.dumps([self.created_at.isoformat(), str(self.id)]).encode()
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        at = self.created_at if self.created_at.tzinfo else self.created_at.replace(tzinfo=UTC)
+        micros = (at - _EPOCH) // timedelta(microseconds=1)
+        return f"{micros}.{self.id.hex}"
 
     @staticmethod
     def decode(text: str) -> Cursor:
-        try:
-            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-            created, ident = json.loads(raw)
-            return Cursor(datetime.fromisoformat(created), uuid.UUID(ident))
-        except (ValueError, TypeError) as e:
+        if not _CURSOR.match(text):
             raise InvalidError("cursor: not a cursor this API returned",
-                          [field_error(["query", "cursor"], f"invalid cursor ({e.__class__.__name__})")]) from None
+                               [field_error(["query", "cursor"], f"must match {CURSOR_PATTERN}",
+                                            "string_pattern_mismatch")])
+        micros, ident = text.split(".")
+        return Cursor(_EPOCH + timedelta(microseconds=int(micros)), uuid.UUID(hex=ident))
+
+
+#: The ``cursor`` query parameter of list endpoints.
+CursorParam = Annotated[str | None, Query(pattern=CURSOR_PATTERN, description="`next_cursor` of the page before.")]
 
 
 def page(stmt: Select[Any], created: InstrumentedAttribute[datetime], ident: InstrumentedAttribute[uuid.UUID],

@@ -16,6 +16,7 @@ from parplan.service.auth.service import TokenVerifier
 from parplan.service.caching import LRU, TTLCache
 from parplan.service.database import make_engine, make_session_factory
 from parplan.service.health.metrics import Metrics
+from parplan.service.overload import RateLimiter, make_rate_limiter
 from parplan.service.settings import Settings
 from parplan.workers.queue import JobQueue, make_queue
 from parplan.workers.sweeper import SweeperThread
@@ -57,11 +58,15 @@ class Runtime:
     plan_responses: LRU[str, bytes] = field(default_factory=lambda: LRU(512))
     #: Latest calibration per GPU preset, remembered briefly.
     calibrations: TTLCache[str, dict[str, Any] | None] = field(default_factory=lambda: TTLCache(1.0))
+    #: Requests per token and second (None: no limit; PARPLAN_RATE_LIMIT_PER_SECOND).
+    rate_limiter: RateLimiter | None = None
     _sweeper: SweeperThread | None = None
 
     def __post_init__(self) -> None:
         if self.metrics is None:
             self.metrics = Metrics(self.session_factory, self.queue)
+        if self.rate_limiter is None:
+            self.rate_limiter = make_rate_limiter(self.settings)
 
     @staticmethod
     def create(settings: Settings) -> Runtime:

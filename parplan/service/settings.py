@@ -66,6 +66,29 @@ class Settings(BaseSettings):
     agent_timeout_seconds: float = Field(default=60.0, gt=0, description="A claimed validation whose agent "
                                          "has not sent a heartbeat for this long goes back to the queue.")
 
+    # -- security and overload (docs/service.md, "Security" and "Overload") -------------------------
+    cors_origins: str = Field(default="", description="Comma-separated origins allowed to call the API from a "
+                              "browser (CORS); empty: no CORS headers at all. `*` allows any origin (no credentials).")
+    max_time_limit_seconds: float = Field(default=3600.0, gt=0, description="Largest `time_limit` a plan request "
+                                          "may ask for (larger: 422); a request without one gets "
+                                          "min(60, this).")
+    rate_limit_per_second: float = Field(default=0.0, ge=0, description="Requests per second each token (or "
+                                         "each client address without a token) may make to /v1, per API process; "
+                                         "0: no limit. Over it: 429 with Retry-After.")
+    rate_limit_burst: int = Field(default=20, ge=1, description="Requests a token may make at once before "
+                                  "rate_limit_per_second applies.")
+    max_active_jobs_per_token: int = Field(default=100, ge=1, description="Queued or running jobs one token may "
+                                           "have; another new job gets 429 with Retry-After.")
+    max_queued_jobs: int = Field(default=10_000, ge=1, description="Queued jobs the service holds; a new job "
+                                 "beyond that gets 503 with Retry-After.")
+    max_claim_wait_seconds: float = Field(default=30.0, ge=0, le=30, description="Longest long poll of an "
+                                          "agent's claim (`wait_seconds`; larger: 422).")
+    retry_after_seconds: int = Field(default=5, ge=1, description="Retry-After of a 503 for a full queue.")
+
+    @property
+    def cors_origin_list(self) -> list[str]:
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
+
     @field_validator("database_url", "broker_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, v: object) -> object:

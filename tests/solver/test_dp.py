@@ -265,6 +265,6 @@ def test_expert_parallelism_never_exceeds_the_experts() -> None:
     gc = GraphCosts(build_graph(cfg, batch=1))
     ev = PlanEvaluator(lambda b: gc, cluster)
     bad = LayerStrategy(tp=1, dp=64, ep=16)
-    plan = LayerPlan(pp=1, num_microbatches=1, global_batch=64, layers={u: bad for u in gc.units})
+    plan = LayerPlan(pp=1, num_microbatches=1, global_batch=64, layers=dict.fromkeys(gc.units, bad))
     with pytest.raises(StrategyError, match="ep=16 does not divide its 8 experts"):
         ev.time(plan)

@@ -13,7 +13,7 @@ from parplan.service.agents.repository import AgentRepository
 from parplan.service.agents.schemas import AgentEnvelope, AgentPage, AgentRegister, agent_out
 from parplan.service.auth.service import Principal, Scope
 from parplan.service.deps import UoW, require
-from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT, CursorParam
 from parplan.service.problems import PROBLEM_JSON
 
 router = APIRouter(prefix="/v1/agents", tags=["agents"])
@@ -37,7 +37,7 @@ async def heartbeat(agent_id: str, uow: UoW,
 
 @router.get("", response_model=AgentPage)
 async def list_agents(uow: UoW, _: Annotated[Principal, require(Scope.PLANS_READ)],
-                cursor: Annotated[str | None, Query(max_length=200)] = None,
+                cursor: CursorParam = None,
                 limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT) -> JSONResponse:
     def work(session: Session) -> dict[str, Any]:
         rows, nxt = AgentRepository(session).list_page(cursor, limit)

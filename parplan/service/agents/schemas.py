@@ -15,7 +15,7 @@ class HardwareIn(BaseModel):
     """What the agent runs on. ``key`` names the hardware its measurements describe; use the GPU
     preset name (``GET /v1/clusters/presets``, e.g. ``H100-80GB``) so calibrations apply to plans."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     key: str = Field(min_length=1, max_length=200)
     device: Literal["cpu", "cuda"]
@@ -26,7 +26,7 @@ class HardwareIn(BaseModel):
 
 
 class AgentRegister(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(min_length=1, max_length=200)
     hardware: HardwareIn

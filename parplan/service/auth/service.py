@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from sqlalchemy.orm import Session
@@ -54,6 +55,7 @@ class Principal:
     token_id: uuid.UUID | None
     name: str
     scopes: frozenset[Scope]
+    expires_at: datetime | None = None
 
     def has_any(self, *wanted: Scope) -> bool:
         return any(w in self.scopes for w in wanted)
@@ -80,12 +82,17 @@ def parse_scopes(values: list[str]) -> frozenset[Scope]:
     return frozenset(out)
 
 
-def create_token(session: Session, name: str, scopes: frozenset[Scope]) -> tuple[ApiToken, str]:
-    """A new token row and its secret (shown once, never stored)."""
+def create_token(session: Session, name: str, scopes: frozenset[Scope],
+                 expires_at: datetime | None = None) -> tuple[ApiToken, str]:
+    """A new token row and its secret (shown once, never stored); it stops working at ``expires_at``."""
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = TokenRepository(session).add(ApiToken(name=name, token_hash=hash_token(secret), prefix=secret[:10],
-                                                scopes=sorted(s.value for s in scopes)))
+                                                scopes=sorted(s.value for s in scopes), expires_at=expires_at))
     return row, secret
+
+
+def _expired(principal: Principal | None) -> bool:
+    return principal is not None and principal.expires_at is not None and principal.expires_at <= datetime.now(UTC)
 
 
 class TokenVerifier:
@@ -101,7 +108,7 @@ class TokenVerifier:
     def cached(self, secret: str) -> Principal | None:
         """The principal for ``secret`` if a valid one is remembered (no database access)."""
         hit = self._cache.get(hash_token(secret))
-        if hit is not None and time.monotonic() - hit[0] < self.ttl:
+        if hit is not None and time.monotonic() - hit[0] < self.ttl and not _expired(hit[1]):
             return hit[1]
         return None
 
@@ -112,13 +119,16 @@ class TokenVerifier:
         with self._lock:
             hit = self._cache.get(digest)
         if hit is not None and now - hit[0] < self.ttl:
-            return hit[1]
+            return None if _expired(hit[1]) else hit[1]
         with session_factory() as session:
             row = TokenRepository(session).by_hash(digest)
         principal = None
         if row is not None and row.revoked_at is None:
             principal = Principal(token_id=row.id, name=row.name,
-                                  scopes=effective({Scope(s) for s in row.scopes if s in Scope._value2member_map_}))
+                                  scopes=effective({Scope(s) for s in row.scopes if s in Scope._value2member_map_}),
+                                  expires_at=row.expires_at)
+            if _expired(principal):
+                principal = None
         with self._lock:
             if len(self._cache) >= self.max_entries:
                 self._cache.clear()

@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from parplan.service.plans.schemas import ModelSpec
+from parplan.service.catalog.names import GpuName
+from parplan.service.plans.schemas import MIN_MEMORY_GIB, ModelSpec
 
 
 class EvaluationCluster(BaseModel):
@@ -15,8 +16,9 @@ class EvaluationCluster(BaseModel):
     gpus: int | None = Field(default=None, ge=1, le=1 << 17,
                              description="Number of devices (default: from the file's torchrun line, when it has one).")
     gpus_per_node: int | None = Field(default=None, ge=1, description="Default: the file's, else the GPU preset's.")
-    gpu: str = Field(default="A100-80GB", min_length=1, max_length=64, description="GET /v1/clusters/presets")
-    gpu_memory_gib: float | None = Field(default=None, gt=0, le=2**20, description="Override the device memory.")
+    gpu: GpuName = Field(default="A100-80GB", description="GET /v1/clusters/presets")
+    gpu_memory_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=2**20,
+                                         description="Override the device memory.")
 
 
 class EvaluationIn(BaseModel):

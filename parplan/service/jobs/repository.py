@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, func, select, text, update
 from sqlalchemy.orm import Session, undefer
 
 from parplan.service.models import Job, JobStatus
@@ -176,6 +176,18 @@ class JobRepository:
         stmt = (select(Job).where(Job.status == Q, (Job.enqueued_at < enqueued_before) | Job.enqueued_at.is_(None))
                 .order_by(Job.created_at).limit(limit))
         return list(self.session.scalars(stmt))
+
+    def lock_token_submissions(self, token_id: uuid.UUID) -> None:
+        """PostgreSQL: hold a transaction-scoped advisory lock for the token, so its concurrent
+        submissions count and insert one after another (SQLite serialises writers anyway)."""
+        if self.session.get_bind().dialect.name == "postgresql":
+            key = int.from_bytes(token_id.bytes[:8], "big", signed=True)
+            self.session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+    def count_active_for_token(self, token_id: uuid.UUID) -> int:
+        """Queued or running jobs the token submitted."""
+        return int(self.session.scalar(select(func.count()).select_from(Job)
+                                       .where(Job.token_id == token_id, Job.status.in_((Q, R)))) or 0)
 
     def count_queued(self) -> int:
         return int(self.session.scalar(select(func.count()).select_from(Job).where(Job.status == Q)) or 0)

@@ -15,7 +15,7 @@ from parplan.service.jobs import service
 from parplan.service.jobs.schemas import JobEnvelope, JobPage, job_out
 from parplan.service.jobs.watch import MAX_WAIT_SECONDS, job_events, wait_for_change
 from parplan.service.models import JobStatus
-from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT, CursorParam
 from parplan.service.problems import PROBLEM_JSON, parse_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -25,7 +25,7 @@ _PROBLEM = {"content": {PROBLEM_JSON: {}}, "description": "RFC 9457 problem"}
 @router.get("", response_model=JobPage, responses={422: _PROBLEM})
 async def list_jobs(uow: UoW, _: Annotated[Principal, require(Scope.PLANS_READ)],
               status: Annotated[list[JobStatus] | None, Query(description="Repeat to match several.")] = None,
-              cursor: Annotated[str | None, Query(max_length=200)] = None,
+              cursor: CursorParam = None,
               limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT) -> JSONResponse:
     """Jobs, newest first. Each carries ``request_summary`` (model, GPUs, objective, target, search,
     solve seconds, and ``cached``: finished with a plan it did not solve itself)."""

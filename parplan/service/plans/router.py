@@ -43,7 +43,7 @@ async def create_plan(payload: Annotated[PlanRequestIn, Body()], uow: UoW, rt: R
     def work(session: Session) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
         cal = calibration if known else rt.calibrations.get_or_load(
             v.gpu, lambda: service.latest_calibration(session, v.gpu))
-        sub = service.submit(v, cal, session, uow, rt.queue, principal.token_id)
+        sub = service.submit(v, cal, session, uow, rt.queue, principal.token_id, rt.settings)
         return sub.cache_key, job_out(sub.job), service.plan_out(sub.plan) if sub.plan is not None else None
 
     key, job, plan = await uow.run(work)

@@ -8,9 +8,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from parplan.service.catalog.names import GpuName, PresetName
 from parplan.service.jobs.schemas import JobOut
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
+#: The least device memory or budget a request may name (1 MiB; less is no device).
+MIN_MEMORY_GIB = 2**-10
 
 
 class ModelSpec(BaseModel):
@@ -19,7 +22,7 @@ class ModelSpec(BaseModel):
 
     model_config = _STRICT
 
-    preset: str | None = Field(default=None, min_length=1, max_length=200, examples=["gpt-1.7b"])
+    preset: PresetName | None = Field(default=None, examples=["gpt-1.7b"])
     hf_config: dict[str, Any] | None = None
     graph: dict[str, Any] | None = None
 
@@ -40,8 +43,9 @@ class ClusterSpec(BaseModel):
 
     gpus: int = Field(ge=1, description="Number of devices.", examples=[8])
     gpus_per_node: int | None = Field(default=None, ge=1, description="Default: the GPU preset's.")
-    gpu: str = Field(default="A100-80GB", min_length=1, max_length=64, description="GET /v1/clusters/presets")
-    gpu_memory_gib: float | None = Field(default=None, gt=0, le=2**20, description="Override the device memory.")
+    gpu: GpuName = Field(default="A100-80GB", description="GET /v1/clusters/presets")
+    gpu_memory_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=2**20,
+                                         description="Override the device memory.")
 
 
 class TrainingSpec(BaseModel):
@@ -60,7 +64,8 @@ class ObjectiveSpec(BaseModel):
                                 description="GiB of memory one second of step time is worth.")
     max_slowdown: float = Field(default=0.1, ge=0, le=1e6, description="min-memory: at most this much slower than "
                                 "the fastest plan that fits.")
-    memory_budget_gib: float | None = Field(default=None, gt=0, le=2**20, description="Memory each device may use.")
+    memory_budget_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=2**20,
+                                            description="Memory each device may use.")
 
 
 class PlanRequestIn(BaseModel):
@@ -75,7 +80,8 @@ class PlanRequestIn(BaseModel):
     training: TrainingSpec | None = None
     objective: ObjectiveSpec | None = None
     search: Literal["auto", "ilp", "dp"] = "auto"
-    time_limit: float | None = Field(default=None, gt=0, le=3600, description="Search time limit (seconds).")
+    time_limit: float | None = Field(default=None, gt=0, le=3600, description="Search time limit (seconds); at "
+                                      "most the service's PARPLAN_MAX_TIME_LIMIT_SECONDS.")
     mesh: list[int] | None = Field(default=None, min_length=1, max_length=3,
                                    description="Fix the ILP's device mesh: axis sizes, outermost first, whose "
                                    "product is the GPU count (default: searched).", examples=[[2, 4]])

@@ -16,6 +16,7 @@ from parplan.service.database import utcnow
 from parplan.service.deps import UnitOfWork
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus, Plan
+from parplan.service.overload import admit_new_job
 from parplan.service.plans.repository import PlanRepository
 from parplan.service.plans.schemas import PlanRequestIn
 from parplan.service.problems import InvalidError, TooLargeError, field_error, get_or_404
@@ -24,6 +25,9 @@ from parplan.service.settings import Settings
 from parplan.solver.errors import GraphIssue, GraphValidationError, SolverError
 from parplan.solver.planner import PlanRequest, RequestError, parse_plan_request, request_hash
 from parplan.workers.queue import JobQueue
+
+#: The solver's time limit when a request gives none.
+DEFAULT_TIME_LIMIT_SECONDS = 60.0
 
 
 def _loc(field: str) -> list[str | int]:
@@ -101,6 +105,10 @@ def check_limits(payload: PlanRequestIn, settings: Settings) -> None:
                            f"({settings.max_devices}, PARPLAN_MAX_DEVICES)",
                            [field_error(["body", "cluster", "gpus"], f"must be <= {settings.max_devices}",
                                         "less_than_equal")])
+    if payload.time_limit is not None and payload.time_limit > settings.max_time_limit_seconds:
+        limit = settings.max_time_limit_seconds
+        raise InvalidError(f"time_limit: at most {limit:g} s on this service (PARPLAN_MAX_TIME_LIMIT_SECONDS)",
+                           [field_error(["body", "time_limit"], f"must be <= {limit:g}", "less_than_equal")])
     graph = payload.model.graph
     if graph is not None:
         nodes = graph.get("nodes")
@@ -116,6 +124,8 @@ def validate(payload: PlanRequestIn, settings: Settings) -> Validated:
     CPU only: cheap for presets and HF configs; graphs cost in proportion to their size."""
     check_limits(payload, settings)
     body = payload.to_body()
+    if "time_limit" not in body and settings.max_time_limit_seconds < DEFAULT_TIME_LIMIT_SECONDS:
+        body["time_limit"] = settings.max_time_limit_seconds
     try:
         return Validated(body, parse_plan_request(body), request_hash(body))
     except SolverError as e:
@@ -137,9 +147,9 @@ class Submission:
 
 
 def submit(v: Validated, calibration: dict[str, Any] | None, session: Session, uow: UnitOfWork,
-           queue: JobQueue, token_id: uuid.UUID | None) -> Submission:
+           queue: JobQueue, token_id: uuid.UUID | None, settings: Settings | None = None) -> Submission:
     """Serve from the cache, join the same request in flight, or create a job (enqueued by
-    ``uow`` after its commit)."""
+    ``uow`` after its commit) if ``settings``' job limits admit one (429 / 503 otherwise)."""
     key = cache_key(v.request_hash, calibration)
     hit = PlanRepository(session).cached_with_job(key)
     if hit is not None:
@@ -148,6 +158,8 @@ def submit(v: Validated, calibration: dict[str, Any] | None, session: Session, u
     active = jobs.active_for_key(key)
     if active is not None:  # the same request is already queued or running: share that job
         return Submission(job=active, plan=None, cache_key=key)
+    if settings is not None:
+        admit_new_job(session, token_id, settings)
     now = utcnow()
     job = jobs.add(Job(status=JobStatus.QUEUED.value, request=v.body, request_hash=v.request_hash,
                        cache_key=key, calibration=calibration, progress_stage="queued",

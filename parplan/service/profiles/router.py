@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from parplan.service.auth.service import Principal, Scope
 from parplan.service.deps import RuntimeDep, UoW, require
-from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT, CursorParam
 from parplan.service.problems import PROBLEM_JSON
 from parplan.service.profiles import service
 from parplan.service.profiles.repository import ProfileRepository
@@ -35,7 +35,7 @@ async def create_profile(payload: ProfileIn, uow: UoW, rt: RuntimeDep,
 async def list_profiles(uow: UoW, _: Annotated[Principal, require(Scope.PLANS_READ)],
                   hardware_key: Annotated[str | None, Query(max_length=200)] = None,
                   kind: Literal["microbenchmark", "validation"] | None = None,
-                  cursor: Annotated[str | None, Query(max_length=200)] = None,
+                  cursor: CursorParam = None,
                   limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT) -> JSONResponse:
     """Profiles, newest first (scope ``plans:read`` or ``admin``)."""
     def work(session: Session) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Request
@@ -14,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from parplan.service.auth.service import Principal, Scope
 from parplan.service.deps import RuntimeDep, UoW, require
-from parplan.service.problems import PROBLEM_JSON
+from parplan.service.problems import PROBLEM_JSON, InvalidError, field_error
 from parplan.service.validations import service
 from parplan.service.validations.schemas import (
     ClaimedEnvelope,
@@ -42,10 +43,11 @@ async def create_validation(plan_id: str, uow: UoW, rt: RuntimeDep,
     return JSONResponse({"validation": out}, status_code=202, headers={"Location": out["url"]})
 
 
-@router.get("/v1/validations/{validation_id}", response_model=ValidationEnvelope, responses={404: _PROBLEM})
-async def read_validation(validation_id: str, uow: UoW,
+# ``:uuid``: /v1/validations/claim is not a validation (a GET there is 405, not 404).
+@router.get("/v1/validations/{validation_id:uuid}", response_model=ValidationEnvelope, responses={404: _PROBLEM})
+async def read_validation(validation_id: uuid.UUID, uow: UoW,
                           _: Annotated[Principal, require(Scope.PLANS_READ, Scope.AGENT)]) -> JSONResponse:
-    out = await uow.run(lambda s: validation_out(service.get(s, validation_id)), read_only=True)
+    out = await uow.run(lambda s: validation_out(service.get(s, str(validation_id))), read_only=True)
     return JSONResponse({"validation": out})
 
 
@@ -56,6 +58,10 @@ async def claim_validation(payload: ClaimIn, request: Request, rt: RuntimeDep,
                            principal: Annotated[Principal, require(Scope.AGENT)]) -> Response:
     """Take the oldest queued validation (scope ``agent``), waiting up to ``wait_seconds`` for one.
     The wait holds no database connection and no thread."""
+    limit = rt.settings.max_claim_wait_seconds
+    if payload.wait_seconds > limit:
+        raise InvalidError(f"wait_seconds: at most {limit:g} on this service (PARPLAN_MAX_CLAIM_WAIT_SECONDS)",
+                           [field_error(["body", "wait_seconds"], f"must be <= {limit:g}", "less_than_equal")])
     deadline = time.monotonic() + payload.wait_seconds
     event = rt.wakeup.bind()
     first = True
@@ -90,3 +96,4 @@ async def post_result(validation_id: str, payload: ResultIn, uow: UoW,
     """The agent's measurement (scope ``agent``); stored on the validation and as profiling data."""
     out = await uow.run(lambda s: validation_out(service.record_result(s, validation_id, payload, principal)))
     return JSONResponse({"validation": out})
+

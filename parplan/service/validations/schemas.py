@@ -14,14 +14,14 @@ from parplan.service.models import Validation
 class Shrink(BaseModel):
     """Run a smaller model of the same shape (fewer layers, narrower hidden) to fit the agent."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     layers: int | None = Field(default=None, ge=1)
     hidden: int | None = Field(default=None, ge=1)
 
 
 class ValidationCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     shrink: Shrink | None = None
 
@@ -30,11 +30,16 @@ class ClaimIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     agent_id: uuid.UUID
-    wait_seconds: float = Field(default=0.0, ge=0, le=30, description="Long-poll up to this long (204 if none).")
+    wait_seconds: float = Field(default=0.0, ge=0, le=30, strict=True,
+                                description="Long-poll up to this long (204 if none); at most the service's "
+                                "PARPLAN_MAX_CLAIM_WAIT_SECONDS.")
 
 
 class ResultIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The schema says what the validator below checks: a succeeded result carries its measurement.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "if": {"properties": {"status": {"const": "succeeded"}}},
+        "then": {"required": ["measurement"], "properties": {"measurement": {"type": "object"}}}})
 
     agent_id: uuid.UUID
     status: Literal["succeeded", "failed"]
