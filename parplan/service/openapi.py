@@ -153,6 +153,13 @@ def build(app: FastAPI, settings: Settings) -> dict[str, Any]:
     schemas["Problem"] = PROBLEM_SCHEMA
     schemas["ProblemFieldError"] = FIELD_ERROR_SCHEMA
     _set_limits(schemas, settings)
+    # the job long poll's bound is a setting too
+    job = doc.get("paths", {}).get("/v1/jobs/{job_id}", {}).get("get", {})
+    for param in job.get("parameters", []):
+        if param.get("name") == "wait":
+            for branch in param.get("schema", {}).get("anyOf", [param.get("schema", {})]):
+                if branch.get("type") == "number":
+                    branch["maximum"] = settings.max_job_wait_seconds
     return doc
 
 

@@ -47,7 +47,7 @@ def _limits(env: dict[str, str]) -> dict[str, str]:
     """Settings that keep a fuzzing run cheap and quick: one short solve at a time, short long polls."""
     return {**env, "PARPLAN_AUTH": "required", "PARPLAN_EXECUTOR_WORKERS": "1",
             "PARPLAN_JOB_TIMEOUT_SECONDS": "2", "PARPLAN_MAX_CLAIM_WAIT_SECONDS": "1",
-            "PARPLAN_MAX_TIME_LIMIT_SECONDS": "5", "PARPLAN_MAX_DEVICES": "4096"}
+            "PARPLAN_MAX_JOB_WAIT_SECONDS": "1", "PARPLAN_MAX_TIME_LIMIT_SECONDS": "5", "PARPLAN_MAX_DEVICES": "4096"}
 
 
 @pytest.fixture(params=["embedded", "production"])

@@ -16,7 +16,7 @@ from parplan.service.jobs.schemas import JobEnvelope, JobPage, job_out
 from parplan.service.jobs.watch import MAX_WAIT_SECONDS, job_events, wait_for_change
 from parplan.service.models import JobStatus
 from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT, CursorParam
-from parplan.service.problems import PROBLEM_JSON, parse_id
+from parplan.service.problems import PROBLEM_JSON, InvalidError, field_error, parse_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _PROBLEM = {"content": {PROBLEM_JSON: {}}, "description": "RFC 9457 problem"}
@@ -41,9 +41,14 @@ async def read_job(job_id: str, uow: UoW, rt: RuntimeDep, _: Annotated[Principal
                    wait: Annotated[float | None, Query(
                        ge=0, le=MAX_WAIT_SECONDS,
                        description="Long poll: answer as soon as the job's status or progress changes, or after "
-                                   "this many seconds (at most 60), or at once when it is finished.")] = None,
+                                   "this many seconds (at most 60, or the service's PARPLAN_MAX_JOB_WAIT_SECONDS), "
+                                   "or at once when it is finished.")] = None,
                    ) -> JSONResponse:
     """Status, progress (stage and fraction), timestamps, error and plan id of a job."""
+    limit = rt.settings.max_job_wait_seconds
+    if wait is not None and wait > limit:
+        raise InvalidError(f"wait: at most {limit:g} on this service (PARPLAN_MAX_JOB_WAIT_SECONDS)",
+                           [field_error(["query", "wait"], f"must be <= {limit:g}", "less_than_equal")])
     job = await uow.run(lambda s: job_out(service.get_job(s, job_id)), read_only=True)
     if wait:
         job = await wait_for_change(rt.session_factory, parse_id(job_id, "job"), job, wait)
