@@ -28,6 +28,7 @@ from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import build_problem
 from parplan.solver.ilp.search import certify, mesh_links, search
 from parplan.solver.ilp.strategies import Mesh, OpStrategy
+from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporary")
@@ -50,10 +51,14 @@ def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: Ilp
                      recompute: str = "selective") -> dict[str, Any]:
     """The ILP cost model's per-device memory of the strategies ``spec`` runs, priced for what runs:
     fp32, fused attention (the plan's certificate, recomputed for this precision)."""
+    return predicted_graph_memory(build_graph(cfg, batch=batch, seq_len=seq_len), spec, recompute)
+
+
+def predicted_graph_memory(graph: Graph, spec: IlpRunSpec, recompute: str = "selective") -> dict[str, Any]:
+    """:func:`predicted_memory` of any graph (a traced one included) under ``spec``'s strategies."""
     if Recompute(recompute) is Recompute.FULL:
         raise StrategyError("the ILP-plan executor does not recompute blocks; plans with full recomputation "
                             "are not executed")
-    graph = build_graph(cfg, batch=batch, seq_len=seq_len)
     mesh = Mesh(tuple((f"m{i}", s) for i, s in enumerate(spec.mesh)))
     cluster = make_cluster(mesh.num_devices, mesh.num_devices, "A100-80GB")
     gp = build_problem(graph, mesh, mesh_links(cluster, mesh), cluster.gpu, DEFAULT_CALIBRATION, get_precision("fp32"),
@@ -90,10 +95,17 @@ def run_and_compare_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: in
                          device_kind: str = "cpu", label: str = "", diagnose: bool = False) -> dict[str, Any]:
     """Run ``plan`` on ``prod(mesh)`` local processes; measured vs predicted per rank."""
     spec = spec_for_plan(cfg, plan, batch, seq_len, label, diagnose)
+    predicted = predicted_memory(cfg, batch, seq_len, spec, str(plan["strategy"].get("recompute", "selective")))
+    return run_and_compare_spec(spec, predicted, plan["strategy"]["summary"], device_kind)
+
+
+def run_and_compare_spec(spec: IlpRunSpec, predicted: dict[str, Any], summary: str,
+                         device_kind: str = "cpu") -> dict[str, Any]:
+    """Run ``spec`` on ``prod(mesh)`` local processes; each rank's measurement against ``predicted``
+    (one device's memory, :func:`predicted_graph_memory`)."""
     per_rank = launch_function(run_ilp_specs, ([spec.to_dict()],), spec.world, device_kind)
     reports = sorted((r[0] for r in per_rank), key=lambda r: r["rank"])
-    predicted = predicted_memory(cfg, batch, seq_len, spec, str(plan["strategy"].get("recompute", "selective")))
-    predicted["breakdown"] = {k: predicted["breakdown"][k] for k in CATEGORIES}
+    predicted = {**predicted, "breakdown": {k: predicted["breakdown"][k] for k in CATEGORIES}}
     ranks = []
     for r in reports:
         meas = r["measured"]
@@ -103,7 +115,7 @@ def run_and_compare_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: in
                                                       **({"contents": meas["contents"]} if "contents" in meas else {})},
                       "predicted": predicted, "relative_error": err, "check": r["check"]})
     loaded = max(ranks, key=lambda x: x["measured"]["peak_bytes"])
-    return {"label": spec.label, "mesh": spec.mesh, "plan": plan["strategy"]["summary"], "ranks": ranks,
+    return {"label": spec.label, "mesh": spec.mesh, "plan": summary, "ranks": ranks,
             "correct": all(x["check"]["ok"] for x in ranks),
             "most_loaded": {"rank": loaded["rank"], "measured_peak_bytes": loaded["measured"]["peak_bytes"],
                             "predicted_peak_bytes": predicted["peak_bytes"],
