@@ -51,6 +51,7 @@ from parplan.agent.alltoall import all_to_all_redistribute
 from parplan.agent.executor import device_for_rank, summarise_contents
 from parplan.agent.memtrack import CategoryTracker, mark_activation
 from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.op_layout import renaming
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.builder import build_graph
@@ -114,20 +115,25 @@ def strategies_from_plan(plan: Mapping[str, Any], graph: Graph) -> dict[str, dic
     by_rep: dict[str, dict[str, Any]] = {}
     for group in strategy.get("units") or []:
         for op, entry in (group.get("ops") or {}).items():
-            if "assignment" not in entry:
-                raise StrategyError(f"operator {op} has no assignment ({entry.get('strategy')}); "
-                                    "views that follow their producer are not executed")
-            assignment = [entry["assignment"].get(a) for a in names]
-            by_rep[op] = {"assignment": assignment, "zero": int(entry.get("zero", 0))}
+            if "assignment" in entry:
+                assignment = [entry["assignment"].get(a) for a in names]
+                by_rep[op] = {"assignment": assignment, "zero": int(entry.get("zero", 0))}
     rep_of = GraphCosts(graph).node_representatives(structural=True)  # as the ILP shares its variables
     out: dict[str, dict[str, Any]] = {}
     for n in graph.nodes:
         if n.is_leaf:
             continue
         rep = rep_of[n.id]
-        if rep not in by_rep:
+        if rep in by_rep:
+            out[n.id] = by_rep[rep]
+            continue
+        names_of = renaming(graph, n)
+        producer = out.get(n.inputs[0]) if n.inputs else None
+        if names_of is None or producer is None:
             raise StrategyError(f"the plan gives no strategy for operator {n.id} (representative {rep})")
-        out[n.id] = by_rep[rep]
+        # a view that only renames dims follows its producer's layout (the ILP gives it no variables)
+        out[n.id] = {"assignment": [names_of.get(d, d) if d is not None else None for d in producer["assignment"]],
+                     "zero": 0}
     return out
 
 

@@ -11,6 +11,7 @@ model's prediction of the same strategies (:func:`~parplan.agent.ilp_validate.pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,25 @@ def traced_graph(cfg: Mapping[str, Any], name: str, batch: int, seq_len: int) ->
     return graph
 
 
+def traced_ilp_plan(graph: Graph, mesh: tuple[int, ...], objective: str = "min-memory") -> dict[str, Any]:
+    """The ILP's own plan for one micro-step of ``graph`` (at its batch) on ``mesh``, priced as the
+    agent runs it (fp32, fused attention, ZeRO 0 or 3; as :func:`~parplan.agent.ilp_validate.ilp_plan`)."""
+    from parplan.solver.calibration import DEFAULT_CALIBRATION
+    from parplan.solver.cluster import make_cluster
+    from parplan.solver.cost.runtime import Runtime
+    from parplan.solver.ilp.search import search
+    from parplan.solver.models import resize_graph
+
+    world = math.prod(mesh)
+    batch = int(traced_spec(graph, {}, mesh, "").batch)
+    cluster = make_cluster(world, world, "A100-80GB")
+    return search(lambda b: resize_graph(graph, {"batch": b}), cluster, global_batch=batch, micro_batch=batch,
+                  objective=objective, budget_bytes=cluster.device_memory_bytes, max_slowdown=0.1,
+                  alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32", flash_attention=True,
+                  timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3), runtime=Runtime.TORCH_CPU,
+                  zero3_per_operator=True)
+
+
 def tensor_parallel_strategies(graph: Graph, mesh: Mesh) -> dict[str, dict[str, Any]]:
     """Megatron-style tensor parallelism over the mesh's last axis, for every operator: attention
     heads (query heads within key heads follow the key heads), the MLP's hidden units and the
@@ -77,8 +97,9 @@ def expert_parallel_strategies(graph: Graph, mesh: Mesh) -> dict[str, dict[str, 
 
 def traced_spec(graph: Graph, strategies: dict[str, dict[str, Any]], mesh: tuple[int, ...], label: str,
                 diagnose: bool = False) -> IlpRunSpec:
-    """The run of ``strategies`` on ``graph`` (its batch and sequence from the graph's meta)."""
-    return IlpRunSpec(model={}, batch=int(graph.meta.get("batch", 0)), seq_len=int(graph.meta.get("seq_len", 0)),
+    """The run of ``strategies`` on ``graph`` (batch and sequence: the sizes of its dims of those names)."""
+    sizes = {d: s for n in graph.nodes if not n.is_parameter for d, s in n.dims}
+    return IlpRunSpec(model={}, batch=int(sizes.get("batch", 0)), seq_len=int(sizes.get("seq", 0)),
                       mesh=list(mesh), strategies=strategies, label=label, diagnose=diagnose,
                       graph_doc=graph_to_dict(graph))
 

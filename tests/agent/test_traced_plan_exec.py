@@ -8,7 +8,9 @@ a loop over tokens written from the definition.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,3 +97,25 @@ def test_a_traced_qwen2_moe_runs_with_expert_parallelism_two_as_predicted() -> N
     dense = graph.meta["parameter_count"] - experts
     assert result["ranks"][0]["measured"]["breakdown"]["parameters"] == 4 * (dense + experts // 2)
     assert math.isclose(result["ranks"][0]["check"]["loss"], result["ranks"][1]["check"]["loss"])
+
+
+@pytest.mark.slow
+def test_parplan_validate_runs_the_ilp_plan_of_a_traced_graph_file(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``parplan validate --plan PLAN --graph GRAPH``: the ILP's own plan for the traced graph (at
+    another batch than the file's: the graph is resized to the plan's micro-step)."""
+    from parplan.agent.traced_validate import QWEN2_TINY, traced_graph, traced_ilp_plan
+    from parplan.cli import main
+    from parplan.solver.models import resize_graph
+    from parplan.solver.wire import graph_to_json
+
+    graph = traced_graph(QWEN2_TINY, "qwen2-tiny", batch=2, seq_len=32)
+    plan = traced_ilp_plan(resize_graph(graph, {"batch": 4}), (2,))
+    assert plan["strategy"]["kind"] == "intra-operator" and plan["strategy"]["micro_step_batch"] == 4
+    (tmp_path / "graph.json").write_text(graph_to_json(graph))
+    (tmp_path / "plan.json").write_text(json.dumps(plan, default=str))
+    code = main(["validate", "--plan", str(tmp_path / "plan.json"), "--graph", str(tmp_path / "graph.json"),
+                 "--device", "cpu", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["correct"] is True
+    _check(result)
