@@ -3,8 +3,9 @@
 The plan is the ILP's own (:func:`parplan.solver.ilp.search.search` on a fixed mesh, fp32,
 fused attention, ZeRO 0 or 3, one micro-step), executed operator by operator by
 :mod:`parplan.agent.ilp_exec`. The prediction is the plan's per-device memory (the ILP's
-certificate) under PyTorch's rules (``Runtime.TORCH_CPU``: DTensor keeps the copy of an input it
-converted for an operator); the measurement is each rank's MemTracker peak by category.
+certificate) under the interpreter's rules (``Runtime.INTERPRETER_CPU``: PyTorch's on CPU kernels,
+DTensor keeps the copy of an input it converted for an operator, RMSNorm keeps its input and
+``rstd``); the measurement is each rank's MemTracker peak by category.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def ilp_plan(cfg: TransformerConfig, mesh: tuple[int, ...], batch: int, seq_len:
                   micro_batch=batch, objective=objective, budget_bytes=cluster.device_memory_bytes,
                   max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32",
                   flash_attention=True, timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3),
-                  runtime=Runtime.TORCH_CPU, zero3_per_operator=True)
+                  runtime=Runtime.INTERPRETER_CPU, zero3_per_operator=True)
 
 
 def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: IlpRunSpec,
@@ -62,7 +63,8 @@ def predicted_graph_memory(graph: Graph, spec: IlpRunSpec, recompute: str = "sel
     mesh = Mesh(tuple((f"m{i}", s) for i, s in enumerate(spec.mesh)))
     cluster = make_cluster(mesh.num_devices, mesh.num_devices, "A100-80GB")
     gp = build_problem(graph, mesh, mesh_links(cluster, mesh), cluster.gpu, DEFAULT_CALIBRATION, get_precision("fp32"),
-                       1, Recompute(recompute), True, prune=False, runtime=Runtime.TORCH_CPU, zero3_per_operator=True)
+                       1, Recompute(recompute), True, prune=False, runtime=Runtime.INTERPRETER_CPU,
+                       zero3_per_operator=True)
     choice = {}
     for rep, cands in gp.strategies.items():
         want = OpStrategy(tuple(spec.strategies[rep]["assignment"]), int(spec.strategies[rep]["zero"]))
