@@ -95,6 +95,24 @@ def expert_parallel_strategies(graph: Graph, mesh: Mesh) -> dict[str, dict[str, 
     return out
 
 
+def as_executed(graph: Graph, strategies: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The strategies the interpreter runs, and notes on what differs: it computes a loss on whole
+    rows of logits (gathering a split class dim; vocabulary-parallel cross entropy is not executed),
+    so a loss that splits its classes is run, and predicted, with them whole."""
+    out = dict(strategies)
+    changed = []
+    for n in graph.nodes:
+        if n.kind is OpKind.CROSS_ENTROPY and n.id in out:
+            cdim = str(n.attrs.get("class_dim", "vocab"))
+            st = out[n.id]
+            if cdim in st["assignment"]:
+                out[n.id] = {**st, "assignment": [None if d == cdim else d for d in st["assignment"]]}
+                changed.append(n.id)
+    notes = [f"the loss {', '.join(changed)} splits its classes in the plan; run and predicted with the logits "
+             f"gathered (the interpreter has no vocabulary-parallel cross entropy)"] if changed else []
+    return out, notes
+
+
 def traced_spec(graph: Graph, strategies: dict[str, dict[str, Any]], mesh: tuple[int, ...], label: str,
                 diagnose: bool = False) -> IlpRunSpec:
     """The run of ``strategies`` on ``graph`` (batch and sequence: the sizes of its dims of those names)."""
@@ -106,8 +124,10 @@ def traced_spec(graph: Graph, strategies: dict[str, dict[str, Any]], mesh: tuple
 
 def run_traced(graph: Graph, strategies: dict[str, dict[str, Any]], mesh: tuple[int, ...], label: str,
                summary: str, device_kind: str = "cpu", diagnose: bool = False) -> dict[str, Any]:
-    """Run the strategies on ``prod(mesh)`` local processes: correctness against one process and
-    measured vs predicted memory per rank (:func:`~parplan.agent.ilp_validate.run_and_compare_spec`)."""
-    spec = traced_spec(graph, strategies, mesh, label, diagnose)
+    """Run the strategies (:func:`as_executed`) on ``prod(mesh)`` local processes: correctness against
+    one process and measured vs predicted memory per rank
+    (:func:`~parplan.agent.ilp_validate.run_and_compare_spec`), and ``notes``."""
+    executed, notes = as_executed(graph, strategies)
+    spec = traced_spec(graph, executed, mesh, label, diagnose)
     predicted = predicted_graph_memory(graph, spec)
-    return run_and_compare_spec(spec, predicted, summary, device_kind)
+    return {**run_and_compare_spec(spec, predicted, summary, device_kind), "notes": notes}

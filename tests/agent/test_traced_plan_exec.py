@@ -73,6 +73,7 @@ def test_a_traced_qwen2_runs_with_tensor_parallelism_two_as_predicted() -> None:
     assert strategies["lm_head.linear_14"]["assignment"] == ["vocab"]
     result = run_traced(graph, strategies, (2,), "qwen2-tiny tp2", "tp2")
     _check(result)
+    assert "cross_entropy_loss.tokens" in result["notes"][0]  # the loss runs (and is priced) gathered
     total = 4 * graph.meta["parameter_count"]  # fp32
     assert result["ranks"][0]["measured"]["breakdown"]["parameters"] < 0.6 * total  # really split
 
