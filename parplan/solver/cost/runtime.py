@@ -126,7 +126,8 @@ class Runtime(StrEnum):
     TORCH = "torch"  # PyTorch-native (DTensor TP/SP, FSDP2), CUDA kernels
     TORCH_CPU = "torch-cpu"  # the same with CPU kernels (the agent's gloo runs)
     #: the agent's per-operator plan interpreter (``parplan/agent/ilp_exec.py``) on CPU kernels:
-    #: torch-cpu's rules, but its RMSNorm keeps ``x`` and ``rstd``, as fused GPU kernels do
+    #: torch-cpu's rules, but its RMSNorm keeps ``x`` and ``rstd``, as fused GPU kernels do, and a
+    #: vocabulary-split embedding makes the gradient of its own rows only
     INTERPRETER_CPU = "interpreter-cpu"
     #: DeepSpeed's engine (data parallelism, ZeRO 0-3) on the user's PyTorch model: Megatron-LM's
     #: data-parallel buffers (whole parameters under ZeRO 1-2, gathered per block under ZeRO-3,
@@ -177,7 +178,10 @@ class Runtime(StrEnum):
 
     @property
     def full_embedding_gradient(self) -> bool:
-        return self._pytorch_native
+        """Whether a vocabulary-split embedding's backward makes the whole table's gradient before
+        keeping its own rows (DTensor's embedding does; the plan interpreter's looks up its own rows
+        only, so its backward makes their gradient alone)."""
+        return self._pytorch_native and self is not Runtime.INTERPRETER_CPU
 
     @property
     def library_workspace_bytes(self) -> float:
