@@ -26,7 +26,9 @@ Hugging Face graph adds (:mod:`.graph_ops`: broadcasting by name, reshape, conca
 reductions, softmax, attention with a mask input; :mod:`.moe_exec`: MoE dispatch and combine, with
 expert parallelism over an all-to-all). A traced graph travels in the spec as its wire document.
 RMSNorm keeps ``x`` and ``rstd`` for backward, as fused GPU kernels do (PyTorch's CPU composite
-would also keep ``x·rstd``). The reference is the same interpreter on plain tensors in one process.
+would also keep ``x·rstd``), and a vocabulary-split embedding looks up its own rows only: the cost
+model prices these runs with ``Runtime.INTERPRETER_CPU``. Cross entropy gathers split logits (no
+vocabulary-parallel loss). The reference is the same interpreter on plain tensors in one process.
 """
 
 from __future__ import annotations
