@@ -29,7 +29,7 @@ from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import build_problem
 from parplan.solver.ilp.search import certify, mesh_links, search
 from parplan.solver.ilp.strategies import Mesh, OpStrategy
-from parplan.solver.ir import Graph
+from parplan.solver.ir import Graph, OpKind
 from parplan.solver.models import ModelSource
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporary")
@@ -77,6 +77,24 @@ def predicted_graph_memory(graph: Graph, spec: IlpRunSpec, recompute: str = "sel
     return {"peak_bytes": round(memory.model_states + above), "breakdown": memory.as_dict()}
 
 
+def as_executed(graph: Graph, strategies: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The strategies the interpreter runs, and notes on what differs: it computes a loss on whole
+    rows of logits (gathering a split class dim; vocabulary-parallel cross entropy is not executed),
+    so a loss that splits its classes is run, and predicted, with them whole."""
+    out = dict(strategies)
+    changed = []
+    for n in graph.nodes:
+        if n.kind is OpKind.CROSS_ENTROPY and n.id in out:
+            cdim = str(n.attrs.get("class_dim", "vocab"))
+            st = out[n.id]
+            if cdim in st["assignment"]:
+                out[n.id] = {**st, "assignment": [None if d == cdim else d for d in st["assignment"]]}
+                changed.append(n.id)
+    notes = [f"the loss {', '.join(changed)} splits its classes in the plan; run and predicted with the logits "
+             f"gathered (the interpreter has no vocabulary-parallel cross entropy)"] if changed else []
+    return out, notes
+
+
 def spec_for_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: int, seq_len: int,
                   label: str = "", diagnose: bool = False) -> IlpRunSpec:
     """The run of ``plan``. The executor runs ZeRO 0 and 3 only: an operator the plan gives ZeRO-1 or
@@ -89,6 +107,8 @@ def spec_for_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: int, seq_
         strategies[op] = {**strategies[op], "zero": 0}
     notes = [f"ZeRO-1/2 of {len(downgraded)} operators run and predicted as plain data parallelism (this "
              f"executor runs ZeRO 0 and 3)"] if downgraded else []
+    strategies, loss_notes = as_executed(graph, strategies)
+    notes += loss_notes
     return IlpRunSpec(model=asdict(cfg), batch=batch, seq_len=seq_len, mesh=mesh, strategies=strategies,
                       label=label or cfg.name, diagnose=diagnose, extra={"notes": notes})
 

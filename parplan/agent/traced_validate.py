@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from parplan.agent.ilp_exec import IlpRunSpec, check_graph
-from parplan.agent.ilp_validate import predicted_graph_memory, run_and_compare_spec
+from parplan.agent.ilp_validate import as_executed, predicted_graph_memory, run_and_compare_spec
 from parplan.solver.cost.op_layout import uniform_assignment
 from parplan.solver.ilp.strategies import BATCH_DIMS, Mesh, loop_dims
 from parplan.solver.ir import Graph, OpKind
@@ -93,24 +93,6 @@ def expert_parallel_strategies(graph: Graph, mesh: Mesh) -> dict[str, dict[str, 
             d = batch
         out[n.id] = {"assignment": [d] * len(mesh.axes), "zero": 0}
     return out
-
-
-def as_executed(graph: Graph, strategies: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The strategies the interpreter runs, and notes on what differs: it computes a loss on whole
-    rows of logits (gathering a split class dim; vocabulary-parallel cross entropy is not executed),
-    so a loss that splits its classes is run, and predicted, with them whole."""
-    out = dict(strategies)
-    changed = []
-    for n in graph.nodes:
-        if n.kind is OpKind.CROSS_ENTROPY and n.id in out:
-            cdim = str(n.attrs.get("class_dim", "vocab"))
-            st = out[n.id]
-            if cdim in st["assignment"]:
-                out[n.id] = {**st, "assignment": [None if d == cdim else d for d in st["assignment"]]}
-                changed.append(n.id)
-    notes = [f"the loss {', '.join(changed)} splits its classes in the plan; run and predicted with the logits "
-             f"gathered (the interpreter has no vocabulary-parallel cross entropy)"] if changed else []
-    return out, notes
 
 
 def traced_spec(graph: Graph, strategies: dict[str, dict[str, Any]], mesh: tuple[int, ...], label: str,
