@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import socket
 import sys
@@ -29,6 +30,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     val.add_argument("--plan", metavar="FILE", default=None,
                      help="run a saved plan instead of the strategy flags: a plan document (parplan plan --json, "
                           "GET /v1/plans/{id}) or target parplan's export (parplan_plan.json), the same file")
+    val.add_argument("--graph", metavar="FILE", default=None,
+                     help="with --plan: the graph JSON the plan was made for (parplan graph's output, e.g. a "
+                          "traced config.json); runs a per-operator (ILP) plan on it, resized to its micro-step")
     val.add_argument("--torchtitan", metavar="FILE", default=None,
                      help="run a torchtitan 0.3.0 job with torchtitan's own code: the torchtitan_args.txt of "
                           "`parplan export --target torchtitan` (or its torchrun line); one rank per process, "
@@ -112,6 +116,8 @@ def _validate_plan_file(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.plan} is not JSON: {e.msg} at line {e.lineno}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("strategy"), dict):
         raise UsageError(f"{args.plan} is not a plan document (no strategy)")
+    if args.graph is not None:
+        return _validate_graph_plan(args, doc)
     arch = (doc.get("model") or {}).get("architecture")
     if not isinstance(arch, dict):
         raise UsageError(f"{args.plan} has no model.architecture (plans of bare operator graphs cannot be run)")
@@ -134,6 +140,49 @@ def _validate_plan_file(args: argparse.Namespace) -> int:
               + {True: "match a single-process run", False: "DO NOT match a single-process run",
                  None: "not checked"}[m.get("correct")])
     return 0 if m.get("correct") in (True, None) else 1
+
+
+def _validate_graph_plan(args: argparse.Namespace, doc: dict[str, Any]) -> int:
+    """``parplan validate --plan PLAN --graph GRAPH``: a per-operator plan of a graph model (a traced
+    one too), run on the graph by the plan interpreter and compared with the cost model."""
+    from parplan.agent.ilp_exec import strategies_from_plan
+    from parplan.agent.launch import LaunchError
+    from parplan.agent.traced_validate import run_traced
+    from parplan.cli import UsageError
+    from parplan.solver.models import resize_graph
+    from parplan.solver.wire import graph_from_json
+
+    strategy = doc["strategy"]
+    if strategy.get("kind") != "intra-operator":
+        raise UsageError(f"--graph runs per-operator (ILP) plans; {args.plan} is a {strategy.get('kind')} plan")
+    try:
+        graph = graph_from_json(Path(args.graph).read_text())
+    except OSError as e:
+        raise UsageError(f"cannot read {args.graph}: {e.strerror or e}") from None
+    graph = resize_graph(graph, {"batch": int(strategy["micro_step_batch"])})
+    mesh = tuple(int(x) for x in strategy["mesh"]["shape"])
+    if math.prod(mesh) > args.max_procs:
+        raise UsageError(f"the plan's mesh {list(mesh)} needs more than --max-procs {args.max_procs} processes")
+    strategies = strategies_from_plan(doc, graph)
+    for op, st in strategies.items():  # as spec_for_plan: the executor runs ZeRO 0 and 3
+        if int(st.get("zero", 0)) in (1, 2):
+            strategies[op] = {**st, "zero": 0}
+    try:
+        result = run_traced(graph, strategies, mesh, Path(args.plan).name, str(strategy.get("summary", "")),
+                            _device(args.device), diagnose=args.diagnose)
+    except LaunchError as e:
+        print(f"parplan validate: the run failed: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(f"plan      {result['plan']}  ({args.plan} on {args.graph})")
+        print("rank   measured MiB   predicted MiB   error")
+        for r in result["ranks"]:
+            measured, predicted = r["measured"]["peak_bytes"] / MIB, r["predicted"]["peak_bytes"] / MIB
+            print(f"  {r['rank']:<4d} {measured:12.3f}   {predicted:13.3f}   {r['relative_error']:+.1%}")
+        print("results " + ("match" if result["correct"] else "DO NOT match") + " a single-process run")
+    return 0 if result["correct"] else 1
 
 
 def _validate_torchtitan(args: argparse.Namespace) -> int:

@@ -19,11 +19,16 @@ sums, ``Replicate()`` otherwise. Parameters live in their owner's layout; with Z
 sharded over the strategy's data axes and all-gathered where used (their gradients come back
 reduce-scattered). ZeRO-1/2 are not executed (plans for the agent are searched with ZeRO 0 or 3).
 
-Operators supported: the GPT and Llama families' as the graph describes them (embedding, einsum,
+Operators supported: the GPT and Llama families' as the builder writes them (embedding, einsum,
 elementwise add / multiply / GELU / SiLU, dropout, LayerNorm and RMSNorm over the last dim, causal
-attention with grouped-query heads through PyTorch's fused kernel, cross entropy). RMSNorm keeps
-``x`` and ``rstd`` for backward, as fused GPU kernels do (PyTorch's CPU composite would also keep
-``x·rstd``). The reference is the same interpreter on plain tensors in one process.
+attention with grouped-query heads through PyTorch's fused kernel, cross entropy), and what a traced
+Hugging Face graph adds (:mod:`.graph_ops`: broadcasting by name, reshape, concat, select / mean
+reductions, softmax, attention with a mask input; :mod:`.moe_exec`: MoE dispatch and combine, with
+expert parallelism over an all-to-all). A traced graph travels in the spec as its wire document.
+RMSNorm keeps ``x`` and ``rstd`` for backward, as fused GPU kernels do (PyTorch's CPU composite
+would also keep ``x·rstd``), and a vocabulary-split embedding looks up its own rows only: the cost
+model prices these runs with ``Runtime.INTERPRETER_CPU``. Cross entropy gathers split logits (no
+vocabulary-parallel loss). The reference is the same interpreter on plain tensors in one process.
 """
 
 from __future__ import annotations
@@ -43,27 +48,31 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils.checkpoint import checkpoint
 
+from parplan.agent import graph_ops, moe_exec
 from parplan.agent.alltoall import all_to_all_redistribute
 from parplan.agent.executor import device_for_rank, summarise_contents
 from parplan.agent.memtrack import CategoryTracker, mark_activation
 from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.op_layout import renaming
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, data_axes, input_layout, loop_dims, output_layout
 from parplan.solver.ir import Graph, Node, OpKind
+from parplan.solver.wire import graph_from_json
 
 SUPPORTED = frozenset({OpKind.INPUT, OpKind.PARAMETER, OpKind.EINSUM, OpKind.ELEMENTWISE, OpKind.DROPOUT,
                        OpKind.LAYERNORM, OpKind.RMSNORM, OpKind.ATTENTION, OpKind.EMBEDDING,
-                       OpKind.CROSS_ENTROPY})
+                       OpKind.CROSS_ENTROPY, OpKind.SOFTMAX, OpKind.RESHAPE, OpKind.REDUCE, OpKind.CONCAT,
+                       OpKind.DISPATCH, OpKind.COMBINE})
 
 
 @dataclass
 class IlpRunSpec:
     """What the ranks run: the model, the micro-step, the mesh and every operator's strategy."""
 
-    model: dict[str, Any]  # TransformerConfig fields
+    model: dict[str, Any]  # TransformerConfig fields ({} when ``graph_doc`` gives the graph)
     batch: int  # samples per micro-step (over the whole mesh)
     seq_len: int
     mesh: list[int]  # axis sizes, outermost first
@@ -72,6 +81,7 @@ class IlpRunSpec:
     label: str = ""
     diagnose: bool = False  # also report what was alive at each category's peak
     extra: dict[str, Any] = field(default_factory=dict)
+    graph_doc: dict[str, Any] | None = None  # a traced graph's wire document, built for ``batch``
 
     @property
     def world(self) -> int:
@@ -81,6 +91,8 @@ class IlpRunSpec:
         return TransformerConfig(**self.model)
 
     def graph(self) -> Graph:
+        if self.graph_doc is not None:
+            return graph_from_json(self.graph_doc)
         return build_graph(self.config(), batch=self.batch, seq_len=self.seq_len)
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,8 +103,7 @@ def check_graph(graph: Graph) -> None:
     """StrategyError when the graph has an operator this executor cannot run."""
     bad = sorted({n.kind.value for n in graph.nodes if n.kind not in SUPPORTED})
     if bad:
-        raise StrategyError(f"the ILP-plan executor cannot run operators of kind {', '.join(bad)} "
-                            f"(it runs the GPT and Llama families' operators)")
+        raise StrategyError(f"the ILP-plan executor cannot run operators of kind {', '.join(bad)}")
 
 
 def strategies_from_plan(plan: Mapping[str, Any], graph: Graph) -> dict[str, dict[str, Any]]:
@@ -106,20 +117,25 @@ def strategies_from_plan(plan: Mapping[str, Any], graph: Graph) -> dict[str, dic
     by_rep: dict[str, dict[str, Any]] = {}
     for group in strategy.get("units") or []:
         for op, entry in (group.get("ops") or {}).items():
-            if "assignment" not in entry:
-                raise StrategyError(f"operator {op} has no assignment ({entry.get('strategy')}); "
-                                    "views that follow their producer are not executed")
-            assignment = [entry["assignment"].get(a) for a in names]
-            by_rep[op] = {"assignment": assignment, "zero": int(entry.get("zero", 0))}
+            if "assignment" in entry:
+                assignment = [entry["assignment"].get(a) for a in names]
+                by_rep[op] = {"assignment": assignment, "zero": int(entry.get("zero", 0))}
     rep_of = GraphCosts(graph).node_representatives(structural=True)  # as the ILP shares its variables
     out: dict[str, dict[str, Any]] = {}
     for n in graph.nodes:
         if n.is_leaf:
             continue
         rep = rep_of[n.id]
-        if rep not in by_rep:
+        if rep in by_rep:
+            out[n.id] = by_rep[rep]
+            continue
+        names_of = renaming(graph, n)
+        producer = out.get(n.inputs[0]) if n.inputs else None
+        if names_of is None or producer is None:
             raise StrategyError(f"the plan gives no strategy for operator {n.id} (representative {rep})")
-        out[n.id] = by_rep[rep]
+        # a view that only renames dims follows its producer's layout (the ILP gives it no variables)
+        out[n.id] = {"assignment": [names_of.get(d, d) if d is not None else None for d in producer["assignment"]],
+                     "zero": 0}
     return out
 
 
@@ -195,21 +211,14 @@ def _as_matmul(a: torch.Tensor, b: torch.Tensor, adims: list[str], bdims: list[s
 
 
 def _elementwise(node: Node, ins: list[torch.Tensor], graph: Graph) -> torch.Tensor:
-    fn = node.attrs.get("fn")
-    if fn == "add":
-        out_dims = [d for d, _ in node.dims]
-        for i in node.inputs:
-            dims = [d for d, _ in graph.node(i).dims]
-            if dims != out_dims[len(out_dims) - len(dims):]:
-                raise StrategyError(f"{node.id}: cannot broadcast {dims} to {out_dims}")
-        return ins[0] + ins[1]
-    if fn == "mul":
-        return ins[0] * ins[1]
-    if fn == "gelu":
-        return F.gelu(ins[0])
-    if fn == "silu":
-        return F.silu(ins[0])
-    raise StrategyError(f"{node.id}: elementwise function {fn!r} is not executed")
+    """Inputs broadcast by name. ``scale`` multiplies by ``attrs.factor`` (1 when the graph does
+    not record the number, as the tracer does not)."""
+    try:
+        return graph_ops.elementwise(str(node.attrs.get("fn")), ins, [graph_ops.dims_of(graph.node(i))
+                                                                      for i in node.inputs],
+                                     graph_ops.dims_of(node), float(node.attrs.get("factor", 1.0)))
+    except StrategyError as e:
+        raise StrategyError(f"{node.id}: {e}") from None
 
 
 def _attention(node: Node, ins: list[torch.Tensor], q_offset: int, dropout: bool) -> torch.Tensor:
@@ -257,6 +266,7 @@ def _embedding(ids: torch.Tensor, weight: torch.Tensor, row_offset: int, rows_to
 
 
 def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token loss; the classes are the logits' last dim (the builder's and the tracer's order)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
@@ -286,6 +296,8 @@ class PlanInterpreter:
                 if graph.node(i).is_parameter and i not in self.owner:
                     self.owner[i] = (n, pos)
         self.vocab = next((s for n in graph.nodes if n.is_parameter for d, s in n.dims if d == "vocab"), 0)
+        #: MoE routing of the current forward pass, per router-probabilities node
+        self.routes: dict[str, moe_exec.Routing] = {}
 
     @property
     def distributed(self) -> bool:
@@ -351,6 +363,8 @@ class PlanInterpreter:
                 seq = dict(n.dims).get("seq", shape[-1])
                 out[n.id] = torch.arange(seq).expand(*shape[:-1], seq).contiguous() if len(shape) > 1 else \
                     torch.arange(seq)
+            elif not n.dtype.startswith("int"):  # a traced graph's tables and masks
+                out[n.id] = graph_ops.synthetic_input(n, self.vocab, seed)
             else:
                 out[n.id] = torch.randint(0, self.vocab, shape, generator=g)
         return out
@@ -377,6 +391,7 @@ class PlanInterpreter:
     def loss(self, params: Mapping[str, Any], inputs: Mapping[str, torch.Tensor], dropout: bool) -> Any:
         """Mean per-token loss of the micro-step (a scalar; a DTensor on the mesh)."""
         graph, mesh = self.graph, self.mesh
+        self.routes = {}
         values: dict[str, Any] = dict(params)
         last_use: dict[str, int] = {}
         for idx, n in enumerate(graph.nodes):
@@ -452,13 +467,23 @@ class PlanInterpreter:
         elif k is OpKind.RMSNORM:
             if n.dims[-1][0] != str(n.attrs.get("dim")):
                 raise StrategyError(f"{n.id}: RMSNorm over a dim that is not the last")
-            y = _RMSNorm.apply(ins[0], ins[1], 1e-5)  # type: ignore[no-untyped-call]
+            y = _RMSNorm.apply(ins[0], ins[1], float(n.attrs.get("eps", 1e-5)))  # type: ignore[no-untyped-call]
         elif k is OpKind.ATTENTION:
-            y = _attention(n, ins, self._offset(dist_ins[0], 1), dropout)
+            y = self._attention(n, ins, dist_ins, dropout)
         elif k is OpKind.EMBEDDING:
             y = _embedding(ins[0], ins[1], self._offset(dist_ins[1], 0), graph.node(n.inputs[1]).dims[0][1])
-        else:  # cross entropy
+        elif k is OpKind.CROSS_ENTROPY:
             y = _cross_entropy(ins[0], ins[1])
+        elif k is OpKind.SOFTMAX:
+            y = graph_ops.softmax(ins[0], n)
+        elif k is OpKind.RESHAPE:
+            y = graph_ops.reshape(ins[0], graph.node(n.inputs[0]), n)
+        elif k is OpKind.REDUCE:
+            y = graph_ops.reduce(ins[0], graph.node(n.inputs[0]), n)
+        elif k is OpKind.CONCAT:
+            y = graph_ops.concat(ins, [graph.node(i) for i in n.inputs], n)
+        else:  # dispatch, combine
+            y = self._moe(n, s, ins, dist_ins)
         if not self.distributed:
             return y
         assert s is not None and mesh is not None
@@ -467,6 +492,63 @@ class PlanInterpreter:
             cdim = str(n.attrs.get("class_dim", "vocab"))
             lay = TensorLayout(tuple((d, a) for d, a in lay.split if d != cdim), lay.partial)
         return DTensor.from_local(y, self.dm, placements(lay, n, mesh), run_check=False)
+
+
+    def _attention(self, n: Node, ins: list[torch.Tensor], dist_ins: list[Any], dropout: bool) -> torch.Tensor:
+        """By name when k has q's head dims (a traced graph), else the builder's layout."""
+        graph = self.graph
+        q_node, k_node, v_node = (graph.node(i) for i in n.inputs[:3])
+        mask = None
+        if len(ins) > 3:
+            qd = graph_ops.dims_of(q_node)
+            offsets = {d: self._offset(dist_ins[0], i) for i, d in enumerate(qd)}
+            local = {d: int(ins[0].shape[i]) for i, d in enumerate(qd)}
+            mask = graph_ops.mask_for(ins[3], graph.node(n.inputs[3]), q_node, offsets, local)
+        y = graph_ops.attention_by_name(n, q_node, k_node, v_node, ins, mask)
+        if y is not None:
+            return y
+        if mask is not None:
+            raise StrategyError(f"{n.id}: a mask input with grouped key heads is not executed")
+        return _attention(n, ins, self._offset(dist_ins[0], 1), dropout)
+
+    def _moe(self, n: Node, s: OpStrategy | None, ins: list[torch.Tensor], dist_ins: list[Any]) -> torch.Tensor:
+        """``dispatch`` / ``combine`` (:mod:`.moe_exec`); expert parallelism over the one mesh axis
+        the strategy gives ``expert`` (no other split of these operators is executed)."""
+        graph = self.graph
+        group = None
+        if self.distributed and s is not None:
+            assert self.mesh is not None
+            axes = [i for i, d in enumerate(s.assignment) if d is not None]
+            if any(s.assignment[i] != "expert" for i in axes) or len(axes) > 1:
+                raise StrategyError(f"{n.id}: only expert parallelism over one mesh axis is executed for "
+                                    f"dispatch and combine, not {s.describe(self.mesh)}")
+            if axes and self.dm.size(axes[0]) > 1:
+                group = self.dm.get_group(axes[0])
+                tokens_in = dist_ins[0] if n.kind is OpKind.DISPATCH else dist_ins[1]
+                first = tokens_in.placements[axes[0]]
+                if not (isinstance(first, Shard) and first.dim == 0):
+                    raise StrategyError(f"{n.id}: expert parallelism needs the tokens split along their first dim")
+        probs_node = graph.node(n.inputs[1])
+        token_dims = graph_ops.dims_of(probs_node)[:-1]
+        probs = ins[1].reshape(-1, ins[1].shape[-1])
+        if n.kind is OpKind.DISPATCH:
+            x_node = graph.node(n.inputs[0])
+            feature = n.dims[2][0]
+            x = graph_ops.align(ins[0], graph_ops.dims_of(x_node), [*token_dims, feature])
+            routing = moe_exec.route(probs, int(n.attrs.get("top_k", 1)), n.dims[1][1], group)
+            self.routes[probs_node.id] = routing
+            return moe_exec.dispatch(x.reshape(-1, x.shape[-1]), routing, group)
+        routing = self.routes.get(probs_node.id) or moe_exec.route(
+            probs, self._top_k(probs_node.id), graph.node(n.inputs[0]).dims[1][1], group)
+        tokens = ins[1].shape[:-1]
+        y = moe_exec.combine(ins[0], probs, routing, group, int(math.prod(tokens)))
+        y = y.view(*tokens, y.shape[-1])
+        order = [*token_dims, n.dims[-1][0]]
+        return y.permute(*[order.index(d) for d in graph_ops.dims_of(n)])
+
+    def _top_k(self, probs_id: str) -> int:
+        return next(int(m.attrs.get("top_k", 1)) for m in self.graph.nodes
+                    if m.kind is OpKind.DISPATCH and m.inputs[1] == probs_id)
 
 
 class ParameterHolder(nn.Module):

@@ -3,8 +3,9 @@
 The plan is the ILP's own (:func:`parplan.solver.ilp.search.search` on a fixed mesh, fp32,
 fused attention, ZeRO 0 or 3, one micro-step), executed operator by operator by
 :mod:`parplan.agent.ilp_exec`. The prediction is the plan's per-device memory (the ILP's
-certificate) under PyTorch's rules (``Runtime.TORCH_CPU``: DTensor keeps the copy of an input it
-converted for an operator); the measurement is each rank's MemTracker peak by category.
+certificate) under the interpreter's rules (``Runtime.INTERPRETER_CPU``: PyTorch's on CPU kernels,
+DTensor keeps the copy of an input it converted for an operator, RMSNorm keeps its input and
+``rstd``); the measurement is each rank's MemTracker peak by category.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import build_problem
 from parplan.solver.ilp.search import certify, mesh_links, search
 from parplan.solver.ilp.strategies import Mesh, OpStrategy
+from parplan.solver.ir import Graph, OpKind
 from parplan.solver.models import ModelSource
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporary")
@@ -43,21 +45,26 @@ def ilp_plan(cfg: TransformerConfig, mesh: tuple[int, ...], batch: int, seq_len:
                   micro_batch=batch, objective=objective, budget_bytes=cluster.device_memory_bytes,
                   max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32",
                   flash_attention=True, timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3),
-                  runtime=Runtime.TORCH_CPU, zero3_per_operator=True)
+                  runtime=Runtime.INTERPRETER_CPU, zero3_per_operator=True)
 
 
 def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: IlpRunSpec,
                      recompute: str = "selective") -> dict[str, Any]:
     """The ILP cost model's per-device memory of the strategies ``spec`` runs, priced for what runs:
     fp32, fused attention (the plan's certificate, recomputed for this precision)."""
+    return predicted_graph_memory(build_graph(cfg, batch=batch, seq_len=seq_len), spec, recompute)
+
+
+def predicted_graph_memory(graph: Graph, spec: IlpRunSpec, recompute: str = "selective") -> dict[str, Any]:
+    """:func:`predicted_memory` of any graph (a traced one included) under ``spec``'s strategies."""
     if Recompute(recompute) is Recompute.FULL:
         raise StrategyError("the ILP-plan executor does not recompute blocks; plans with full recomputation "
                             "are not executed")
-    graph = build_graph(cfg, batch=batch, seq_len=seq_len)
     mesh = Mesh(tuple((f"m{i}", s) for i, s in enumerate(spec.mesh)))
     cluster = make_cluster(mesh.num_devices, mesh.num_devices, "A100-80GB")
     gp = build_problem(graph, mesh, mesh_links(cluster, mesh), cluster.gpu, DEFAULT_CALIBRATION, get_precision("fp32"),
-                       1, Recompute(recompute), True, prune=False, runtime=Runtime.TORCH_CPU, zero3_per_operator=True)
+                       1, Recompute(recompute), True, prune=False, runtime=Runtime.INTERPRETER_CPU,
+                       zero3_per_operator=True)
     choice = {}
     for rep, cands in gp.strategies.items():
         want = OpStrategy(tuple(spec.strategies[rep]["assignment"]), int(spec.strategies[rep]["zero"]))
@@ -68,6 +75,24 @@ def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: Ilp
     above, temporary = walk_peak(gp, choice)
     memory = memory.replace(temporary=temporary)
     return {"peak_bytes": round(memory.model_states + above), "breakdown": memory.as_dict()}
+
+
+def as_executed(graph: Graph, strategies: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The strategies the interpreter runs, and notes on what differs: it computes a loss on whole
+    rows of logits (gathering a split class dim; vocabulary-parallel cross entropy is not executed),
+    so a loss that splits its classes is run, and predicted, with them whole."""
+    out = dict(strategies)
+    changed = []
+    for n in graph.nodes:
+        if n.kind is OpKind.CROSS_ENTROPY and n.id in out:
+            cdim = str(n.attrs.get("class_dim", "vocab"))
+            st = out[n.id]
+            if cdim in st["assignment"]:
+                out[n.id] = {**st, "assignment": [None if d == cdim else d for d in st["assignment"]]}
+                changed.append(n.id)
+    notes = [f"the loss {', '.join(changed)} splits its classes in the plan; run and predicted with the logits "
+             f"gathered (the interpreter has no vocabulary-parallel cross entropy)"] if changed else []
+    return out, notes
 
 
 def spec_for_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: int, seq_len: int,
@@ -82,6 +107,8 @@ def spec_for_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: int, seq_
         strategies[op] = {**strategies[op], "zero": 0}
     notes = [f"ZeRO-1/2 of {len(downgraded)} operators run and predicted as plain data parallelism (this "
              f"executor runs ZeRO 0 and 3)"] if downgraded else []
+    strategies, loss_notes = as_executed(graph, strategies)
+    notes += loss_notes
     return IlpRunSpec(model=asdict(cfg), batch=batch, seq_len=seq_len, mesh=mesh, strategies=strategies,
                       label=label or cfg.name, diagnose=diagnose, extra={"notes": notes})
 
@@ -90,10 +117,17 @@ def run_and_compare_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: in
                          device_kind: str = "cpu", label: str = "", diagnose: bool = False) -> dict[str, Any]:
     """Run ``plan`` on ``prod(mesh)`` local processes; measured vs predicted per rank."""
     spec = spec_for_plan(cfg, plan, batch, seq_len, label, diagnose)
+    predicted = predicted_memory(cfg, batch, seq_len, spec, str(plan["strategy"].get("recompute", "selective")))
+    return run_and_compare_spec(spec, predicted, plan["strategy"]["summary"], device_kind)
+
+
+def run_and_compare_spec(spec: IlpRunSpec, predicted: dict[str, Any], summary: str,
+                         device_kind: str = "cpu") -> dict[str, Any]:
+    """Run ``spec`` on ``prod(mesh)`` local processes; each rank's measurement against ``predicted``
+    (one device's memory, :func:`predicted_graph_memory`)."""
     per_rank = launch_function(run_ilp_specs, ([spec.to_dict()],), spec.world, device_kind)
     reports = sorted((r[0] for r in per_rank), key=lambda r: r["rank"])
-    predicted = predicted_memory(cfg, batch, seq_len, spec, str(plan["strategy"].get("recompute", "selective")))
-    predicted["breakdown"] = {k: predicted["breakdown"][k] for k in CATEGORIES}
+    predicted = {**predicted, "breakdown": {k: predicted["breakdown"][k] for k in CATEGORIES}}
     ranks = []
     for r in reports:
         meas = r["measured"]
@@ -103,7 +137,7 @@ def run_and_compare_plan(cfg: TransformerConfig, plan: dict[str, Any], batch: in
                                                       **({"contents": meas["contents"]} if "contents" in meas else {})},
                       "predicted": predicted, "relative_error": err, "check": r["check"]})
     loaded = max(ranks, key=lambda x: x["measured"]["peak_bytes"])
-    return {"label": spec.label, "mesh": spec.mesh, "plan": plan["strategy"]["summary"], "ranks": ranks,
+    return {"label": spec.label, "mesh": spec.mesh, "plan": summary, "ranks": ranks,
             "correct": all(x["check"]["ok"] for x in ranks),
             "most_loaded": {"rank": loaded["rank"], "measured_peak_bytes": loaded["measured"]["peak_bytes"],
                             "predicted_peak_bytes": predicted["peak_bytes"],

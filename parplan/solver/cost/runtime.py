@@ -125,6 +125,10 @@ class Runtime(StrEnum):
     MEGATRON = "megatron"
     TORCH = "torch"  # PyTorch-native (DTensor TP/SP, FSDP2), CUDA kernels
     TORCH_CPU = "torch-cpu"  # the same with CPU kernels (the agent's gloo runs)
+    #: the agent's per-operator plan interpreter (``parplan/agent/ilp_exec.py``) on CPU kernels:
+    #: torch-cpu's rules, but its RMSNorm keeps ``x`` and ``rstd``, as fused GPU kernels do, and a
+    #: vocabulary-split embedding makes the gradient of its own rows only
+    INTERPRETER_CPU = "interpreter-cpu"
     #: DeepSpeed's engine (data parallelism, ZeRO 0-3) on the user's PyTorch model: Megatron-LM's
     #: data-parallel buffers (whole parameters under ZeRO 1-2, gathered per block under ZeRO-3,
     #: gradients reduced every micro-batch), PyTorch's loss, cuBLAS's workspaces, and its
@@ -137,7 +141,8 @@ class Runtime(StrEnum):
 
     @property
     def _pytorch_native(self) -> bool:
-        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.INTERPRETER_CPU, Runtime.TORCHTITAN,
+                        Runtime.TORCHTITAN_CPU)
 
     @property
     def _torchtitan(self) -> bool:
@@ -146,7 +151,7 @@ class Runtime(StrEnum):
     @property
     def cpu_kernels(self) -> bool:
         """Whether the ranks run PyTorch's CPU kernels."""
-        return self in (Runtime.TORCH_CPU, Runtime.TORCHTITAN_CPU)
+        return self in (Runtime.TORCH_CPU, Runtime.INTERPRETER_CPU, Runtime.TORCHTITAN_CPU)
 
     @property
     def master_is_parameter(self) -> bool:
@@ -173,7 +178,10 @@ class Runtime(StrEnum):
 
     @property
     def full_embedding_gradient(self) -> bool:
-        return self._pytorch_native
+        """Whether a vocabulary-split embedding's backward makes the whole table's gradient before
+        keeping its own rows (DTensor's embedding does; the plan interpreter's looks up its own rows
+        only, so its backward makes their gradient alone)."""
+        return self._pytorch_native and self is not Runtime.INTERPRETER_CPU
 
     @property
     def library_workspace_bytes(self) -> float:
@@ -213,8 +221,9 @@ class Runtime(StrEnum):
     @property
     def rmsnorm_saves_normalized(self) -> bool:
         """CPU RMSNorm (a composite computing in fp32) keeps its input and the normalised input,
-        both in fp32."""
-        return self.cpu_kernels
+        both in fp32 (not the plan interpreter's own RMSNorm: its input and ``rstd``, one value per
+        row, which is not counted)."""
+        return self in (Runtime.TORCH_CPU, Runtime.TORCHTITAN_CPU)
 
     def accumulates_unsharded(self, pipelined: bool) -> bool:
         """Whether gradient accumulation keeps gathering units' gradients unsharded from the first
