@@ -10,7 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, Uuid
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, Uuid
 from sqlalchemy.orm import Mapped, mapped_column
 
 from parplan.service.database import Base, JSONType, new_id, utcnow
@@ -107,6 +107,23 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     deadline_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class JobEvent(Base):
+    """One change of a job that its watchers see (a status, progress, or the cancel flag), with the
+    job's document as it was then. Written in the transaction that made the change, after the
+    job's row is locked, so one job's ids grow in the order of its changes; ``id`` is the event id
+    of ``GET /v1/jobs/{id}/events``."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"))
+    status: Mapped[str] = mapped_column(String(16))
+    document: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Agent(Base):

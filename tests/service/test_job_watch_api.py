@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from datetime import timedelta
 
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.database import utcnow
+from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus
 
 Headers = dict[str, str]
@@ -29,11 +31,44 @@ def _job(db: sessionmaker[Session], status: JobStatus, **fields: object) -> str:
 
 
 def _events(text: str) -> list[tuple[str, dict[str, object]]]:
+    return [(name, data) for name, _, data in _with_ids(text)]
+
+
+def _with_ids(text: str) -> list[tuple[str, int, dict[str, object]]]:
     out = []
     for block in text.strip().split("\n\n"):
         lines = dict(line.split(": ", 1) for line in block.splitlines() if not line.startswith(":"))
-        out.append((lines["event"], json.loads(lines["data"])))
+        out.append((lines["event"], int(lines["id"]), json.loads(lines["data"])))
     return out
+
+
+def _lived_job(db: sessionmaker[Session]) -> str:
+    """A job taken through a whole life by the repository, as workers and the sweeper take it:
+    queued, claimed, two progress writes, re-queued (its lease expired), claimed again, failed."""
+    now = utcnow()
+    later = now + timedelta(minutes=5)
+    with db() as s:
+        repo = JobRepository(s)
+        jid = repo.add(Job(status=JobStatus.QUEUED.value, request={"model": {"preset": "bert-large"}},
+                           request_hash="h", cache_key="h", progress_stage="queued", progress_fraction=0.0,
+                           created_at=now, updated_at=now, attempts=0)).id
+        assert repo.claim(jid, "w1", "worker-1", now, 30, 3) is not None
+        assert repo.renew(jid, "w1", now, 30, ("search", 0.3)).owned
+        assert repo.renew(jid, "w1", now, 30, None).owned  # a heartbeat without progress: no event
+        assert repo.renew(jid, "w1", now, 30, ("search", 0.6)).owned
+        assert repo.requeue_expired(jid, later)
+        assert repo.claim(jid, "w2", "worker-2", later, 30, 3) is not None
+        assert repo.finish(jid, "w2", JobStatus.FAILED, later, error={"code": "unsolvable", "type": "X",
+                                                                      "message": "no"})
+        s.commit()
+        return str(jid)
+
+
+def _stream(client: TestClient, jid: str, headers: Headers, last_event_id: str | None = None) -> str:
+    extra = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
+    with client.stream("GET", f"/v1/jobs/{jid}/events", headers=headers | extra) as r:
+        assert r.status_code == 200
+        return r.read().decode()
 
 
 def test_a_long_poll_on_an_unchanging_job_answers_after_the_wait(client: TestClient, reader: Headers,
@@ -78,7 +113,7 @@ def test_events_of_a_finished_job_are_its_state_then_the_end(client: TestClient,
     assert [e for e, _ in events] == ["status", "end"]
     assert events[0][1]["id"] == jid and events[0][1]["status"] == "cancelled"
     assert events[1][1]["status"] == "cancelled" and events[1][1]["plan_id"] is None
-    assert "id: 1\n" in body and "id: 2\n" in body
+    assert body.count("id: 0\n") == 2  # a job without history (inserted directly): its row, id 0
 
 
 def test_events_need_the_read_scope_and_an_existing_job(client: TestClient, agent: Headers,
@@ -90,3 +125,35 @@ def test_events_need_the_read_scope_and_an_existing_job(client: TestClient, agen
     for bad in (uuid.uuid4(), "not-a-uuid"):
         r = client.get(f"/v1/jobs/{bad}/events", headers=reader)
         assert r.status_code == 404 and r.json()["status"] == 404
+
+
+def test_event_ids_order_the_whole_history(client: TestClient, reader: Headers, db: sessionmaker[Session]) -> None:
+    jid = _lived_job(db)
+    replay = _with_ids(_stream(client, jid, reader, "0"))
+    names = [n for n, _, _ in replay]
+    assert names == ["status", "status", "progress", "progress", "status", "status", "status", "end"], names
+    ids = [i for _, i, _ in replay]
+    assert ids[:-1] == sorted(set(ids[:-1])) and ids[-1] == ids[-2], ids  # increasing; end repeats the last
+    assert [d["status"] for _, _, d in replay[:-1]] == ["queued", "running", "running", "running", "queued",
+                                                        "running", "failed"]
+    assert [d["progress"]["fraction"] for _, _, d in replay[2:4]] == [0.3, 0.6]  # type: ignore[index]
+    assert replay[-1][2]["status"] == "failed" and replay[-1][2]["error"]["code"] == "unsolvable"  # type: ignore[index]
+    # Without Last-Event-ID: the state now (the last event), then the end, at once.
+    t0 = time.monotonic()
+    now = _with_ids(_stream(client, jid, reader))
+    assert [(n, i) for n, i, _ in now] == [("status", ids[-1]), ("end", ids[-1])]
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_a_reconnect_with_last_event_id_gets_every_later_event(client: TestClient, reader: Headers,
+                                                                db: sessionmaker[Session]) -> None:
+    jid = _lived_job(db)
+    full = _with_ids(_stream(client, jid, reader, "0"))
+    ids = [i for _, i, _ in full[:-1]]
+    for k, seen in enumerate(ids):
+        resumed = _with_ids(_stream(client, jid, reader, str(seen)))
+        assert [i for _, i, _ in resumed] == [*ids[k + 1:], ids[-1]], (seen, resumed)
+        assert [d for _, _, d in resumed] == [d for _, _, d in full[k + 1:]]
+        assert resumed[0][0] == ("end" if seen == ids[-1] else "status")  # a resumed stream opens with a status
+    # A Last-Event-ID that is not an integer is ignored: the stream starts from the state now.
+    assert [n for n, _, _ in _with_ids(_stream(client, jid, reader, "soon"))] == ["status", "end"]

@@ -1,5 +1,7 @@
-"""All queries on ``jobs``. State changes are conditional UPDATEs, so two workers (or a worker and
-the sweeper) racing on one job can never both win: the loser's statement matches no row."""
+"""All queries on ``jobs`` and ``job_events``. State changes are conditional UPDATEs, so two workers
+(or a worker and the sweeper) racing on one job can never both win: the loser's statement matches
+no row. Every change a watcher sees (status, progress, the cancel flag) also adds a ``job_events``
+row in the same transaction, after the UPDATE locked the job's row."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Any
 from sqlalchemy import case, func, select, text, update
 from sqlalchemy.orm import Session, undefer
 
-from parplan.service.models import Job, JobStatus
+from parplan.service.jobs.schemas import job_out
+from parplan.service.models import Job, JobEvent, JobStatus
 from parplan.service.pagination import next_cursor, page
 
 Q, R = JobStatus.QUEUED.value, JobStatus.RUNNING.value
@@ -38,6 +41,18 @@ class JobRepository:
     def refresh(self, job: Job) -> Job:
         self.session.refresh(job)
         return job
+
+    def events_after(self, job_id: uuid.UUID, after: int, limit: int = 200) -> list[tuple[int, dict[str, Any]]]:
+        """The job's events with an id above ``after``, oldest first: ``(id, job document)``."""
+        stmt = (select(JobEvent.id, JobEvent.document).where(JobEvent.job_id == job_id, JobEvent.id > after)
+                .order_by(JobEvent.id).limit(limit))
+        return [(int(i), d) for i, d in self.session.execute(stmt)]
+
+    def last_event(self, job_id: uuid.UUID) -> tuple[int, dict[str, Any]] | None:
+        stmt = (select(JobEvent.id, JobEvent.document).where(JobEvent.job_id == job_id)
+                .order_by(JobEvent.id.desc()).limit(1))
+        row = self.session.execute(stmt).first()
+        return (int(row[0]), row[1]) if row is not None else None
 
     def active_for_key(self, cache_key: str) -> Job | None:
         stmt = (select(Job).where(Job.cache_key == cache_key, Job.status.in_((Q, R)), Job.cancel_requested.is_(False))
@@ -84,19 +99,36 @@ class JobRepository:
         values = list(row)
         return [int(v or 0) for v in values[:-2]], float(values[-2] or 0.0), int(values[-1] or 0)
 
+    # -- the history ------------------------------------------------------------------------------
+    def _record(self, job_id: uuid.UUID, changed: bool = True) -> Job | None:
+        """After an UPDATE of the job (``changed``: it matched the row), add its event: the job
+        as it is now. Returns the job, or None when nothing changed."""
+        if not changed:
+            return None
+        job = self.session.scalars(select(Job).where(Job.id == job_id)
+                                   .execution_options(populate_existing=True)).one()
+        self.session.add(JobEvent(job_id=job.id, status=job.status, document=job_out(job)))
+        self.session.flush()
+        return job
+
     # -- writes from the API ----------------------------------------------------------------------
     def add(self, job: Job) -> Job:
         self.session.add(job)
+        self.session.flush()
+        self.session.add(JobEvent(job_id=job.id, status=job.status, document=job_out(job)))
         self.session.flush()
         return job
 
     def request_cancel(self, job_id: uuid.UUID, now: datetime) -> None:
         """Queued: cancelled at once. Running: flagged; its worker stops the solve. Else nothing."""
-        self.session.execute(update(Job).where(Job.id == job_id, Job.status == Q)
-                             .values(status=JobStatus.CANCELLED.value, finished_at=now, updated_at=now,
-                                     cancel_requested=True))
-        self.session.execute(update(Job).where(Job.id == job_id, Job.status == R)
-                             .values(cancel_requested=True, updated_at=now))
+        queued = self.session.execute(update(Job).where(Job.id == job_id, Job.status == Q)
+                                      .values(status=JobStatus.CANCELLED.value, finished_at=now, updated_at=now,
+                                              cancel_requested=True))
+        self._record(job_id, _matched(queued))
+        running = self.session.execute(update(Job).where(Job.id == job_id, Job.status == R,
+                                                         Job.cancel_requested.is_(False))
+                                       .values(cancel_requested=True, updated_at=now))
+        self._record(job_id, _matched(running))
 
     # -- writes from workers ----------------------------------------------------------------------
     def claim(self, job_id: uuid.UUID, owner: str, worker: str, now: datetime, lease_seconds: float,
@@ -110,8 +142,9 @@ class JobRepository:
                     started_at=func.coalesce(Job.started_at, now), deadline_at=now + timedelta(seconds=lease_seconds),
                     updated_at=now, error=None, progress_stage="starting", progress_fraction=0.0)
             .execution_options(synchronize_session=False))
-        if getattr(res, "rowcount", 0) != 1:
+        if not _matched(res):
             return None
+        self._record(job_id)
         return self.session.scalars(select(Job).where(Job.id == job_id)
                                     .options(undefer(Job.request), undefer(Job.calibration))
                                     .execution_options(populate_existing=True)).one()
@@ -123,9 +156,11 @@ class JobRepository:
             values["progress_stage"], values["progress_fraction"] = progress[0][:200], progress[1]
         res = self.session.execute(update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == R)
                                    .values(**values).execution_options(synchronize_session=False))
-        if getattr(res, "rowcount", 0) != 1:
+        if not _matched(res):
             return Lease(owned=False, cancel_requested=False)
-        flag = self.session.scalar(select(Job.cancel_requested).where(Job.id == job_id))
+        job = self._record(job_id, progress is not None)
+        flag = job.cancel_requested if job is not None else self.session.scalar(
+            select(Job.cancel_requested).where(Job.id == job_id))
         return Lease(owned=True, cancel_requested=bool(flag))
 
     def finish(self, job_id: uuid.UUID, owner: str, status: JobStatus, now: datetime, *,
@@ -138,7 +173,7 @@ class JobRepository:
             values.update(progress_stage="done", progress_fraction=1.0)
         res = self.session.execute(update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == R)
                                    .values(**values).execution_options(synchronize_session=False))
-        return getattr(res, "rowcount", 0) == 1
+        return self._record(job_id, _matched(res)) is not None
 
     def release(self, job_id: uuid.UUID, owner: str, now: datetime) -> bool:
         """Give a running job back to the queue (worker shutting down); the attempt does not count."""
@@ -148,7 +183,7 @@ class JobRepository:
                     progress_stage="queued", progress_fraction=0.0,
                     attempts=case((Job.attempts > 0, Job.attempts - 1), else_=0))
             .execution_options(synchronize_session=False))
-        return getattr(res, "rowcount", 0) == 1
+        return self._record(job_id, _matched(res)) is not None
 
     # -- writes from the sweeper ------------------------------------------------------------------
     def expired_running(self, now: datetime, limit: int = 500) -> list[Job]:
@@ -161,7 +196,7 @@ class JobRepository:
             .values(status=Q, lease_owner=None, worker=None, deadline_at=None, enqueued_at=now, updated_at=now,
                     progress_stage="requeued")
             .execution_options(synchronize_session=False))
-        return getattr(res, "rowcount", 0) == 1
+        return self._record(job_id, _matched(res)) is not None
 
     def close_expired(self, job_id: uuid.UUID, now: datetime, status: JobStatus,
                       error: dict[str, Any] | None) -> bool:
@@ -170,7 +205,7 @@ class JobRepository:
             .values(status=status.value, lease_owner=None, deadline_at=None, finished_at=now, updated_at=now,
                     error=error)
             .execution_options(synchronize_session=False))
-        return getattr(res, "rowcount", 0) == 1
+        return self._record(job_id, _matched(res)) is not None
 
     def stale_queued(self, enqueued_before: datetime, limit: int = 500) -> list[Job]:
         stmt = (select(Job).where(Job.status == Q, (Job.enqueued_at < enqueued_before) | Job.enqueued_at.is_(None))
@@ -199,3 +234,8 @@ class JobRepository:
         res = self.session.execute(update(Job).where(*cond).values(enqueued_at=now)
                                    .execution_options(synchronize_session=False))
         return getattr(res, "rowcount", 0) == 1
+
+
+def _matched(result: Any) -> bool:
+    """Whether a conditional UPDATE matched the job's row."""
+    return getattr(result, "rowcount", 0) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy.orm import Session
 
@@ -13,7 +13,7 @@ from parplan.service.auth.service import Principal, Scope
 from parplan.service.deps import RuntimeDep, UoW, require
 from parplan.service.jobs import service
 from parplan.service.jobs.schemas import JobEnvelope, JobPage, job_out
-from parplan.service.jobs.watch import MAX_WAIT_SECONDS, job_events, wait_for_change
+from parplan.service.jobs.watch import MAX_WAIT_SECONDS, job_events, parse_last_event_id, wait_for_change
 from parplan.service.models import JobStatus
 from parplan.service.pagination import DEFAULT_LIMIT, MAX_LIMIT, CursorParam
 from parplan.service.problems import PROBLEM_JSON, InvalidError, field_error, parse_id
@@ -59,12 +59,19 @@ async def read_job(job_id: str, uow: UoW, rt: RuntimeDep, _: Annotated[Principal
                                                  "description": "Server-Sent Events until the job ends"},
                                            404: _PROBLEM})
 async def job_events_stream(job_id: str, request: Request, uow: UoW, rt: RuntimeDep,
-                            _: Annotated[Principal, require(Scope.PLANS_READ)]) -> StreamingResponse:
+                            _: Annotated[Principal, require(Scope.PLANS_READ)],
+                            last_event_id: Annotated[str | None, Header(
+                                description="Reconnecting: the id of the last event received; the stream "
+                                            "resumes after it (a value that is not an integer is ignored).")] = None,
+                            ) -> StreamingResponse:
     """The job as Server-Sent Events: ``status`` (now, and at every status change), ``progress``
-    (stage or fraction changed), each with the job document as data, then ``end`` with
-    ``{"status", "plan_id", "error", "job"}``; the stream closes after ``end``."""
+    (stage, fraction or the cancel flag changed), each with the job document as data, then ``end``
+    with ``{"status", "plan_id", "error", "job"}``; the stream closes after ``end``. Each event has
+    an ``id`` that orders the job's history; with ``Last-Event-ID`` the stream replays every event
+    after that id first."""
     first = await uow.run(lambda s: job_out(service.get_job(s, job_id)), read_only=True)
-    stream = job_events(rt.session_factory, parse_id(job_id, "job"), first, request.is_disconnected)
+    stream = job_events(rt.session_factory, parse_id(job_id, "job"), first, request.is_disconnected,
+                        parse_last_event_id(last_event_id))
     return StreamingResponse(stream, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

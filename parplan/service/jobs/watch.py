@@ -2,7 +2,8 @@
 (``GET /v1/jobs/{id}/events``).
 
 Both layouts write a job's progress on its row (the in-process executor and Celery workers alike,
-at every heartbeat and at every new stage), so watching is reading that row every
+at every heartbeat and at every new stage), and every change a watcher sees as a ``job_events``
+row in the same transaction. The long poll reads the job's row, the event stream its history, every
 :data:`POLL_SECONDS`, each read in its own short session on a worker thread: a watcher holds no
 database connection and no thread while it waits.
 """
@@ -77,31 +78,54 @@ def sse(event: str, data: JobDoc | dict[str, Any], event_id: int | None = None) 
     return (head + "data: " + json.dumps(data, separators=(",", ":"), default=str) + "\n\n").encode()
 
 
-def event_name(before: JobDoc | None, now: JobDoc) -> str:
-    """``status`` when the status changed (or on the first event), else ``progress``."""
-    return "status" if before is None or before["status"] != now["status"] else "progress"
+def end_event(job: JobDoc, event_id: int) -> bytes:
+    """The last event of a stream; it repeats the id of the job's last event."""
+    return sse("end", {"status": job["status"], "plan_id": job["plan_id"], "error": job["error"], "job": job},
+               event_id)
+
+
+def parse_last_event_id(header: str | None) -> int | None:
+    """The ``Last-Event-ID`` a reconnecting client sends: a non-negative integer, else ignored."""
+    if header is None or not header.strip().isdigit():
+        return None
+    return int(header.strip())
+
+
+def read_events(session_factory: Callable[[], Session], job_id: uuid.UUID,
+                after: int | None) -> list[tuple[int, JobDoc]]:
+    """The job's events after ``after``; ``None``: only its last one."""
+    with session_factory() as s:
+        repo = JobRepository(s)
+        if after is None:
+            last = repo.last_event(job_id)
+            return [last] if last is not None else []
+        return repo.events_after(job_id, after)
 
 
 async def job_events(session_factory: Callable[[], Session], job_id: uuid.UUID, first: JobDoc,
-                     disconnected: Callable[[], Awaitable[bool]], poll_seconds: float = POLL_SECONDS,
+                     disconnected: Callable[[], Awaitable[bool]], last_event_id: int | None = None,
+                     poll_seconds: float = POLL_SECONDS,
                      keepalive_seconds: float = KEEPALIVE_SECONDS) -> AsyncIterator[bytes]:
-    """The event stream of one job: its state now (``status``), then a ``status`` or ``progress``
-    event at every change, and a last ``end`` event with the final status and plan id, after which
-    the stream closes. Each event's data is the job document of ``GET /v1/jobs/{id}`` (``end``:
-    ``{"status", "plan_id", "error", "job"}``)."""
-    n = 0
-    previous: JobDoc | None = None
-    current = first
+    """The event stream of one job, from its history (``job_events``): without ``last_event_id``
+    its state now (a ``status`` event), with it every event after that id; then each new event as
+    it is recorded (``status`` when the status changed, else ``progress``), and a last ``end``
+    once the job is finished, after which the stream closes. Each event's ``id`` is its history
+    row's id (0: a job without history, its row as it is now)."""
+    status: str | None = None
+    cursor = last_event_id
     last_sent = time.monotonic()
     while True:
-        if previous is None or fingerprint(current) != fingerprint(previous):
-            n += 1
-            yield sse(event_name(previous, current), current, n)
-            previous, last_sent = current, time.monotonic()
-        if is_terminal(current):
-            n += 1
-            yield sse("end", {"status": current["status"], "plan_id": current["plan_id"],
-                              "error": current["error"], "job": current}, n)
+        rows = await run_in_threadpool(read_events, session_factory, job_id, cursor)
+        if cursor is None and not rows:
+            rows = [(0, first)]
+        for event_id, doc in rows:
+            yield sse("status" if doc["status"] != status else "progress", doc, event_id)
+            status, cursor, last_sent = doc["status"], event_id, time.monotonic()
+            if is_terminal(doc):
+                yield end_event(doc, event_id)
+                return
+        if status is None and is_terminal(first):  # reconnected after the job's last event
+            yield end_event(first, cursor or 0)
             return
         if time.monotonic() - last_sent >= keepalive_seconds:
             yield b": keep-alive\n\n"
@@ -109,7 +133,3 @@ async def job_events(session_factory: Callable[[], Session], job_id: uuid.UUID, 
         await asyncio.sleep(poll_seconds)
         if await disconnected():
             return
-        latest = await run_in_threadpool(read_job, session_factory, job_id)
-        if latest is None:
-            return
-        current = latest
