@@ -14,7 +14,7 @@ from parplan.client.core import (
     LONG_POLL_SECONDS,
     TERMINAL,
     ClientConfig,
-    EventParser,
+    Follow,
     checked,
     job_of_event,
     problem_of,
@@ -105,34 +105,50 @@ class AsyncClient:
 
     async def _follow_events(self, job_id: str, deadline: float | None,
                              on_progress: ProgressCallback | None) -> dict[str, Any] | None:
-        job = None
+        """As :meth:`parplan.client.Client._follow_events`."""
+        follow = Follow(job_id)
+        while True:
+            if not await self._read_events(follow, deadline, on_progress):
+                return None
+            if follow.ended():
+                return follow.job
+            pause = follow.reconnect_delay(self.config)
+            if pause is None:
+                return None
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise WaitTimeoutError(f"job {job_id} did not finish in time", follow.job)
+            await self._sleep(pause)
+
+    async def _read_events(self, follow: Follow, deadline: float | None,
+                           on_progress: ProgressCallback | None) -> bool:
+        job_id = follow.job_id
         read = self.config.timeout_seconds + 20.0
         if deadline is not None:
             read = max(0.1, min(read, deadline - time.monotonic()))
+        follow.connected()
         try:
-            async with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers={"Accept": "text/event-stream"},
+            async with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=follow.headers(),
                                         timeout=httpx.Timeout(self.config.timeout_seconds, read=read)) as r:
                 if not r.is_success:
                     await r.aread()
                     if r.status_code == 404:
                         await self.job(job_id)
-                        return None
+                        return False
                     if r.status_code in FALLBACK_STATUSES or r.status_code >= 500:
-                        return None
+                        return False
                     raise error_for(r.status_code, problem_of(r))
-                parser = EventParser()
                 async for line in r.aiter_lines():
-                    for event, data in parser.feed([line]):
+                    for event, data in follow.parser.feed([line]):
                         found = job_of_event(event, data)
                         if found is not None:
-                            job = found
+                            follow.job, follow.events = found, follow.events + 1
                             if on_progress is not None and event != "end":
-                                on_progress(job)
+                                on_progress(found)
                     if deadline is not None and time.monotonic() > deadline:
-                        raise WaitTimeoutError(f"job {job_id} did not finish in time", job)
-        except httpx.TransportError:
-            return job if job is not None and job["status"] in TERMINAL else None
-        return job
+                        raise WaitTimeoutError(f"job {job_id} did not finish in time", follow.job)
+        except httpx.TransportError as e:
+            follow.error = e
+        return True
 
     async def plan_and_wait(self, request: dict[str, Any], *, timeout: float | None = None,
                             on_progress: ProgressCallback | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from parplan.client.errors import ParplanError, error_for
+from parplan.client.errors import ParplanError, UnreachableError, error_for
 
 #: Answers worth another try: the service is shedding load or briefly unavailable.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -91,6 +91,13 @@ class EventParser:
     def __init__(self) -> None:
         self._event = "message"
         self._data: list[str] = []
+        #: The ``id`` of the last event with one (what a reconnect sends as ``Last-Event-ID``).
+        self.last_id: str | None = None
+        self._id: str | None = None
+
+    def restart(self) -> None:
+        """A new connection: drop the half-read event a broken one left (keep ``last_id``)."""
+        self._event, self._data, self._id = "message", [], None
 
     def feed(self, lines: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
         out = []
@@ -98,11 +105,15 @@ class EventParser:
             if line == "":
                 if self._data:
                     out.append((self._event, json.loads("\n".join(self._data))))
-                self._event, self._data = "message", []
+                    if self._id is not None:
+                        self.last_id = self._id
+                self._event, self._data, self._id = "message", [], None
             elif line.startswith(":"):
                 continue
             elif line.startswith("event:"):
                 self._event = line[6:].strip()
+            elif line.startswith("id:"):
+                self._id = line[3:].strip()
             elif line.startswith("data:"):
                 self._data.append(line[5:].lstrip(" "))
         return out
@@ -114,3 +125,44 @@ def job_of_event(event: str, data: dict[str, Any]) -> dict[str, Any] | None:
         job = data.get("job")
         return job if isinstance(job, dict) else None
     return data if event in ("status", "progress") else None
+
+
+class Follow:
+    """A wait's place in a job's event stream across reconnects: the last job seen, the parser
+    (which knows the last event id), and the reconnects in a row that brought no event."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.job: dict[str, Any] | None = None
+        self.parser = EventParser()
+        self.failures = 0
+        self.events = 0  # events received since the last (re)connect
+        self.error: Exception | None = None  # the transport error that broke the last stream
+
+    def headers(self) -> dict[str, str]:
+        h = {"Accept": "text/event-stream"}
+        if self.parser.last_id is not None:
+            h["Last-Event-ID"] = self.parser.last_id
+        return h
+
+    def connected(self) -> None:
+        self.events, self.error = 0, None
+        self.parser.restart()
+
+    def ended(self) -> bool:
+        return self.job is not None and self.job["status"] in TERMINAL
+
+    def reconnect_delay(self, config: ClientConfig) -> float | None:
+        """After a stream closed before ``end``: seconds to wait before reconnecting with
+        ``Last-Event-ID``, or None to go on with long polls (no event id yet, or ``retries``
+        reconnects in a row brought nothing while the server kept answering). Raises
+        UnreachableError when they failed on the connection itself."""
+        if self.parser.last_id is None:
+            return None
+        self.failures = 0 if self.events else self.failures + 1
+        if self.failures > config.retries:
+            if self.error is None:
+                return None
+            raise UnreachableError(f"events of job {self.job_id}: the stream broke and {config.retries} reconnects "
+                                   f"failed ({self.error.__class__.__name__}: {self.error})") from self.error
+        return config.delay(max(0, self.failures - 1), None)

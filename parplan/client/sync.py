@@ -13,7 +13,7 @@ from parplan.client.core import (
     LONG_POLL_SECONDS,
     TERMINAL,
     ClientConfig,
-    EventParser,
+    Follow,
     checked,
     job_of_event,
     problem_of,
@@ -123,36 +123,52 @@ class Client:
 
     def _follow_events(self, job_id: str, deadline: float | None,
                        on_progress: ProgressCallback | None) -> dict[str, Any] | None:
-        """The job's last state from its event stream; None when the stream could not be read
-        (the caller falls back to long polls). API errors other than 5xx propagate."""
-        job = None
+        """The job's last state from its event stream, reconnecting with ``Last-Event-ID`` when
+        the stream breaks; None when the caller should go on with long polls (no stream, or
+        one that keeps closing early). API errors other than 5xx propagate."""
+        follow = Follow(job_id)
+        while True:
+            if not self._read_events(follow, deadline, on_progress):
+                return None
+            if follow.ended():
+                return follow.job
+            pause = follow.reconnect_delay(self.config)
+            if pause is None:
+                return None
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise WaitTimeoutError(f"job {job_id} did not finish in time", follow.job)
+            self._sleep(pause)
+
+    def _read_events(self, follow: Follow, deadline: float | None, on_progress: ProgressCallback | None) -> bool:
+        """Read one connection of the stream into ``follow``; False when the server has no stream."""
+        job_id = follow.job_id
         read = self.config.timeout_seconds + 20.0  # the server sends a keep-alive every 15 s
         if deadline is not None:
             read = max(0.1, min(read, deadline - time.monotonic()))
+        follow.connected()
         try:
-            with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers={"Accept": "text/event-stream"},
+            with self.http.stream("GET", f"/v1/jobs/{job_id}/events", headers=follow.headers(),
                                   timeout=httpx.Timeout(self.config.timeout_seconds, read=read)) as r:
                 if not r.is_success:
                     r.read()
                     if r.status_code == 404:
                         self.job(job_id)  # NotFoundError if there is no such job; else a server without events
-                        return None
+                        return False
                     if r.status_code in FALLBACK_STATUSES or r.status_code >= 500:
-                        return None
+                        return False
                     raise error_for(r.status_code, problem_of(r))
-                parser = EventParser()
                 for line in r.iter_lines():
-                    for event, data in parser.feed([line]):
+                    for event, data in follow.parser.feed([line]):
                         found = job_of_event(event, data)
                         if found is not None:
-                            job = found
+                            follow.job, follow.events = found, follow.events + 1
                             if on_progress is not None and event != "end":
-                                on_progress(job)
+                                on_progress(found)
                     if deadline is not None and time.monotonic() > deadline:
-                        raise WaitTimeoutError(f"job {job_id} did not finish in time", job)
-        except httpx.TransportError:
-            return job if job is not None and job["status"] in TERMINAL else None
-        return job
+                        raise WaitTimeoutError(f"job {job_id} did not finish in time", follow.job)
+        except httpx.TransportError as e:
+            follow.error = e
+        return True
 
     def plan_and_wait(self, request: dict[str, Any], *, timeout: float | None = None,
                       on_progress: ProgressCallback | None = None) -> dict[str, Any]:

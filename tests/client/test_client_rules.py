@@ -97,8 +97,9 @@ def test_client_errors_are_not_retried_and_keep_the_problem() -> None:
     assert len(seen) == 2
 
 
-def _sse(*events: tuple[str, dict[str, Any]], cut: bool = False) -> httpx.Response:
-    text = "".join(f"event: {e}\ndata: {json.dumps(d)}\n\n" for e, d in events)
+def _sse(*events: tuple[str, dict[str, Any]], cut: bool = False, first_id: int | None = None) -> httpx.Response:
+    ids = [""] * len(events) if first_id is None else [f"id: {first_id + k}\n" for k in range(len(events))]
+    text = "".join(f"event: {e}\n{i}data: {json.dumps(d)}\n\n" for (e, d), i in zip(events, ids, strict=True))
     if cut:  # the stream breaks in the middle of an event
         text += "event: progress\ndata: {\"id\""
     return httpx.Response(200, content=text.encode(), headers={"content-type": "text/event-stream"})
@@ -129,6 +130,26 @@ def test_wait_falls_back_to_long_polls() -> None:
     with pytest.raises(JobFailedError) as e:
         c.wait("j1")
     assert e.value.code == "unsolvable" and len(seen) == 2
+
+
+def test_a_broken_stream_resumes_with_last_event_id() -> None:
+    done = _job("succeeded", "done", 1.0, plan_id="p1")
+    handler, seen = _script(_sse(("status", _job("running")), ("progress", _job("running", "search", 0.7)),
+                                 first_id=7, cut=True),
+                            _sse(("status", done), ("end", {"status": "succeeded", "job": done}), first_id=9))
+    c, slept = _client(handler)
+    assert c.wait("j1") == done
+    assert [r.headers.get("last-event-id") for r in seen] == [None, "8"] and len(slept) == 1
+
+
+def test_reconnects_that_cannot_connect_end_in_unreachable() -> None:
+    handler, seen = _script(_sse(("status", _job("running")), first_id=3, cut=True),
+                            *[httpx.ConnectError("refused")] * 3)
+    c, slept = _client(handler, retries=2)
+    with pytest.raises(UnreachableError, match=r"2 reconnects failed.*ConnectError"):
+        c.wait("j1")
+    assert len(seen) == 4 and len(slept) == 3
+    assert all(r.headers["last-event-id"] == "3" for r in seen[1:])
 
 
 def test_a_missing_job_is_not_found_not_a_fallback() -> None:
@@ -172,6 +193,9 @@ def test_event_parser_joins_data_lines_and_skips_comments() -> None:
     p = EventParser()
     assert p.feed([": keep-alive", "", "event: status", 'data: {"a":', "data: 1}"]) == []
     assert p.feed(["", "data: {}", ""]) == [("status", {"a": 1}), ("message", {})]
+    assert p.last_id is None
+    assert p.feed(["event: status", "id: 12", "data: {}", "", "data: {}", ""]) == [("status", {}), ("message", {})]
+    assert p.last_id == "12"  # an event without an id keeps the last one
 
 
 def test_the_url_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

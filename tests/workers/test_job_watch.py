@@ -61,6 +61,55 @@ def check_stream(events: list[tuple[str, dict[str, Any]]], job_id: str) -> None:
     assert len(stages - {"queued", "starting", "done"}) >= 1, stages
 
 
+Event = tuple[str, int, dict[str, Any]]
+
+
+def read_events(c: httpx.Client, job_url: str, last_event_id: str | None = None,
+                stop_after: int | None = None) -> list[Event]:
+    """``(event, id, data)`` of the job's stream until the server closes it, or until
+    ``stop_after`` events arrived (then this client drops the connection)."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
+    out: list[Event] = []
+    block: dict[str, str] = {}
+    with c.stream("GET", job_url + "/events", headers=headers, timeout=httpx.Timeout(10, read=60)) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line:
+                key, _, value = line.partition(": ")
+                block[key] = value
+                continue
+            if "data" in block:
+                out.append((block["event"], int(block["id"]), json.loads(block["data"])))
+            block = {}
+            if stop_after is not None and len(out) == stop_after:
+                break
+    return out
+
+
+def check_resumption(c: httpx.Client, job_url: str) -> None:
+    """Drop the stream after two events (mid-job), reconnect with Last-Event-ID: together the two
+    connections carry exactly the job's history from the first event on (every status change and
+    every progress write, in order, same ids and documents) and one ``end``; then a finished job's
+    stream is its state and ``end``, at once."""
+    head = read_events(c, job_url, stop_after=2)
+    assert head[-1][2]["status"] != "succeeded", head
+    rest = read_events(c, job_url, last_event_id=str(head[-1][1]))
+    got = head + rest
+    assert [e for e, _, _ in got].count("end") == 1 and got[-1][0] == "end", got
+    ids = [i for _, i, _ in got[:-1]]
+    assert ids == sorted(set(ids)) and got[-1][1] == ids[-1], ids
+    history = read_events(c, job_url, last_event_id="0")
+    start = [i for _, i, _ in history].index(head[0][1])
+    assert [(i, d) for _, i, d in got[:-1]] == [(i, d) for _, i, d in history[start:-1]]
+    statuses = [d["status"] for _, _, d in history[:-1]]
+    assert statuses[0] == "queued" and statuses[-1] == "succeeded" and "running" in statuses, statuses
+    assert [e for e, _, _ in rest].count("status") >= 1  # the reconnect brought a status change
+    t0 = time.monotonic()
+    done = read_events(c, job_url)
+    assert [(e, i) for e, i, _ in done] == [("status", ids[-1]), ("end", ids[-1])]
+    assert time.monotonic() - t0 < 2.0
+
+
 def long_poll_until_done(c: httpx.Client, job_url: str) -> tuple[dict[str, Any], int]:
     """Long-poll until the job ends; the job and how many calls it took. Every answer differs from
     the state the call started from (or the job ended): no call waits out its 30 s."""
@@ -125,3 +174,14 @@ def test_celery_worker_progress_reaches_the_events_and_long_poll(celery_stack: t
         assert job["status"] == "succeeded" and calls >= 1
         anonymous = httpx.get(base + url + "/events", timeout=5)
         assert anonymous.status_code == 401 and anonymous.headers["content-type"] == "application/problem+json"
+
+
+def test_embedded_reconnect_with_last_event_id_misses_nothing(embedded: str) -> None:
+    with httpx.Client(base_url=embedded, timeout=10) as c:
+        check_resumption(c, c.post("/v1/plans", json=MEDIUM_REQUEST).headers["location"])
+
+
+def test_celery_reconnect_with_last_event_id_misses_nothing(celery_stack: tuple[str, str]) -> None:
+    base, token = celery_stack
+    with httpx.Client(base_url=base, timeout=10, headers={"Authorization": f"Bearer {token}"}) as c:
+        check_resumption(c, c.post("/v1/plans", json=MEDIUM_REQUEST).headers["location"])

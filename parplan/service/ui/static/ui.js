@@ -139,9 +139,12 @@ const PP = (() => {
       ` ${p.stage || "–"} ${Math.round((p.fraction || 0) * 100)}%`);
   }
 
-  /** Read a Server-Sent Events stream with fetch (EventSource cannot send the token header). */
-  async function readEvents(path, onEvent, signal) {
-    const r = await fetch(path, { headers: headers({ Accept: "text/event-stream" }), signal });
+  /** Read a Server-Sent Events stream with fetch (EventSource cannot send the token header).
+   *  ``position.lastId`` is the id of the last event read; when set, it is sent as Last-Event-ID. */
+  async function readEvents(path, onEvent, position, signal) {
+    const extra = { Accept: "text/event-stream" };
+    if (position.lastId !== null) extra["Last-Event-ID"] = position.lastId;
+    const r = await fetch(path, { headers: headers(extra), signal });
     if (!r.ok || !r.body) {
       const type = r.headers.get("content-type") || "";
       throw new ApiError(r.status, type.includes("json") ? await r.json() : null);
@@ -158,27 +161,42 @@ const PP = (() => {
         const block = buffer.slice(0, cut);
         buffer = buffer.slice(cut + 2);
         let name = "message";
+        let id = null;
         const data = [];
         for (const line of block.split("\n")) {
           if (line.startsWith("event: ")) name = line.slice(7);
+          else if (line.startsWith("id: ")) id = line.slice(4);
           else if (line.startsWith("data: ")) data.push(line.slice(6));
         }
-        if (data.length) onEvent(name, JSON.parse(data.join("\n")));
+        if (!data.length) continue;
+        if (id !== null) position.lastId = id;
+        onEvent(name, JSON.parse(data.join("\n")));
       }
     }
   }
 
-  /** Follow a job to its end: the events stream, or long polls when streaming fails. */
+  /** Follow a job to its end: the events stream (reconnecting with Last-Event-ID when it breaks, up
+   *  to 3 times in a row without news), then long polls when streaming fails. */
   async function follow(jobId, onJob) {
     let last = null;
-    try {
-      await readEvents(`/v1/jobs/${jobId}/events`, (name, data) => {
-        last = name === "end" ? data.job : data;
-        onJob(last);
-      });
+    const position = { lastId: null };
+    let misses = 0;
+    while (misses <= 3) {
+      let got = 0;
+      try {
+        await readEvents(`/v1/jobs/${jobId}/events`, (name, data) => {
+          last = name === "end" ? data.job : data;
+          got += 1;
+          onJob(last);
+        }, position);
+      } catch (err) {
+        if (err instanceof ApiError && err.status !== 0 && err.status < 500) throw err;
+        if (err instanceof ApiError) break;
+      }
       if (last && TERMINAL.has(last.status)) return last;
-    } catch (err) {
-      if (err instanceof ApiError && err.status !== 0 && err.status < 500) throw err;
+      if (position.lastId === null) break;
+      misses = got ? 0 : misses + 1;
+      await new Promise((done) => setTimeout(done, 500 * 2 ** Math.max(0, misses - 1)));
     }
     for (;;) {
       const { data } = await api(`/v1/jobs/${jobId}?wait=25`);
