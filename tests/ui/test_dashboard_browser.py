@@ -163,3 +163,24 @@ def test_a_plan_with_a_target_exports_from_its_page(page: Any, dashboard: Any, l
     assert (link.get_attribute("href") or "").startswith("blob:")
     config = json.loads(page.inner_text("#export-output pre"))
     assert config["train_batch_size"] == 2 and config["zero_optimization"]["stage"] in (0, 1, 2, 3)
+
+
+def test_a_broken_events_stream_is_resumed_with_last_event_id(page: Any, dashboard: Any, login: Login) -> None:
+    with _client(dashboard, dashboard.writer) as c:
+        job = c.post("/v1/plans", json={"model": {"preset": "llama-2-70b"}, "cluster": {"gpus": 32},
+                                        "search": "dp"}).json()["job"]
+    sent: list[str | None] = []
+
+    def events(route: Any) -> None:
+        sent.append(route.request.headers.get("last-event-id"))
+        if len(sent) > 1:
+            route.continue_()
+            return
+        with _client(dashboard, dashboard.writer) as c:  # one event with an id, then the stream closes early
+            now = c.get(f"/v1/jobs/{job['id']}").json()["job"]
+        route.fulfill(status=200, headers={"content-type": "text/event-stream"},
+                      body=f"event: status\nid: 1\ndata: {json.dumps(now)}\n\n")
+    page.route("**/v1/jobs/*/events", events)
+    login(page, dashboard.base + f"/ui/jobs/{job['id']}", dashboard.writer)
+    page.wait_for_url("**/ui/plans/*", timeout=60_000)
+    assert sent[:2] == [None, "1"], sent
