@@ -1,6 +1,6 @@
 """The client and `parplan remote plan` against a real `parplan serve` (SQLite, in-process
-executor, tokens required): submit, follow, fetch, export, cancel, and the service's problems
-as typed errors."""
+executor, tokens required): submit, follow, fetch, export, cancel, the service's problems
+as typed errors, and a server killed while the client waits."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from parplan.client import (
@@ -20,6 +23,7 @@ from parplan.client import (
     InvalidRequestError,
     JobCancelledError,
     UnauthorizedError,
+    UnreachableError,
 )
 from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST, service_env, start_server
 
@@ -80,6 +84,57 @@ def test_the_async_client_waits_and_a_cancelled_job_raises(service: Service) -> 
             with pytest.raises(JobCancelledError):
                 await waiting
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("use_events", [True, False], ids=["events", "long-poll"])
+def test_a_server_killed_mid_wait_is_retried_then_unreachable(tmp_path: Path, use_events: bool) -> None:
+    env = service_env({"PARPLAN_DATA_DIR": str(tmp_path), "PARPLAN_AUTH": "required",
+                       "PARPLAN_EXECUTOR_WORKERS": "1"})
+    server, base = start_server(env)
+    try:
+        token = subprocess.run([sys.executable, "-m", "parplan.cli", "token", "create", "--scope", "plans:write"],
+                               env=env, capture_output=True, text=True, check=True).stdout.strip()
+        sent: list[tuple[float, httpx.Request]] = []
+        http = httpx.Client(base_url=base, event_hooks={"request": [lambda r: sent.append((time.monotonic(), r))]})
+        slept: list[float] = []  # when the client paused before another try
+
+        def sleep(seconds: float) -> None:
+            slept.append(time.monotonic())
+            time.sleep(seconds)
+        retries, outcome = 2, dict[str, Any]()
+        with Client(base, token, timeout=5, retries=retries, backoff=0.2, http=http, sleep=sleep) as c:
+            job = c.submit(SLOW_REQUEST)["job"]  # gpt3-175b on 1,024 GPUs: solves for longer than this test
+
+            def wait() -> None:
+                try:
+                    c.wait(job["id"], timeout=120, use_events=use_events)
+                except Exception as e:
+                    outcome["error"], outcome["at"] = e, time.monotonic()
+            waiter = threading.Thread(target=wait, daemon=True)
+            waiter.start()
+            while c.job(job["id"])["status"] != "running" or not any("/events" in str(r.url) or "wait=" in str(r.url)
+                                                                      for _, r in sent):
+                time.sleep(0.1)
+            time.sleep(1.5)  # the wait is reading its stream (or long poll) now
+            killed = time.monotonic()
+            server.kill()  # SIGKILL to the server's process group, solver included
+            waiter.join(timeout=60)
+            assert not waiter.is_alive(), "the wait hung after the server died"
+        http.close()
+    finally:
+        server.stop()
+    error = outcome.get("error")
+    assert isinstance(error, UnreachableError), repr(error)
+    after = [r for t, r in sent if t > killed]
+    pauses = [t for t in slept if t > killed]
+    if use_events:  # the stream breaks; reconnects with Last-Event-ID, each refused, then the error
+        assert len(pauses) == retries + 1 and len(after) == retries + 1, (pauses, after)
+        assert all(r.url.path.endswith("/events") and r.headers["last-event-id"].isdigit() for r in after)
+        assert f"events of job {job['id']}" in str(error) and "ConnectError" in str(error)
+    else:  # the long poll cut by the kill (or one sent just after it), then its retries
+        assert len(pauses) == retries and len(after) in (retries, retries + 1), (pauses, after)
+        assert all(r.url.params.get("wait") for r in after) and f"/v1/jobs/{job['id']}" in str(error)
+    assert outcome["at"] - killed < 15, outcome["at"] - killed
 
 
 def _remote(env: dict[str, str], *args: str, token: str | None = None, url: str | None = None) -> Any:
