@@ -1,6 +1,6 @@
 """Load test of the planning service on loopback: requests per second and latency percentiles of
 the two hot read paths — a *cached* ``POST /v1/plans`` (validate, hash, look up, return the plan)
-and ``GET /v1/jobs/{id}``.
+and ``GET /v1/jobs/{id}`` — and of the dashboard's pages and static files.
 
 By default it starts its own service (``parplan serve``, plus a Celery worker in production mode)
 on 127.0.0.1, solves one small plan so the cache holds it, then for each endpoint runs
@@ -10,12 +10,18 @@ on 127.0.0.1, solves one small plan so the cache holds it, then for each endpoin
   *scheduled* time, so a stalled server cannot hide queueing (no coordinated omission);
 * a **closed-loop** phase: ``--concurrency`` clients back to back, for the saturation throughput.
 
+The **dashboard** phase requests each page (``/ui``, ``/ui/new``, ``/ui/jobs/{id}``,
+``/ui/plans/{id}``, ``/ui/validations/{id}``, with the ids of a real job, plan and validation) and
+each static file the pages load, one URL after another, open loop at ``--dashboard-rate`` (50) per
+second for ``--dashboard-duration`` seconds each; the target is p99 < 100 ms.
+
 Bounded: at most rate x duration requests per open-loop phase, a fixed duration per closed-loop
 phase; only 127.0.0.1 is ever contacted.
 
     .venv/bin/python bench/service_load.py                         # embedded default (SQLite)
     .venv/bin/python bench/service_load.py --mode production       # PostgreSQL + Redis + Celery
     .venv/bin/python bench/service_load.py --url http://127.0.0.1:8000 --token ppt_...   # a running one
+    .venv/bin/python bench/service_load.py --phases dashboard     # only the dashboard's pages
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ from parplan.service.testing import (
 ROOT = Path(__file__).resolve().parents[1]
 MAX_REQUESTS = 20_000  # hard bound on any one phase
 ERRORS: dict[str, int] = {}  # failed requests by status code or exception
+#: The dashboard's static files (what its pages load).
+UI_STATIC = ("ui.css", "ui.js", "jobs.js", "new.js", "job.js", "plan.js", "validation.js")
 
 
 @dataclass
@@ -71,6 +79,7 @@ class Result:
     latencies_ms: list[float]
     client_cpu: float = 0.0
     server_cpu: float | None = None
+    group: str = "api"  # or "dashboard"
 
     @property
     def rps(self) -> float:
@@ -84,12 +93,12 @@ class Result:
 
     def row(self) -> str:
         server = f"{self.server_cpu:>7.0%}" if self.server_cpu is not None else f"{'?':>7s}"
-        return (f"{self.name:<26s} {self.phase:<18s} {self.sent:>6d} {self.errors:>5d} {self.rps:>8.1f} "
+        return (f"{self.name:<30s} {self.phase:<18s} {self.sent:>6d} {self.errors:>5d} {self.rps:>8.1f} "
                 f"{self.pct(50):>8.2f} {self.pct(90):>8.2f} {self.pct(99):>8.2f} {max(self.latencies_ms or [0]):>8.2f}"
                 f" {server} {self.client_cpu:>7.0%}")
 
 
-HEADER = (f"{'endpoint':<26s} {'phase':<18s} {'sent':>6s} {'errs':>5s} {'req/s':>8s} "
+HEADER = (f"{'endpoint':<30s} {'phase':<18s} {'sent':>6s} {'errs':>5s} {'req/s':>8s} "
           f"{'p50 ms':>8s} {'p90 ms':>8s} {'p99 ms':>8s} {'max ms':>8s} {'srv cpu':>7s} {'cli cpu':>7s}")
 
 
@@ -215,25 +224,41 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(base: str, token: str | None, job_path: str, args: argparse.Namespace,
+def dashboard_targets(client: RawClient, ids: dict[str, str]) -> list[tuple[str, bytes]]:
+    """The dashboard's pages (with real ids) and static files, as requests."""
+    pages = ["/ui", "/ui/new", f"/ui/jobs/{ids['job']}", f"/ui/plans/{ids['plan']}",
+             f"/ui/validations/{ids['validation']}"]
+    names = ["GET /ui", "GET /ui/new", "GET /ui/jobs/{id}", "GET /ui/plans/{id}", "GET /ui/validations/{id}"]
+    out = [(name, client.encode("GET", path, None)) for name, path in zip(names, pages, strict=True)]
+    return out + [(f"GET /ui/static/{f}", client.encode("GET", f"/ui/static/{f}", None)) for f in UI_STATIC]
+
+
+async def measure(base: str, token: str | None, ids: dict[str, str], args: argparse.Namespace,
                   server_pid: int | None) -> list[Result]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     client = RawClient(base, headers)
-    out = []
-    targets = [("POST /v1/plans (cached)", client.encode("POST", "/v1/plans", FAST_REQUEST)),
-               ("GET /v1/jobs/{id}", client.encode("GET", job_path, None))]
+    out: list[Result] = []
+
+    async def timed(run: Any, group: str) -> None:
+        c0, s0 = time.process_time(), _cpu_seconds(server_pid) if server_pid else 0.0
+        r: Result = await run
+        r.client_cpu = (time.process_time() - c0) / r.seconds
+        r.server_cpu = ((_cpu_seconds(server_pid) - s0) / r.seconds) if server_pid else None
+        r.group = group
+        out.append(r)
+
     try:
-        for name, raw in targets:
-            await closed_loop(client, name, raw, 4, 2.0)  # warm-up, discarded
-            for phase in ("open", "closed"):
-                c0, s0 = time.process_time(), _cpu_seconds(server_pid) if server_pid else 0.0
-                if phase == "open":
-                    r = await open_loop(client, name, raw, args.rate, args.duration)
-                else:
-                    r = await closed_loop(client, name, raw, args.concurrency, args.duration)
-                r.client_cpu = (time.process_time() - c0) / r.seconds
-                r.server_cpu = ((_cpu_seconds(server_pid) - s0) / r.seconds) if server_pid else None
-                out.append(r)
+        if "api" in args.phases:
+            targets = [("POST /v1/plans (cached)", client.encode("POST", "/v1/plans", FAST_REQUEST)),
+                       ("GET /v1/jobs/{id}", client.encode("GET", f"/v1/jobs/{ids['job']}", None))]
+            for name, raw in targets:
+                await closed_loop(client, name, raw, 4, 2.0)  # warm-up, discarded
+                await timed(open_loop(client, name, raw, args.rate, args.duration), "api")
+                await timed(closed_loop(client, name, raw, args.concurrency, args.duration), "api")
+        if "dashboard" in args.phases:
+            for name, raw in dashboard_targets(client, ids):
+                await closed_loop(client, name, raw, 2, 0.5)  # warm-up, discarded
+                await timed(open_loop(client, name, raw, args.dashboard_rate, args.dashboard_duration), "dashboard")
     finally:
         await client.close()
     return out
@@ -289,10 +314,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=15.0, help="seconds per phase (default 15)")
     p.add_argument("--concurrency", type=int, default=8, help="closed-loop clients (default 8)")
     p.add_argument("--api-workers", type=int, default=1, help="API processes to start (default 1)")
+    p.add_argument("--phases", type=lambda v: set(v.split(",")), default={"api", "dashboard"},
+                   help="comma-separated: api (cached POST /v1/plans, GET /v1/jobs/{id}), dashboard (default both)")
+    p.add_argument("--dashboard-rate", type=float, default=50.0, help="dashboard requests per second (default 50)")
+    p.add_argument("--dashboard-duration", type=float, default=10.0,
+                   help="seconds per dashboard URL (default 10)")
     p.add_argument("--output", type=Path, help="also write the report here (e.g. bench/out/service_load.txt)")
     args = p.parse_args(argv)
     if args.rate <= 0 or args.duration <= 0 or args.rate * args.duration > MAX_REQUESTS:
         p.error(f"rate x duration must be in (0, {MAX_REQUESTS}]")
+    if not args.phases or not args.phases <= {"api", "dashboard"}:
+        p.error("--phases: api, dashboard or both")
+    if args.dashboard_rate <= 0 or args.dashboard_duration <= 0 or \
+            args.dashboard_rate * args.dashboard_duration > MAX_REQUESTS:
+        p.error(f"dashboard rate x duration must be in (0, {MAX_REQUESTS}]")
 
     procs: list[Proc] = []
     dbname = None
@@ -329,10 +364,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"the warm-up plan failed: {job}")
             if c.post("/v1/plans", json=FAST_REQUEST).status_code != 200:
                 raise SystemExit("the warm-up plan is not served from the cache")
+            validation = c.post(f"/v1/plans/{job['plan_id']}/validations", json={})
+            validation.raise_for_status()
+            ids = {"job": job["id"], "plan": job["plan_id"], "validation": validation.json()["validation"]["id"]}
         started = dt.datetime.now(dt.UTC)
         host_line = machine()
         server_pid = procs[0].pid if procs else None
-        results = asyncio.run(measure(base, token, f"/v1/jobs/{job['id']}", args, server_pid))
+        results = asyncio.run(measure(base, token, ids, args, server_pid))
     finally:
         for proc in procs:
             proc.stop()
@@ -340,8 +378,19 @@ def main(argv: list[str] | None = None) -> int:
             drop_database(dbname)
         tmp.cleanup()
 
-    target_ok = all(r.pct(99) < 50 and r.errors == 0 and r.rps >= 0.95 * args.rate
-                    for r in results if r.phase.startswith("open"))
+    api_open = [r for r in results if r.group == "api" and r.phase.startswith("open")]
+    ui = [r for r in results if r.group == "dashboard"]
+    target_ok = all(r.pct(99) < 50 and r.errors == 0 and r.rps >= 0.95 * args.rate for r in api_open)
+    ui_ok = all(r.pct(99) < 100 and r.errors == 0 and r.rps >= 0.95 * args.dashboard_rate for r in ui)
+    targets = []
+    if api_open:
+        targets += [f"target: p99 < 50 ms at {args.rate:g} req/s, no errors (open loop): "
+                    f"{'MET' if target_ok else 'NOT MET'}",
+                    f"p99 means: {statistics.fmean(r.pct(99) for r in api_open):.2f} ms (open loop)"]
+    if ui:
+        targets += [f"dashboard target: p99 < 100 ms at {args.dashboard_rate:g} req/s per URL, no errors: "
+                    f"{'MET' if ui_ok else 'NOT MET'} (worst p99 {max(r.pct(99) for r in ui):.2f} ms, "
+                    f"{max(ui, key=lambda r: r.pct(99)).name})"]
     if args.url:
         layout = "an existing service at " + base
     else:
@@ -359,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         f"service:  {layout}",
         "client:   asyncio HTTP/1.1 keep-alive client on the same machine (loopback), up to 64 connections",
         "latency:  open loop from each request's scheduled send time; closed loop from its actual send time",
+        "phases:   " + ", ".join(sorted(args.phases)) + (f" (dashboard: each URL {args.dashboard_duration:g} s at "
+                                                          f"{args.dashboard_rate:g}/s)" if ui else ""),
         "cpu:      srv = the API process (and its threads), cli = this client, as a share of one core",
         "",
         HEADER,
@@ -367,15 +418,14 @@ def main(argv: list[str] | None = None) -> int:
         f"errors:   {ERRORS or 'none'}",
         f"load average after the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other processes on the "
         "machine compete for its 2 cores; the p99 tail follows them)",
-        f"target: p99 < 50 ms at {args.rate:g} req/s, no errors (open loop): {'MET' if target_ok else 'NOT MET'}",
-        f"p99 means: {statistics.fmean(r.pct(99) for r in results if r.phase.startswith('open')):.2f} ms (open loop)",
+        *targets,
     ])
     print(report)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with args.output.open("a") as f:
             f.write(report + "\n\n")
-    return 0 if target_ok else 1
+    return 0 if target_ok and ui_ok else 1
 
 
 if __name__ == "__main__":
