@@ -65,8 +65,10 @@ def _lived_job(db: sessionmaker[Session]) -> str:
 
 
 def _stream(client: TestClient, jid: str, headers: Headers, last_event_id: str | None = None) -> str:
-    extra = {"Last-Event-ID": last_event_id} if last_event_id is not None else {}
-    with client.stream("GET", f"/v1/jobs/{jid}/events", headers=headers | extra) as r:
+    sent: dict[str, str | bytes] = dict(headers)
+    if last_event_id is not None:  # as bytes: a header may carry any Latin-1 text
+        sent["Last-Event-ID"] = last_event_id.encode("latin-1")
+    with client.stream("GET", f"/v1/jobs/{jid}/events", headers=sent) as r:
         assert r.status_code == 200
         return r.read().decode()
 
@@ -156,4 +158,9 @@ def test_a_reconnect_with_last_event_id_gets_every_later_event(client: TestClien
         assert [d for _, _, d in resumed] == [d for _, _, d in full[k + 1:]]
         assert resumed[0][0] == ("end" if seen == ids[-1] else "status")  # a resumed stream opens with a status
     # A Last-Event-ID that is not an integer is ignored: the stream starts from the state now.
-    assert [n for n, _, _ in _with_ids(_stream(client, jid, reader, "soon"))] == ["status", "end"]
+    for odd in ("soon", "-1", "\u00b2", "1.5"):
+        assert [(n, i) for n, i, _ in _with_ids(_stream(client, jid, reader, odd))] == [("status", ids[-1]),
+                                                                                        ("end", ids[-1])], odd
+    # One past every id (even past a BIGINT): nothing to replay, the end at once.
+    for big in (str(ids[-1] + 1), "9" * 30):
+        assert [(n, i) for n, i, _ in _with_ids(_stream(client, jid, reader, big))] == [("end", ids[-1])], big

@@ -31,6 +31,9 @@ MAX_WAIT_SECONDS = 60.0
 #: A comment line on an idle event stream this often, so proxies keep the connection open.
 KEEPALIVE_SECONDS = 15.0
 
+#: The largest event id (a PostgreSQL BIGINT).
+MAX_EVENT_ID = 2**63 - 1
+
 JobDoc = dict[str, Any]
 
 
@@ -85,10 +88,12 @@ def end_event(job: JobDoc, event_id: int) -> bytes:
 
 
 def parse_last_event_id(header: str | None) -> int | None:
-    """The ``Last-Event-ID`` a reconnecting client sends: a non-negative integer, else ignored."""
-    if header is None or not header.strip().isdigit():
+    """The ``Last-Event-ID`` a reconnecting client sends: a non-negative integer (above the
+    largest id: no event is after it), else ignored."""
+    value = (header or "").strip()
+    if not value or not value.isascii() or not value.isdigit():
         return None
-    return int(header.strip())
+    return min(int(value), MAX_EVENT_ID)
 
 
 def read_events(session_factory: Callable[[], Session], job_id: uuid.UUID,
@@ -125,7 +130,8 @@ async def job_events(session_factory: Callable[[], Session], job_id: uuid.UUID, 
                 yield end_event(doc, event_id)
                 return
         if status is None and is_terminal(first):  # reconnected after the job's last event
-            yield end_event(first, cursor or 0)
+            last = await run_in_threadpool(read_events, session_factory, job_id, None)
+            yield end_event(first, last[0][0] if last else 0)
             return
         if time.monotonic() - last_sent >= keepalive_seconds:
             yield b": keep-alive\n\n"
