@@ -9,10 +9,12 @@ import time
 import uuid
 from datetime import timedelta
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.database import utcnow
+from parplan.service.jobs import watch
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus
 
@@ -164,3 +166,15 @@ def test_a_reconnect_with_last_event_id_gets_every_later_event(client: TestClien
     # One past every id (even past a BIGINT): nothing to replay, the end at once.
     for big in (str(ids[-1] + 1), "9" * 30):
         assert [(n, i) for n, i, _ in _with_ids(_stream(client, jid, reader, big))] == [("end", ids[-1])], big
+
+
+def test_a_long_history_is_replayed_in_pages_without_gaps(client: TestClient, reader: Headers,
+                                                          db: sessionmaker[Session],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    jid = _lived_job(db)
+    whole = _with_ids(_stream(client, jid, reader, "0"))
+    monkeypatch.setattr(watch, "EVENTS_PER_READ", 1)
+    t0 = time.monotonic()
+    paged = _with_ids(_stream(client, jid, reader, "0"))
+    assert paged == whole and len(paged) == 8
+    assert time.monotonic() - t0 < watch.POLL_SECONDS * 3  # full pages are read on without a pause

@@ -31,6 +31,8 @@ MAX_WAIT_SECONDS = 60.0
 #: A comment line on an idle event stream this often, so proxies keep the connection open.
 KEEPALIVE_SECONDS = 15.0
 
+#: Events read at a time; a stream replaying a long history reads on without pausing.
+EVENTS_PER_READ = 200
 #: The largest event id (a PostgreSQL BIGINT).
 MAX_EVENT_ID = 2**63 - 1
 
@@ -104,7 +106,7 @@ def read_events(session_factory: Callable[[], Session], job_id: uuid.UUID,
         if after is None:
             last = repo.last_event(job_id)
             return [last] if last is not None else []
-        return repo.events_after(job_id, after)
+        return repo.events_after(job_id, after, EVENTS_PER_READ)
 
 
 async def job_events(session_factory: Callable[[], Session], job_id: uuid.UUID, first: JobDoc,
@@ -133,6 +135,8 @@ async def job_events(session_factory: Callable[[], Session], job_id: uuid.UUID, 
             last = await run_in_threadpool(read_events, session_factory, job_id, None)
             yield end_event(first, last[0][0] if last else 0)
             return
+        if len(rows) == EVENTS_PER_READ:
+            continue
         if time.monotonic() - last_sent >= keepalive_seconds:
             yield b": keep-alive\n\n"
             last_sent = time.monotonic()
