@@ -181,7 +181,7 @@ const PP = (() => {
     let last = null;
     const position = { lastId: null };
     let misses = 0;
-    while (misses <= 3) {
+    for (;;) {
       let got = 0;
       try {
         await readEvents(`/v1/jobs/${jobId}/events`, (name, data) => {
@@ -196,6 +196,7 @@ const PP = (() => {
       if (last && TERMINAL.has(last.status)) return last;
       if (position.lastId === null) break;
       misses = got ? 0 : misses + 1;
+      if (misses >= 3) break;
       await new Promise((done) => setTimeout(done, 500 * 2 ** Math.max(0, misses - 1)));
     }
     for (;;) {
