@@ -152,6 +152,23 @@ def test_reconnects_that_cannot_connect_end_in_unreachable() -> None:
     assert all(r.headers["last-event-id"] == "3" for r in seen[1:])
 
 
+def test_the_async_client_resumes_alike() -> None:
+    done = _job("succeeded", "done", 1.0, plan_id="p1")
+    handler, seen = _script(_sse(("status", _job("running")), first_id=4, cut=True),
+                            _sse(("status", done), ("end", {"status": "succeeded", "job": done}), first_id=5))
+
+    async def run() -> dict[str, Any]:
+        async def sleep(_: float) -> None:
+            return None
+        http = httpx.AsyncClient(base_url=URL, transport=httpx.MockTransport(handler))
+        async with AsyncClient(URL, "tok", http=http, sleep=sleep) as c:
+            job = await c.wait("j1")
+        await http.aclose()
+        return job
+    assert asyncio.run(run()) == done
+    assert [r.headers.get("last-event-id") for r in seen] == [None, "4"]
+
+
 def test_a_missing_job_is_not_found_not_a_fallback() -> None:
     handler, seen = _script(_problem(404, "no job j1"), _problem(404, "no job j1"))
     c, _ = _client(handler)

@@ -20,6 +20,7 @@ import pytest
 from parplan.client import (
     AsyncClient,
     Client,
+    ForbiddenError,
     InvalidRequestError,
     JobCancelledError,
     UnauthorizedError,
@@ -59,13 +60,21 @@ def test_plan_and_wait_then_export(service: Service) -> None:
 
 
 def test_the_services_problems_are_typed_errors(service: Service) -> None:
-    base, token, _ = service
+    base, token, env = service
     with Client(base, token, timeout=10) as c:
         with pytest.raises(InvalidRequestError) as e:
             c.submit({"model": {"preset": "bert-large"}, "cluster": {"gpus": 0}})
         assert e.value.status == 422 and e.value.errors[0]["field"] == "cluster.gpus"
     with Client(base, None, timeout=10) as anonymous, pytest.raises(UnauthorizedError):
         anonymous.submit(FAST_REQUEST)
+    with Client(base, "ppt_" + "0" * 43, timeout=10) as unknown, pytest.raises(UnauthorizedError) as u:
+        unknown.job("00000000-0000-0000-0000-000000000000")
+    assert u.value.status == 401
+    reader = subprocess.run([sys.executable, "-m", "parplan.cli", "token", "create", "--scope", "plans:read"],
+                            env=env, capture_output=True, text=True, check=True).stdout.strip()
+    with Client(base, reader, timeout=10) as c, pytest.raises(ForbiddenError) as f:
+        c.submit(FAST_REQUEST)  # plans:read may not submit
+    assert f.value.status == 403 and f.value.problem["status"] == 403
 
 
 def test_the_async_client_waits_and_a_cancelled_job_raises(service: Service) -> None:
