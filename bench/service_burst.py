@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     dbname = f"parplan_burst_{os.getpid()}"
     procs: list[Proc] = []
     started = dt.datetime.now(dt.UTC)
-    load_before = os.getloadavg()
+    host = machine()  # with the load average before the run
     try:
         env = service_env({"PARPLAN_DATABASE_URL": create_database(dbname), "PARPLAN_BROKER_URL": REDIS_URL,
                            "PARPLAN_QUEUE_NAME": f"parplan-burst-{uuid.uuid4().hex[:6]}", "PARPLAN_AUTH": "required"})
@@ -203,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: `python service_burst.py{' ' + given if given else ''}`  ")
     print(f"date: {started.strftime('%Y-%m-%d %H:%M UTC')}  ")
     print(f"commit: {git_commit()}  ")
-    print(f"machine: {machine()} (at the end); load average before the run "
-          f"{' '.join(f'{x:.2f}' for x in load_before)}  ")
+    print(f"machine: {host}  ")
     print(f"service: parplan serve (one API process) on a scratch PostgreSQL database, Redis, {args.workers} "
           f"Celery worker(s); {args.tokens} tokens x {per_token} distinct requests (bert-large, 2 GPUs, DP), "
           "submitted token after token\n")
