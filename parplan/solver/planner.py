@@ -194,11 +194,6 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
     if search != "auto" and search not in spec.searches:
         raise RequestError("search", f"target {target.value} runs the plans of the {' or '.join(spec.searches)} "
                                      f"search, not {search}")
-    if spec.needs_sizes and model.config is None:
-        raise RequestError("target", f"target {target.value} builds its model from its sizes, and this model is an "
-                                     "operator graph without them (traced, or posted as a graph); give a preset or a "
-                                     "Hugging Face config of a model_type parplan maps by hand, or plan without a "
-                                     "target")
     if mesh is not None and "ilp" not in spec.searches:
         raise RequestError("mesh", f"a device mesh fixes the ILP's per-operator plans, which target {target.value} "
                                    "does not run")

@@ -57,20 +57,17 @@ class TargetSpec:
     searches: tuple[str, ...]
     baseline: str
     unpriced: tuple[str, ...] = ()  # what the trainer holds that the prediction leaves out (said in the plan)
-    #: the trainer builds the model from its sizes (a preset, or an HF config parplan maps by hand):
-    #: an operator graph (traced or posted) has none, so a plan for it could not be exported
-    needs_sizes: bool = False
 
 
 SPECS: dict[Target, TargetSpec] = {
     Target.ANY: TargetSpec(Runtime.MEGATRON, False, ("auto", "ilp", "dp"), "megatron"),
-    Target.MEGATRON: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "megatron", needs_sizes=True),
-    Target.TORCHTITAN: TargetSpec(Runtime.TORCHTITAN, True, ("uniform",), "zero3", needs_sizes=True),
+    Target.MEGATRON: TargetSpec(Runtime.MEGATRON, True, ("uniform",), "megatron"),
+    Target.TORCHTITAN: TargetSpec(Runtime.TORCHTITAN, True, ("uniform",), "zero3"),
     Target.DEEPSPEED: TargetSpec(Runtime.DEEPSPEED, True, ("uniform",), "zero3", (
         "DeepSpeed's buckets are priced as an upper bound set by the export (50M elements each for "
         "reduce_bucket_size, allgather_bucket_size and ZeRO-3's prefetch bucket and live parameters), not "
         "measured; a config with larger buckets holds more",)),
-    Target.GALVATRON: TargetSpec(Runtime.MEGATRON, False, ("dp",), "megatron", needs_sizes=True),
+    Target.GALVATRON: TargetSpec(Runtime.MEGATRON, False, ("dp",), "megatron"),
     Target.PARPLAN: TargetSpec(Runtime.TORCH, False, ("ilp",), "megatron"),
 }
 

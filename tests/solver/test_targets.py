@@ -5,8 +5,6 @@ target's baselines."""
 from __future__ import annotations
 
 import itertools
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,13 +162,3 @@ def test_the_uniform_search_prices_each_candidate_once(target: str, objective: s
     times, memories = WORK_BOUNDS[(target, objective)]
     assert work["baseline_evaluations"] <= min(times, doc["solver"]["candidates"] + 3 * 40)
     assert work["baseline_memory_evaluations"] <= memories
-
-
-@pytest.mark.parametrize("target", ["megatron", "torchtitan", "galvatron"])
-def test_a_target_that_builds_from_sizes_refuses_an_operator_graph(target: str) -> None:
-    """Megatron-LM, torchtitan and Galvatron build the model from its sizes: a plan of an operator
-    graph (traced, or posted) could not be exported to them, so the request says so at once."""
-    graph = json.loads((Path(__file__).parents[1] / "data" / "mlp_graph.json").read_text())
-    with pytest.raises(RequestError, match="builds its model from its sizes"):
-        parse_plan_request({"model": {"graph": graph}, "cluster": {"gpus": 2}, "target": target})
-    parse_plan_request({"model": {"graph": graph}, "cluster": {"gpus": 2}, "target": "deepspeed"})
