@@ -17,7 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from parplan.cli import int_at_least
 from parplan.solver.ir import DTYPE_BYTES, Graph
+
+#: sizes of at least two (a size-1 dim is dropped from the graph)
+_AT_LEAST_TWO = int_at_least(2, " (a size-1 dim is dropped)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,9 +31,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "Python module:factory returning an nn.Module (traced on the meta device).")
     g.add_argument("model", help="preset name, HF config.json, or module:factory (also path/to/file.py:factory)")
     g.add_argument("--out", metavar="FILE", default=None, help="write the JSON to FILE (default: standard output)")
-    g.add_argument("--batch", type=_at_least_two, default=2,
+    g.add_argument("--batch", type=_AT_LEAST_TWO, default=2,
                    help="samples the graph is built for (default 2; plans resize it to their micro-batch)")
-    g.add_argument("--seq-len", type=_at_least_two, default=None,
+    g.add_argument("--seq-len", type=_AT_LEAST_TWO, default=None,
                    help="tokens per sample (default: the model's maximum positions; a factory: 128)")
     g.add_argument("--trace", action="store_true",
                    help="trace an HF config with transformers even when parplan maps its model_type by hand")
@@ -37,16 +41,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    default="bf16", help="dtype of traced floating-point tensors (default bf16, as mixed-precision "
                                         "training computes; a factory's or traced model's own dtype is ignored)")
     g.set_defaults(handler=cmd_graph)
-
-
-def _at_least_two(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2 (a size-1 dim is dropped), got {value}")
-    return value
 
 
 def _is_factory(spec: str) -> bool:
