@@ -45,9 +45,16 @@ UNDER = 0.02
 #: 1F1B: the device's own order of chunk forwards and backwards, a receive buffer per virtual-stage
 #: boundary, every send's handle kept to the step's end: cost.plan_evaluator._interleaved_stage),
 #: G13 (selective recomputation re-runs the attention core in backward: cost.backward), G14
-#: (synchronising after every micro-batch is a strategy field, sync_every_microbatch). None is open:
-#: a gap found later goes here with its bound and reason.
-KNOWN_GAPS: dict[str, tuple[float, str]] = {}
+#: (synchronising after every micro-batch is a strategy field, sync_every_microbatch). A gap found
+#: later goes here with its bound and reason. Open:
+#: G15, ZeRO-3 over 4 (FSDP2) without checkpointing: the same bytes (+0.4%) in 5 runs alone, in the
+#: whole matrix run alone and in the full suite at d1f94f8, but +3.9% (measured above the prediction)
+#: once inside the full suite at 0dde9ec (2026-11-24), the processes sharing 2 cores with nothing
+#: else of the matrix's: the peak depended on timing. Not diagnosed; an under-prediction until it is.
+KNOWN_GAPS: dict[str, tuple[float, str]] = {
+    "gpt-tiny/zero3-dp4/none": (0.045, "G15: FSDP2 ZeRO-3's measured peak varies with timing (+0.4% to +3.9% "
+                                       "seen); not diagnosed"),
+}
 
 FULL = os.environ.get("PARPLAN_AGENT_MATRIX", "") == "full"
 SPECS = all_specs(full=FULL, timing_steps=1)
