@@ -149,6 +149,10 @@ class Graph:
     def __contains__(self, node_id: object) -> bool:
         return node_id in self._index
 
+    def owns(self, node: Node) -> bool:
+        """Whether ``node`` is this graph's own node object (what may be remembered in ``memo``)."""
+        return self._index.get(node.id) is node
+
     def node(self, node_id: str) -> Node:
         """The node with this id (KeyError if absent)."""
         return self._index[node_id]

@@ -78,7 +78,7 @@ def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_att
                    recompute: Recompute, runtime: Runtime = Runtime.MEGATRON) -> list[SavedItem]:
     """Buffers ``node`` keeps for backward (parameters are never activations); remembered on the
     graph for its own nodes (the searches ask for the same ones many times)."""
-    if node.id not in graph or graph.node(node.id) is not node:
+    if not graph.owns(node):
         return _op_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime)
     cache = graph.memo.setdefault("op_saved_items", {})
     key = (node.id, activation_bytes, flash_attention, recompute, runtime)

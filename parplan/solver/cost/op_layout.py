@@ -68,7 +68,7 @@ class OpStrategy:
 def loop_dims(node: Node, graph: Graph) -> tuple[dict[str, int], frozenset[str]]:
     """(splittable dims with sizes, dims whose split leaves partial sums) of an operator;
     remembered on the graph for its own operators."""
-    if node.id not in graph or graph.node(node.id) is not node:
+    if not graph.owns(node):
         return _loop_dims(node, graph)
     cache = graph.memo.setdefault("loop_dims", {})
     hit = cache.get(node.id)
@@ -136,7 +136,7 @@ def output_layout(node: Node, s: OpStrategy, mesh: Mesh, partial_dims: frozenset
 def input_layout(node: Node, position: int, graph: Graph, s: OpStrategy, mesh: Mesh) -> TensorLayout:
     """Layout the operator needs for input ``position`` under ``s``; remembered on the graph for
     its own operators."""
-    if node.id not in graph or graph.node(node.id) is not node:
+    if not graph.owns(node):
         return _input_layout(node, position, graph, s, mesh)
     cache = graph.memo.setdefault("input_layout", {})
     key = (node.id, position, s.assignment, mesh.names)

@@ -58,10 +58,10 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
             factors[d] = factors.get(d, 1) * size
     cache = graph.memo.setdefault("op_seconds", {})
     key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec)
-    hit = cache.get(key) if node.id in graph and graph.node(node.id) is node else None
+    hit = cache.get(key) if graph.owns(node) else None
     if hit is None:
         hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh)
-        if node.id in graph and graph.node(node.id) is node:
+        if graph.owns(node):
             cache[key] = hit
     fwd, bwd = hit
     return fwd, bwd, fwd if recomputed(node, recompute, flash_attention) else 0.0
