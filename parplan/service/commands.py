@@ -133,28 +133,21 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 
     from parplan.cli import UsageError
     from parplan.service.auth.service import create_token, parse_scopes
-    from parplan.service.database import make_engine, make_session_factory
-    from parplan.service.token_commands import parse_expires
+    from parplan.service.token_commands import parse_expires, token_session
 
     try:
         scopes = parse_scopes(args.scope)
         expires_at = parse_expires(args.expires) if args.expires else None
     except ValueError as e:
         raise UsageError(str(e)) from None
-    settings = _settings()
-    if settings.embedded:
-        _upgrade(settings)
-    engine = make_engine(settings.resolved_database_url)
     try:
-        with make_session_factory(engine)() as session:
+        with token_session() as session:
             row, secret = create_token(session, args.name, scopes, expires_at)
             session.commit()
     except (OperationalError, ProgrammingError) as e:
         print(f"parplan token: error: cannot store the token ({e.__class__.__name__}); is the database reachable "
               "and upgraded (`parplan db upgrade`)?", file=sys.stderr)
         return 2
-    finally:
-        engine.dispose()
     if args.json:
         print(json.dumps({"id": str(row.id), "name": row.name, "scopes": row.scopes, "token": secret,
                           "expires_at": expires_at.isoformat() if expires_at else None}))

@@ -31,7 +31,8 @@ def parse_expires(text: str, now: datetime | None = None) -> datetime:
 
 
 @contextmanager
-def _session() -> Iterator[Any]:
+def token_session() -> Iterator[Any]:
+    """A session on the configured database (the embedded one upgraded first), disposed after."""
     from parplan.service.commands import _settings, _upgrade
     from parplan.service.database import make_engine, make_session_factory
 
@@ -73,7 +74,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
     from parplan.service.auth.repository import TokenRepository
 
     now = datetime.now(UTC)
-    with _session() as s:
+    with token_session() as s:
         rows = [_row(t, now) for t in TokenRepository(s).all()]
     if not args.all:
         rows = [r for r in rows if r["state"] == "active"]
@@ -93,7 +94,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     from parplan.service.auth.repository import TokenRepository
     from parplan.service.database import utcnow
 
-    with _session() as s:
+    with token_session() as s:
         repo = TokenRepository(s)
         found = repo.matching(args.token)
         if not found:
