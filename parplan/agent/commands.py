@@ -9,6 +9,7 @@ import math
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -132,14 +133,19 @@ def _validate_plan_file(args: argparse.Namespace) -> int:
         print(json.dumps(m, indent=2, default=str))
     else:
         print(f"plan      {doc['strategy'].get('summary', '')}  ({args.plan})")
-        print("rank   measured MiB   predicted MiB   error")
-        for r in m["ranks"]:
-            measured, predicted = r["measured"]["peak_bytes"] / MIB, r["predicted"]["peak_bytes"] / MIB
-            print(f"  {r['rank']:<4d} {measured:12.2f}   {predicted:13.2f}   {r['relative_error']['peak_bytes']:+.1%}")
+        _print_peaks(m["ranks"], lambda r: r["relative_error"]["peak_bytes"], 2)
         print(f"worst |error| {m['max_relative_error']:.1%}; results "
               + {True: "match a single-process run", False: "DO NOT match a single-process run",
                  None: "not checked"}[m.get("correct")])
     return 0 if m.get("correct") in (True, None) else 1
+
+
+def _print_peaks(ranks: list[dict[str, Any]], error_of: Callable[[dict[str, Any]], float], digits: int) -> None:
+    """Each rank's measured and predicted peak (MiB, ``digits`` decimals) and the relative error."""
+    print("rank   measured MiB   predicted MiB   error")
+    for r in ranks:
+        measured, predicted = r["measured"]["peak_bytes"] / MIB, r["predicted"]["peak_bytes"] / MIB
+        print(f"  {r['rank']:<4d} {measured:12.{digits}f}   {predicted:13.{digits}f}   {error_of(r):+.1%}")
 
 
 def _validate_graph_plan(args: argparse.Namespace, doc: dict[str, Any]) -> int:
@@ -177,10 +183,7 @@ def _validate_graph_plan(args: argparse.Namespace, doc: dict[str, Any]) -> int:
         print(json.dumps(result, indent=2, default=str))
     else:
         print(f"plan      {result['plan']}  ({args.plan} on {args.graph})")
-        print("rank   measured MiB   predicted MiB   error")
-        for r in result["ranks"]:
-            measured, predicted = r["measured"]["peak_bytes"] / MIB, r["predicted"]["peak_bytes"] / MIB
-            print(f"  {r['rank']:<4d} {measured:12.3f}   {predicted:13.3f}   {r['relative_error']:+.1%}")
+        _print_peaks(result["ranks"], lambda r: r["relative_error"], 3)
         print("results " + ("match" if result["correct"] else "DO NOT match") + " a single-process run")
     return 0 if result["correct"] else 1
 
