@@ -15,7 +15,10 @@ Objectives (memory ``M`` in bytes per device, time ``C`` in seconds per step):
 original edge at 1. HiGHS solves it, built directly through highspy's arrays (building it through
 PuLP cost more than solving it); CBC, through PuLP, is the fallback. Peak terms implied by another
 (:func:`kept_peaks`) and edges that cost nothing under any choice are left out of the model: the
-optimum is the same. Inside the model
+optimum is the same. A node's or edge's buffers that several peak terms hold in the same proportion
+(a block's saved activations, counted at every later moment) are written once, as a continuous
+variable equal to their sum, which the terms then name: the same model with a third to a half of
+the nonzeros (t5-11b: 287,000 to 132,000). Inside the model
 memory is in GiB (costs in bytes next to seconds span fifteen orders of magnitude, which HiGHS
 does not tolerate); results are reported in bytes.
 """
@@ -44,10 +47,12 @@ Objective = Literal["weighted", "time", "memory"]
 _MEM = float(2**30)
 
 #: A solve stops once its answer is proven within this fraction of the optimum (HiGHS's and CBC's
-#: relative MIP gap; HiGHS's own default is 1e-4). Memory answers are then at most 0.1% above the
-#: least (gpt-7.5b on 8 GPUs: +0.03%), found 4x sooner; the plan reports the gap it reached. A
-#: ``cutoff`` likewise asks only for a choice better than the known one by more than this fraction.
-MIP_REL_GAP = 1e-3
+#: relative MIP gap; HiGHS's own default is 1e-4). Memory answers are then at most 0.2% above the
+#: least; the plan reports the gap it reached. At 1e-3, t5-11b's memory solve spent four fifths of
+#: its time proving the last 0.1%, and the answer it found then was 0.001% smaller than the one it
+#: had (bert-large 0.01%, llama-2-70b on 64 GPUs 0.04%; bench/RESULTS.md, issue 10). A ``cutoff``
+#: likewise asks only for a choice better than the known one by more than this fraction.
+MIP_REL_GAP = 2e-3
 
 #: HiGHS options besides the defaults. The models come out of :func:`formulate` with little left
 #: for presolve to remove (it took 13% of bert-large's memory solve), and restarting the root
@@ -56,7 +61,11 @@ MIP_REL_GAP = 1e-3
 #: (llama-2-70b on 64 GPUs) with the same memory; where several plans hold the same memory within
 #: the gap, the solver may now return another of them (bench/RESULTS.md). Turning off restarts
 #: alone made t5-11b miss its time limit: the two go together.
-HIGHS_OPTIONS: dict[str, str | bool] = {"presolve": "off", "mip_allow_restart": False}
+#: The feasibility-jump heuristic is off: on issue 10's cases it never gave the answer (the root LP
+#: of a time solve is integral; memory solves get their incumbents from rounding and sub-MIPs) and it
+#: took about 0.6 s of every t5-11b solve before the first LP.
+HIGHS_OPTIONS: dict[str, str | bool] = {"presolve": "off", "mip_allow_restart": False,
+                                         "mip_heuristic_run_feasibility_jump": False}
 
 
 @dataclass
@@ -309,10 +318,29 @@ def kept_peaks(problem: AuxProblem) -> list[int]:
     return kept
 
 
+def _shared_shapes(problem: AuxProblem, kept: list[int]) -> set[tuple[str, object, bytes]]:
+    """The (node or edge, normalised values) pairs that more than one kept peak term holds."""
+    import numpy as np
+
+    seen: dict[tuple[str, object, bytes], int] = {}
+    for pi in kept:
+        term = problem.peaks[pi]
+        items = [("n", k, v) for k, v in term.nodes.items()] + [("e", ei, v) for ei, v in term.edges.items()]
+        for kind, key, vals in items:
+            arr = np.asarray(vals, dtype=np.float64).ravel()
+            scale = float(np.abs(arr).max())
+            if scale:
+                shape = (kind, key, (arr / scale).round(12).tobytes())
+                seen[shape] = seen.get(shape, 0) + 1
+    return {shape for shape, n in seen.items() if n > 1}
+
+
 def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,
               time_limit: float | None = None, start: dict[str, int] | None = None,
               cutoff: float | None = None) -> tuple[_Formulation, dict[str, list[int]]]:
     """The model of ``problem`` for ``objective``: (formulation, columns of each node's ``X``)."""
+    import numpy as np
+
     f = _Formulation()
     X: dict[str, list[int]] = {}
     mem_terms: list[tuple[int, float]] = []
@@ -370,14 +398,43 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
         if start is not None:
             values.append(problem.peak(start) / _MEM)
         mem_terms.append((T, 1.0))
-        for pi in kept_peaks(problem):
+        kept = kept_peaks(problem)
+        shared = _shared_shapes(problem, kept)
+        sums: dict[tuple[str, object, bytes], int] = {}
+
+        def part(kind: str, key: object, vals: Any, cols: list[int], at_start: int | None) -> list[tuple[int, float]]:
+            """The term's ``vals`` over ``cols``: written out, or through the sum of its shape."""
+            arr = np.asarray(vals, dtype=np.float64).ravel()
+            scale = float(np.abs(arr).max())
+            if scale == 0.0:
+                return []
+            shape = (kind, key, (arr / scale).round(12).tobytes())
+            if shape not in shared:
+                return [(c, v / _MEM) for c, v in zip(cols, arr.tolist(), strict=True) if v]
+            y = sums.get(shape)
+            if y is None:
+                y = sums[shape] = f.col(f"S_{kind}{len(sums)}", 0.0, math.inf)
+                if at_start is not None:
+                    values.append(float(arr[at_start]) / scale)
+                # the shape's sum, written once: terms that hold these buffers in proportion refer to it
+                f.row(f"shape__{kind}{len(sums) - 1}",
+                      [(c, v / scale) for c, v in zip(cols, arr.tolist(), strict=True) if v] + [(y, -1.0)], 0.0, 0.0)
+            return [(y, scale / _MEM)]
+
+        for pi in kept:
             term = problem.peaks[pi]
-            expr = [(X[k][s], v / _MEM) for k, vals in term.nodes.items() for s, v in enumerate(vals) if v]
-            expr += [(edge_vars[ei][s][t], v / _MEM) for ei, vals in term.edges.items()
-                     for s, row in enumerate(vals) for t, v in enumerate(row) if v]
-            if expr:
+            held: list[tuple[int, float]] = []
+            for k, vals in term.nodes.items():
+                held += part("n", k, vals, X[k], None if start is None else start[k])
+            for ei, pairs in term.edges.items():
+                e = problem.edges[ei]
+                nt = len(e.seconds[0])
+                cols = [c for row in edge_vars[ei] for c in row]
+                at = None if start is None else e.cls("src", start[e.src]) * nt + e.cls("dst", start[e.dst])
+                held += part("e", ei, pairs, cols, at)
+            if held:
                 # the temporary peak is at least every set of buffers that coexist (implied ones left out)
-                f.row(f"peak__{pi}", [*expr, (T, -1.0)], -math.inf, 0.0)
+                f.row(f"peak__{pi}", [*held, (T, -1.0)], -math.inf, 0.0)
     if objective == "weighted":
         # (5) memory + alpha * time (alpha given in bytes per second)
         obj = mem_terms + [(j, (alpha / _MEM) * v) for j, v in sec_terms]
