@@ -170,15 +170,20 @@ def _validate_graph_plan(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     if math.prod(mesh) > args.max_procs:
         raise UsageError(f"the plan's mesh {list(mesh)} needs more than --max-procs {args.max_procs} processes")
     strategies = strategies_from_plan(doc, graph)
-    for op, st in strategies.items():  # as spec_for_plan: the executor runs ZeRO 0 and 3
-        if int(st.get("zero", 0)) in (1, 2):
-            strategies[op] = {**st, "zero": 0}
+    demoted = [op for op, st in strategies.items() if int(st.get("zero", 0)) in (1, 2)]
+    for op in demoted:  # as spec_for_plan: the executor runs ZeRO 0 and 3
+        strategies[op] = {**strategies[op], "zero": 0}
+    if demoted:
+        print(f"parplan validate: note: {len(demoted)} operator(s) of the plan shard their optimizer states or "
+              "gradients (ZeRO-1/2), which the plan interpreter cannot run; they run, and are predicted, as "
+              f"ZeRO-0 (first: {demoted[0]})", file=sys.stderr)
     try:
         result = run_traced(graph, strategies, mesh, Path(args.plan).name, str(strategy.get("summary", "")),
                             _device(args.device), diagnose=args.diagnose)
     except LaunchError as e:
         print(f"parplan validate: the run failed: {e}", file=sys.stderr)
         return 1
+    result["ran_as_zero0"] = demoted
     if args.json:
         print(json.dumps(result, indent=2, default=str))
     else:

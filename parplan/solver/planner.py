@@ -265,6 +265,17 @@ def _ilp(req: PlanRequest, report: ProgressFn, reference_seconds: float | None) 
     return doc
 
 
+def _least_known(req: PlanRequest, doc: dict[str, Any], bases: dict[str, Any]) -> dict[str, Any]:
+    """An infeasible answer whose least memory is the least of the search's and every baseline's
+    (fitting or not): a baseline may need less than the search's own least (its granularity)."""
+    least = min([doc["least_memory_bytes"], *(b.memory.peak_bytes for b in bases.values() if b is not None)])
+    if least >= doc["least_memory_bytes"]:
+        return doc
+    out = _infeasible(req, least, None)
+    out["solver"] = doc.get("solver", {})
+    return out
+
+
 def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any]:
     """Search for the plan and return its document (raises SolverError on bad combinations).
 
@@ -322,6 +333,8 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     best = choose(req, candidates)
     frontier = next((d["pareto"] for d in docs if d.get("pareto")), None)
     doc = searched if best is None else best.document()
+    if best is None and doc.get("least_memory_bytes") is not None:
+        doc = _least_known(req, doc, bases)
     if frontier is not None:
         doc["pareto"] = frontier  # the frontier the answer was chosen against, whichever plan won
     if best is not None and doc is not searched:

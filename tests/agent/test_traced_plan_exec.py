@@ -117,6 +117,12 @@ def test_parplan_validate_runs_the_ilp_plan_of_a_traced_graph_file(tmp_path: Pat
     (tmp_path / "plan.json").write_text(json.dumps(plan, default=str))
     code = main(["validate", "--plan", str(tmp_path / "plan.json"), "--graph", str(tmp_path / "graph.json"),
                  "--device", "cpu", "--json"])
-    result = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    result = json.loads(out.out)
     assert code == 0 and result["correct"] is True
     _check(result)
+    # operators whose ZeRO-1/2 the interpreter cannot run are named, and the user is told
+    sharded = {op for unit in plan["strategy"]["units"] for op, st in unit["ops"].items()
+               if st.get("zero") in (1, 2)}
+    assert sharded <= set(result["ran_as_zero0"]) and bool(result["ran_as_zero0"]) == bool(sharded)
+    assert ("ZeRO-1/2" in out.err) == bool(sharded)

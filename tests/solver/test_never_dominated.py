@@ -38,6 +38,10 @@ def _check(doc: dict[str, Any], objective: str, slowdown: float, budget: int) ->
     known = _known(doc)
     if doc["memory"] is None:  # nothing fits: then no baseline fits either
         assert not any(peak <= budget for _, _, peak in known)
+        # and the least memory the answer reports is no more than any baseline's (fitting or not)
+        peaks = [b["memory"]["peak_bytes"] for b in doc["baselines"].values() if b is not None]
+        if doc["least_memory_bytes"] is not None and peaks:
+            assert doc["least_memory_bytes"] <= min(peaks) + 1
         return
     secs, peak = doc["time"]["step_seconds"], doc["memory"]["peak_bytes"]
     assert peak <= budget
