@@ -1,0 +1,105 @@
+"""A Celery worker that hangs without dying (SIGSTOP): its job's lease runs out, the sweeper in
+``parplan serve`` puts the job back in the queue, and another worker finishes it. When the hung
+worker resumes (SIGCONT) it still holds the old message and the old solve, but every write it
+tries is fenced by the lease owner token of its claim: it stores nothing, and the result stays
+the one the second worker wrote."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+
+import httpx
+from private_postgres import wait_until
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from parplan.service.auth.service import Scope
+from parplan.service.models import Job, JobEvent, Plan
+from parplan.service.testing import (
+    MEDIUM_REQUEST,
+    Proc,
+    finished,
+    load_job,
+    make_token,
+    poll_job,
+    service_env,
+    settings_env,
+    solver_children,
+    start_server,
+    start_worker,
+)
+
+SF = sessionmaker[Session]
+#: Seconds a job's lease lasts: the heartbeat renews it every second, so only a worker that has
+#: stopped for this long loses its job (a loaded 2-core machine lags by up to ~2 s).
+LEASE_SECONDS = 4
+
+
+@contextlib.contextmanager
+def stopped(group: int) -> Iterator[None]:
+    """The process group ``group`` stopped (SIGSTOP) inside the block, and always continued after."""
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGCONT)
+
+
+def _pgid_of_worker(row_worker: str | None) -> int:
+    """The process group of the Celery pool process named in ``jobs.worker`` (``host:pid``)."""
+    assert row_worker is not None
+    return os.getpgid(int(row_worker.rsplit(":", 1)[1]))
+
+
+def _events(sf: SF, job_id: uuid.UUID) -> list[str]:
+    with sf() as s:
+        return list(s.scalars(select(JobEvent.status).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+
+
+def test_a_hung_worker_loses_its_job_and_cannot_overwrite_the_result(
+        pg_url: str, redis_url: str, queue_name: str, procs: list[Proc], committed_db: SF) -> None:
+    env = service_env(settings_env(pg_url, redis_url, queue_name, job_lease_seconds=LEASE_SECONDS))
+    server, base = start_server(env)
+    procs.append(server)
+    hung = start_worker(env)
+    procs.append(hung)
+    token = make_token(committed_db, Scope.PLANS_WRITE)
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        r = c.post("/v1/plans", json=MEDIUM_REQUEST)
+        job_id, url = uuid.UUID(r.json()["job"]["id"]), r.headers["location"]
+        wait_until(lambda: load_job(committed_db, job_id).status == "running", 60, "the job starting")
+        wait_until(lambda: solver_children(hung.pid), 10, "the hung worker's solver starting", interval=0.01)
+        # The second worker is ready before the hang, so only the lease decides when it takes over.
+        rescuer = start_worker(env)
+        procs.append(rescuer)
+        first = load_job(committed_db, job_id)
+        assert first.status == "running" and first.attempts == 1 and _pgid_of_worker(first.worker) == hung.pid, (
+            f"the job finished or moved before the hang; MEDIUM_REQUEST has become too fast: {first.status}")
+
+        with stopped(hung.pid):  # Celery's main and pool processes; the solver child (own session) runs on
+            done = poll_job(c, url, finished, timeout=90)
+            assert done["status"] == "succeeded" and done["attempts"] == 2, done
+            result = load_job(committed_db, job_id)
+            assert _pgid_of_worker(result.worker) == rescuer.pid  # the other worker finished it
+
+        # Resumed, the hung worker finds its lease gone: its task ends as "lost" and writes nothing.
+        hung.wait_for_output("'lost'", timeout=30)
+        assert "lease lost" in hung.output()
+        after = load_job(committed_db, job_id)
+        assert (after.status, after.worker, after.plan_id, after.finished_at, after.attempts, after.lease_owner) == (
+            result.status, result.worker, result.plan_id, result.finished_at, result.attempts, result.lease_owner)
+        assert c.get(url).json()["job"] == done
+
+    statuses = _events(committed_db, job_id)
+    # Claimed, requeued by the sweeper after the lease, claimed again, finished once.
+    assert statuses[0] == "queued" and statuses[-1] == "succeeded" and statuses.count("succeeded") == 1, statuses
+    assert "queued" in statuses[statuses.index("running"):], statuses
+    with committed_db() as s:
+        assert s.scalar(select(func.count()).select_from(Job)) == 1
+        assert s.scalar(select(func.count()).select_from(Plan)) == 1
+
