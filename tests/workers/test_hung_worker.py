@@ -66,17 +66,17 @@ def test_a_hung_worker_loses_its_job_and_cannot_overwrite_the_result(
     env = service_env(settings_env(pg_url, redis_url, queue_name, job_lease_seconds=LEASE_SECONDS))
     server, base = start_server(env)
     procs.append(server)
-    hung = start_worker(env)
-    procs.append(hung)
+    # Two idle workers on one queue: whichever claims the job is made to hang, the other rescues it.
+    workers = [start_worker(env), start_worker(env)]
+    procs.extend(workers)
     token = make_token(committed_db, Scope.PLANS_WRITE)
     with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
         r = c.post("/v1/plans", json=MEDIUM_REQUEST)
         job_id, url = uuid.UUID(r.json()["job"]["id"]), r.headers["location"]
         wait_until(lambda: load_job(committed_db, job_id).status == "running", 60, "the job starting")
+        first = load_job(committed_db, job_id)
+        hung, rescuer = sorted(workers, key=lambda w: w.pid != _pgid_of_worker(first.worker))
         wait_until(lambda: solver_children(hung.pid), 10, "the hung worker's solver starting", interval=0.01)
-        # The second worker is ready before the hang, so only the lease decides when it takes over.
-        rescuer = start_worker(env)
-        procs.append(rescuer)
         first = load_job(committed_db, job_id)
         assert first.status == "running" and first.attempts == 1 and _pgid_of_worker(first.worker) == hung.pid, (
             f"the job finished or moved before the hang; MEDIUM_REQUEST has become too fast: {first.status}")
