@@ -7,7 +7,8 @@ again. ``initdb`` refuses to run as root, so as root every command runs as the `
 (``runuser``), which then owns the data directory.
 
 :func:`find_binaries` locates the server programs (``/usr/lib/postgresql/<version>/bin``, or
-``PARPLAN_TEST_PG_BIN``); without them the tests are skipped, or fail under ``CI=true``.
+``PARPLAN_TEST_PG_BIN``); without them (or, as root, without ``runuser`` and a ``postgres`` user)
+:class:`ClusterUnavailableError` is raised, and the tests are skipped, or fail under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -26,17 +27,22 @@ from parplan.service.migrate import upgrade
 from parplan.service.testing import free_port
 
 
-def find_binaries() -> tuple[Path | None, str]:
-    """The directory holding ``initdb``, ``pg_ctl`` and ``postgres`` (the newest version), or None
-    and why not."""
+def find_binaries() -> Path:
+    """The directory holding ``initdb``, ``pg_ctl`` and ``postgres`` (the newest version);
+    ClusterUnavailableError when there is none."""
     env = os.environ.get("PARPLAN_TEST_PG_BIN")
     candidates = [Path(env)] if env else sorted(Path("/usr/lib/postgresql").glob("*/bin"),
                                                  key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
                                                  reverse=True)
     for d in candidates:
         if all((d / b).is_file() for b in ("initdb", "pg_ctl", "postgres")):
-            return d, ""
-    return None, "no initdb, pg_ctl and postgres under /usr/lib/postgresql/*/bin (or PARPLAN_TEST_PG_BIN)"
+            return d
+    raise ClusterUnavailableError("no initdb, pg_ctl and postgres under /usr/lib/postgresql/*/bin "
+                                  "(or PARPLAN_TEST_PG_BIN)")
+
+
+class ClusterUnavailableError(Exception):
+    """A private cluster cannot be made on this machine (the test is skipped, or fails under CI)."""
 
 
 def _run_as() -> list[str]:
@@ -44,7 +50,11 @@ def _run_as() -> list[str]:
     if os.geteuid() != 0:
         return []
     if shutil.which("runuser") is None:
-        raise RuntimeError("running as root without runuser: cannot run initdb as the postgres user")
+        raise ClusterUnavailableError("running as root without runuser: cannot run initdb as the postgres user")
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        raise ClusterUnavailableError("running as root and there is no postgres user to run initdb as") from None
     return ["runuser", "-u", "postgres", "--"]
 
 
@@ -52,12 +62,12 @@ class PrivateCluster:
     """``initdb`` + ``pg_ctl`` on a temporary directory and a free port; :meth:`url` reaches it."""
 
     def __init__(self, bin_dir: Path) -> None:
+        self._prefix = _run_as()
         self.bin_dir = bin_dir
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="parplan-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
-        self._prefix = _run_as()
         if self._prefix:
             pw = pwd.getpwnam("postgres")
             os.chown(self.root, pw.pw_uid, pw.pw_gid)

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from private_postgres import PrivateCluster, find_binaries, wait_until
+from private_postgres import ClusterUnavailableError, PrivateCluster, find_binaries, wait_until
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -43,12 +43,12 @@ OUTAGE_SECONDS = 4.0
 
 @pytest.fixture
 def cluster() -> Iterator[PrivateCluster]:
-    bin_dir, why = find_binaries()
-    if bin_dir is None:
+    try:
+        c = PrivateCluster(find_binaries()).init()
+    except ClusterUnavailableError as e:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"PostgreSQL server binaries are missing ({why}); CI=true needs them")
-        pytest.skip(f"PostgreSQL server binaries are missing ({why})")
-    c = PrivateCluster(bin_dir).init()
+            pytest.fail(f"no private PostgreSQL cluster: {e} (CI=true needs one)")
+        pytest.skip(f"no private PostgreSQL cluster: {e}")
     c.start()
     yield c
     c.destroy()
