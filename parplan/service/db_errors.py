@@ -20,9 +20,6 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 _SQLITE_UNAVAILABLE = {5: "locked by another process (SQLITE_BUSY)", 6: "table locked (SQLITE_LOCKED)",
                        8: "read-only (SQLITE_READONLY)", 10: "I/O error (SQLITE_IOERR)",
                        13: "disk or file-size limit full (SQLITE_FULL)", 14: "cannot open the file (SQLITE_CANTOPEN)"}
-#: The same, recognised by message where the driver gives no code.
-_SQLITE_MESSAGES = {"database is locked": 5, "readonly database": 8, "disk i/o error": 10,
-                    "database or disk is full": 13, "unable to open database file": 14}
 #: PostgreSQL SQLSTATEs that are not OperationalError in psycopg but still mean "not now":
 #: 25006 read_only_sql_transaction (a standby, or a failover in progress).
 _POSTGRES_STATES = {"25006": "read-only (a standby server)"}
@@ -35,10 +32,7 @@ def unavailable_reason(exc: BaseException) -> str | None:
     if not isinstance(exc, DBAPIError):
         return None
     orig = exc.orig
-    code = getattr(orig, "sqlite_errorcode", None)
-    if code is None and orig is not None and orig.__class__.__module__ == "sqlite3":
-        text = str(orig).lower()
-        code = next((c for msg, c in _SQLITE_MESSAGES.items() if msg in text), None)
+    code = getattr(orig, "sqlite_errorcode", None)  # sqlite3 errors carry it (Python 3.11+)
     if code is not None:
         reason = _SQLITE_UNAVAILABLE.get(int(code) & 0xFF)
         name = getattr(orig, "sqlite_errorname", None)
