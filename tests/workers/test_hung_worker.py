@@ -11,6 +11,7 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 
 import httpx
 from private_postgres import wait_until
@@ -18,11 +19,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.auth.service import Scope
-from parplan.service.models import Job, JobEvent, Plan
+from parplan.service.database import utcnow
+from parplan.service.jobs.repository import JobRepository, Lease
+from parplan.service.models import Job, JobEvent, JobStatus, Plan
 from parplan.service.testing import (
     MEDIUM_REQUEST,
     Proc,
     finished,
+    insert_job,
     load_job,
     make_token,
     poll_job,
@@ -103,3 +107,39 @@ def test_a_hung_worker_loses_its_job_and_cannot_overwrite_the_result(
         assert s.scalar(select(func.count()).select_from(Job)) == 1
         assert s.scalar(select(func.count()).select_from(Plan)) == 1
 
+
+
+def test_every_write_of_a_lapsed_lease_is_refused(db: SF) -> None:
+    """The fence the resumed worker meets, on each path it may take (renew, store the plan and
+    finish, fail, release on shutdown), before and after the new owner finished the job."""
+    jid = insert_job(db, MEDIUM_REQUEST, "hash", "key")
+    t0 = utcnow()
+    with db() as s:
+        jobs = JobRepository(s)
+        assert jobs.claim(jid, "hung", "host:1", t0, LEASE_SECONDS, 3) is not None
+        assert jobs.requeue_expired(jid, t0 + timedelta(seconds=LEASE_SECONDS + 1))  # the sweeper
+        assert jobs.claim(jid, "rescuer", "host:2", t0 + timedelta(seconds=LEASE_SECONDS + 1), LEASE_SECONDS, 3)
+        s.commit()
+
+    def stale_writes_refused(at: datetime) -> None:
+        with db() as s:
+            jobs = JobRepository(s)
+            assert jobs.renew(jid, "hung", at, LEASE_SECONDS, ("solving", 0.5)) == Lease(owned=False,
+                                                                                         cancel_requested=False)
+            assert not jobs.finish(jid, "hung", JobStatus.SUCCEEDED, at, plan_id=None, solve_seconds=1.0)
+            assert not jobs.finish(jid, "hung", JobStatus.FAILED, at, error={"code": "x", "type": "X", "message": ""})
+            assert not jobs.release(jid, "hung", at)
+            s.commit()
+
+    stale_writes_refused(t0 + timedelta(seconds=LEASE_SECONDS + 2))
+    running = load_job(db, jid)
+    assert (running.status, running.lease_owner, running.worker, running.attempts) == ("running", "rescuer",
+                                                                                       "host:2", 2)
+    done_at = t0 + timedelta(seconds=LEASE_SECONDS + 3)
+    with db() as s:
+        assert JobRepository(s).finish(jid, "rescuer", JobStatus.SUCCEEDED, done_at, solve_seconds=2.0)
+        s.commit()
+    stale_writes_refused(done_at + timedelta(seconds=1))
+    done = load_job(db, jid)
+    assert (done.status, done.finished_at, done.solve_seconds, done.error) == ("succeeded", done_at, 2.0, None)
+    assert _events(db, jid).count("succeeded") == 1
