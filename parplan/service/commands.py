@@ -17,13 +17,17 @@ def _settings(**overrides: Any) -> Any:
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
-def _describe(settings: Any) -> str:
+def _store(settings: Any) -> str:
+    """The database, for people (no password)."""
     if settings.embedded:
-        store = f"SQLite {settings.data_dir / 'parplan.db'}"
-    else:
-        from sqlalchemy.engine import make_url
+        return f"SQLite {settings.data_dir / 'parplan.db'}"
+    from sqlalchemy.engine import make_url
 
-        store = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+    return str(make_url(settings.resolved_database_url).render_as_string(hide_password=True))
+
+
+def _describe(settings: Any) -> str:
+    store = _store(settings)
     if settings.broker_url:
         from sqlalchemy.engine import make_url
 
@@ -51,7 +55,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          "create tokens with `parplan token create` instead")
     migrate = args.migrate if args.migrate is not None else settings.embedded
     if migrate:
-        _upgrade(settings)
+        try:
+            _upgrade(settings)
+        except Exception as e:
+            from parplan.service.db_errors import unavailable_reason
+
+            reason = unavailable_reason(e)
+            if reason is None:
+                raise
+            print(f"parplan serve: error: cannot bring the schema of the database {_store(settings)} up to date: "
+                  f"{reason}; check that the database is reachable, and for SQLite that the file and its directory "
+                  "are writable and the disk has space", file=sys.stderr)
+            return 1
     import uvicorn
 
     print(f"parplan serve: {_describe(settings)}", file=sys.stderr)

@@ -7,8 +7,8 @@ the limit, a rate limit). :func:`install` replaces ``app.openapi`` with a functi
 FastAPI's document once and then, for every operation:
 
 - declares each error status the operation can answer (401/403/429 behind auth, 400/413 with a
-  body, 422 with parameters or a body, 404 with an id in the path, 503 where the queue can be full)
-  with the ``Problem`` schema under ``application/problem+json``, and ``WWW-Authenticate`` or
+  body, 422 with parameters or a body, 404 with an id in the path, 503 where the queue can be full or the database
+  unavailable) with the ``Problem`` schema under ``application/problem+json``, and ``WWW-Authenticate`` or
   ``Retry-After`` where they are sent;
 - gives id path parameters the UUID pattern (any other string names no resource: 404);
 - writes the limits that come from settings (``cluster.gpus``, ``time_limit``) into the schemas.
@@ -73,7 +73,7 @@ _DESCRIPTIONS = {
     413: "Request body or model graph over the limit",
     422: "Invalid request: `errors` names each failing field",
     429: "Rate limit or concurrent-job limit of the token reached; retry after `Retry-After` seconds",
-    503: "Overloaded or a dependency is down; retry after `Retry-After` seconds",
+    503: "Overloaded, or the database is unavailable; retry after `Retry-After` seconds",
 }
 
 _HEADERS: dict[int, dict[str, Any]] = {
@@ -85,6 +85,8 @@ _HEADERS: dict[int, dict[str, Any]] = {
 #: Operations whose answer may be 503 because the job queue is full.
 _QUEUEING = {("post", "/v1/plans")}
 _UNAUTHENTICATED = {"/healthz", "/readyz", "/metrics"}
+#: Paths that never read the database (every other one answers 503 while it is unavailable).
+_NO_DATABASE = {"/healthz", "/metrics"}
 
 
 def _problem_response(status: int, description: str | None = None) -> dict[str, Any]:
@@ -106,7 +108,7 @@ def _error_statuses(method: str, path: str, op: dict[str, Any]) -> set[int]:
         statuses.add(422)
     if "requestBody" in op or any(p.get("in") == "path" for p in op.get("parameters", [])):
         statuses.add(404)  # an id in the path or the body (agent_id) that names nothing
-    if (method, path) in _QUEUEING:
+    if (method, path) in _QUEUEING or path not in _NO_DATABASE:
         statuses.add(503)
     return statuses
 

@@ -15,8 +15,11 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+
+from parplan.service.db_errors import unavailable_reason
 
 log = logging.getLogger("parplan.service")
 
@@ -142,8 +145,27 @@ async def _on_unexpected(request: Request, exc: Exception) -> Response:
                             instance=request.url.path)
 
 
+#: Retry-After of a 503 for an unavailable database when the app has no settings (seconds).
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+async def _on_database(request: Request, exc: Exception) -> Response:
+    """503 with Retry-After when the database cannot serve now (see :mod:`parplan.service.db_errors`),
+    else the 500 of any unexpected error. One warning line, no traceback: an outage is not a bug."""
+    reason = unavailable_reason(exc)
+    if reason is None:
+        return await _on_unexpected(request, exc)
+    runtime = getattr(request.app.state, "runtime", None)
+    retry = runtime.settings.retry_after_seconds if runtime is not None else DATABASE_RETRY_AFTER_SECONDS
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, reason)
+    return problem_response(503, f"the database is unavailable: {reason}; retry in {retry} s",
+                            type_="database-unavailable", instance=request.url.path,
+                            headers={"Retry-After": str(retry)})
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(ProblemError, _on_problem)
+    app.add_exception_handler(SQLAlchemyError, _on_database)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(Exception, _on_unexpected)

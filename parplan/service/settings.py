@@ -85,7 +85,8 @@ class Settings(BaseSettings):
                                           "agent's claim (`wait_seconds`; larger: 422).")
     max_job_wait_seconds: float = Field(default=60.0, ge=0, le=60, description="Longest long poll of a job "
                                         "(`GET /v1/jobs/{id}?wait=`; larger: 422).")
-    retry_after_seconds: int = Field(default=5, ge=1, description="Retry-After of a 503 for a full queue.")
+    retry_after_seconds: int = Field(default=5, ge=1, description="Retry-After of a 503 for a full queue or an "
+                                     "unavailable database.")
 
     @property
     def cors_origin_list(self) -> list[str]:

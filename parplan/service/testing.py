@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -191,11 +191,13 @@ class Proc:
     log_path: Path = field(default_factory=lambda: Path(tempfile.mkstemp(prefix="parplan-test-", suffix=".log")[1]))
     popen: subprocess.Popen[bytes] | None = None
     node_name: str | None = None  # a worker's Celery node name
+    #: A command the process runs under, e.g. ``setpriv ...`` to run it as another user.
+    prefix: Sequence[str] = ()
     _log: IO[bytes] | None = None
 
     def start(self) -> Proc:
         self._log = self.log_path.open("ab")
-        self.popen = subprocess.Popen([sys.executable, "-m", "parplan.cli", *self.args], env=self.env,
+        self.popen = subprocess.Popen([*self.prefix, sys.executable, "-m", "parplan.cli", *self.args], env=self.env,
                                       stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
@@ -281,11 +283,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def start_server(env: dict[str, str], *extra: str, host: str = "127.0.0.1",
-                 timeout: float = 30.0) -> tuple[Proc, str]:
-    """``parplan serve`` on a free port (bound to ``host``); returns the process and its loopback base
-    URL once /healthz answers."""
+                 timeout: float = 30.0, prefix: Sequence[str] = ()) -> tuple[Proc, str]:
+    """``parplan serve`` on a free port (bound to ``host``), run under ``prefix`` (see :class:`Proc`);
+    returns the process and its loopback base URL once /healthz answers."""
     port = free_port()
-    proc = Proc(["serve", "--host", host, "--port", str(port), *extra], env).start()
+    proc = Proc(["serve", "--host", host, "--port", str(port), *extra], env, prefix=prefix).start()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:

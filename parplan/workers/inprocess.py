@@ -37,6 +37,10 @@ class InProcessJobQueue:
         self._waiting: FairQueue[uuid.UUID] = FairQueue()
         self._pending: set[uuid.UUID] = set()
         self._running = 0
+        #: Jobs a thread is running now, and those of them enqueued again meanwhile (the sweeper
+        #: requeued the job while its old attempt was still winding down): run those once more.
+        self._running_ids: set[uuid.UUID] = set()
+        self._again: set[uuid.UUID] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -62,6 +66,9 @@ class InProcessJobQueue:
         with self._lock:
             if not self._threads or self._stop.is_set():
                 return False
+            if job_id in self._running_ids:
+                self._again.add(job_id)
+                return True
             if job_id in self._pending:
                 return True
             self._pending.add(job_id)
@@ -77,6 +84,7 @@ class InProcessJobQueue:
     def _run(self, job_id: uuid.UUID) -> None:
         with self._lock:
             self._running += 1
+            self._running_ids.add(job_id)
         try:
             delay = 0.5
             for _ in range(6):
@@ -96,6 +104,11 @@ class InProcessJobQueue:
             with self._lock:
                 self._pending.discard(job_id)
                 self._running -= 1
+                self._running_ids.discard(job_id)
+                again = job_id in self._again
+                self._again.discard(job_id)
+            if again:
+                self.enqueue(job_id)
 
     def depth(self) -> int | None:
         with self._lock:
@@ -113,3 +126,4 @@ class InProcessJobQueue:
             t.join()
         with self._lock:
             self._pending.clear()
+            self._again.clear()

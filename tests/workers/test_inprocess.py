@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import timedelta
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.database import utcnow
+from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus
 from parplan.service.settings import Settings
 from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST
@@ -81,3 +84,27 @@ def test_kill_terminates_a_solve() -> None:
     t0 = time.monotonic()
     proc.kill()
     assert time.monotonic() - t0 < 3 and proc._proc.returncode is not None
+
+
+def test_a_job_requeued_while_its_old_attempt_winds_down_runs_again(committed_db: SF, settings: Settings) -> None:
+    """The sweeper may requeue and re-enqueue a job whose attempt still runs here (its lease lapsed
+    while the disk was full or the database down): that attempt then finds its lease gone and
+    stops, and the job must run again at once, not wait for the sweeper's next resend."""
+    q = InProcessJobQueue(settings.model_copy(update={"executor_workers": 1}), committed_db)
+    q.start()
+    try:
+        jid = add(committed_db, SLOW_REQUEST)
+        q.enqueue(jid)
+        wait(committed_db, jid, {JobStatus.RUNNING.value})
+        with committed_db() as s:  # what the sweeper does to a job past its lease, then it enqueues it
+            s.execute(update(Job).where(Job.id == jid).values(deadline_at=utcnow() - timedelta(seconds=1)))
+            assert JobRepository(s).requeue_expired(jid, utcnow())
+            s.commit()
+        assert q.enqueue(jid)
+        deadline = time.monotonic() + 30
+        while (job := wait(committed_db, jid, {JobStatus.RUNNING.value, JobStatus.QUEUED.value})).attempts < 2:
+            assert time.monotonic() < deadline, f"not run again: {job.status}, attempt {job.attempts}"
+            time.sleep(0.05)
+        assert job.status == JobStatus.RUNNING.value
+    finally:
+        q.close()
