@@ -229,6 +229,22 @@ def attention_dims(node: Node, q: Node, k: Node) -> tuple[str, str]:
 
 
 
+def value_head_dim(node: Node, q: Node, k: Node, v: Node) -> str | None:
+    """The name of the value's head dim when it is not the query/key head dim (multi-head latent
+    attention: values ``v_head_dim`` wide, queries and keys ``head_dim``), else None. The value must
+    then have the key's dims with the key's head dim replaced by that one dim; ConfigError otherwise."""
+    kd, vd = dict(k.dims), dict(v.dims)
+    if kd == vd:
+        return None
+    head_dim, _ = attention_dims(node, q, k)
+    only_v = [d for d in vd if d not in kd]
+    rest_k = {d: s for d, s in kd.items() if d != head_dim}
+    if head_dim in vd or len(only_v) != 1 or rest_k != {d: s for d, s in vd.items() if d != only_v[0]}:
+        raise ConfigError(f"attention node {node.id!r}: value dims {vd} differ from key dims {kd} by more than "
+                          f"their head dim {head_dim!r}")
+    return only_v[0]
+
+
 @dataclass(frozen=True)
 class AttentionGeometry:
     """Sizes of an attention node: its head dim and key length, and the score matrix's elements."""
