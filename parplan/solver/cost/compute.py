@@ -11,9 +11,10 @@ splits it over ``k`` devices divides them by ``k``. Rules per kind (``numel`` = 
   as in multi-head latent attention); halved when ``attrs.causal``. A 4th input (a bias on the
   scores) adds ``numel(q) / head_dim · kv_seq``; attention sinks (``attrs.sinks``, one logit per
   head) add nothing worth counting. A causal sliding window of ``w < kv_seq`` keys
-  (``attrs.window``) sees ``w − w²/(2·kv_seq)`` keys per query on average instead of
-  ``kv_seq / 2`` (a windowed flash kernel skips the blocks outside the window; the tensors saved
-  for backward do not change). See :func:`attention_dims` for how the dims are found.
+  (``attrs.window``; query i sees keys i − w + 1 .. i) computes ``w(w+1)/2 + (s − w)·w`` pairs
+  of the s = kv_seq queries, priced like the causal rule's ``s²/2`` (its pairs less half the
+  diagonal) as that count less s/2: a windowed flash kernel skips the blocks outside the window;
+  the tensors saved for backward do not change. See :func:`attention_dims` for how the dims are found.
 - ``elementwise``: per output element, ``max(inputs − 1, 1)`` for add/sub/mul, 1 for scale and
   relu, 8 for gelu and silu, 4 for tanh, sigmoid and exp (plus ``inputs − 1`` extra operands).
 - ``softmax`` 5, ``layernorm`` 8, ``rmsnorm`` 5, ``dropout`` 2 per element; ``cross_entropy``
@@ -86,8 +87,9 @@ def _attention_flops(node: Node, ins: list[Node]) -> float:
         flops += q.numel / dict(q.dims).get(head_dim, 1) * kv
     window = int(node.attrs.get("window") or 0)
     if 0 < window < kv:
-        keys = window - window * window / (2 * kv) if node.attrs.get("causal") else window
-        return flops * keys / kv
+        pairs = window * (window + 1) / 2 + (kv - window) * window - kv / 2 if node.attrs.get("causal") \
+            else kv * window  # (a bidirectional window: about ``window`` keys per query)
+        return flops * pairs / (kv * kv)
     return flops / 2 if node.attrs.get("causal") else flops
 
 
