@@ -33,7 +33,8 @@ class OpKind(StrEnum):
     LAYERNORM = "layernorm"  # x, weight[, bias]; same dims as x; attrs.dim (cannot be split)
     RMSNORM = "rmsnorm"  # x, weight; same dims as x; attrs.dim (cannot be split)
     EMBEDDING = "embedding"  # ids, table; ids dims + table dims without attrs.index_dim
-    ATTENTION = "attention"  # q, k, v[, bias]; scaled dot-product attention; output dims of q
+    ATTENTION = "attention"  # q, k, v[, bias or sinks]; scaled dot-product attention; output dims of q (with
+    # the value's head dim when it differs: value_head_dim); attrs.causal, .window (sliding), .sinks
     CROSS_ENTROPY = "cross_entropy"  # logits, labels; labels' dims; attrs.class_dim
     DISPATCH = "dispatch"  # MoE tokens x, gates; dims from attrs (expert, capacity, hidden)
     COMBINE = "combine"  # MoE expert outputs y, gates; dims of the gates without attrs.expert_dim + hidden
