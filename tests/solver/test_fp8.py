@@ -3,6 +3,9 @@ dense FP8 rate for the matmuls with a weight, everything else as in bf16."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from parplan.cli import main
@@ -87,3 +90,19 @@ def test_fp8_on_a_gpu_without_fp8_is_one_line(capsys: pytest.CaptureFixture[str]
                "--precision", "fp8"])
     err = capsys.readouterr().err
     assert rc == 2 and "has no fp8 peak" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_searches_and_prices_baselines_in_fp8(capsys: pytest.CaptureFixture[str]) -> None:
+    """``parplan plan --precision fp8``: the plan says so, and the baselines, priced in FP8 too, hold
+    the FP8 copies (more memory) and run their matmuls faster than in bf16."""
+    def plan(precision: str) -> dict[str, Any]:
+        assert main(["plan", "--model", "gpt-1.7b", "--gpus", "8", "--gpu", "H100-80GB", "--precision", precision,
+                     "--search", "dp", "--global-batch", "16", "--json"]) == 0
+        return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+    bf16, fp8 = plan("bf16"), plan("fp8")
+    assert (bf16["strategy"]["precision"], fp8["strategy"]["precision"]) == ("bf16", "fp8")
+    b, f = bf16["baselines"]["zero3"], fp8["baselines"]["zero3"]
+    assert f["strategy"] == {**b["strategy"], "precision": "fp8"}
+    assert f["memory"]["breakdown"]["parameters"] > b["memory"]["breakdown"]["parameters"]
+    assert f["time"]["step_seconds"] < b["time"]["step_seconds"]
