@@ -53,11 +53,14 @@ FP8_WEIGHT_COPY_BYTES = 2
 #: copies (20 bytes/parameter), the matmuls with a weight at the GPU's FP8 peak, except those over the
 #: vocabulary (Megatron-LM keeps the embedding and output layer in bf16), the attention core in bf16
 #: (TE's FP8 attention is off by default). Upper bounds where the recipe keeps less: the copies are
-#: counted for every parameter (embeddings, norms and biases have none), and activations are saved
-#: at 2 bytes (TE saves a linear layer's input in FP8, one byte, column-wise only without sequence
-#: parallelism: TE PR 1596's "Input with column-wise usage is needed for wgrad GEMM"). The per-tensor
-#: scaling state (scale, inverse scale and an amax history of at most 1,024 fp32 values for each
-#: GEMM operand: about 20 KB per linear layer) is far below the copies' over-count and not counted.
+#: counted for every parameter (embeddings, norms and biases have none), and activations as in bf16.
+#: TE saves a linear layer's input in FP8 (one byte, column-wise only: TE PR 1596's "Input with
+#: column-wise usage is needed for wgrad GEMM"; row-wise too for a column-parallel layer's input that
+#: sequence parallelism gathers again), which the attention's output, also kept in bf16 by the
+#: attention, costs on top; what the other FP8 inputs (the MLP's down projection's, ffn wide, above
+#: all) save is larger, so bf16's count stays above FP8's. The per-tensor scaling state (scale,
+#: inverse scale and an amax history of at most 1,024 fp32 values per GEMM operand: about 20 KB per
+#: linear layer) is far below the copies' over-count and not counted.
 PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "bf16": Precision("bf16", 2, 4, 4, 8, 2, "bf16"),
     "bf16-grad16": Precision("bf16-grad16", 2, 2, 4, 8, 2, "bf16"),
