@@ -103,7 +103,7 @@ def _add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> 
                    help="attention materialises the s x s scores (adds Korthikanti's 5as/h term)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
                    help="bf16 (default: fp32 grads + master + Adam, 18 B/param), bf16-grad16 (16 B/param), "
-                        "fp16, fp16-grad16, fp32")
+                        "fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, 20 B/param)")
     p.add_argument("--expert-parallel", type=_positive, default=1, help="expert-parallel degree (MoE), divides dp")
     p.add_argument("--sync-every-microbatch", action="store_true",
                    help="reduce gradients after every micro-batch, not only the last (FSDP2 with gradient sync on "
@@ -119,6 +119,9 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--global-batch", type=_positive, default=None, help="samples per step (default: the GPUs)")
     plan.add_argument("--micro-batch", type=_positive, default=None,
                       help="samples per micro-batch of one data-parallel replica (default: searched)")
+    plan.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
+                      help="training precision, as for parplan memory (default bf16; fp8: Transformer Engine's FP8 "
+                           "recipe)")
     plan.add_argument("--objective", choices=["min-memory", "max-throughput"], default="min-memory")
     plan.add_argument("--alpha", type=float, default=None,
                       help="min-memory as memory + alpha x time: GiB per device one second of step time is worth")
@@ -383,7 +386,7 @@ def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "cluster": {"gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu,
                     "gpu_memory_gib": args.gpu_memory_gib},
         "training": {"global_batch": args.global_batch or args.gpus, "seq_len": args.seq_len,
-                     "micro_batch": args.micro_batch},
+                     "micro_batch": args.micro_batch, "precision": args.precision},
         "objective": {"kind": args.objective, "alpha": args.alpha, "max_slowdown": args.max_slowdown,
                       "memory_budget_gib": args.memory_budget_gib},
         "search": args.search,

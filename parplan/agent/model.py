@@ -22,6 +22,7 @@ works because the attention infers its (local) head count from the projection's 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from parplan.agent.memtrack import mark_activation
 from parplan.solver.errors import ConfigError
-from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.frontends.config import TransformerConfig, extra_features
 
 #: Families the executor can build.
 SUPPORTED_FAMILIES = ("gpt", "llama")
@@ -46,6 +47,9 @@ def check_supported(cfg: TransformerConfig) -> None:
     if cfg.family not in SUPPORTED_FAMILIES:
         raise ConfigError(f"the validation agent builds {' and '.join(SUPPORTED_FAMILIES)} models only, "
                           f"not {cfg.family!r} ({cfg.name})")
+    extra = extra_features(asdict(cfg))
+    if extra:
+        raise ConfigError(f"the validation agent does not build {', '.join(extra)} yet ({cfg.name})")
     if cfg.qkv_bias or cfg.qk_norm:
         raise ConfigError(f"the validation agent does not build q/k/v biases or q/k norms (Qwen) yet ({cfg.name})")
 

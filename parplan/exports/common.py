@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parplan.solver.errors import SolverError
+from parplan.solver.frontends.config import extra_features
 
 
 class NotExpressibleError(SolverError):
@@ -105,10 +106,11 @@ WRITES_QWEN = frozenset({"megatron"})
 
 def unwritten_features(arch: Mapping[str, Any] | None, target: str) -> list[str]:
     """What of the model's architecture ``target``'s export does not write yet: Qwen's q/k/v biases
-    and q/k norms outside :data:`WRITES_QWEN` (a trainer launched without them would train another
-    model)."""
+    and q/k norms outside :data:`WRITES_QWEN`, and DeepSeek's, Gemma's and gpt-oss's features
+    (:func:`~parplan.solver.frontends.config.extra_features`) everywhere (a trainer launched without
+    them would train another model)."""
     arch = arch or {}
-    out: list[str] = []
+    out = [f"the model's {feature} is not written by parplan's {target} export yet" for feature in extra_features(arch)]
     if target in WRITES_QWEN:
         return out
     if arch.get("qkv_bias"):

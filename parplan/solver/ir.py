@@ -33,7 +33,8 @@ class OpKind(StrEnum):
     LAYERNORM = "layernorm"  # x, weight[, bias]; same dims as x; attrs.dim (cannot be split)
     RMSNORM = "rmsnorm"  # x, weight; same dims as x; attrs.dim (cannot be split)
     EMBEDDING = "embedding"  # ids, table; ids dims + table dims without attrs.index_dim
-    ATTENTION = "attention"  # q, k, v[, bias]; scaled dot-product attention; output dims of q
+    ATTENTION = "attention"  # q, k, v[, bias or sinks]; scaled dot-product attention; output dims of q (with
+    # the value's head dim when it differs: value_head_dim); attrs.causal, .window (sliding), .sinks
     CROSS_ENTROPY = "cross_entropy"  # logits, labels; labels' dims; attrs.class_dim
     DISPATCH = "dispatch"  # MoE tokens x, gates; dims from attrs (expert, capacity, hidden)
     COMBINE = "combine"  # MoE expert outputs y, gates; dims of the gates without attrs.expert_dim + hidden
@@ -227,6 +228,22 @@ def attention_dims(node: Node, q: Node, k: Node) -> tuple[str, str]:
                       f"{list(kd)}; set attrs.kv_seq_dim")
 
 
+
+
+def value_head_dim(node: Node, q: Node, k: Node, v: Node) -> str | None:
+    """The name of the value's head dim when it is not the query/key head dim (multi-head latent
+    attention: values ``v_head_dim`` wide, queries and keys ``head_dim``), else None. The value must
+    then have the key's dims with the key's head dim replaced by that one dim; ConfigError otherwise."""
+    kd, vd = dict(k.dims), dict(v.dims)
+    if kd == vd:
+        return None
+    head_dim, _ = attention_dims(node, q, k)
+    only_v = [d for d in vd if d not in kd]
+    rest_k = {d: s for d, s in kd.items() if d != head_dim}
+    if head_dim in vd or len(only_v) != 1 or rest_k != {d: s for d, s in vd.items() if d != only_v[0]}:
+        raise ConfigError(f"attention node {node.id!r}: value dims {vd} differ from key dims {kd} by more than "
+                          f"their head dim {head_dim!r}")
+    return only_v[0]
 
 
 @dataclass(frozen=True)

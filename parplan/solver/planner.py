@@ -30,6 +30,7 @@ from parplan.solver.baselines import (
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster, make_cluster
 from parplan.solver.cost.pipeline import blocks_of
+from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.evaluate import Evaluation
@@ -74,6 +75,7 @@ class PlanRequest:
     mesh: tuple[int, ...] | None = None  # fix the ILP's device mesh (sizes, outermost first)
     pareto: bool = False  # the DP's whole memory vs step-time frontier (else: only down to the answer)
     target: Target = Target.ANY  # the trainer the plan is for (parplan.solver.targets)
+    precision: str = "bf16"  # parplan.solver.cost.precision.PRECISIONS
 
     @property
     def budget_bytes(self) -> int:
@@ -157,6 +159,7 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
     seq = _int(tr, "seq_len", "training", default=model.default_seq_len)
     gb = _int(tr, "global_batch", "training", default=max(gpus, 1), hi=MAX_GLOBAL_BATCH)
     mb = _int(tr, "micro_batch", "training")
+    precision = _precision(tr, cluster)
     ob = body.get("objective") or {}
     if not isinstance(ob, Mapping):
         raise RequestError("objective", "expected an object")
@@ -204,7 +207,22 @@ def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAU
                        alpha=_num(ob, "alpha", "objective", None), max_slowdown=slowdown,
                        memory_budget_bytes=int(budget_gib * 2**30) if budget_gib else None, search=search,
                        time_limit_seconds=limit, calibration=calibration,
-                       mesh=tuple(mesh) if mesh is not None else None, pareto=pareto, target=target)
+                       mesh=tuple(mesh) if mesh is not None else None, pareto=pareto, target=target,
+                       precision=precision)
+
+
+def _precision(training: Mapping[str, Any], cluster: Cluster) -> str:
+    """``training.precision`` (default bf16), which the cluster's GPU must have the math for."""
+    name = training.get("precision") or "bf16"
+    if not isinstance(name, str) or name not in PRECISIONS:
+        raise RequestError("training.precision", f"unknown precision {name!r}; known: {', '.join(PRECISIONS)}")
+    prec = PRECISIONS[name]
+    try:
+        for dtype in {prec.compute_dtype, prec.matmul_dtype or prec.compute_dtype}:
+            cluster.gpu.peak(dtype)
+    except ConfigError as e:
+        raise RequestError("training.precision", str(e)) from None
+    return name
 
 
 def canonical_request(body: Mapping[str, Any]) -> str:
@@ -222,6 +240,8 @@ def canonical_request(body: Mapping[str, Any]) -> str:
     }
     if req.target is not Target.ANY:  # requests without a target keep the keys they had
         doc["target"] = req.target.value
+    if req.precision != "bf16":  # (and those in bf16 theirs)
+        doc["training"]["precision"] = req.precision
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -257,7 +277,7 @@ def _ilp(req: PlanRequest, report: ProgressFn, reference_seconds: float | None) 
                  budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown, alpha_gib_per_s=req.alpha,
                  calibration=req.calibration, timeout_seconds=req.time_limit_seconds,
                  progress=lambda stage, f: report(stage, 0.3 + 0.65 * f), reference_seconds=reference_seconds,
-                 fixed_mesh=req.mesh, runtime=SPECS[req.target].runtime)
+                 fixed_mesh=req.mesh, runtime=SPECS[req.target].runtime, precision=req.precision)
     if doc["solver"]["status"] == "infeasible":
         out = _infeasible(req, doc["memory"]["peak_bytes"], None)
         out["solver"] = doc["solver"]
@@ -290,7 +310,7 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     report("building", 0.0)
     spec = SPECS[req.target]
     ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration,
-                          runtime=spec.runtime)
+                          precision=req.precision, runtime=spec.runtime)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
     report("baselines", 0.05)
     runs = runnable(req.target, req.cluster, req.global_batch, ev.graph(req.micro_batch or 1))
@@ -505,7 +525,7 @@ def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None,
                  objective=req.objective, budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown,
                  alpha_gib_per_s=req.alpha, calibration=req.calibration, reference=reference,
                  timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graph_costs,
-                 options=options)
+                 options=options, precision=req.precision)
     if res["status"] == "infeasible":
         out = _infeasible(req, res["least"], None)
         out["solver"] = {"method": "dp", "status": "infeasible", "gap": None, "candidates": res["candidates"],

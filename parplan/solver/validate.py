@@ -9,8 +9,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from parplan.solver.errors import GraphIssue, GraphValidationError
-from parplan.solver.ir import DTYPE_BYTES, ELEMENTWISE_FNS, Graph, Node, OpKind, parse_equation
+from parplan.solver.errors import ConfigError, GraphIssue, GraphValidationError
+from parplan.solver.ir import (
+    DTYPE_BYTES,
+    ELEMENTWISE_FNS,
+    Graph,
+    Node,
+    OpKind,
+    attention_dims,
+    parse_equation,
+    value_head_dim,
+)
 
 #: Largest size accepted for one dim, and for a whole tensor (elements); beyond is "absurd".
 MAX_DIM_SIZE = 2**36
@@ -241,10 +250,17 @@ def _check_shapes(n: Node, ins: list[Node], issues: _Issues) -> None:
             _expect(n, {**dict(ins[0].dims), **table}, issues)
     elif k is OpKind.ATTENTION:
         q, kk, v = ins[:3]
-        if dict(kk.dims) != dict(v.dims):
-            issues.add(n.id, "inputs[2]", f"value {v.id!r} dims {dict(v.dims)} differ from key dims {dict(kk.dims)}")
+        try:
+            v_head = value_head_dim(n, q, kk, v)
+        except ConfigError as e:
+            issues.add(n.id, "inputs[2]", str(e))
+            return
         if _merge_sizes(n, [q, kk], [0, 1], issues) is not None:
-            _expect(n, dict(q.dims), issues)
+            if v_head is None:
+                _expect(n, dict(q.dims), issues)
+            else:  # values of another width (MLA): the output has the value's head dim in place of q's
+                head_dim, _ = attention_dims(n, q, kk)
+                _expect(n, {**{d: s for d, s in q.dims if d != head_dim}, v_head: dict(v.dims)[v_head]}, issues)
     elif k is OpKind.CROSS_ENTROPY:
         cdim = _attr_dim(n, "class_dim", ins[0], issues, default="vocab")
         if cdim is not None:

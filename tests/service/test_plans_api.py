@@ -153,3 +153,25 @@ def test_a_fixed_mesh_is_accepted_and_checked(client: TestClient, writer: Header
     bad = client.post("/v1/plans", json=BODY | {"mesh": [3, 3]}, headers=writer)
     assert bad.status_code == 422, bad.text
     assert "mesh" in bad.text
+
+
+def test_precision_is_accepted_checked_and_its_own_cache_entry(client: TestClient, writer: Headers) -> None:
+    """``training.precision`` (README: FP8 training): fp8 on H100s is a request of its own; bf16, the
+    default, keeps the key of a request that leaves it out; fp8 on a GPU without FP8 math and an
+    unknown name are 422s naming the field."""
+    h100 = copy.deepcopy(BODY)
+    h100["cluster"]["gpu"] = "H100-80GB"
+    fp8 = copy.deepcopy(h100)
+    fp8["training"]["precision"] = "fp8"
+    ok = client.post("/v1/plans", json=fp8, headers=writer)
+    assert ok.status_code == 202, ok.text
+    assert ok.json()["job"]["request_hash"] == request_hash(fp8) != request_hash(h100)
+    bf16 = copy.deepcopy(h100)
+    bf16["training"]["precision"] = "bf16"
+    assert request_hash(bf16) == request_hash(h100)
+    a100 = copy.deepcopy(fp8)
+    a100["cluster"]["gpu"] = "A100-80GB"
+    for bad_body in (a100, BODY | {"training": {**BODY["training"], "precision": "fp4"}}):
+        bad = client.post("/v1/plans", json=bad_body, headers=writer)
+        assert bad.status_code == 422, bad.text
+        assert "precision" in bad.text

@@ -49,7 +49,7 @@ def ilp_and_evaluator(cfg: TransformerConfig, dp: int, tp: int, zero: int, sp: b
                       runtime: Runtime = Runtime.MEGATRON) -> tuple[dict[str, float], dict[str, float]]:
     """(the ILP's price, the evaluator's) of the uniform strategy: categories, peak, step time."""
     n = dp * tp
-    cluster = make_cluster(n, min(n, 8), "A100-80GB")
+    cluster = make_cluster(n, min(n, 8), "H100-80GB" if precision == "fp8" else "A100-80GB")  # (A100s have no fp8)
     mesh = Mesh(tuple((a, s) for a, s in (("m0", dp), ("m1", tp)) if s > 1) or (("m0", 1),))
     prec = get_precision(precision)
     gp = build_problem(build_graph(cfg, batch=local_batch * dp), mesh, mesh_links(cluster, mesh), cluster.gpu,
@@ -80,7 +80,7 @@ _strategies = st.sampled_from([(2, 1), (4, 1), (1, 2), (1, 4), (2, 2), (4, 2)]) 
        hidden=st.sampled_from([128, 256]), heads=st.sampled_from([4, 8]), seq=st.sampled_from([64, 128]),
        degrees=_strategies, zero=st.integers(0, 3), sp=st.booleans(),
        recompute=st.sampled_from(list(Recompute)), local_batch=st.integers(1, 3), microbatches=st.integers(1, 3),
-       precision=st.sampled_from(["bf16", "fp32"]), flash=st.booleans())
+       precision=st.sampled_from(["bf16", "fp32", "fp8"]), flash=st.booleans())
 # a ZeRO-3 block's all-gather moment was missing from the ILP's temporaries (found by a random run)
 @example(family="llama", layers=1, hidden=128, heads=4, seq=64, degrees=(2, 1), zero=3, sp=False,
          recompute=Recompute.NONE, local_batch=1, microbatches=1, precision="fp32", flash=False)

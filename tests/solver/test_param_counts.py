@@ -26,22 +26,45 @@ def gpt_params(c: TransformerConfig) -> int:
     return V * h + S * h + L * layer + 2 * h + head
 
 
+def llama_attention(c: TransformerConfig) -> int:
+    """q, k, v, o (a·d wide), Qwen2's q/k/v biases a·d + 2·g·d, gpt-oss's o bias h and one sink per
+    head a, Qwen3's q/k norms 2·d. Multi-head latent attention (DeepSeek): q through a rank-Q
+    bottleneck with its norm (h·Q + Q + Q·a·(d + r)), keys and values from a rank-K latent plus one
+    r-wide rotary key (h·(K + r) + K + K·a·(d + v)), o from a·v."""
+    h, a, g, d = c.hidden, c.heads, c.n_kv_heads, c.d_head
+    if c.kv_lora_rank:
+        Q, K, r, v = c.q_lora_rank, c.kv_lora_rank, c.qk_rope_dim, c.v_head_dim
+        q = h * Q + Q + Q * a * (d + r) if Q else h * a * (d + r)
+        return q + h * (K + r) + K + K * a * (d + v) + a * v * h
+    proj = h * a * d + 2 * h * g * d + a * d * h
+    biases = (a * d + 2 * g * d if c.qkv_bias or c.attention_bias else 0) + (h if c.attention_bias else 0)
+    return proj + biases + (2 * d if c.qk_norm else 0) + (a if c.attention_sinks else 0)
+
+
 def llama_mlp(c: TransformerConfig) -> int:
     return 3 * c.hidden * c.ffn
 
 
-def mixtral_mlp(c: TransformerConfig) -> int:
-    return c.hidden * c.num_experts + c.num_experts * 3 * c.hidden * c.ffn
+def mixtral_mlp(c: TransformerConfig, experts: int | None = None) -> int:
+    """Router (E·h, + E biases), E SwiGLU experts (3·h·f, + 2f + h biases each), shared experts'
+    SwiGLU of S·f; ``experts``: count only that many (the ones a token uses)."""
+    h, f, E = c.hidden, c.ffn, c.num_experts
+    used = E if experts is None else experts
+    expert = 3 * h * f + (2 * f + h if c.moe_bias else 0)
+    return h * E + (E if c.moe_bias else 0) + used * expert + 3 * h * c.shared_experts * f
 
 
-def llama_params(c: TransformerConfig) -> int:
-    """Qwen2's q/k/v biases add a·d + 2·g·d per layer, Qwen3's q/k norms 2·d."""
-    V, h, a, g, d, L = c.vocab, c.hidden, c.heads, c.n_kv_heads, c.d_head, c.layers
-    mlp = mixtral_mlp(c) if c.family == "mixtral" else llama_mlp(c)
-    extra = (a * d + 2 * g * d if c.qkv_bias else 0) + (2 * d if c.qk_norm else 0)
-    layer = 2 * h + h * a * d + 2 * h * g * d + a * d * h + mlp + extra
+def llama_params(c: TransformerConfig, experts: int | None = None) -> int:
+    """Embedding, L blocks (2 norms, or 4 with sandwich norms, attention, MLP; DeepSeek's first
+    ``dense_layers`` blocks a dense SwiGLU of ``dense_ffn``), final norm, untied head."""
+    V, h, L = c.vocab, c.hidden, c.layers
+    norms = (4 if c.sandwich_norms else 2) * h
+    if c.family == "mixtral":
+        mlps = c.dense_layers * 3 * h * c.dense_ffn + (L - c.dense_layers) * mixtral_mlp(c, experts)
+    else:
+        mlps = L * llama_mlp(c)
     head = 0 if c.tied_embeddings else V * h
-    return V * h + L * layer + h + head
+    return V * h + L * (norms + llama_attention(c)) + mlps + h + head
 
 
 def bert_encoder_params(c: TransformerConfig) -> int:
@@ -107,13 +130,33 @@ PUBLISHED_ROUNDED = {
     "qwen3-32b": (32.8, 1),  # Qwen3-32B model card: 32.8B parameters
     "mixtral-8x22b": (141, 0),  # Mistral AI's announcement of Mixtral 8x22B: 141B parameters, 39B active
     "qwen3-235b-a22b": (235, 0),  # Qwen3-235B-A22B model card: 235B in total, 22B activated
+    # DeepSeek-V3 technical report (arXiv 2412.19437) and its model card: 671B parameters for the main model.
+    # The hub shows 685B: the main model plus the 14B multi-token-prediction module (one more MoE block, a
+    # projection and its own copies of the embedding and head), which parplan does not build (an extra
+    # training objective, not part of the model that predicts the next token), so 671B is the figure to compare.
+    "deepseek-v3": (671, 0),
+    # gpt-oss model card (OpenAI, 2025), Table 1: 116.83B parameters in total
+    "gpt-oss-120b": (116.83, 2),
 }
 
-# Parameters a token uses (the top-k experts of each layer, not all of them), as published: (figure, decimals).
+# Gemma 3 technical report (arXiv 2503.19786), Table 1, Gemma 3 27B in millions: 25,600M non-embedding
+# parameters, 1,416M embedding parameters (and a 417M vision encoder, not part of the text model).
+GEMMA3_27B_NON_EMBEDDING_M = 25_600
+GEMMA3_27B_EMBEDDING_M = 1_416
+
+# Parameters a token uses (the top-k experts of each layer, not all of them), as published: (figure, decimals,
+# whether the figure counts the input embedding). Publishers differ: Mistral AI and Qwen count it; OpenAI's
+# gpt-oss model card counts the unembedding but not the embedding (a lookup, no arithmetic).
 PUBLISHED_ACTIVE_ROUNDED = {
-    "mixtral-8x7b": (12.9, 1),  # Mistral AI's announcement of Mixtral 8x7B: 12.9B used per token
-    "mixtral-8x22b": (39, 0),
-    "qwen3-235b-a22b": (22, 0),
+    "mixtral-8x7b": (12.9, 1, True),  # Mistral AI's announcement of Mixtral 8x7B: 12.9B used per token
+    "mixtral-8x22b": (39, 0, True),
+    "qwen3-235b-a22b": (22, 0, True),
+    # gpt-oss model card (OpenAI, 2025), Table 1: 5.13B active parameters per forward pass
+    "gpt-oss-120b": (5.13, 2, False),
+    # DeepSeek-V3 technical report (arXiv 2412.19437): "37B activated for each token". Without the input
+    # embedding the count is 36.63B (rounds to 37); with it 37.55B (rounds to 38): the published figure
+    # agrees with gpt-oss's convention (or with truncation); test_deepseek_v3_active_... pins which.
+    "deepseek-v3": (37, 0, False),
 }
 
 
@@ -136,10 +179,35 @@ def test_closed_form_matches_published_rounding(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(PUBLISHED_ACTIVE_ROUNDED))
 def test_active_parameters_match_published_rounding(name: str) -> None:
     """A token goes through ``top_k`` of each layer's experts: the closed form with that many."""
-    figure, decimals = PUBLISHED_ACTIVE_ROUNDED[name]
+    figure, decimals, with_embedding = PUBLISHED_ACTIVE_ROUNDED[name]
     cfg = get_preset(name)
-    active = llama_params(cfg.with_(num_experts=cfg.top_k)) - cfg.layers * cfg.hidden * (cfg.top_k - cfg.num_experts)
+    active = llama_params(cfg, experts=cfg.top_k) - (0 if with_embedding else cfg.vocab * cfg.hidden)
     assert round(active / 1e9, decimals) == figure
+
+
+def test_deepseek_v3_active_count_needs_the_embedding_left_out() -> None:
+    """With the input embedding DeepSeek-V3's activated count rounds to 38B, not the published 37B."""
+    cfg = get_preset("deepseek-v3")
+    assert round(llama_params(cfg, experts=cfg.top_k) / 1e9) == 38
+
+
+def test_gpt_oss_120b_parts_match_the_model_card() -> None:
+    """gpt-oss model card, Table 1: MLP 114.71B, attention 0.96B, embedding + unembedding 1.16B."""
+    cfg = get_preset("gpt-oss-120b")
+    assert round(cfg.layers * mixtral_mlp(cfg) / 1e9, 2) == 114.71
+    assert round(cfg.layers * llama_attention(cfg) / 1e9, 2) == 0.96
+    assert round(2 * cfg.vocab * cfg.hidden / 1e9, 2) == 1.16
+
+
+def test_gemma3_27b_matches_the_technical_report() -> None:
+    """Non-embedding parameters to the million; the report's embedding figure adds the vision-to-text
+    projection (a 1,152 x 5,376 matrix and a 1,152-wide norm of the soft image tokens) to the
+    262,208 x 5,376 token table: 1,409.6M + 6.2M."""
+    cfg = get_preset("gemma-3-27b")
+    embedding = cfg.vocab * cfg.hidden
+    assert round((llama_params(cfg) - embedding) / 1e6) == GEMMA3_27B_NON_EMBEDDING_M
+    assert round((embedding + 1152 * cfg.hidden + 1152) / 1e6) == GEMMA3_27B_EMBEDDING_M
+    assert build_graph(cfg).parameter_count() == llama_params(cfg)
 
 
 def test_bert_large_matches_published_bert_model() -> None:
@@ -218,22 +286,47 @@ def gpt_configs(draw: st.DrawFn) -> TransformerConfig:
     return TransformerConfig(family="gpt", name="g", tied_embeddings=draw(st.booleans()), **kw)  # type: ignore[arg-type]
 
 
+def _llama_variants(draw: st.DrawFn, kw: dict[str, object]) -> dict[str, object]:
+    """Qwen, Gemma and gpt-oss attention and norm variants, or multi-head latent attention (DeepSeek)."""
+    out: dict[str, object] = {
+        "qk_norm": draw(st.booleans()), "sandwich_norms": draw(st.booleans()),
+        "activation": draw(st.sampled_from(["silu", "gelu"])), "attention_sinks": draw(st.booleans()),
+    }
+    window = draw(st.integers(0, 4))
+    if window:
+        out.update(sliding_window=window, global_every=draw(st.integers(0, 3)))
+    if draw(st.booleans()):  # MLA: as many key/value heads as heads, no q/k/v biases
+        kw["kv_heads"] = None
+        out.update(q_lora_rank=draw(st.integers(0, 5)), kv_lora_rank=draw(st.integers(1, 5)),
+                   qk_rope_dim=draw(st.integers(1, 4)), v_head_dim=draw(st.integers(1, 4)))
+    else:
+        out[draw(st.sampled_from(["qkv_bias", "attention_bias"]))] = draw(st.booleans())
+    return out
+
+
 @st.composite
 def llama_configs(draw: st.DrawFn) -> TransformerConfig:
     kw = _common(draw, gqa=True)
+    kw.update(_llama_variants(draw, kw))
     return TransformerConfig(family="llama", name="l", tied_embeddings=draw(st.booleans()), **kw)  # type: ignore[arg-type]
 
 
 @st.composite
 def mixtral_configs(draw: st.DrawFn) -> TransformerConfig:
     kw = _common(draw, gqa=True)
+    kw.update(_llama_variants(draw, kw))
     experts = draw(st.integers(1, 4))
+    dense = draw(st.integers(0, int(kw["layers"])))  # type: ignore[call-overload]
     return TransformerConfig(
         family="mixtral",
         name="m",
         num_experts=experts,
         top_k=draw(st.integers(1, experts)),
         tied_embeddings=draw(st.booleans()),
+        moe_bias=draw(st.booleans()),
+        shared_experts=draw(st.integers(0, 2)),
+        dense_layers=dense,
+        dense_ffn=draw(st.integers(1, 24)) if dense else 0,
         **kw,  # type: ignore[arg-type]
     )
 

@@ -35,6 +35,9 @@ EXPECTED_NAMES = [
     "mixtral-8x7b",
     "mixtral-8x22b",
     "qwen3-235b-a22b",
+    "deepseek-v3",
+    "gemma-3-27b",
+    "gpt-oss-120b",
 ]
 
 # name: (family, layers, hidden, heads, ffn, vocab, seq_len, kv_heads as n_kv_heads)
@@ -65,6 +68,9 @@ SHAPES: dict[str, tuple[str, int, int, int, int, int, int, int]] = {
     "mixtral-8x7b": ("mixtral", 32, 4096, 32, 14336, 32000, 4096, 8),
     "mixtral-8x22b": ("mixtral", 56, 6144, 48, 16384, 32768, 4096, 8),
     "qwen3-235b-a22b": ("mixtral", 94, 4096, 64, 1536, 151936, 4096, 4),
+    "deepseek-v3": ("mixtral", 61, 7168, 128, 2048, 129280, 4096, 128),
+    "gemma-3-27b": ("llama", 62, 5376, 32, 21504, 262208, 32768, 16),
+    "gpt-oss-120b": ("mixtral", 36, 2880, 64, 2880, 201088, 4096, 8),
 }
 
 
@@ -84,7 +90,7 @@ def test_shape(name: str) -> None:
 def test_family_specific_fields() -> None:
     for name in EXPECTED_NAMES:
         c = get_preset(name)
-        assert c.tied_embeddings is (c.family not in ("llama", "mixtral")), name
+        assert c.tied_embeddings is (c.family not in ("llama", "mixtral") or name == "gemma-3-27b"), name
     t5 = get_preset("t5-11b")
     assert (t5.decoder_layers, t5.d_head, t5.gated_mlp, t5.relative_buckets) == (24, 128, False, 32)
     vit = get_preset("vit-huge")
@@ -99,7 +105,16 @@ def test_family_specific_fields() -> None:
     assert get_preset("llama-2-7b").d_head == 128
     for name in EXPECTED_NAMES:
         c = get_preset(name)
-        assert (c.qkv_bias, c.qk_norm) == (name.startswith("qwen2"), name.startswith("qwen3")), name
+        assert (c.qkv_bias, c.qk_norm) == (name.startswith("qwen2"), name.startswith(("qwen3", "gemma-3"))), name
+    ds = get_preset("deepseek-v3")  # config.json of deepseek-ai/DeepSeek-V3
+    assert (ds.num_experts, ds.top_k, ds.shared_experts, ds.dense_layers, ds.dense_ffn) == (256, 8, 1, 3, 18432)
+    assert (ds.q_lora_rank, ds.kv_lora_rank, ds.d_head, ds.qk_rope_dim, ds.v_head_dim) == (1536, 512, 128, 64, 128)
+    gemma = get_preset("gemma-3-27b")  # text_config of google/gemma-3-27b-pt
+    assert (gemma.d_head, gemma.sliding_window, gemma.global_every, gemma.activation) == (128, 1024, 6, "gelu")
+    assert gemma.sandwich_norms
+    oss = get_preset("gpt-oss-120b")  # config.json of openai/gpt-oss-120b
+    assert (oss.num_experts, oss.top_k, oss.d_head, oss.sliding_window, oss.global_every) == (128, 4, 64, 128, 2)
+    assert oss.attention_bias and oss.attention_sinks and oss.moe_bias
     assert get_preset("qwen3-32b").d_head == 128  # 64 heads of 128 over a hidden of 5,120
 
 

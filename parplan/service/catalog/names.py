@@ -1,5 +1,5 @@
-"""The names a request may use for a model preset or a GPU, as string types whose JSON Schema is
-the list of them (an ``enum``), so the OpenAPI document says exactly what is accepted."""
+"""The names a request may use for a model preset, a GPU or a precision, as string types whose JSON
+Schema is the list of them (an ``enum``), so the OpenAPI document says exactly what is accepted."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import AfterValidator, WithJsonSchema
 
 from parplan.solver.cluster import GPU_PRESETS
+from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.frontends.presets import PRESETS
 
 
@@ -41,8 +42,18 @@ def _known_preset(name: str) -> str:
     return name
 
 
+def _known_precision(name: str) -> str:
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}; known: {', '.join(PRECISIONS)}")
+    return name
+
+
 GpuName = Annotated[str, AfterValidator(_known_gpu), WithJsonSchema(
     {"type": "string", "enum": list(gpu_names()), "description": "A GPU preset (GET /v1/clusters/presets); "
      "lower case and the short name of a one-size family (h100) are accepted too."})]
 PresetName = Annotated[str, AfterValidator(_known_preset), WithJsonSchema(
     {"type": "string", "enum": list(PRESETS), "description": "A model preset (GET /v1/models)."})]
+PrecisionName = Annotated[str, AfterValidator(_known_precision), WithJsonSchema(
+    {"type": "string", "enum": list(PRECISIONS), "default": "bf16", "description": "Training precision: bf16 "
+     "(Megatron-LM's default), bf16-grad16, fp16, fp16-grad16, fp32, or fp8 (Transformer Engine's FP8 recipe; "
+     "the GPU needs FP8 math)."})]

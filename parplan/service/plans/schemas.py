@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from parplan.service.catalog.names import GpuName, PresetName
+from parplan.service.catalog.names import GpuName, PrecisionName, PresetName
 from parplan.service.jobs.schemas import JobOut
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -54,6 +54,7 @@ class TrainingSpec(BaseModel):
     global_batch: int | None = Field(default=None, ge=1, description="Samples per step (default: the GPU count).")
     seq_len: int | None = Field(default=None, ge=1, description="Tokens per sample (default: the model's).")
     micro_batch: int | None = Field(default=None, ge=1, description="Default: searched.")
+    precision: PrecisionName = "bf16"
 
 
 class ObjectiveSpec(BaseModel):

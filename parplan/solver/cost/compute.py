@@ -7,8 +7,14 @@ splits it over ``k`` devices divides them by ``k``. Rules per kind (``numel`` = 
   matmul ``m k, k n -> m n`` gives ``2mkn``). One operand: ``numel(input)`` when it reduces
   (output smaller than input), else 0 (a transpose).
 - ``attention``: ``4 · batch · heads · seq · kv_seq · head_dim`` (QKᵀ and PV), i.e.
-  ``4 · numel(q) · kv_seq``; halved when ``attrs.causal``. A 4th input (a bias on the scores) adds
-  ``numel(q) / head_dim · kv_seq``. See :func:`attention_dims` for how the dims are found.
+  ``2 · numel(q) · kv_seq + 2 · numel(output) · kv_seq`` (the two differ when values are narrower,
+  as in multi-head latent attention); halved when ``attrs.causal``. A 4th input (a bias on the
+  scores) adds ``numel(q) / head_dim · kv_seq``; attention sinks (``attrs.sinks``, one logit per
+  head) add nothing worth counting. A causal sliding window of ``w < kv_seq`` keys
+  (``attrs.window``; query i sees keys i − w + 1 .. i) computes ``w(w+1)/2 + (s − w)·w`` pairs
+  of the s = kv_seq queries, priced like the causal rule's ``s²/2`` (its pairs less half the
+  diagonal) as that count less s/2: a windowed flash kernel skips the blocks outside the window;
+  the tensors saved for backward do not change. See :func:`attention_dims` for how the dims are found.
 - ``elementwise``: per output element, ``max(inputs − 1, 1)`` for add/sub/mul, 1 for scale and
   relu, 8 for gelu and silu, 4 for tanh, sigmoid and exp (plus ``inputs − 1`` extra operands).
 - ``softmax`` 5, ``layernorm`` 8, ``rmsnorm`` 5, ``dropout`` 2 per element; ``cross_entropy``
@@ -76,9 +82,14 @@ def _attention_flops(node: Node, ins: list[Node]) -> float:
     q, k = ins[0], ins[1]
     head_dim, kv_seq = attention_dims(node, q, k)
     kv = dict(k.dims)[kv_seq]
-    flops = 4.0 * q.numel * kv
-    if len(ins) > 3:
+    flops = 2.0 * q.numel * kv + 2.0 * node.numel * kv
+    if len(ins) > 3 and not node.attrs.get("sinks"):
         flops += q.numel / dict(q.dims).get(head_dim, 1) * kv
+    window = int(node.attrs.get("window") or 0)
+    if 0 < window < kv:
+        pairs = window * (window + 1) / 2 + (kv - window) * window - kv / 2 if node.attrs.get("causal") \
+            else kv * window  # (a bidirectional window: about ``window`` keys per query)
+        return flops * pairs / (kv * kv)
     return flops / 2 if node.attrs.get("causal") else flops
 
 

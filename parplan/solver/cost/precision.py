@@ -14,7 +14,8 @@ class Precision:
     """Bytes per parameter (or per activation element) of each category of memory.
 
     ``master_bytes`` is the fp32 master copy mixed precision keeps (0 when the weights are
-    already fp32); ``optimizer_bytes`` is Adam's two moments.
+    already fp32); ``optimizer_bytes`` is Adam's two moments. ``matmul_dtype`` is the dtype the
+    matmuls with a weight run in when it is not ``compute_dtype`` (FP8 training).
     """
 
     name: str
@@ -24,6 +25,7 @@ class Precision:
     optimizer_bytes: int
     activation_bytes: int
     compute_dtype: str
+    matmul_dtype: str | None = None
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -36,15 +38,36 @@ class Precision:
         return self.param_bytes + self.grad_bytes + self.optimizer_state_bytes
 
 
+#: Bytes per weight element of the FP8 copies Transformer Engine keeps beside the bf16 weight under
+#: Megatron-LM's FP8 recipe (``--fp8-format hybrid``, delayed scaling, the cast weights cached across
+#: micro-batches): the weight quantised row-wise for the forward GEMM and column-wise (its transpose,
+#: on Hopper) for the input-gradient GEMM, one byte each (TE's "Handling transposes" in
+#: features/low_precision_training/performance_considerations; TE PR 1596: "Weight with column-wise
+#: usage is needed for dgrad GEMM").
+FP8_WEIGHT_COPY_BYTES = 2
+
 #: ``bf16`` is Megatron-LM's default: bf16 weights and activations, fp32 gradient accumulation,
 #: fp32 master weights and Adam moments (18 bytes/parameter). ``*-grad16`` keeps 16-bit gradients
 #: (the ZeRO paper's 16 bytes/parameter). ``fp32`` trains in single precision (16 bytes/parameter).
+#: ``fp8`` is Megatron-LM with Transformer Engine's FP8 recipe: bf16's states plus the FP8 weight
+#: copies (20 bytes/parameter), the matmuls with a weight at the GPU's FP8 peak, except those over the
+#: vocabulary (Megatron-LM keeps the embedding and output layer in bf16), the attention core in bf16
+#: (TE's FP8 attention is off by default). Upper bounds where the recipe keeps less: the copies are
+#: counted for every parameter (embeddings, norms and biases have none), and activations as in bf16.
+#: TE saves a linear layer's input in FP8 (one byte, column-wise only: TE PR 1596's "Input with
+#: column-wise usage is needed for wgrad GEMM"; row-wise too for a column-parallel layer's input that
+#: sequence parallelism gathers again), which the attention's output, also kept in bf16 by the
+#: attention, costs on top; what the other FP8 inputs (the MLP's down projection's, ffn wide, above
+#: all) save is larger, so bf16's count stays above FP8's. The per-tensor scaling state (scale,
+#: inverse scale and an amax history of at most 1,024 fp32 values per GEMM operand: about 20 KB per
+#: linear layer) is far below the copies' over-count and not counted.
 PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "bf16": Precision("bf16", 2, 4, 4, 8, 2, "bf16"),
     "bf16-grad16": Precision("bf16-grad16", 2, 2, 4, 8, 2, "bf16"),
     "fp16": Precision("fp16", 2, 4, 4, 8, 2, "fp16"),
     "fp16-grad16": Precision("fp16-grad16", 2, 2, 4, 8, 2, "fp16"),
     "fp32": Precision("fp32", 4, 4, 0, 8, 4, "fp32"),
+    "fp8": Precision("fp8", 2 + FP8_WEIGHT_COPY_BYTES, 4, 4, 8, 2, "bf16", matmul_dtype="fp8"),
 })
 
 

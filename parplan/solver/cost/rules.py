@@ -30,9 +30,16 @@ from parplan.solver.cost.runtime import DEEPSPEED_BUCKET_ELEMENTS, Runtime
 from parplan.solver.ir import Graph, Node, OpKind
 
 
-def compute_dtype(node: Node, prec: Precision) -> str:
-    """The dtype ``node``'s arithmetic runs in: the training precision's for floats."""
-    return prec.compute_dtype if is_float(node) else node.dtype
+def compute_dtype(node: Node, prec: Precision, graph: Graph | None = None) -> str:
+    """The dtype ``node``'s arithmetic runs in: the training precision's for floats; its
+    ``matmul_dtype`` (FP8) for a matmul with a weight of ``graph`` that has no vocabulary dim."""
+    if not is_float(node):
+        return node.dtype
+    if prec.matmul_dtype and graph is not None and node.kind is OpKind.EINSUM:
+        weights = [graph.node(i) for i in node.inputs if graph.node(i).is_parameter]
+        if weights and not any("vocab" in w.shape for w in weights):
+            return prec.matmul_dtype
+    return prec.compute_dtype
 
 
 def recomputed(node: Node, recompute: Recompute, flash_attention: bool) -> bool:
@@ -70,7 +77,7 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
 def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
                 mesh: Mesh) -> tuple[float, float]:
     """(forward, backward) seconds of :func:`op_seconds`, priced afresh."""
-    dt = compute_dtype(node, prec)
+    dt = compute_dtype(node, prec, graph)
     work = work_shards(s, mesh)
     sizes = mesh.sizes
     partial = loop_dims(node, graph)[1]

@@ -437,7 +437,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            timeout_seconds: float = 60.0, progress: ProgressFn | None = None,
            pareto: bool = False, pp_choices: list[int] | None = None,
            m_choices: list[int] | None = None, prune: bool = True,
-           graph_costs: Callable[[int], GraphCosts] | None = None) -> dict[str, Any]:
+           graph_costs: Callable[[int], GraphCosts] | None = None, precision: str = "bf16") -> dict[str, Any]:
     """Run the search; returns the plan document's parts (see the module docstring).
 
     ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried.
@@ -449,7 +449,8 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     caller pricing the same graphs (the planner's baselines) shares their unit prices."""
     t0 = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
-    ds = DpSearch(graph_for, cluster, global_batch, calibration, budget_bytes, options, graph_costs=graph_costs)
+    ds = DpSearch(graph_for, cluster, global_batch, calibration, budget_bytes, options, precision=precision,
+                  graph_costs=graph_costs)
 
     def evaluate(plan: LayerPlan) -> tuple[float, float]:
         mem = ds.ev.memory(plan)

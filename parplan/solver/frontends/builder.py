@@ -85,10 +85,10 @@ class _Builder:
 
 def _attention(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, bias: bool, causal: bool,
                dropout: float, kv: str | None = None, pos_bias: str | None = None,
-               qkv_bias: bool | None = None, qk_norm: bool = False) -> str:
+               qkv_bias: bool | None = None, qk_norm: bool = False, **core: Any) -> str:
     """Self- (or cross-, when ``kv`` is given) attention; returns the output projection.
     ``qkv_bias``: biases on q, k and v (default: ``bias``); ``qk_norm``: RMSNorm of q and k over
-    the head dim."""
+    the head dim; ``core``: more attributes of the attention node (``window``)."""
     a, g, d = cfg.heads, cfg.n_kv_heads, cfg.d_head
     kvh = "heads" if g == a else "kv_heads"
     in_bias = bias if qkv_bias is None else qkv_bias
@@ -100,12 +100,48 @@ def _attention(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, bias: boo
         q = b.norm(f"{p}.q_norm", q, "rmsnorm", dim="head_dim")
         k = b.norm(f"{p}.k_norm", k, "rmsnorm", dim="head_dim")
     ins = [q, k, v] + ([pos_bias] if pos_bias else [])
-    ctx = b.add(f"{p}.core", OpKind.ATTENTION, ins, b.dims[q], causal=causal, dropout=dropout)
+    if cfg.attention_sinks:
+        ins.append(b.param(f"{p}.sinks", {"heads": a}))
+        core["sinks"] = True
+    ctx = b.add(f"{p}.core", OpKind.ATTENTION, ins, b.dims[q], causal=causal, dropout=dropout, **core)
     return b.linear(f"{p}.o", ctx, ["heads", "head_dim"], {"hidden": cfg.hidden}, bias=bias)
 
 
-def _mlp(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, act: str, gated: bool, bias: bool) -> str:
-    f = {"ffn": cfg.ffn}
+def _latent_attention(b: _Builder, p: str, x: str, cfg: TransformerConfig, **core: Any) -> str:
+    """Multi-head latent attention (DeepSeek-V2/V3), causal, by its real shapes.
+
+    q: ``hidden -> q_lora`` (RMSNorm) ``-> heads x (head_dim + qk_rope_dim)`` (or straight from
+    hidden when ``q_lora_rank`` is 0). Keys and values: ``hidden -> kv_lora`` (RMSNorm) ``->
+    heads x head_dim`` (keys, no position) and ``-> heads x v_head_dim`` (values), plus one rotary key
+    part ``hidden -> qk_rope_dim`` shared by every head and joined to each head's key. The
+    checkpoints fuse ``kv_a`` with ``k_rope`` and ``k_nope`` with ``v`` into one weight each: the
+    same elements and FLOPs as the two matmuls written here.
+    """
+    a, d, r = cfg.heads, cfg.d_head, cfg.qk_rope_dim
+    qk = {"heads": a, "head_dim": d + r}
+    if cfg.q_lora_rank:
+        cq = b.norm(f"{p}.q_a_norm", b.linear(f"{p}.q_a", x, ["hidden"], {"q_lora": cfg.q_lora_rank}, bias=False),
+                    "rmsnorm", dim="q_lora")
+        q = b.linear(f"{p}.q_b", cq, ["q_lora"], qk, bias=False)
+    else:
+        q = b.linear(f"{p}.q", x, ["hidden"], qk, bias=False)
+    ckv = b.norm(f"{p}.kv_a_norm", b.linear(f"{p}.kv_a", x, ["hidden"], {"kv_lora": cfg.kv_lora_rank}, bias=False),
+                 "rmsnorm", dim="kv_lora")
+    k_rope = b.linear(f"{p}.k_rope", x, ["hidden"], {"head_dim": r}, bias=False)
+    k_nope = b.linear(f"{p}.k_b", ckv, ["kv_lora"], {"heads": a, "head_dim": d}, bias=False)
+    k = b.add(f"{p}.k", OpKind.CONCAT, [k_nope, k_rope], {**b.dims[k_nope], "head_dim": d + r}, dim="head_dim")
+    v = b.linear(f"{p}.v_b", ckv, ["kv_lora"], {"heads": a, "v_head_dim": cfg.v_head_dim}, bias=False)
+    out = {**b.dims[q]}
+    del out["head_dim"]
+    out["v_head_dim"] = cfg.v_head_dim
+    ctx = b.add(f"{p}.core", OpKind.ATTENTION, [q, k, v], out, causal=True, dropout=0.0, head_dim="head_dim",
+                **core)
+    return b.linear(f"{p}.o", ctx, ["heads", "v_head_dim"], {"hidden": cfg.hidden}, bias=False)
+
+
+def _mlp(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, act: str, gated: bool, bias: bool,
+         ffn: int | None = None) -> str:
+    f = {"ffn": ffn or cfg.ffn}
     if gated:
         gate = b.linear(f"{p}.gate", x, ["hidden"], f, bias=bias)
         up = b.linear(f"{p}.up", x, ["hidden"], f, bias=bias)
@@ -115,23 +151,40 @@ def _mlp(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, act: str, gated
     return b.linear(f"{p}.fc2" if not gated else f"{p}.down", h, ["ffn"], {"hidden": cfg.hidden}, bias=bias)
 
 
+def _expert_linear(b: _Builder, nid: str, x: str, w: str, out: str, bias: bool) -> str:
+    """Every expert's own matmul of its tokens by weight ``w`` (contracting what is not ``expert``
+    or ``out``), plus a per-expert bias over ``out``."""
+    wd = b.dims[w]
+    y = b.linear(f"{nid}.mm" if bias else nid, x, [d for d in wd if d not in ("expert", out)], {}, bias=False,
+                 weight=w)
+    if not bias:
+        return y
+    return b.ew(nid, "add", y, b.param(f"{nid}.bias", {"expert": wd["expert"], out: wd[out]}))
+
+
 def _moe(b: _Builder, p: str, x: str, cfg: TransformerConfig, tokens: int) -> str:
-    """Top-k routed SwiGLU experts (Mixtral): router, dispatch, expert MLPs, combine."""
-    e = cfg.num_experts
+    """Top-k routed SwiGLU experts (Mixtral): router, dispatch, expert MLPs, combine; with
+    ``moe_bias`` a biased router and biased experts (gpt-oss), with ``shared_experts`` a SwiGLU MLP
+    every token goes through, added to the routed experts' output (DeepSeek)."""
+    e, h = cfg.num_experts, cfg.hidden
     cap = math.ceil(tokens * cfg.top_k / e * cfg.capacity_factor)
-    logits = b.linear(f"{p}.router", x, ["hidden"], {"expert": e}, bias=False)
+    logits = b.linear(f"{p}.router", x, ["hidden"], {"expert": e}, bias=cfg.moe_bias)
     gates = b.add(f"{p}.gates", OpKind.SOFTMAX, [logits], b.dims[logits], dim="expert")
-    xe = b.add(f"{p}.dispatch", OpKind.DISPATCH, [x, gates], {"expert": e, "capacity": cap, "hidden": cfg.hidden},
+    xe = b.add(f"{p}.dispatch", OpKind.DISPATCH, [x, gates], {"expert": e, "capacity": cap, "hidden": h},
                top_k=cfg.top_k, capacity_factor=cfg.capacity_factor)
-    f = {"ffn": cfg.ffn}
-    wg = b.param(f"{p}.experts.gate.weight", {"expert": e, "hidden": cfg.hidden, **f})
-    wu = b.param(f"{p}.experts.up.weight", {"expert": e, "hidden": cfg.hidden, **f})
-    wd = b.param(f"{p}.experts.down.weight", {"expert": e, **f, "hidden": cfg.hidden})
-    gate = b.linear(f"{p}.experts.gate", xe, ["hidden"], {}, bias=False, weight=wg)
-    up = b.linear(f"{p}.experts.up", xe, ["hidden"], {}, bias=False, weight=wu)
-    h = b.ew(f"{p}.experts.mul", "mul", b.ew(f"{p}.experts.act", "silu", gate), up)
-    y = b.linear(f"{p}.experts.down", h, ["ffn"], {}, bias=False, weight=wd)
-    return b.add(f"{p}.combine", OpKind.COMBINE, [y, gates], b.dims[x])
+    f, bias = cfg.ffn, cfg.moe_bias
+    wg = b.param(f"{p}.experts.gate.weight", {"expert": e, "hidden": h, "ffn": f})
+    wu = b.param(f"{p}.experts.up.weight", {"expert": e, "hidden": h, "ffn": f})
+    wd = b.param(f"{p}.experts.down.weight", {"expert": e, "ffn": f, "hidden": h})
+    gate = _expert_linear(b, f"{p}.experts.gate", xe, wg, "ffn", bias)
+    up = _expert_linear(b, f"{p}.experts.up", xe, wu, "ffn", bias)
+    act = b.ew(f"{p}.experts.act", "silu", gate)
+    y = _expert_linear(b, f"{p}.experts.down", b.ew(f"{p}.experts.mul", "mul", act, up), wd, "hidden", bias)
+    routed = b.add(f"{p}.combine", OpKind.COMBINE, [y, gates], b.dims[x])
+    if not cfg.shared_experts:
+        return routed
+    shared = _mlp(b, f"{p}.shared", x, cfg, act="silu", gated=True, bias=False, ffn=cfg.shared_experts * f)
+    return b.ew(f"{p}.sum", "add", routed, shared)
 
 
 def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> None:
@@ -154,15 +207,25 @@ def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> 
         p = f"layers.{i}"
         b.unit(p)
         h = b.norm(f"{p}.ln1", x, norm)
-        h = _attention(b, f"{p}.attn", h, cfg, bias=gpt, causal=True, dropout=drop, qkv_bias=gpt or cfg.qkv_bias,
-                       qk_norm=cfg.qk_norm)
+        # a sliding window changes the work, not the graph's tensors (see compute.attention_flops)
+        core: dict[str, Any] = {} if cfg.is_global_attention(i) else {"window": cfg.sliding_window}
+        if cfg.mla:
+            h = _latent_attention(b, f"{p}.attn", h, cfg, **core)
+        else:
+            h = _attention(b, f"{p}.attn", h, cfg, bias=gpt or cfg.attention_bias, causal=True, dropout=drop,
+                           qkv_bias=gpt or cfg.qkv_bias or cfg.attention_bias, qk_norm=cfg.qk_norm, **core)
+        if cfg.sandwich_norms:
+            h = b.norm(f"{p}.attn.norm", h, norm)
         h = b.dropout(f"{p}.attn.dropout", h, drop)
         x = b.ew(f"{p}.residual1", "add", x, h)
         h = b.norm(f"{p}.ln2", x, norm)
-        if cfg.family == "mixtral":
+        if cfg.family == "mixtral" and i >= cfg.dense_layers:
             h = _moe(b, f"{p}.moe", h, cfg, batch * seq)
         else:
-            h = _mlp(b, f"{p}.mlp", h, cfg, act="gelu" if gpt else "silu", gated=not gpt, bias=gpt)
+            h = _mlp(b, f"{p}.mlp", h, cfg, act="gelu" if gpt else cfg.activation, gated=not gpt, bias=gpt,
+                     ffn=cfg.dense_ffn if cfg.family == "mixtral" else None)
+        if cfg.sandwich_norms:
+            h = b.norm(f"{p}.mlp.norm", h, norm)
         h = b.dropout(f"{p}.mlp.dropout", h, drop)
         x = b.ew(f"{p}.residual2", "add", x, h)
     b.unit("head")

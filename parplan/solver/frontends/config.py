@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from parplan.solver.errors import ConfigError
 
 Family = Literal["gpt", "llama", "bert", "t5", "vit", "mixtral"]
+Activation = Literal["silu", "gelu"]
+
+#: Architecture fields beyond Llama/Mixtral/Qwen's, with what they describe: what exports and the
+#: validation agent must refuse while they do not build them (see :func:`extra_features`).
+EXTRA_FEATURES: dict[str, str] = {
+    "sandwich_norms": "norms after the attention and the MLP (Gemma)",
+    "sliding_window": "sliding-window attention",
+    "attention_bias": "biases on the attention projections (gpt-oss)",
+    "attention_sinks": "attention sinks (gpt-oss)",
+    "moe_bias": "router and expert biases (gpt-oss)",
+    "shared_experts": "shared experts (DeepSeek)",
+    "dense_layers": "dense first layers of a mixture of experts (DeepSeek)",
+    "kv_lora_rank": "multi-head latent attention (DeepSeek)",
+}
+
+_LLAMA_ONLY = ("qkv_bias", "qk_norm", "sandwich_norms", "sliding_window", "attention_bias", "attention_sinks",
+               "kv_lora_rank")
+_MOE_ONLY = ("moe_bias", "shared_experts", "dense_layers")
 
 
 @dataclass(frozen=True)
@@ -24,7 +43,11 @@ class TransformerConfig:
     - ``mixtral``: llama blocks whose MLP is ``num_experts`` SwiGLU experts with top-k routing.
 
     Llama-style variants: ``qkv_bias`` (Qwen2: biases on q, k, v), ``qk_norm`` (Qwen3: RMSNorm of
-    each head's q and k over the head dim).
+    each head's q and k over the head dim), and the fields after ``qk_norm`` (Gemma 3, gpt-oss,
+    DeepSeek-V3; all off by default). Multi-head latent attention (``kv_lora_rank`` > 0): queries
+    through a rank-``q_lora_rank`` bottleneck, keys and values from a rank-``kv_lora_rank`` latent;
+    each head's query/key is ``head_dim`` (no position) + ``qk_rope_dim`` (rotary, one key part
+    shared by the heads) wide, its value ``v_head_dim`` wide.
     """
 
     family: Family
@@ -51,6 +74,20 @@ class TransformerConfig:
     num_classes: int = 1000  # vit classifier head (0: none)
     qkv_bias: bool = False  # llama/mixtral: biases on the q, k and v projections only (Qwen2)
     qk_norm: bool = False  # llama/mixtral: RMSNorm over each head's q and k before attention (Qwen3)
+    activation: Activation = "silu"  # llama/mixtral gated MLP: silu (SwiGLU) or gelu (GeGLU, Gemma)
+    sandwich_norms: bool = False  # Gemma 2/3: RMSNorm of the attention's and the MLP's outputs too
+    sliding_window: int = 0  # keys a query sees on sliding-window layers (0: every layer attends globally)
+    global_every: int = 0  # with sliding_window: layers n-1, 2n-1, ... attend globally (0: none does)
+    attention_bias: bool = False  # biases on q, k, v and o (gpt-oss)
+    attention_sinks: bool = False  # a learned logit per head in each softmax's denominator (gpt-oss)
+    moe_bias: bool = False  # mixtral: biases on the router and on every expert's projections (gpt-oss)
+    shared_experts: int = 0  # mixtral: experts every token uses, one SwiGLU MLP of shared_experts * ffn
+    dense_layers: int = 0  # mixtral: the first n layers have a dense MLP of dense_ffn (DeepSeek-V3: 3)
+    dense_ffn: int = 0
+    q_lora_rank: int = 0  # multi-head latent attention (DeepSeek-V2/V3); 0 with kv_lora_rank > 0: plain q
+    kv_lora_rank: int = 0  # > 0: multi-head latent attention
+    qk_rope_dim: int = 0  # MLA: rotary part of each head's query and key
+    v_head_dim: int = 0  # MLA: each head's value width
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "ffn"):
@@ -68,8 +105,40 @@ class TransformerConfig:
             raise ConfigError(f"{self.name}: t5 needs decoder_layers > 0")
         if self.family == "vit" and self.image_size % self.patch_size:
             raise ConfigError(f"{self.name}: patch_size must divide image_size")
-        if (self.qkv_bias or self.qk_norm) and self.family not in ("llama", "mixtral"):
-            raise ConfigError(f"{self.name}: qkv_bias and qk_norm apply to llama-style models only")
+        self._check_variants()
+
+    def _check_variants(self) -> None:
+        """The Llama-style variants' fields: on the families that have them, with sizes that fit."""
+        if self.family not in ("llama", "mixtral"):
+            used = [f for f in _LLAMA_ONLY if getattr(self, f)] + (["activation"] if self.activation != "silu" else [])
+            if used:
+                raise ConfigError(f"{self.name}: {', '.join(used)} apply to llama-style models only")
+        if self.family != "mixtral" and any(getattr(self, f) for f in _MOE_ONLY):
+            raise ConfigError(f"{self.name}: {', '.join(f for f in _MOE_ONLY if getattr(self, f))} apply to "
+                              "mixtures of experts only")
+        if self.activation not in ("silu", "gelu"):
+            raise ConfigError(f"{self.name}: activation must be silu or gelu, got {self.activation!r}")
+        for f in ("sliding_window", "global_every", "shared_experts", "dense_layers", "dense_ffn", "q_lora_rank",
+                  "kv_lora_rank", "qk_rope_dim", "v_head_dim"):
+            if getattr(self, f) < 0:
+                raise ConfigError(f"{self.name}: {f} must be >= 0, got {getattr(self, f)}")
+        if self.global_every and not self.sliding_window:
+            raise ConfigError(f"{self.name}: global_every needs a sliding_window")
+        if self.dense_layers and (self.dense_ffn <= 0 or self.dense_layers > self.layers):
+            raise ConfigError(f"{self.name}: dense_layers needs 0 < dense_ffn and dense_layers <= layers")
+        mla = (self.q_lora_rank, self.qk_rope_dim, self.v_head_dim)
+        if self.kv_lora_rank and (self.qk_rope_dim <= 0 or self.v_head_dim <= 0 or self.kv_heads not in
+                                  (None, self.heads)):
+            raise ConfigError(f"{self.name}: multi-head latent attention needs qk_rope_dim > 0, v_head_dim > 0 "
+                              "and as many key/value heads as heads")
+        if not self.kv_lora_rank and any(mla):
+            raise ConfigError(f"{self.name}: q_lora_rank, qk_rope_dim and v_head_dim need kv_lora_rank > 0")
+        if self.kv_lora_rank and (self.qkv_bias or self.attention_bias):
+            raise ConfigError(f"{self.name}: multi-head latent attention has no q/k/v biases")
+
+    def is_global_attention(self, layer: int) -> bool:
+        """Whether block ``layer`` (from 0) attends to the whole sequence rather than a window."""
+        return not self.sliding_window or (self.global_every > 0 and (layer + 1) % self.global_every == 0)
 
     @property
     def n_kv_heads(self) -> int:
@@ -92,6 +161,21 @@ class TransformerConfig:
     def total_layers(self) -> int:
         return self.layers + self.decoder_layers
 
+    @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention."""
+        return self.kv_lora_rank > 0
+
     def with_(self, **changes: object) -> TransformerConfig:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def extra_features(arch: Mapping[str, Any] | None) -> list[str]:
+    """What of :data:`EXTRA_FEATURES` an architecture (a :class:`TransformerConfig`'s fields, e.g. a
+    plan document's ``model.architecture``) uses, described; GeGLU counts too."""
+    arch = arch or {}
+    out = [desc for field, desc in EXTRA_FEATURES.items() if arch.get(field)]
+    if arch.get("activation", "silu") != "silu":
+        out.append(f"a {arch['activation']}-gated MLP (Gemma)")
+    return out

@@ -80,6 +80,32 @@ _ALL: tuple[TransformerConfig, ...] = (
         family="mixtral", name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
         ffn=1536, vocab=151936, seq_len=4096, num_experts=128, top_k=8, tied_embeddings=False, qk_norm=True,
     ),
+    # DeepSeek-V3 (config.json of deepseek-ai/DeepSeek-V3; DeepSeek-V3 technical report): multi-head
+    # latent attention (q_lora_rank 1536, kv_lora_rank 512, 128 heads of 128 + 64 rotary, values of 128),
+    # the first 3 layers dense (intermediate_size 18,432), then 256 routed experts of 2,048 (top 8) and
+    # one shared expert; pre-trained at 4,096 tokens. The multi-token-prediction module is not built.
+    TransformerConfig(
+        family="mixtral", name="deepseek-v3", layers=61, hidden=7168, heads=128, head_dim=128, ffn=2048,
+        vocab=129280, seq_len=4096, num_experts=256, top_k=8, tied_embeddings=False, shared_experts=1,
+        dense_layers=3, dense_ffn=18432, q_lora_rank=1536, kv_lora_rank=512, qk_rope_dim=64, v_head_dim=128,
+    ),
+    # Gemma-3-27B's text model (text_config of google/gemma-3-27b-pt; the vision tower is not built):
+    # 32 heads of 128 over 16 key/value heads, q/k norms, norms before and after the attention and the
+    # MLP, GeGLU, a tied vocabulary of 262,208, a window of 1,024 keys on 5 layers of every 6
+    TransformerConfig(
+        family="llama", name="gemma-3-27b", layers=62, hidden=5376, heads=32, kv_heads=16, head_dim=128,
+        ffn=21504, vocab=262208, seq_len=32768, tied_embeddings=True, qk_norm=True, sandwich_norms=True,
+        activation="gelu", sliding_window=1024, global_every=6,
+    ),
+    # gpt-oss-120b (config.json of openai/gpt-oss-120b; gpt-oss model card): 64 heads of 64 over 8
+    # key/value heads with biases and attention sinks, a window of 128 keys on every other layer (the
+    # first included), 128 experts of 2,880 with biases (top 4), untied vocabulary of 201,088;
+    # initial_context_length 4,096
+    TransformerConfig(
+        family="mixtral", name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64,
+        ffn=2880, vocab=201088, seq_len=4096, num_experts=128, top_k=4, tied_embeddings=False,
+        attention_bias=True, attention_sinks=True, moe_bias=True, sliding_window=128, global_every=2,
+    ),
 )
 
 #: Every preset by its (lower-case) name.

@@ -1,0 +1,108 @@
+"""FP8 training (Megatron-LM with Transformer Engine): the FP8 weight copies in memory, the GPU's
+dense FP8 rate for the matmuls with a weight, everything else as in bf16."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from parplan.cli import main
+from parplan.solver.calibration import DEFAULT_CALIBRATION
+from parplan.solver.cluster import gpu_preset, make_cluster
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.op_layout import Mesh, OpStrategy
+from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.rules import compute_dtype, op_seconds, parameter_states
+from parplan.solver.evaluate import Evaluation, evaluate_graph
+from parplan.solver.frontends.builder import build_graph
+from parplan.solver.frontends.presets import get_preset
+from parplan.solver.ir import Graph, OpKind, make_node
+from parplan.solver.strategy import ParallelConfig
+
+H100 = gpu_preset("H100-80GB")
+
+
+def test_h100_dense_fp8_peak_is_the_datasheet_figure() -> None:
+    """NVIDIA H100 SXM datasheet: 1,979 TFLOPS FP8 and 989 TFLOPS BF16 dense (half the figures
+    printed with sparsity)."""
+    assert round(H100.peak("fp8") / 1e12) == 1979
+    assert round(H100.peak("bf16") / 1e12) == 989
+
+
+@pytest.mark.parametrize(("zero", "n", "per_param"), [(0, 8, 20), (1, 8, 4 + 4 + 12 / 8), (3, 8, 20 / 8)])
+def test_model_states_add_two_bytes_of_fp8_copies(zero: int, n: int, per_param: float) -> None:
+    """bf16 weight + FP8 row-wise and column-wise copies (4), fp32 gradient (4), fp32 master weight
+    and Adam moments (12): 20 bytes per parameter, ZeRO sharding as for bf16's 18."""
+    held, _ = parameter_states(1000.0, get_precision("fp8"), zero, n, n)
+    assert held.parameters + held.gradients + held.optimizer_states == pytest.approx(1000 * per_param)
+
+
+def test_which_operators_run_in_fp8() -> None:
+    """The linear layers of a block; not the LM head over the vocabulary, the attention core, norms."""
+    g = build_graph(get_preset("llama-2-7b").with_(layers=1), seq_len=64)
+    fp8 = get_precision("fp8")
+    in_fp8 = {n.id for n in g.nodes if compute_dtype(n, fp8, g) == "fp8"}
+    assert in_fp8 == {f"layers.0.{m}" for m in ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up",
+                                               "mlp.down")}
+    assert compute_dtype(g.node("head.lm"), fp8, g) == "bf16"
+    assert all(compute_dtype(n, get_precision("bf16"), g) == "bf16" for n in g.nodes if n.kind is OpKind.EINSUM)
+
+
+def test_a_compute_bound_matmul_runs_at_the_fp8_peak() -> None:
+    """Forward time of a large weight matmul scales with the ratio of the two peaks (times their
+    calibrated efficiencies)."""
+    m = k = n = 8192
+    g = Graph.of("mm", [make_node("x", "input", dims={"m": m, "k": k}, dtype="bf16"),
+                        make_node("w", "parameter", dims={"k": k, "n": n}),
+                        make_node("y", "einsum", ["x", "w"], {"m": m, "n": n}, equation="m k, k n -> m n")])
+    mesh, s = Mesh((("d", 1),)), OpStrategy((None,))
+
+    def forward(precision: str) -> float:
+        return op_seconds(g.node("y"), g, H100, DEFAULT_CALIBRATION, get_precision(precision), s, mesh,
+                          Recompute.NONE, True)[0]
+
+    eff = DEFAULT_CALIBRATION.matmul_efficiency_for
+    assert forward("bf16") == pytest.approx(2 * m * k * n / (H100.peak("bf16") * eff("bf16")))
+    assert forward("fp8") == pytest.approx(2 * m * k * n / (H100.peak("fp8") * eff("fp8")))
+
+
+def test_fp8_plan_memory_and_time_against_bf16() -> None:
+    """The same plan in FP8: weights twice bf16's, gradients, optimizer states and activations
+    unchanged, a shorter step."""
+    graph = build_graph(get_preset("llama-2-7b").with_(layers=4), seq_len=1024)
+    cluster = make_cluster(8, 8, "H100-80GB")
+
+    def run(precision: str) -> Evaluation:
+        cfg = ParallelConfig(tp=2, pp=1, dp=4, micro_batch=1, num_microbatches=2, precision=precision)
+        return evaluate_graph(graph, "m", graph.parameter_count(), cluster, cfg)
+
+    bf16, fp8 = run("bf16"), run("fp8")
+    b, f = bf16.memory.peak_stage.memory.bytes, fp8.memory.peak_stage.memory.bytes
+    assert f.parameters == pytest.approx(2 * b.parameters)
+    assert (f.gradients, f.optimizer_states, f.activations) == (b.gradients, b.optimizer_states, b.activations)
+    assert fp8.time.step_seconds < bf16.time.step_seconds
+
+
+def test_fp8_on_a_gpu_without_fp8_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["memory", "--model", "llama-2-7b", "--gpus", "8", "--tp", "2", "--pp", "1", "--gpu", "A100-80GB",
+               "--precision", "fp8"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "has no fp8 peak" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_searches_and_prices_baselines_in_fp8(capsys: pytest.CaptureFixture[str]) -> None:
+    """``parplan plan --precision fp8``: the plan says so, and the baselines, priced in FP8 too, hold
+    the FP8 copies (more memory) and run their matmuls faster than in bf16."""
+    def plan(precision: str) -> dict[str, Any]:
+        assert main(["plan", "--model", "gpt-1.7b", "--gpus", "8", "--gpu", "H100-80GB", "--precision", precision,
+                     "--search", "dp", "--global-batch", "16", "--json"]) == 0
+        return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+    bf16, fp8 = plan("bf16"), plan("fp8")
+    assert (bf16["strategy"]["precision"], fp8["strategy"]["precision"]) == ("bf16", "fp8")
+    b, f = bf16["baselines"]["zero3"], fp8["baselines"]["zero3"]
+    assert f["strategy"] == {**b["strategy"], "precision": "fp8"}
+    assert f["memory"]["breakdown"]["parameters"] > b["memory"]["breakdown"]["parameters"]
+    assert f["time"]["step_seconds"] < b["time"]["step_seconds"]
