@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,6 +57,10 @@ def test_deepseek_v3_does_not_fit_64_h100s(capsys: pytest.CaptureFixture[str]) -
     params = _parameters("deepseek-v3")
     assert doc["least_memory_bytes"] >= 18 * params / 64  # type: ignore[operator]
     assert "no strategy fits 80.0 GiB" in str(doc["message"])
+    # no more than any baseline needs (Megatron-LM's plan needed 200.3 GiB, below the DP's own least)
+    baselines: dict[str, Any] = doc["baselines"]  # type: ignore[assignment]
+    peaks = [b["memory"]["peak_bytes"] for b in baselines.values() if b]
+    assert doc["least_memory_bytes"] <= min(peaks) + 1  # type: ignore[operator]
 
 
 def test_deepseek_v3_plans_on_1024_h100s(capsys: pytest.CaptureFixture[str]) -> None:
