@@ -544,9 +544,11 @@ def per_layer_document(plan: Any, ev: Any, cluster: Cluster, calibration: Calibr
         else:
             runs.append({"first": unit, "last": unit, "count": 1, "strategy": text, "stage": _stage_of(plan, unit),
                          "tp": s.tp, "dp": s.dp, "zero": s.zero, "sequence_parallel": s.sp,
-                         "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep})
+                         "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep,
+                         "cp": s.cp})
     return {
         "strategy": {"kind": "per-layer", "summary": plan_summary(plan), "pp": plan.pp,
+                     "cp": max(s.cp for s in plan.layers.values()),
                      "num_microbatches": plan.num_microbatches, "global_batch": plan.global_batch,
                      "partition": list(plan.partition or []), "schedule": plan.schedule.value,
                      "layers": runs, "precision": plan.precision, "flash_attention": plan.flash_attention},
