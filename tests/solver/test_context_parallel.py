@@ -10,6 +10,7 @@ the cost model, against the DP search's answer.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any
@@ -147,12 +148,7 @@ def test_dp_search_with_cp_equals_brute_force_over_per_layer_assignments() -> No
     cfg = TransformerConfig("llama", "tiny-long", 2, 256, 8, 1024, 4096, 4096)
     cluster = make_cluster(4, 4, "A100-80GB")
     graph_for = lambda b: build_graph(cfg, batch=b)  # noqa: E731
-    costs: dict[int, GraphCosts] = {}
-
-    def costs_for(b: int) -> GraphCosts:
-        return costs.setdefault(b, GraphCosts(graph_for(b)))
-
-    ev = PlanEvaluator(costs_for, cluster, DEFAULT_CALIBRATION)
+    ev = PlanEvaluator(functools.cache(lambda b: GraphCosts(graph_for(b))), cluster, DEFAULT_CALIBRATION)
     # ZeRO-3 left out: the DP's tables bound its gathered weights and gradients per block from above
     # (plan_evaluator.unit_temporary_bytes), so at a tight budget they exclude plans that the whole-plan
     # walk finds fitting: that bound, not CP, would be what the comparison measured

@@ -381,7 +381,8 @@ class PlanEvaluator:
         if key not in self._envs:
             mesh = self.mesh(plan, s)
             link = mesh.link("tp", self.cluster) if s.tp > 1 else None
-            ring = mesh.group_link(["cp"], self.cluster) if s.cp > 1 else None
+            # every ring step waits for its slowest hop: the network once the ring leaves a node
+            ring = mesh.hop_link("cp", self.cluster) if s.cp > 1 else None
             self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring)
         return self._envs[key]
 

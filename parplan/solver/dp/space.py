@@ -36,7 +36,7 @@ class SpaceOptions:
     max_cp: int = 32  # context-parallel degrees offered: powers of two up to this (1: no CP)
     #: the fewest tokens of a sequence one context-parallel rank may hold: below it a ring step's
     #: attention is too short to hide the key/value transfer, and CP only adds traffic
-    cp_min_tokens: int = 4096
+    cp_min_tokens: int = 8192
 
 
 GALVATRON = SpaceOptions(zero_stages=(0, 3), checkpointing=False, sequence_parallel="never", max_cp=1)
