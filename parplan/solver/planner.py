@@ -298,9 +298,10 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
         from parplan.solver.dp.space import SpaceOptions
 
         # Galvatron runs per block DDP or ZeRO-2 (one of them for the whole model, its default_dp_type)
-        # or sharded data parallelism; no ZeRO-1, no mix of DDP and ZeRO-2: one search for each default
+        # or sharded data parallelism; no ZeRO-1, no mix of DDP and ZeRO-2: one search for each default;
+        # no context parallelism
         for i, default in enumerate((0, 2)):
-            options = SpaceOptions(zero_stages=(default, 3), max_tp=req.cluster.gpus_per_node)
+            options = SpaceOptions(zero_stages=(default, 3), max_tp=req.cluster.gpus_per_node, max_cp=1)
             docs.append(_dp(req, _part(report, 0.3 + 0.35 * i, 0.35), bases.get("megatron"), ev.costs, options))
     elif method == "dp":
         docs.append(_dp(req, report, bases.get("megatron"), ev.costs))

@@ -33,6 +33,7 @@ from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
+from parplan.solver.planner import parse_plan_request, solve
 from parplan.solver.strategy import ParallelConfig
 
 GIB = 2**30
@@ -179,3 +180,17 @@ def test_dp_search_with_cp_equals_brute_force_over_per_layer_assignments() -> No
     # the DP rounds memory up to 1/512 of the budget, so it may only lose by that rounding
     lenient = min(ev.time(p).step_seconds for p in plans if peaks[id(p)] <= budget * (1 - 8 / 512))
     assert res["step_seconds"] <= lenient + 1e-12
+
+
+def test_the_galvatron_target_plans_without_cp_where_target_any_uses_it() -> None:
+    """Galvatron has no ring attention: its target's per-layer search leaves CP out, at a sequence
+    where the unrestricted search takes it."""
+    def plan(target: str) -> dict[str, Any]:
+        return solve(parse_plan_request({"model": {"preset": "llama-3-8b"},
+                                         "cluster": {"gpus": 8, "gpu": "H100-80GB"},
+                                         "training": {"global_batch": 2, "seq_len": 65536},
+                                         "search": "dp", "target": target}))
+
+    assert plan("any")["strategy"]["cp"] > 1
+    galvatron = plan("galvatron")
+    assert galvatron["strategy"]["cp"] == 1 and all(r["cp"] == 1 for r in galvatron["strategy"]["layers"])
