@@ -108,6 +108,9 @@ def _add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> 
     p.add_argument("--cp", type=_positive, default=1,
                    help="context-parallel degree (ring attention, Megatron-LM's --context-parallel-size): the "
                         "sequence split over CP ranks; 2 x CP must divide the sequence length")
+    p.add_argument("--cp-comm", choices=["p2p", "a2a"], default="p2p",
+                   help="how attention exchanges under context parallelism: the p2p ring (default) or all-to-alls "
+                        "(a2a, Ulysses: tp x cp must divide the heads)")
     p.add_argument("--sync-every-microbatch", action="store_true",
                    help="reduce gradients after every micro-batch, not only the last (FSDP2 with gradient sync on "
                         "for every backward)")
@@ -216,7 +219,7 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
         flash_attention=not args.no_flash_attention, precision=args.precision,
         expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")),
-        sync_every_microbatch=args.sync_every_microbatch, cp=cp)
+        sync_every_microbatch=args.sync_every_microbatch, cp=cp, cp_comm=getattr(args, "cp_comm", "p2p"))
     return model, cluster, strategy
 
 

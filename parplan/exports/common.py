@@ -61,7 +61,8 @@ class UniformPlan:
     precision: str = "bf16"
     expert_parallel: int = 1
     partition: tuple[int, ...] | None = None  # blocks per pipeline stage (None: even)
-    cp: int = 1  # context-parallel degree (the sequence split over cp ranks, ring attention)
+    cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
+    cp_comm: str = "p2p"  # attention's exchange under CP: the ring (p2p) or all-to-alls (a2a)
 
     @property
     def world(self) -> int:
@@ -152,10 +153,10 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            virtual_stages=int(s.get("virtual_stages", 1)), precision=str(s.get("precision", "bf16")),
                            expert_parallel=int(s.get("expert_parallel", 1)),
                            partition=tuple(s["partition"]) if s.get("partition") else None,
-                           cp=int(s.get("cp") or 1))
+                           cp=int(s.get("cp") or 1), cp_comm=str(s.get("cp_comm") or "p2p"))
     if kind == "per-layer":
         runs = list(s.get("layers") or [])
-        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp")
+        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm")
         distinct = {tuple(r.get(k) for k in keys) for r in runs}
         reasons = []
         if len(distinct) > 1:
@@ -178,7 +179,7 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            precision=str(s.get("precision", "bf16")),
                            expert_parallel=int(r.get("expert_parallel") or 1),
                            partition=tuple(s["partition"]) if s.get("partition") else None,
-                           cp=int(r.get("cp") or 1))
+                           cp=int(r.get("cp") or 1), cp_comm=str(r.get("cp_comm") or "p2p"))
     raise NotExpressible(target, [f"unknown strategy kind {kind!r}"])
 
 

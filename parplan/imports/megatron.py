@@ -20,7 +20,7 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.errors import SolverError
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.models import ModelSource
-from parplan.solver.strategy import ParallelConfig, Schedule
+from parplan.solver.strategy import CP_COMM, ParallelConfig, Schedule
 
 KIND = "megatron-args"
 
@@ -140,9 +140,10 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
         missing.append("--vocab-size (Megatron-LM reads it from the tokenizer; give it here)")
     if missing:
         raise ImportProblemError(KIND, [f"missing {', '.join(missing)}"])
-    if (_get(flags, "--context-parallel-size", 1) or 1) > 1 and str(flags.get("--cp-comm-type", "p2p")) != "p2p":
-        problems.append(f"context parallelism with --cp-comm-type {flags['--cp-comm-type']}: parplan prices the p2p "
-                        "ring (the default)")
+    cp_comm = str(flags.get("--cp-comm-type", "p2p"))
+    if (_get(flags, "--context-parallel-size", 1) or 1) > 1 and cp_comm not in CP_COMM:
+        problems.append(f"context parallelism with --cp-comm-type {cp_comm}: parplan prices the p2p ring and "
+                        "the all-to-all (a2a)")
     if "--fp8-format" in flags:
         problems.append("FP8 training (--fp8-format) is not modelled yet")
     ept = _get(flags, "--expert-tensor-parallel-size")
@@ -218,7 +219,8 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
             num_microbatches=gb // (mb * dp),
             schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B, virtual_stages=virtual,
             precision="fp16" if "--fp16" in flags else ("bf16" if "--bf16" in flags else "fp32"),
-            expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp)
+            expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
+            cp_comm=cp_comm if cp > 1 else "p2p")
     except ImportProblemError:
         raise
     except SolverError as e:

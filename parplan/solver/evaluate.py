@@ -47,7 +47,7 @@ class Evaluation:
             "cluster": {"gpus": self.cluster.num_devices, "gpus_per_node": self.cluster.gpus_per_node,
                         "gpu": self.cluster.gpu.name, "device_memory_bytes": self.cluster.device_memory_bytes},
             "strategy": {
-                "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "zero": s.zero,
+                "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "cp_comm": s.cp_comm, "zero": s.zero,
                 "sequence_parallel": s.sequence_parallel,
                 "recompute": s.recompute.value, "micro_batch": s.micro_batch,
                 "num_microbatches": s.num_microbatches, "global_batch": s.global_batch,

@@ -546,7 +546,7 @@ def per_layer_document(plan: Any, ev: Any, cluster: Cluster, calibration: Calibr
             runs.append({"first": unit, "last": unit, "count": 1, "strategy": text, "stage": _stage_of(plan, unit),
                          "tp": s.tp, "dp": s.dp, "zero": s.zero, "sequence_parallel": s.sp,
                          "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep,
-                         "cp": s.cp})
+                         "cp": s.cp, "cp_comm": s.cp_comm})
     return {
         "strategy": {"kind": "per-layer", "summary": plan_summary(plan), "pp": plan.pp,
                      "cp": max(s.cp for s in plan.layers.values()),

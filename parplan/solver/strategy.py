@@ -23,6 +23,8 @@ TP_DIMS = ("heads", "kv_heads", "ffn", "vocab", "classes")
 SEQ_DIMS = ("seq", "tgt_seq")
 #: Dims context parallelism splits: the sequence, or the tokens an expert receives (MoE capacity).
 CP_DIMS = ("seq", "capacity")
+#: How attention exchanges keys and values under context parallelism (Megatron-LM's --cp-comm-type).
+CP_COMM = ("p2p", "a2a")
 
 
 class Schedule(StrEnum):
@@ -52,8 +54,10 @@ class ParallelConfig:
     flash_attention: bool = True
     precision: str = "bf16"
     expert_parallel: int = 1
-    #: context-parallel degree: the sequence of every activation split over ``cp`` ranks (ring attention)
+    #: context-parallel degree: the sequence of every activation split over ``cp`` ranks
     cp: int = 1
+    #: how attention exchanges under CP (Megatron-LM's --cp-comm-type): the p2p ring or all-to-alls (a2a)
+    cp_comm: str = "p2p"
     partition: tuple[int, ...] | None = field(default=None)
     runtime: Runtime = Runtime.MEGATRON  # the framework whose buffers memory counts (cost.runtime)
     #: reduce gradients after every micro-batch (else, with PyTorch's FSDP2, only after the last: see
@@ -69,6 +73,8 @@ class ParallelConfig:
             raise StrategyError(f"zero stage must be 0, 1, 2 or 3, got {self.zero}")
         if self.sequence_parallel and self.tp == 1:
             raise StrategyError("sequence parallelism needs tp > 1")
+        if self.cp_comm not in CP_COMM:
+            raise StrategyError(f"cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         if self.dp % self.expert_parallel:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
         if self.schedule is Schedule.INTERLEAVED:
@@ -100,7 +106,7 @@ class ParallelConfig:
     def describe(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         if self.cp > 1:
-            parts.append(f"cp{self.cp}")
+            parts.append(f"cp{self.cp}" + (" a2a" if self.cp_comm == "a2a" else ""))
         if self.zero:
             parts.append(f"zero{self.zero}")
         if self.sequence_parallel:
@@ -136,7 +142,7 @@ def check_divisibility(graph: Graph, cfg: ParallelConfig) -> None:
             if d in sizes and sizes[d] % cfg.tp:
                 raise StrategyError(f"sequence parallel tp={cfg.tp} does not divide {d} ({sizes[d]})")
     if cfg.cp > 1:
-        check_context_parallel(graph, cfg.cp)
+        check_context_parallel(graph, cfg.cp, cfg.cp_comm, cfg.tp)
     if cfg.expert_parallel > 1:
         if "expert" not in sizes:
             raise StrategyError("expert parallelism needs a model with experts")
@@ -144,10 +150,11 @@ def check_divisibility(graph: Graph, cfg: ParallelConfig) -> None:
             raise StrategyError(f"ep={cfg.expert_parallel} does not divide the {sizes['expert']} experts")
 
 
-def check_context_parallel(graph: Graph, cp: int) -> None:
+def check_context_parallel(graph: Graph, cp: int, comm: str = "p2p", tp: int = 1) -> None:
     """StrategyError unless ``graph`` can be context-parallel over ``cp`` ranks: every attention is
     self-attention over ``seq`` (keys over the same sequence as the queries), and the sequence splits
-    into ``2 * cp`` equal chunks (each rank holds two, one from each end, to balance causal work)."""
+    into ``2 * cp`` equal chunks (each rank holds two, one from each end, to balance causal work).
+    The all-to-all exchange (``comm`` a2a) splits each TP rank's query and key heads over ``cp``."""
     seq = int(graph.meta.get("seq_len", 0) or 0)
     for n in graph.nodes:
         if n.kind is OpKind.ATTENTION:
@@ -156,6 +163,12 @@ def check_context_parallel(graph: Graph, cp: int) -> None:
                 raise StrategyError(f"context parallelism needs self-attention over the sequence; {n.id!r} is not "
                                     f"(its queries are over {list(q.shape)}, its keys over {list(k.shape)})")
             seq = q.shape["seq"]
+            if comm == "a2a":
+                for what, t in (("query", q), ("key", k)):
+                    heads = next((t.shape[d] for d in ("heads", "kv_heads") if d in t.shape), 0)
+                    if heads % (tp * cp):
+                        raise StrategyError(f"the all-to-all context parallelism splits {what} heads over tp x cp = "
+                                            f"{tp * cp}; {n.id!r} has {heads}")
     if not seq or seq % (2 * cp):
         raise StrategyError(f"context parallelism cp={cp} needs the sequence length ({seq}) to be a multiple of "
                             f"2 x cp = {2 * cp}")

@@ -76,7 +76,7 @@ def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
     ("--tensor-model-parallel-size 3", "does not divide"),
     ("--global-batch-size 30", "not a multiple"),
     ("--num-layers-per-virtual-pipeline-stage 5", "layers are not"),
-    ("--context-parallel-size 2\n--cp-comm-type a2a", "--cp-comm-type a2a"),
+    ("--context-parallel-size 2\n--cp-comm-type a2a+p2p", "--cp-comm-type a2a+p2p"),
     ("--context-parallel-size 3", "tp x pp x cp = 12 does not divide"),
     ("--recompute-granularity full", "recompute-method uniform"),
 ])

@@ -20,7 +20,7 @@ import pytest
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import Link, make_cluster
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.context_parallel import ring_exchange
+from parplan.solver.cost.context_parallel import all_to_all_exchange, ring_exchange
 from parplan.solver.cost.plan_evaluator import LayerPlan, PlanEvaluator
 from parplan.solver.cost.plan_memory import plan_memory
 from parplan.solver.cost.plan_time import plan_time
@@ -101,6 +101,35 @@ def test_ring_exchange_hides_transfers_shorter_than_a_step_of_attention() -> Non
     assert ring_exchange(1, chunk, 0.0, 0.0, link).traffic_seconds == 0.0
 
 
+def test_all_to_all_exchange_is_four_all_to_alls_each_way_not_hidden() -> None:
+    """(n - 1)/n of each rank's q, k and v, and of its output, each way (latency apart)."""
+    link = Link(bandwidth_bytes_per_s=1e9, latency_seconds=0.0)
+    q, kv, out = 4e6, 2e6, 4e6
+    one_way = 3 / 4 * (q + kv + out) / 1e9
+    ex = all_to_all_exchange(4, q, kv, out, link)
+    assert ex.exposed_seconds == ex.traffic_seconds == pytest.approx(2 * one_way)
+    assert all_to_all_exchange(4, q, kv, out, link, recomputed=True).exposed_seconds == pytest.approx(3 * one_way)
+
+
+def test_all_to_all_saves_what_the_ring_saves_and_buffers_q_kv_and_out() -> None:
+    """The head split holds as many bytes as the sequence split: activations as the ring's; its
+    buffers are re-laid q, k, v and the output's gradient (16-bit), the ring's four K/V chunks."""
+    cfg = get_preset("llama-3-8b").with_(layers=2)
+    s, cp, t = 16384, 4, 2
+    graph = build_graph(cfg, batch=1, seq_len=s)
+    gc = GraphCosts(graph)
+    prec = get_precision("bf16")
+    ring = gc.unit_cost("layers.0", UnitStrategy(tp=t, cp=cp), prec)
+    a2a = gc.unit_cost("layers.0", UnitStrategy(tp=t, cp=cp, cp_comm="a2a"), prec)
+    assert a2a.act_bytes == ring.act_bytes
+    q = out = (s // cp) * (cfg.heads // t) * cfg.d_head * 2
+    kv = 2 * (s // cp) * (cfg.n_kv_heads // t) * cfg.d_head * 2
+    assert a2a.cp_buffer_bytes == pytest.approx(q + kv + out)
+    assert ring.cp_buffer_bytes == pytest.approx(4 * kv)
+    with pytest.raises(StrategyError, match="tp x cp = 16"):
+        plan_memory(graph, ParallelConfig(tp=4, cp=4, cp_comm="a2a"))  # 8 key/value heads
+
+
 def test_compute_of_every_operator_is_split_over_cp() -> None:
     """Long sequences are compute bound: the forward and backward seconds of a stage are cp = 1's / cp."""
     cfg = get_preset("llama-3-8b").with_(layers=2)
@@ -122,7 +151,7 @@ def test_ring_buffers_are_temporaries_of_the_attention() -> None:
     gc = GraphCosts(graph)
     cost = gc.unit_cost("layers.0", UnitStrategy(tp=t, cp=cp), get_precision("bf16"))
     chunk = 2 * (s // cp) * (cfg.n_kv_heads // t) * cfg.d_head * 2  # K and V, bf16
-    assert cost.cp_ring_bytes == pytest.approx(4 * chunk)
+    assert cost.cp_buffer_bytes == pytest.approx(4 * chunk)
 
 
 def test_cp_needs_the_sequence_to_split_into_2cp_chunks_and_self_attention() -> None:
@@ -163,6 +192,7 @@ def test_dp_search_with_cp_equals_brute_force_over_per_layer_assignments() -> No
             plans.append(LayerPlan(pp=1, num_microbatches=2, global_batch=2,
                                    layers=dict(zip(blocks, combo, strict=True))))
     assert {next(iter(p.layers.values())).cp for p in plans} == {1, 2, 4}
+    assert {s.cp_comm for p in plans for s in p.layers.values()} == {"p2p", "a2a"}
     peaks = {id(p): ev.memory(p).peak_bytes for p in plans}
     no_cp = min(peaks[id(p)] for p in plans if next(iter(p.layers.values())).cp == 1)
     with_cp = min(peaks[id(p)] for p in plans if next(iter(p.layers.values())).cp > 1)

@@ -54,7 +54,7 @@ from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, OwnedParam, ParamGroup, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
-from parplan.solver.strategy import Schedule
+from parplan.solver.strategy import Schedule, check_context_parallel
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,11 @@ class LayerStrategy:
     tp_inner: bool = True  # TP ranks are consecutive devices (else the DP ranks are)
     ep: int = 1  # expert-parallel degree (MoE), dividing dp
     cp: int = 1  # context-parallel degree: the sequence split over cp ranks, the same for every block
+    cp_comm: str = "p2p"  # how attention exchanges under CP: the ring (p2p) or all-to-alls (a2a, Ulysses)
 
     def unit(self, flash_attention: bool, runtime: Runtime = Runtime.MEGATRON) -> UnitStrategy:
         return UnitStrategy(tp=self.tp, sp=self.sp, ep=self.ep, recompute=self.recompute,
-                            flash_attention=flash_attention, runtime=runtime, cp=self.cp)
+                            flash_attention=flash_attention, runtime=runtime, cp=self.cp, cp_comm=self.cp_comm)
 
     @property
     def data_ranks(self) -> int:
@@ -86,7 +87,8 @@ class LayerStrategy:
         return (*key, self.cp) if self.cp > 1 else key
 
     def describe(self) -> str:
-        parts = [f"tp{self.tp}", f"dp{self.dp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
+        cp = f"cp{self.cp}" + (" a2a" if self.cp_comm == "a2a" else "")
+        parts = [f"tp{self.tp}", f"dp{self.dp}"] + ([cp] if self.cp > 1 else [])
         if self.zero:
             parts.append("sdp" if self.zero == 3 else f"zero{self.zero}")
         if self.sp:
@@ -140,7 +142,7 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     """
     workspace = c.grad_workspace_bytes
     peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
-               c.logits_grad_bytes, c.sp_gather_bytes, c.cp_ring_bytes)
+               c.logits_grad_bytes, c.sp_gather_bytes, c.cp_buffer_bytes)
     if s.zero >= 3 and is_block:
         peak = max(peak, c.param_elems_all * (prec.param_bytes + 3 * prec.grad_bytes) + workspace)
     return peak
@@ -294,6 +296,7 @@ class PlanEvaluator:
         self.calibration = calibration
         self._meshes: dict[tuple[int, LayerStrategy], DeviceMesh] = {}
         self._experts: dict[str, int] = {}  # unit -> experts per MoE layer in it (0: none)
+        self._cp_checked: set[tuple[int, int, str]] = set()  # (tp, cp, cp_comm) the model allows
         self._envs: dict[tuple[int, LayerStrategy, str], TimeEnv] = {}
         self._plan_memory: dict[tuple[Any, ...], PlanMemory] = {}
         self._plan_time: dict[tuple[Any, ...], PlanTime] = {}
@@ -383,7 +386,8 @@ class PlanEvaluator:
             link = mesh.link("tp", self.cluster) if s.tp > 1 else None
             # every ring step waits for its slowest hop: the network once the ring leaves a node
             ring = mesh.hop_link("cp", self.cluster) if s.cp > 1 else None
-            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring)
+            group = mesh.link("cp", self.cluster) if s.cp > 1 else None
+            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group)
         return self._envs[key]
 
     def data_link(self, plan: LayerPlan, s: LayerStrategy, expert: bool = False) -> Link:
@@ -402,10 +406,15 @@ class PlanEvaluator:
             raise StrategyError("every block's tp x cp x dp must be the same (the devices of a stage)")
         if len({s.cp for s in plan.layers.values()}) > 1:
             raise StrategyError("every block needs the same context-parallel degree")
+        for tp, cp, comm in {(s.tp, s.cp, s.cp_comm) for s in plan.layers.values() if s.cp > 1}:
+            if (tp, cp, comm) not in self._cp_checked:
+                graph = self.costs_for(plan.local_batch(next(iter(plan.layers.values())))).graph
+                check_context_parallel(graph, cp, comm, tp)
+                self._cp_checked.add((tp, cp, comm))
         n = plan.pp * sizes.pop()
         if self._cluster is not None and n != self._cluster.num_devices:
-            cp = " x cp" if any(s.cp > 1 for s in plan.layers.values()) else ""
-            raise StrategyError(f"tp{cp} x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
+            with_cp = " x cp" if any(s.cp > 1 for s in plan.layers.values()) else ""
+            raise StrategyError(f"tp{with_cp} x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
         for u, s in plan.layers.items():
             if s.sp and s.tp == 1:
                 raise StrategyError(f"{u}: sequence parallelism needs tp > 1")

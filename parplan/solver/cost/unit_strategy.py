@@ -29,6 +29,7 @@ class UnitStrategy:
     flash_attention: bool = True
     runtime: Runtime = Runtime.MEGATRON
     cp: int = 1  # context parallelism: every activation's tokens split over cp ranks
+    cp_comm: str = "p2p"  # its attention exchange: "p2p" (ring) or "a2a" (all-to-all, Ulysses)
 
 
 def cp_dim(dims: Mapping[str, int] | Iterable[str]) -> str | None:

@@ -23,12 +23,12 @@ from parplan.solver.cost.activations import LOSS_BYTES, Recompute, SavedItem, bl
 from parplan.solver.cost.backward import (
     BackwardProfile,
     UnitSizes,
+    attention_bytes,
     backward_profile,
     forward_transient,
-    kv_chunk_bytes,
 )
 from parplan.solver.cost.collectives import all_reduce_seconds
-from parplan.solver.cost.context_parallel import ring_buffer_bytes, ring_exchange
+from parplan.solver.cost.context_parallel import AttentionBytes, cp_buffer_bytes, cp_exchange
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.loss_loop import LossLoop, loss_loop
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout, partial_gradient_axes, renaming
@@ -95,7 +95,7 @@ class UnitCost:
     recompute_peak_bytes: float = 0.0  # the unit's own activations rebuilt in backward (full recompute)
     logits_grad_bytes: float = 0.0
     sp_gather_bytes: float = 0.0
-    cp_ring_bytes: float = 0.0  # context parallelism: the ring's K/V (and gradient) buffers in backward
+    cp_buffer_bytes: float = 0.0  # context parallelism: the exchange's buffers in an attention's backward
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
     recompute_seconds: float = 0.0
@@ -113,6 +113,7 @@ class TimeEnv:
     precision: Precision
     tp_link: Link | None
     cp_link: Link | None = None  # the context-parallel ring's slowest hop (cp > 1)
+    cp_group_link: Link | None = None  # the context-parallel group's link for its all-to-alls
 
 
 class GraphCosts:
@@ -306,7 +307,8 @@ class GraphCosts:
             if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
                 c.sp_gather_bytes = max(c.sp_gather_bytes, n.numel * prec.activation_bytes / s.cp)
             if s.cp > 1 and n.kind is OpKind.ATTENTION:
-                c.cp_ring_bytes = max(c.cp_ring_bytes, ring_buffer_bytes(self.kv_chunk_bytes(n, s, prec), True))
+                c.cp_buffer_bytes = max(c.cp_buffer_bytes,
+                                        cp_buffer_bytes(s.cp_comm, self.attention_bytes(n, s, prec), True))
         if env is not None:
             self._price_time(unit, s, env, c)
         return c
@@ -349,8 +351,9 @@ class GraphCosts:
             c.backward_seconds += b
             c.recompute_seconds += r
             if s.cp > 1 and n.kind is OpKind.ATTENTION and env.cp_link is not None:
-                ring = ring_exchange(s.cp, self.kv_chunk_bytes(n, s, prec), f, b, env.cp_link, recomputed=r > 0)
-                c.cp_comm_seconds += ring.exposed_seconds
+                exchange = cp_exchange(s.cp_comm, s.cp, self.attention_bytes(n, s, prec), f, b, env.cp_link,
+                                       env.cp_group_link or env.cp_link, recomputed=r > 0)
+                c.cp_comm_seconds += exchange.exposed_seconds
             owned = []
             for i in dict.fromkeys(n.inputs):
                 p = graph.node(i)
@@ -367,9 +370,9 @@ class GraphCosts:
         if s.tp > 1 and env.tp_link is not None:
             c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act, env.cp_link)
 
-    def kv_chunk_bytes(self, n: Node, s: UnitStrategy, prec: Precision) -> float:
-        """Bytes of the keys and values one rank holds for attention ``n`` (its chunk of the ring)."""
-        return kv_chunk_bytes(n, UnitSizes(self.graph, s, prec.activation_bytes), prec.activation_bytes)
+    def attention_bytes(self, n: Node, s: UnitStrategy, prec: Precision) -> AttentionBytes:
+        """What one rank holds of attention ``n``'s q, k and v, and output (see :mod:`.context_parallel`)."""
+        return attention_bytes(n, UnitSizes(self.graph, s, prec.activation_bytes), prec.activation_bytes)
 
     def _tp_comm(self, unit: str, s: UnitStrategy, link: Link, act: int, cp_link: Link | None = None) -> float:
         """Tensor-parallel collectives of one micro-batch: every tensor entering an operator of the

@@ -121,6 +121,7 @@ class DpSearch:
         self.moe = self.experts > 0
         self.evaluations = 0
         self.seq_len = int(probe.graph.meta.get("seq_len", 0) or 0)
+        self._cp_allowed: dict[tuple[int, int, str], bool] = {}
         self._rows: dict[tuple[int, int, str, bool, tuple[int, int]], UnitRow] = {}
         # a stage's tables depend on its units, its in-flight micro-batches, pp and m only (not on
         # where the other stages cut), so partitions sharing a stage share its tables and DP
@@ -158,10 +159,21 @@ class DpSearch:
             opts = dataclasses.replace(opts, expert_parallel=eps)
         out = []
         for s in layer_strategies(n, opts, moe=self.moe, cp=cp):
-            if self.B % (m * s.dp):
+            if self.B % (m * s.dp) or (s.cp_comm != "p2p" and not self.allows(s)):
                 continue
             out.append(s)
         return out
+
+    def allows(self, s: LayerStrategy) -> bool:
+        """Whether the model allows ``s``'s context parallelism (the all-to-all splits heads over tp x cp)."""
+        key = (s.tp, s.cp, s.cp_comm)
+        if key not in self._cp_allowed:
+            try:
+                check_context_parallel(self.costs_for(1).graph, s.cp, s.cp_comm, s.tp)
+                self._cp_allowed[key] = True
+            except StrategyError:
+                self._cp_allowed[key] = False
+        return self._cp_allowed[key]
 
     def row(self, pp: int, m: int, unit: str, strats: list[LayerStrategy]) -> UnitRow:
         """Costs of ``unit`` under every strategy (cached per representative unit)."""

@@ -11,7 +11,8 @@ Context parallelism (CP) is decided with the pipeline, for the whole model: a st
 devices with CP degree ``c`` gives each block ``n / c`` devices to split into TP x DP as above, and
 the ``c`` context-parallel ranks join the DP ranks in holding and reducing the weights (ZeRO is
 offered whenever ``d x c > 1``). CP degrees are powers of two dividing the stage's devices, with
-``2·c`` dividing the sequence and at least ``cp_min_tokens`` tokens per rank.
+``2·c`` dividing the sequence and at least ``cp_min_tokens`` tokens per rank. With CP a block
+picks its attention's exchange too: the p2p ring, or all-to-alls (where ``t·c`` divides the heads).
 
 With Galvatron's options (plain DP or SDP, no sequence parallelism) 8 devices give 22 strategies
 over all pipeline degrees, 44 with checkpointing (their paper's count).
@@ -34,6 +35,7 @@ class SpaceOptions:
     expert_parallel: tuple[int, ...] = (1,)
     max_tp: int | None = None  # e.g. the devices of a node
     max_cp: int = 32  # context-parallel degrees offered: powers of two up to this (1: no CP)
+    cp_comm: tuple[str, ...] = ("p2p", "a2a")  # attention's exchanges offered with CP (per block)
     #: the fewest tokens of a sequence one context-parallel rank may hold: below it a ring step's
     #: attention is too short to hide the key/value transfer, and CP only adds traffic
     cp_min_tokens: int = 8192
@@ -80,8 +82,9 @@ def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False, cp: int = 1)
                 for sp in sps:
                     for e in eps:
                         for rc in recomputes:
-                            out.append(LayerStrategy(tp=t, dp=d, zero=z, sp=sp, recompute=rc, tp_inner=order, ep=e,
-                                                     cp=cp))
+                            for comm in opts.cp_comm if cp > 1 else ("p2p",):
+                                out.append(LayerStrategy(tp=t, dp=d, zero=z, sp=sp, recompute=rc, tp_inner=order,
+                                                         ep=e, cp=cp, cp_comm=comm))
     return out
 
 
