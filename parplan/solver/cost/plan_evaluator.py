@@ -219,7 +219,7 @@ class StageTime:
     dp_exposed_seconds: float
     optimizer_seconds: float
     relayout_seconds: float = 0.0
-    cp_comm_seconds: float = 0.0  # the context-parallel ring's exchange that compute does not hide
+    cp_comm_seconds: float = 0.0  # the context-parallel exchange (ring or all-to-all) compute does not hide
 
     @property
     def microbatch_seconds(self) -> float:
@@ -792,7 +792,7 @@ class PlanEvaluator:
     def _one_stage_time(self, plan: LayerPlan, stage: int, units: list[str], unit_stage: Mapping[str, int],
                         strat: Mapping[str, LayerStrategy], prec: Precision) -> StageTime:
         """One stage's seconds: see :meth:`time`."""
-        fwd = bwd = rec = tp = relayout = ring = 0.0
+        fwd = bwd = rec = tp = relayout = cp_exposed = 0.0
         sync_total = exposed = opt = 0.0
         previous: LayerStrategy | None = None
         synced: set[str] = set()  # shared parameters synchronised once per stage
@@ -803,7 +803,7 @@ class PlanEvaluator:
             bwd += b
             rec += r
             tp += t
-            ring += cp
+            cp_exposed += cp
             sync_total += traffic
             exposed += hidden_not
             opt += o
@@ -825,13 +825,13 @@ class PlanEvaluator:
             boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
                                          first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
             p2p = sum(2 * p2p_seconds(b, link) for b in boundary)
-        return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, ring)
+        return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, cp_exposed)
 
     def _unit_time_parts(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision,
                          synced: set[str]) -> tuple[float, float, float, float, float, float, float, float]:
         """One unit's (forward, backward, recompute, TP collectives) seconds of one micro-batch,
-        (gradient traffic, its exposed part, optimizer) seconds per step, and its exposed context-
-        parallel ring exchange of one micro-batch; kept per alike unit for
+        (gradient traffic, its exposed part, optimizer) seconds per step, and the exposed part of its
+        context-parallel exchange of one micro-batch; kept per alike unit for
         units using no shared parameter (``synced`` does not matter for them)."""
         gc = self.costs_for(plan.local_batch(s))
         key: tuple[Any, ...] | None = None

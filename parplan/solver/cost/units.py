@@ -100,7 +100,7 @@ class UnitCost:
     backward_seconds: float = 0.0
     recompute_seconds: float = 0.0
     tp_comm_seconds: float = 0.0
-    cp_comm_seconds: float = 0.0  # context parallelism: the ring exchange compute does not hide
+    cp_comm_seconds: float = 0.0  # context parallelism: the exchange (ring or all-to-all) compute does not hide
     owners: list[OwnerOp] = field(default_factory=list)  # with time: operators owning parameters, in order
 
 
@@ -379,7 +379,7 @@ class GraphCosts:
         unit converted from its producer's layout to the one the operator needs, and the gradient
         it leaves partial reduced (the ILP's edge rules, :func:`~.resharding.edge_seconds`; readers
         of one tensor share it), and vocabulary-parallel cross entropy's statistics. Under context
-        parallelism attention reads its keys and values as the ring brings them (priced apart)."""
+        parallelism attention reads its keys and values as its exchange brings them (priced apart)."""
         graph = self.graph
         mesh = op_mesh(s)
         sizes, links = mesh.sizes, {"tp": link, "ep": link, "cp": cp_link or link}
@@ -518,8 +518,8 @@ class GraphCosts:
 
 
 def ring_chunk_layout(needed: TensorLayout, kv: Node) -> TensorLayout:
-    """The layout in which ring attention reads keys or values ``kv``: as it needs them, but split over
-    the context axis like its own chunk (the other chunks arrive through the ring)."""
+    """The layout in which context-parallel attention reads keys or values ``kv``: as it needs them,
+    but split over the context axis like its own share (the rest arrives through its exchange)."""
     tokens = cp_dim(kv.shape)
     split = dict(needed.split)
     if tokens is not None:
