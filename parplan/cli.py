@@ -105,6 +105,12 @@ def _add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> 
                    help="bf16 (default: fp32 grads + master + Adam, 18 B/param), bf16-grad16 (16 B/param), "
                         "fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, 20 B/param)")
     p.add_argument("--expert-parallel", type=_positive, default=1, help="expert-parallel degree (MoE), divides dp")
+    p.add_argument("--cp", type=_positive, default=1,
+                   help="context-parallel degree (ring attention, Megatron-LM's --context-parallel-size): the "
+                        "sequence split over CP ranks; 2 x CP must divide the sequence length")
+    p.add_argument("--cp-comm", choices=["p2p", "a2a"], default="p2p",
+                   help="how attention exchanges under context parallelism: the p2p ring (default) or all-to-alls "
+                        "(a2a, Ulysses: tp x cp must divide the heads)")
     p.add_argument("--sync-every-microbatch", action="store_true",
                    help="reduce gradients after every micro-batch, not only the last (FSDP2 with gradient sync on "
                         "for every backward)")
@@ -198,9 +204,12 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
     """Model, cluster and strategy from parsed ``memory``-style arguments (UsageError if bad)."""
     model = resolve_model(args.model, seq_len=args.seq_len)
     cluster = make_cluster(args.gpus, args.gpus_per_node, args.gpu, args.gpu_memory_gib)
-    per_replica = args.tp * args.pp
+    cp = getattr(args, "cp", 1)
+    per_replica = args.tp * args.pp * cp
     if cluster.num_devices % per_replica:
-        raise UsageError(f"tp x pp = {args.tp} x {args.pp} = {per_replica} does not divide the {args.gpus} GPUs")
+        what = "tp x pp x cp" if cp > 1 else "tp x pp"
+        degrees = f"{args.tp} x {args.pp}" + (f" x {cp}" if cp > 1 else "")
+        raise UsageError(f"{what} = {degrees} = {per_replica} does not divide the {args.gpus} GPUs")
     dp = cluster.num_devices // per_replica
     if args.global_batch is None:
         m = 4 * args.pp if args.pp > 1 else 1
@@ -213,7 +222,7 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
         flash_attention=not args.no_flash_attention, precision=args.precision,
         expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")),
-        sync_every_microbatch=args.sync_every_microbatch)
+        sync_every_microbatch=args.sync_every_microbatch, cp=cp, cp_comm=getattr(args, "cp_comm", "p2p"))
     return model, cluster, strategy
 
 

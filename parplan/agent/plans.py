@@ -68,6 +68,9 @@ def spec_for(cfg: TransformerConfig, strategy: ParallelConfig, seq_len: int | No
     check_supported(cfg)
     if strategy.expert_parallel > 1:
         raise StrategyError("expert parallelism is not executed by the agent")
+    if strategy.cp > 1:
+        raise StrategyError("context parallelism (ring attention) is not executed by the agent: its gloo runs "
+                            "have no ring-attention kernel, so a CP plan's prediction is not validated here")
     run_cfg = shrink_config(cfg, strategy, shrink_layers, shrink_hidden) if shrink else cfg
     seq = min(seq_len or run_cfg.seq_len, run_cfg.seq_len) if shrink else (seq_len or run_cfg.seq_len)
     dp = strategy.dp
@@ -153,7 +156,7 @@ def strategy_of_plan(plan: dict[str, Any]) -> ParallelConfig:
             num_microbatches=int(s.get("num_microbatches", 1)), schedule=schedule,
             virtual_stages=int(s.get("virtual_stages", 1)) if schedule is Schedule.INTERLEAVED else 1,
             flash_attention=bool(s.get("flash_attention", True)), precision=str(s.get("precision", "bf16")),
-            expert_parallel=int(s.get("expert_parallel", 1)))
+            expert_parallel=int(s.get("expert_parallel", 1)), cp=int(s.get("cp", 1)))
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"plan strategy is incomplete or invalid: {e}") from None
 

@@ -46,7 +46,7 @@ class Export:
 @dataclass(frozen=True)
 class UniformPlan:
     """One strategy for every layer: the shape Megatron-LM, torchtitan and DeepSpeed take.
-    ``tp * pp * dp`` devices; ``micro_batch * num_microbatches * dp`` samples per step."""
+    ``tp * cp * pp * dp`` devices; ``micro_batch * num_microbatches * dp`` samples per step."""
 
     tp: int
     pp: int
@@ -62,10 +62,19 @@ class UniformPlan:
     precision: str = "bf16"
     expert_parallel: int = 1
     partition: tuple[int, ...] | None = None  # blocks per pipeline stage (None: even)
+    cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
+    cp_comm: str = "p2p"  # attention's exchange under CP: the ring (p2p) or all-to-alls (a2a)
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def degrees(self) -> str:
+        """``tp x pp x dp`` (``tp x cp x pp x dp`` when context-parallel) = the devices, for messages."""
+        if self.cp > 1:
+            return f"tp x cp x pp x dp = {self.tp} x {self.cp} x {self.pp} x {self.dp} = {self.world}"
+        return f"tp x pp x dp = {self.world}"
 
 
 @dataclass(frozen=True)
@@ -145,10 +154,11 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            global_batch=int(s["global_batch"]), schedule=str(s.get("schedule", "1f1b")),
                            virtual_stages=int(s.get("virtual_stages", 1)), precision=str(s.get("precision", "bf16")),
                            expert_parallel=int(s.get("expert_parallel", 1)),
-                           partition=tuple(s["partition"]) if s.get("partition") else None)
+                           partition=tuple(s["partition"]) if s.get("partition") else None,
+                           cp=int(s.get("cp") or 1), cp_comm=str(s.get("cp_comm") or "p2p"))
     if kind == "per-layer":
         runs = list(s.get("layers") or [])
-        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner")
+        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm")
         distinct = {tuple(r.get(k) for k in keys) for r in runs}
         reasons = []
         if len(distinct) > 1:
@@ -170,7 +180,8 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            global_batch=int(s["global_batch"]), schedule=str(s.get("schedule", "1f1b")),
                            precision=str(s.get("precision", "bf16")),
                            expert_parallel=int(r.get("expert_parallel") or 1),
-                           partition=tuple(s["partition"]) if s.get("partition") else None)
+                           partition=tuple(s["partition"]) if s.get("partition") else None,
+                           cp=int(r.get("cp") or 1), cp_comm=str(r.get("cp_comm") or "p2p"))
     raise NotExpressible(target, [f"unknown strategy kind {kind!r}"])
 
 

@@ -31,6 +31,9 @@ def ds_config(plan: UniformPlan) -> dict[str, Any]:
         reasons.append(f"{plan.pp} pipeline stages need the model written as a DeepSpeed PipelineModule")
     if plan.expert_parallel > 1:
         reasons.append(f"expert parallelism (ep={plan.expert_parallel})")
+    if plan.cp > 1:
+        reasons.append(f"context parallelism (cp={plan.cp}): DeepSpeed's config has no ring attention (its "
+                       "Ulysses sequence parallelism needs the model's own code); plan with target deepspeed")
     if plan.precision not in ("bf16", "fp16", "fp32"):
         reasons.append(f"precision {plan.precision}")
     if reasons:

@@ -68,9 +68,16 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
         reasons.append("the GPipe schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are given)")
     if plan.precision not in ("bf16", "fp16"):
         reasons.append(f"precision {plan.precision}")
+    if plan.cp > 1 and ctx.seq_len % (2 * plan.cp * (plan.tp if plan.sequence_parallel else 1)):
+        each = ", each a multiple of tp with sequence parallelism" if plan.sequence_parallel else ""
+        reasons.append(f"context parallelism cp={plan.cp}: Megatron-LM splits the sequence ({ctx.seq_len}) into "
+                       f"2 x cp chunks{each}")
+    heads, kv = int(arch["heads"]), int(arch.get("kv_heads") or arch["heads"])
+    if plan.cp > 1 and plan.cp_comm == "a2a" and (heads % (plan.tp * plan.cp) or kv % (plan.tp * plan.cp)):
+        reasons.append(f"the all-to-all context parallelism (--cp-comm-type a2a) splits the {heads} heads and {kv} "
+                       f"key/value heads over tp x cp = {plan.tp * plan.cp}")
     if reasons:
         raise NotExpressible(TARGET, reasons)
-    heads, kv = int(arch["heads"]), int(arch.get("kv_heads") or arch["heads"])
     head_dim = arch.get("head_dim")
     args: list[str] = [
         "--num-layers", str(layers), "--hidden-size", str(arch["hidden"]), "--ffn-hidden-size", str(arch["ffn"]),
@@ -100,6 +107,8 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
         args.append("--sequence-parallel")
     if plan.expert_parallel > 1:
         args += ["--expert-model-parallel-size", str(plan.expert_parallel)]
+    if plan.cp > 1:
+        args += ["--context-parallel-size", str(plan.cp), "--cp-comm-type", plan.cp_comm]
     if plan.virtual_stages > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(layers // (plan.pp * plan.virtual_stages))]
     args += partition
@@ -151,7 +160,7 @@ def export_megatron(doc: Mapping[str, Any]) -> Export:
     ctx = context_of(doc)
     args = megatron_arguments(plan, ctx)
     if plan.world != ctx.gpus:
-        raise NotExpressible(TARGET, [f"tp x pp x dp = {plan.world} devices, the cluster has {ctx.gpus}"])
+        raise NotExpressible(TARGET, [f"{plan.degrees} devices, the cluster has {ctx.gpus}"])
     lines = flag_lines(args)
     launch = [_torchrun(ctx, node, args) for node in range(ctx.nodes)]
     summary = (doc.get("strategy") or {}).get("summary", "")

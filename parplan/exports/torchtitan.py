@@ -255,7 +255,7 @@ def _flavor(ctx: PlanContext, reasons: list[str]) -> Flavor | None:
 def _check(plan: UniformPlan, ctx: PlanContext, flavor: Flavor | None, reasons: list[str]) -> None:
     """Appends every setting of ``plan`` that torchtitan 0.3.0 cannot run as planned."""
     if plan.world != ctx.gpus:
-        reasons.append(f"the plan uses tp*pp*dp = {plan.world} GPUs of the cluster's {ctx.gpus}; torchtitan "
+        reasons.append(f"the plan uses {plan.degrees} GPUs of the cluster's {ctx.gpus}; torchtitan "
                        "needs its degrees to multiply to the world size")
     if ctx.gpus != ctx.nodes * ctx.procs_per_node:
         reasons.append(f"{ctx.gpus} GPUs are not whole nodes of {ctx.gpus_per_node}; torchrun starts the same "
@@ -268,6 +268,12 @@ def _check(plan: UniformPlan, ctx: PlanContext, flavor: Flavor | None, reasons: 
     if plan.expert_parallel > 1:
         reasons.append(f"expert parallelism ({plan.expert_parallel}): the model has no experts in torchtitan's "
                        "llama3 module")
+    if plan.cp > 1:
+        reasons.append(f"context parallelism (cp={plan.cp}): torchtitan {TORCHTITAN_VERSION}'s llama3 runs "
+                       "FlexAttention, whose context parallelism all-gathers every layer's keys and values and keeps "
+                       "them for backward (parallelism.context_parallel_degree), and shards the weights over the "
+                       "context-parallel ranks with FSDP2; the plan prices Megatron-LM's p2p ring, which holds one "
+                       "chunk, so its memory would be under-predicted (export it with --target megatron)")
     if plan.precision not in ("bf16", "fp32"):
         reasons.append(f"precision {plan.precision}: torchtitan 0.3.0 computes in bfloat16 or float32 and "
                        "reduces gradients in float32 only")

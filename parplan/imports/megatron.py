@@ -20,7 +20,7 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.errors import SolverError
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.models import ModelSource
-from parplan.solver.strategy import ParallelConfig, Schedule
+from parplan.solver.strategy import CP_COMM, ParallelConfig, Schedule
 
 KIND = "megatron-args"
 
@@ -32,7 +32,7 @@ _VALUED = {
     "--pipeline-model-parallel-size", "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--context-parallel-size",
-    "--expert-tensor-parallel-size", "--fp8-format",
+    "--expert-tensor-parallel-size", "--fp8-format", "--cp-comm-type",
 }
 _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--untie-embeddings-and-output-weights",
              "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--add-qkv-bias",
@@ -140,8 +140,10 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
         missing.append("--vocab-size (Megatron-LM reads it from the tokenizer; give it here)")
     if missing:
         raise ImportProblemError(KIND, [f"missing {', '.join(missing)}"])
-    if (_get(flags, "--context-parallel-size", 1) or 1) > 1:
-        problems.append("context parallelism (--context-parallel-size > 1) is not modelled yet")
+    cp_comm = str(flags.get("--cp-comm-type", "p2p"))
+    if (_get(flags, "--context-parallel-size", 1) or 1) > 1 and cp_comm not in CP_COMM:
+        problems.append(f"context parallelism with --cp-comm-type {cp_comm}: parplan prices the p2p ring and "
+                        "the all-to-all (a2a)")
     if "--fp8-format" in flags:
         problems.append("FP8 training (--fp8-format) is not modelled yet")
     ept = _get(flags, "--expert-tensor-parallel-size")
@@ -194,9 +196,11 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
             num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2,
             qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags)
         pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
-        if world % (tp * pp):
-            raise ImportProblemError(KIND, [f"tp x pp = {tp * pp} does not divide the {world} GPUs"])
-        dp = world // (tp * pp)
+        cp = _get(flags, "--context-parallel-size", 1) or 1
+        if world % (tp * pp * cp):
+            what = "tp x pp x cp" if cp > 1 else "tp x pp"
+            raise ImportProblemError(KIND, [f"{what} = {tp * pp * cp} does not divide the {world} GPUs"])
+        dp = world // (tp * pp * cp)
         mb = _get(flags, "--micro-batch-size") or 1
         gb = _get(flags, "--global-batch-size", mb * dp) or mb * dp
         if gb % (mb * dp):
@@ -215,7 +219,8 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
             num_microbatches=gb // (mb * dp),
             schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B, virtual_stages=virtual,
             precision="fp16" if "--fp16" in flags else ("bf16" if "--bf16" in flags else "fp32"),
-            expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition)
+            expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
+            cp_comm=cp_comm if cp > 1 else "p2p")
     except ImportProblemError:
         raise
     except SolverError as e:

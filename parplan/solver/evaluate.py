@@ -47,7 +47,8 @@ class Evaluation:
             "cluster": {"gpus": self.cluster.num_devices, "gpus_per_node": self.cluster.gpus_per_node,
                         "gpu": self.cluster.gpu.name, "device_memory_bytes": self.cluster.device_memory_bytes},
             "strategy": {
-                "tp": s.tp, "pp": s.pp, "dp": s.dp, "zero": s.zero, "sequence_parallel": s.sequence_parallel,
+                "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "cp_comm": s.cp_comm, "zero": s.zero,
+                "sequence_parallel": s.sequence_parallel,
                 "recompute": s.recompute.value, "micro_batch": s.micro_batch,
                 "num_microbatches": s.num_microbatches, "global_batch": s.global_batch,
                 "schedule": s.schedule.value, "virtual_stages": s.virtual_stages,
@@ -82,6 +83,7 @@ class Evaluation:
                     "recompute_seconds": t.recompute_seconds, "tp_comm_seconds": t.tp_comm_seconds,
                     "p2p_seconds": t.p2p_seconds, "dp_comm_seconds": t.dp_comm_seconds,
                     "dp_exposed_seconds": t.dp_exposed_seconds, "optimizer_seconds": t.optimizer_seconds,
+                    **({"cp_comm_seconds": t.cp_comm_seconds} if s.cp > 1 else {}),
                 } for t in self.time.stages],
             },
         }
@@ -92,8 +94,9 @@ def evaluate_graph(graph: Graph, name: str, parameters: int, cluster: Cluster, s
     """Evaluate ``strategy`` for a graph already built for one micro-batch (``costs``: a unit-cost
     cache of that graph to reuse across evaluations)."""
     if strategy.world != cluster.num_devices:
-        raise StrategyError(f"tp x pp x dp = {strategy.tp} x {strategy.pp} x {strategy.dp} = {strategy.world} "
-                            f"does not match the {cluster.num_devices} devices")
+        cp = f" x {strategy.cp}" if strategy.cp > 1 else ""
+        raise StrategyError(f"tp{' x cp' if cp else ''} x pp x dp = {strategy.tp}{cp} x {strategy.pp} x {strategy.dp} "
+                            f"= {strategy.world} does not match the {cluster.num_devices} devices")
     gc = costs or GraphCosts(graph)
     mem = plan_memory(graph, strategy, gc)
     t = plan_time(graph, strategy, cluster, calibration, gc)

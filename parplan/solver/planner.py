@@ -329,9 +329,10 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
         from parplan.solver.dp.space import SpaceOptions
 
         # Galvatron runs per block DDP or ZeRO-2 (one of them for the whole model, its default_dp_type)
-        # or sharded data parallelism; no ZeRO-1, no mix of DDP and ZeRO-2: one search for each default
+        # or sharded data parallelism; no ZeRO-1, no mix of DDP and ZeRO-2: one search for each default;
+        # no context parallelism
         for i, default in enumerate((0, 2)):
-            options = SpaceOptions(zero_stages=(default, 3), max_tp=req.cluster.gpus_per_node)
+            options = SpaceOptions(zero_stages=(default, 3), max_tp=req.cluster.gpus_per_node, max_cp=1)
             docs.append(_dp(req, _part(report, 0.3 + 0.35 * i, 0.35), bases.get("megatron"), ev.costs, options))
     elif method == "dp":
         docs.append(_dp(req, report, bases.get("megatron"), ev.costs))
@@ -577,9 +578,11 @@ def per_layer_document(plan: Any, ev: Any, cluster: Cluster, calibration: Calibr
         else:
             runs.append({"first": unit, "last": unit, "count": 1, "strategy": text, "stage": _stage_of(plan, unit),
                          "tp": s.tp, "dp": s.dp, "zero": s.zero, "sequence_parallel": s.sp,
-                         "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep})
+                         "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep,
+                         "cp": s.cp, "cp_comm": s.cp_comm})
     return {
         "strategy": {"kind": "per-layer", "summary": plan_summary(plan), "pp": plan.pp,
+                     "cp": max(s.cp for s in plan.layers.values()),
                      "num_microbatches": plan.num_microbatches, "global_batch": plan.global_batch,
                      "partition": list(plan.partition or []), "schedule": plan.schedule.value,
                      "layers": runs, "precision": plan.precision, "flash_attention": plan.flash_attention},

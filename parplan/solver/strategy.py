@@ -3,7 +3,9 @@
 TP splits attention heads, MLP hidden units and the vocabulary (Shoeybi et al. 2019); sequence
 parallelism additionally splits the sequence of the tensors TP leaves whole (Korthikanti et al.
 2022); PP cuts the blocks into stages; DP replicates the rest, with ZeRO sharding optionally;
-expert parallelism (MoE) splits the experts over part of the DP group.
+expert parallelism (MoE) splits the experts over part of the DP group; context parallelism (CP,
+Megatron-LM's ``--context-parallel-size``) splits the sequence of every activation over ``cp`` ranks,
+attention exchanging key/value chunks in a ring, and reduces gradients over the ``dp x cp`` ranks.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from enum import StrEnum
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import StrategyError
-from parplan.solver.ir import Graph
+from parplan.solver.ir import Graph, OpKind
 
 #: Dims tensor parallelism splits, in order of preference when a tensor has several.
 TP_DIMS = ("heads", "kv_heads", "ffn", "vocab", "classes")
 SEQ_DIMS = ("seq", "tgt_seq")
+#: Dims context parallelism splits: the sequence, or the tokens an expert receives (MoE capacity).
+CP_DIMS = ("seq", "capacity")
+#: How attention exchanges keys and values under context parallelism (Megatron-LM's --cp-comm-type).
+CP_COMM = ("p2p", "a2a")
 
 
 class Schedule(StrEnum):
@@ -29,7 +35,7 @@ class Schedule(StrEnum):
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Degrees and settings of a uniform strategy; ``tp * pp * dp`` devices.
+    """Degrees and settings of a uniform strategy; ``tp * cp * pp * dp`` devices.
 
     ``num_microbatches`` micro-batches of ``micro_batch`` samples per data-parallel replica make
     one step; ``partition`` (blocks per stage) defaults to an even split.
@@ -48,6 +54,10 @@ class ParallelConfig:
     flash_attention: bool = True
     precision: str = "bf16"
     expert_parallel: int = 1
+    #: context-parallel degree: the sequence of every activation split over ``cp`` ranks
+    cp: int = 1
+    #: how attention exchanges under CP (Megatron-LM's --cp-comm-type): the p2p ring or all-to-alls (a2a)
+    cp_comm: str = "p2p"
     partition: tuple[int, ...] | None = field(default=None)
     runtime: Runtime = Runtime.MEGATRON  # the framework whose buffers memory counts (cost.runtime)
     #: reduce gradients after every micro-batch (else, with PyTorch's FSDP2, only after the last: see
@@ -55,13 +65,16 @@ class ParallelConfig:
     sync_every_microbatch: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel"):
+        for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel",
+                     "cp"):
             if getattr(self, name) < 1:
                 raise StrategyError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.zero not in (0, 1, 2, 3):
             raise StrategyError(f"zero stage must be 0, 1, 2 or 3, got {self.zero}")
         if self.sequence_parallel and self.tp == 1:
             raise StrategyError("sequence parallelism needs tp > 1")
+        if self.cp_comm not in CP_COMM:
+            raise StrategyError(f"cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         if self.dp % self.expert_parallel:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
         if self.schedule is Schedule.INTERLEAVED:
@@ -73,16 +86,18 @@ class ParallelConfig:
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def global_batch(self) -> int:
         return self.micro_batch * self.num_microbatches * self.dp
 
     def mesh(self) -> dict[str, int]:
-        """Mesh axes, outermost first: pipeline, data (split into expert-data x expert), tensor."""
+        """Mesh axes, outermost first: pipeline, data (split into expert-data x expert), context
+        (only when ``cp > 1``), tensor."""
         ep = self.expert_parallel
-        return {"pp": self.pp, "edp": self.dp // ep, "ep": ep, "tp": self.tp}
+        cp = {"cp": self.cp} if self.cp > 1 else {}
+        return {"pp": self.pp, "edp": self.dp // ep, "ep": ep, **cp, "tp": self.tp}
 
     @property
     def data_axes(self) -> tuple[str, ...]:
@@ -90,6 +105,8 @@ class ParallelConfig:
 
     def describe(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}" + (" a2a" if self.cp_comm == "a2a" else ""))
         if self.zero:
             parts.append(f"zero{self.zero}")
         if self.sequence_parallel:
@@ -124,8 +141,34 @@ def check_divisibility(graph: Graph, cfg: ParallelConfig) -> None:
         for d in SEQ_DIMS:
             if d in sizes and sizes[d] % cfg.tp:
                 raise StrategyError(f"sequence parallel tp={cfg.tp} does not divide {d} ({sizes[d]})")
+    if cfg.cp > 1:
+        check_context_parallel(graph, cfg.cp, cfg.cp_comm, cfg.tp)
     if cfg.expert_parallel > 1:
         if "expert" not in sizes:
             raise StrategyError("expert parallelism needs a model with experts")
         if sizes["expert"] % cfg.expert_parallel:
             raise StrategyError(f"ep={cfg.expert_parallel} does not divide the {sizes['expert']} experts")
+
+
+def check_context_parallel(graph: Graph, cp: int, comm: str = "p2p", tp: int = 1) -> None:
+    """StrategyError unless ``graph`` can be context-parallel over ``cp`` ranks: every attention is
+    self-attention over ``seq`` (keys over the same sequence as the queries), and the sequence splits
+    into ``2 * cp`` equal chunks (each rank holds two, one from each end, to balance causal work).
+    The all-to-all exchange (``comm`` a2a) splits each TP rank's query and key heads over ``cp``."""
+    seq = int(graph.meta.get("seq_len", 0) or 0)
+    for n in graph.nodes:
+        if n.kind is OpKind.ATTENTION:
+            q, k = graph.node(n.inputs[0]), graph.node(n.inputs[1])
+            if "seq" not in q.shape or "seq" not in k.shape:
+                raise StrategyError(f"context parallelism needs self-attention over the sequence; {n.id!r} is not "
+                                    f"(its queries are over {list(q.shape)}, its keys over {list(k.shape)})")
+            seq = q.shape["seq"]
+            if comm == "a2a":
+                for what, t in (("query", q), ("key", k)):
+                    heads = next((t.shape[d] for d in ("heads", "kv_heads") if d in t.shape), 0)
+                    if heads % (tp * cp):
+                        raise StrategyError(f"the all-to-all context parallelism splits {what} heads over tp x cp = "
+                                            f"{tp * cp}; {n.id!r} has {heads}")
+    if not seq or seq % (2 * cp):
+        raise StrategyError(f"context parallelism cp={cp} needs the sequence length ({seq}) to be a multiple of "
+                            f"2 x cp = {2 * cp}")

@@ -51,3 +51,5 @@ def test_bad_plan_files_are_one_line_errors(tmp_path: Path, capsys: pytest.Captu
     assert "architecture" in error("validate", "--plan", str(tmp_path / "y.json"))
     assert "leave out --tp" in error("validate", "--plan", str(tmp_path / "y.json"), "--tp", "2")
     assert "required" in error("validate", "--model", "gpt-1.7b")
+    assert "context parallelism (ring attention) is not executed by the agent" in error(
+        "validate", "--model", "gpt-1.7b", "--gpus", "4", "--tp", "1", "--pp", "1", "--cp", "2", "--device", "cpu")

@@ -47,6 +47,18 @@ def test_megatron_arguments_are_priced_and_what_was_not_used_is_listed(
     assert "unknown in" in capsys.readouterr().out
 
 
+def test_context_parallel_size_is_priced_as_memory_cp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "args.txt").write_text(ARGS + "--context-parallel-size 2\n--cp-comm-type p2p\n")
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["strategy"]["cp"] == 2 and doc["strategy"]["dp"] == 2
+    assert main(["memory", "--model", "llama-2-7b", "--gpus", "16", "--tp", "2", "--pp", "2", "--cp", "2", "--zero",
+                 "1", "--sequence-parallel", "--global-batch", "32", "--seq-len", "4096", "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["memory"]["peak_bytes"] == doc["memory"]["peak_bytes"]
+    assert same["time"]["step_seconds"] == doc["time"]["step_seconds"]
+
+
 def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "args.txt").write_text(ARGS)
@@ -64,7 +76,8 @@ def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
     ("--tensor-model-parallel-size 3", "does not divide"),
     ("--global-batch-size 30", "not a multiple"),
     ("--num-layers-per-virtual-pipeline-stage 5", "layers are not"),
-    ("--context-parallel-size 2", "context parallelism"),
+    ("--context-parallel-size 2\n--cp-comm-type a2a+p2p", "--cp-comm-type a2a+p2p"),
+    ("--context-parallel-size 3", "tp x pp x cp = 12 does not divide"),
     ("--recompute-granularity full", "recompute-method uniform"),
 ])
 def test_inconsistent_or_unmodelled_arguments_are_one_line_errors(tmp_path: Path, change: str, why: str,

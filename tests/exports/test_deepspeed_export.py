@@ -86,6 +86,7 @@ def test_deepspeed_accepts_the_exported_config_at_the_plans_world_size() -> None
     ({"tp": 2, "pp": 1, "dp": 4}, "tensor parallelism"),
     ({"tp": 1, "pp": 2, "dp": 4}, "PipelineModule"),
     ({"tp": 1, "pp": 1, "dp": 8, "expert_parallel": 8}, "expert parallelism"),
+    ({"tp": 1, "pp": 1, "dp": 2, "cp": 4}, "context parallelism"),
 ])
 def test_what_deepspeed_cannot_run_is_refused_with_the_reason(strategy: dict[str, Any], reason: str) -> None:
     with pytest.raises(NotExpressibleError) as info:

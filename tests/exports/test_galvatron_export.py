@@ -263,6 +263,11 @@ def test_expert_parallel_and_moe_model() -> None:
     assert any("expert parallelism" in r for r in found)
 
 
+def test_context_parallelism() -> None:
+    doc = uniform_doc("llama-3-8b", 16, tp=2, dp=2, cp=4)
+    assert any("context parallelism (cp=4)" in r for r in reasons(doc))
+
+
 def test_sequence_parallel_must_agree() -> None:
     doc = layer_doc([run(0, 12, 2, 8, sp=True), run(12, 12, 4, 4, sp=False)])
     assert any("--sequence-parallel" in r for r in reasons(doc))

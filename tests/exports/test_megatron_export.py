@@ -96,6 +96,12 @@ CASES = [
                             "num_microbatches": 64, "partition": [7] + [8] * 14 + [7]}),
     ("gpt3-175b", 1024, {"tp": 8, "pp": 8, "dp": 16, "zero": 1, "sequence_parallel": True,
                          "num_microbatches": 32}),
+    # the Llama 3 paper's long-context layout: CP 16 over the p2p ring (cp_comm_type's default)
+    ("llama-3.1-405b", 16384, {"tp": 8, "pp": 16, "dp": 8, "cp": 16, "zero": 1, "sequence_parallel": True,
+                               "num_microbatches": 16, "partition": [7] + [8] * 14 + [7]}),
+    # the all-to-all exchange (Ulysses): tp x cp = 8 divides the 64 heads and the 8 key/value heads
+    ("llama-3-70b", 16, {"tp": 2, "pp": 1, "dp": 2, "cp": 4, "cp_comm": "a2a", "sequence_parallel": True,
+                         "num_microbatches": 2}),
 ]
 
 
@@ -114,8 +120,10 @@ def test_megatron_core_accepts_the_exported_configuration(preset: str, gpus: int
     assert cfg.num_query_groups in (None, arch["kv_heads"] or arch["heads"]) or arch["kv_heads"] == arch["heads"]
     assert cfg.recompute_granularity == (None if s["recompute"] == "none" else s["recompute"])
     assert cfg.expert_model_parallel_size == s["expert_parallel"]
+    assert cfg.context_parallel_size == s.get("cp", 1)
+    assert cfg.cp_comm_type == (s.get("cp_comm", "p2p") if s.get("cp", 1) > 1 else None)
     assert ("--use-distributed-optimizer" in declared) == (s["zero"] == 1)
-    dp = gpus // (s["tp"] * s["pp"])
+    dp = gpus // (s["tp"] * s["pp"] * s.get("cp", 1))
     calc = ConstantNumMicroBatchesCalculator(int(declared["--global-batch-size"]),
                                              int(declared["--micro-batch-size"]), dp, None, 0)
     assert calc.get() == s["num_microbatches"]
@@ -148,6 +156,22 @@ def test_what_megatron_cannot_run_is_refused_with_the_reason(preset: str, strate
     with pytest.raises(NotExpressibleError) as info:
         export_plan(doc, "megatron")
     assert any(reason in r for r in info.value.reasons), info.value.reasons
+
+
+def test_context_parallelism_needs_the_sequence_in_2cp_chunks_of_whole_tp_shards() -> None:
+    doc = doc_for("llama-3-8b", 8, {"tp": 2, "pp": 1, "dp": 1, "cp": 4, "sequence_parallel": True,
+                                    "num_microbatches": 4})
+    doc["model"]["seq_len"] = 1000  # 1000 = 8 x 125: two chunks per CP rank, but 125 tokens do not split over tp 2
+    with pytest.raises(NotExpressibleError, match="2 x cp chunks"):
+        export_plan(doc, "megatron")
+    doc["model"]["seq_len"] = 1024
+    config, declared = read_args(export_plan(doc, "megatron").files["megatron_args.txt"])
+    assert build_config(config, declared).context_parallel_size == 4
+    doc["strategy"]["cp_comm"] = "a2a"  # the all-to-all splits the 8 key/value heads over tp x cp
+    doc["strategy"]["tp"], doc["strategy"]["cp"], doc["strategy"]["dp"] = 4, 4, 1
+    doc["cluster"]["gpus"] = 16
+    with pytest.raises(NotExpressibleError, match="tp x cp = 16"):
+        export_plan(doc, "megatron")
 
 
 def test_per_operator_and_mixed_per_layer_plans_are_refused() -> None:

@@ -288,14 +288,15 @@ def reasons_of(doc: dict[str, Any]) -> list[str]:
     (doc_for("llama-2-7b", 8), "no torchtitan 0.3.0 llama3 flavor"),
     (doc_for("llama-3-8b", 16, tp=16, dp=1, sequence_parallel=True), "does not divide the 8 kv heads"),
     (doc_for("llama-3-8b", 8, dp=4, expert_parallel=2), "expert parallelism"),
+    (doc_for("llama-3-8b", 8, dp=2, cp=4), "all-gathers every layer's keys and values"),
     (doc_for("llama-3-8b", 8, precision="fp16"), "precision fp16"),
     (doc_for("llama-3-8b", 8, dp=4), "multiply to the world size"),
     (doc_for("llama-3-8b", 8, pp=2, dp=4, partition=[30, 2, 0]), "partition [30, 2, 0]"),
     (per_layer_doc({"recompute": "none", "strategy": "tp2 dp4 zero3 sp recompute=none"}), "different strategies"),
     ({**doc_for("llama-3-8b", 8), "strategy": {"kind": "intra-operator", "summary": "ilp: 42 operators"}},
      "each operator"),
-], ids=["zero1", "gpt", "mixtral", "llama2-sizes", "tp-kv-heads", "expert-parallel", "fp16", "world",
-        "partition", "per-layer-differs", "intra-operator"])
+], ids=["zero1", "gpt", "mixtral", "llama2-sizes", "tp-kv-heads", "expert-parallel", "context-parallel", "fp16",
+        "world", "partition", "per-layer-differs", "intra-operator"])
 def test_not_expressible(doc: dict[str, Any], cause: str) -> None:
     assert any(cause in r for r in reasons_of(doc)), reasons_of(doc)
 

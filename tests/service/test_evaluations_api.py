@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from fastapi.testclient import TestClient
 
 from parplan.exports import export_plan
@@ -39,6 +40,24 @@ def test_an_exported_megatron_plan_prices_as_planned(client: TestClient, reader:
     assert r.status_code == 200, r.text
     assert r.json()["memory"]["peak_bytes"] == plan["memory"]["peak_bytes"]
     assert r.json()["time"]["step_seconds"] == plan["time"]["step_seconds"]
+
+
+def test_megatron_context_parallelism_is_priced(client: TestClient, reader: Headers) -> None:
+    text = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --seq-length 16384 --vocab-size 50000 "
+            "--micro-batch-size 1 --global-batch-size 4 --tensor-model-parallel-size 2 --sequence-parallel "
+            "--context-parallel-size {cp} --bf16 --swiglu --disable-bias-linear --normalization RMSNorm "
+            "--position-embedding-type rope")
+    docs = {}
+    for cp in (1, 2):
+        r = client.post("/v1/evaluations", json={"kind": "megatron-args", "text": text.format(cp=cp),
+                                                 "cluster": {"gpus": 8, "gpu": "H100-80GB"}}, headers=reader)
+        assert r.status_code == 200, r.text
+        docs[cp] = r.json()
+    assert (docs[2]["strategy"]["cp"], docs[2]["strategy"]["dp"]) == (2, 2)
+    assert (docs[1]["strategy"]["cp"], docs[1]["strategy"]["dp"]) == (1, 4)
+    # one sample of 16K tokens per micro-batch either way; CP halves what each rank holds of it
+    one, two = (d["memory"]["stages"][0]["activation_bytes_per_microbatch"] for d in (docs[1], docs[2]))
+    assert two == pytest.approx(one / 2, rel=0.02)
 
 
 def test_configurations_that_cannot_be_priced_are_422_naming_why(client: TestClient, reader: Headers) -> None:

@@ -32,6 +32,7 @@ from parplan.solver.cost.activations import (
     op_saved_items,
     tensor_bytes,
 )
+from parplan.solver.cost.context_parallel import AttentionBytes, cp_buffer_bytes
 from parplan.solver.cost.loss_loop import looped_nodes
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
 from parplan.solver.cost.runtime import Runtime
@@ -116,7 +117,7 @@ def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precisio
             # an operator's output as it makes it; a graph input as the unit's layout holds it
             elems = local_elems(n, s) if n.kind is OpKind.INPUT else sizes.output(n)
             live[n.id] = elems * tensor_bytes(n, act)
-        peak = max(peak, sum(live.values()))
+        peak = max(peak, sum(live.values()) + _cp_buffers(n, s, sizes, act, backward=False))
         for i in dict.fromkeys(n.inputs):
             if i in remaining and remaining[i] > 0:
                 remaining[i] -= 1
@@ -204,7 +205,11 @@ class UnitSizes:
 
     def input(self, n: Node, position: int) -> float:
         lay = input_layout(n, position, self.graph, uniform_strategy(n, self.graph, self.s), self.mesh)
-        return self.graph.node(n.inputs[position]).numel / lay.shards(self.mesh.sizes)
+        elems = self.graph.node(n.inputs[position]).numel / lay.shards(self.mesh.sizes)
+        if self.s.cp > 1 and n.kind is OpKind.ATTENTION and position in (1, 2):
+            elems /= self.s.cp  # a rank's own K/V share: the ring's other chunks are its buffers (the
+            # all-to-all's head split holds as many bytes)
+        return elems
 
     def weight_grad(self, n: Node, position: int) -> float:
         return weight_grad_workspace(n, self.graph.node(n.inputs[position]), self.s)
@@ -216,7 +221,9 @@ class UnitSizes:
         return lay.shards(self.mesh.sizes, [str(n.attrs.get("class_dim", "vocab"))])
 
     def sp_gather(self, n: Node) -> float:
-        return float(n.numel) if self.s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) else 0.0
+        if self.s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n):
+            return n.numel / self.s.cp  # the rank's tokens, gathered over TP
+        return 0.0
 
     def recomputed_bytes(self, n: Node) -> float:
         s = self.s
@@ -228,7 +235,23 @@ class UnitSizes:
 
 
 def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
-    return op_transient_bytes(n, gc.graph, UnitSizes(gc.graph, s, act), act, grad_bytes, s.runtime)
+    sizes = UnitSizes(gc.graph, s, act)
+    out = op_transient_bytes(n, gc.graph, sizes, act, grad_bytes, s.runtime)
+    return out + _cp_buffers(n, s, sizes, act, backward=True)
+
+
+def _cp_buffers(n: Node, s: UnitStrategy, sizes: UnitSizes, act: int, backward: bool) -> float:
+    """Context parallelism's exchange buffers while attention ``n`` runs (0 for other operators)."""
+    if s.cp <= 1 or n.kind is not OpKind.ATTENTION:
+        return 0.0
+    return cp_buffer_bytes(s.cp_comm, attention_bytes(n, sizes, act), backward)
+
+
+def attention_bytes(n: Node, sizes: OpSizes, act: int) -> AttentionBytes:
+    """Attention ``n``'s q, k plus v, and output as one rank holds them (under context parallelism:
+    its tokens' share, which is also the size of its chunk of the ring)."""
+    return AttentionBytes(sizes.input(n, 0) * act, (sizes.input(n, 1) + sizes.input(n, 2)) * act,
+                          sizes.output(n) * act)
 
 
 def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:

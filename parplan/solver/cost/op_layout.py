@@ -20,7 +20,7 @@ from functools import cached_property
 
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.ir import Graph, Node, OpKind, attention_dims, parse_equation
-from parplan.solver.strategy import SEQ_DIMS, TP_DIMS
+from parplan.solver.strategy import CP_DIMS, SEQ_DIMS, TP_DIMS
 
 #: Dim names treated as the batch (data-parallel) dims.
 BATCH_DIMS = frozenset({"batch"})
@@ -206,11 +206,13 @@ def data_axes(s: OpStrategy, mesh: Mesh) -> tuple[str, ...]:
 
 
 def uniform_assignment(node: Node, graph: Graph, mesh: Mesh, data_axis: str | None, tensor_axis: str | None,
-                       sequence_parallel: bool, expert_axis: str | None = None) -> tuple[str | None, ...]:
+                       sequence_parallel: bool, expert_axis: str | None = None,
+                       context_axis: str | None = None) -> tuple[str | None, ...]:
     """The dim each mesh axis splits for ``node`` under a uniform (Megatron-LM style) strategy: the
     batch over the data axis; over the tensor axis attention heads, key/value heads, the MLP's
     hidden units or the vocabulary (with sequence parallelism the sequence of the operators those
-    leave whole); the experts over the expert axis."""
+    leave whole); the experts over the expert axis; the sequence (an expert's capacity where there
+    is none) over the context axis."""
     dims, _ = loop_dims(node, graph)
     out: list[str | None] = []
     for axis in mesh.names:
@@ -219,6 +221,8 @@ def uniform_assignment(node: Node, graph: Graph, mesh: Mesh, data_axis: str | No
             d = next((x for x in dims if x in BATCH_DIMS), None)
         elif axis == expert_axis:
             d = "expert" if "expert" in dims else None
+        elif axis == context_axis:
+            d = next((x for x in CP_DIMS if x in dims), None)
         elif axis == tensor_axis:
             d = next((x for x in TP_DIMS if x in dims), None)
             if d is None and sequence_parallel and node.kind is not OpKind.EMBEDDING:  # lookups read whole ids

@@ -54,12 +54,12 @@ from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, OwnedParam, ParamGroup, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
-from parplan.solver.strategy import Schedule
+from parplan.solver.strategy import Schedule, check_context_parallel
 
 
 @dataclass(frozen=True)
 class LayerStrategy:
-    """One block's strategy inside its pipeline stage (``tp * dp`` = the stage's devices)."""
+    """One block's strategy inside its pipeline stage (``tp * cp * dp`` = the stage's devices)."""
 
     tp: int = 1
     dp: int = 1
@@ -68,18 +68,27 @@ class LayerStrategy:
     recompute: Recompute = Recompute.SELECTIVE
     tp_inner: bool = True  # TP ranks are consecutive devices (else the DP ranks are)
     ep: int = 1  # expert-parallel degree (MoE), dividing dp
+    cp: int = 1  # context-parallel degree: the sequence split over cp ranks, the same for every block
+    cp_comm: str = "p2p"  # how attention exchanges under CP: the ring (p2p) or all-to-alls (a2a, Ulysses)
 
     def unit(self, flash_attention: bool, runtime: Runtime = Runtime.MEGATRON) -> UnitStrategy:
         return UnitStrategy(tp=self.tp, sp=self.sp, ep=self.ep, recompute=self.recompute,
-                            flash_attention=flash_attention, runtime=runtime)
+                            flash_attention=flash_attention, runtime=runtime, cp=self.cp, cp_comm=self.cp_comm)
 
     @property
-    def layout_key(self) -> tuple[int, int, bool, bool, int]:
+    def data_ranks(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together: ``dp x cp``."""
+        return self.dp * self.cp
+
+    @property
+    def layout_key(self) -> tuple[int, ...]:
         """What decides the layout of the activation between blocks."""
-        return (self.tp, self.dp, self.tp_inner, self.sp, self.ep)
+        key = (self.tp, self.dp, self.tp_inner, self.sp, self.ep)
+        return (*key, self.cp) if self.cp > 1 else key
 
     def describe(self) -> str:
-        parts = [f"tp{self.tp}", f"dp{self.dp}"]
+        cp = f"cp{self.cp}" + (" a2a" if self.cp_comm == "a2a" else "")
+        parts = [f"tp{self.tp}", f"dp{self.dp}"] + ([cp] if self.cp > 1 else [])
         if self.zero:
             parts.append("sdp" if self.zero == 3 else f"zero{self.zero}")
         if self.sp:
@@ -133,7 +142,7 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     """
     workspace = c.grad_workspace_bytes
     peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
-               c.logits_grad_bytes, c.sp_gather_bytes)
+               c.logits_grad_bytes, c.sp_gather_bytes, c.cp_buffer_bytes)
     if s.zero >= 3 and is_block:
         peak = max(peak, c.param_elems_all * (prec.param_bytes + 3 * prec.grad_bytes) + workspace)
     return peak
@@ -156,12 +165,13 @@ def stage_extra_temporary_bytes(root_elems: float, tied_elems: float, tied_works
 def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Precision,
                  shards_parameters: bool | None = None) -> Memory:
     """Weights, gradients and optimizer states of parameter elements, with ZeRO over the data
-    axes: dense parameters shard over all ``dp`` ranks, expert parameters over ``dp / ep``.
+    axes: dense parameters shard over all ``dp x cp`` ranks, expert parameters over ``dp x cp / ep``
+    (Megatron-LM's distributed optimizer shards over the data-and-context-parallel group).
     ``shards_parameters``: whether the weights are sharded between steps (default: ZeRO-3; the
     runtime decides, see :meth:`~parplan.solver.cost.runtime.Runtime.data_parallel`)."""
     total = Memory(MemoryBreakdown(), MemoryBreakdown())
     for group, elems in groups.items():
-        nz = s.dp // s.ep if group.expert else s.dp
+        nz = s.data_ranks // s.ep if group.expert else s.data_ranks
         replicas = (s.tp if group.tp_replicated else 1) * nz
         total = total + Memory(*parameter_states(elems, prec, s.zero, nz, replicas, shards_parameters))
     return total
@@ -209,11 +219,12 @@ class StageTime:
     dp_exposed_seconds: float
     optimizer_seconds: float
     relayout_seconds: float = 0.0
+    cp_comm_seconds: float = 0.0  # the context-parallel exchange (ring or all-to-all) compute does not hide
 
     @property
     def microbatch_seconds(self) -> float:
         return (self.forward_seconds + self.backward_seconds + self.recompute_seconds + self.tp_comm_seconds
-                + self.p2p_seconds + self.relayout_seconds)
+                + self.p2p_seconds + self.relayout_seconds + self.cp_comm_seconds)
 
     @property
     def step_seconds(self) -> float:
@@ -285,6 +296,7 @@ class PlanEvaluator:
         self.calibration = calibration
         self._meshes: dict[tuple[int, LayerStrategy], DeviceMesh] = {}
         self._experts: dict[str, int] = {}  # unit -> experts per MoE layer in it (0: none)
+        self._cp_checked: set[tuple[int, int, str]] = set()  # (tp, cp, cp_comm) the model allows
         self._envs: dict[tuple[int, LayerStrategy, str], TimeEnv] = {}
         self._plan_memory: dict[tuple[Any, ...], PlanMemory] = {}
         self._plan_time: dict[tuple[Any, ...], PlanTime] = {}
@@ -360,7 +372,9 @@ class PlanEvaluator:
         if key not in self._meshes:
             if s.dp % s.ep:
                 raise StrategyError(f"ep {s.ep} must divide dp {s.dp}")
-            data = [("edp", s.dp // s.ep), ("ep", s.ep)]
+            # context-parallel ranks sit inside the data axes, next to the tensor axis (Megatron's
+            # order tp-cp-ep-dp-pp: TP within a node first, then CP)
+            data = [("edp", s.dp // s.ep), ("ep", s.ep)] + ([("cp", s.cp)] if s.cp > 1 else [])
             inner = [*data, ("tp", s.tp)] if s.tp_inner else [("tp", s.tp), *data]
             self._meshes[key] = DeviceMesh.of(self.cluster, [("pp", plan.pp), *inner])
         return self._meshes[key]
@@ -370,7 +384,10 @@ class PlanEvaluator:
         if key not in self._envs:
             mesh = self.mesh(plan, s)
             link = mesh.link("tp", self.cluster) if s.tp > 1 else None
-            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link)
+            # every ring step waits for its slowest hop: the network once the ring leaves a node
+            ring = mesh.hop_link("cp", self.cluster) if s.cp > 1 else None
+            group = mesh.link("cp", self.cluster) if s.cp > 1 else None
+            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group)
         return self._envs[key]
 
     def data_link(self, plan: LayerPlan, s: LayerStrategy, expert: bool = False) -> Link:
@@ -378,18 +395,26 @@ class PlanEvaluator:
         link = self._data_links.get(key)
         if link is None:
             mesh = self.mesh(plan, s)
-            axes = ["edp"] if expert else ["edp", "ep"]
+            axes = (["edp"] if expert else ["edp", "ep"]) + (["cp"] if s.cp > 1 else [])
             link = self._data_links[key] = mesh.group_link([a for a in axes if dict(mesh.axes)[a] > 1], self.cluster)
         return link
 
     def check(self, plan: LayerPlan) -> None:
         """Every block's degrees use exactly the stage's devices (the cluster's, when known)."""
-        sizes = {s.tp * s.dp for s in plan.layers.values()}
+        sizes = {s.tp * s.cp * s.dp for s in plan.layers.values()}
         if len(sizes) > 1:
-            raise StrategyError("every block's tp x dp must be the same (the devices of a stage)")
+            raise StrategyError("every block's tp x cp x dp must be the same (the devices of a stage)")
+        if len({s.cp for s in plan.layers.values()}) > 1:
+            raise StrategyError("every block needs the same context-parallel degree")
+        for tp, cp, comm in {(s.tp, s.cp, s.cp_comm) for s in plan.layers.values() if s.cp > 1}:
+            if (tp, cp, comm) not in self._cp_checked:
+                graph = self.costs_for(plan.local_batch(next(iter(plan.layers.values())))).graph
+                check_context_parallel(graph, cp, comm, tp)
+                self._cp_checked.add((tp, cp, comm))
         n = plan.pp * sizes.pop()
         if self._cluster is not None and n != self._cluster.num_devices:
-            raise StrategyError(f"tp x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
+            with_cp = " x cp" if any(s.cp > 1 for s in plan.layers.values()) else ""
+            raise StrategyError(f"tp{with_cp} x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
         for u, s in plan.layers.items():
             if s.sp and s.tp == 1:
                 raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
@@ -411,8 +436,8 @@ class PlanEvaluator:
     def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam],
                      prec: Precision, unit_numel: float) -> tuple[float, float]:
         """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers) of one operator's
-        parameters, synchronised together: over their data-parallel group (dense: ``dp`` ranks,
-        experts: ``dp / ep``), in the collectives the runtime groups them into
+        parameters, synchronised together: over their data-parallel group (dense: ``dp x cp`` ranks,
+        experts: ``dp x cp / ep``), in the collectives the runtime groups them into
         (:func:`data_parallel_collectives`; ``unit_numel``: the elements of the parameters the unit
         reads, whose one collective the operator shares), and those TP replicates while the
         operator's work is split all-reduced over TP."""
@@ -425,7 +450,7 @@ class PlanEvaluator:
             tp_partial += p.elems if p.tp_partial else 0.0
         sync = gathers = 0.0
         for expert, e in elems.items():
-            n = s.dp // s.ep if expert else s.dp
+            n = s.data_ranks // s.ep if expert else s.data_ranks
             if n > 1 and e:
                 count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, e, prec.grad_bytes,
                                                   numel[expert] / unit_numel if unit_numel else 0.0)
@@ -496,7 +521,7 @@ class PlanEvaluator:
                     named = self._named_units[(key, u)] = dataclasses.replace(hit[0], name=u)
                 return (named, *hit[1:])
         c = self.unit_cost(plan, u, s, prec, timed=False)
-        dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
+        dp = plan.runtime.data_parallel(s.tp, s.data_ranks, s.zero)
         walk = stage_unit(u, gc, s.unit(plan.flash_attention, plan.runtime), c, is_block, dp, prec, seen, tied_ids)
         st = model_states(c.params, s, plan.runtime.states_precision(prec), dp.shards_parameters)
         floats = (*st.bytes.as_floats().values(), *st.redundant.as_floats().values())
@@ -580,7 +605,7 @@ class PlanEvaluator:
         first = strat[units[0]]
         gc = self.costs_for(plan.local_batch(first))
         us = first.unit(plan.flash_attention, plan.runtime)
-        first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
+        first_dp = plan.runtime.data_parallel(first.tp, first.data_ranks, first.zero)
         shared_states = model_states(gc.shared_param_elems(units, us), first, plan.runtime.states_precision(prec),
                                      first_dp.shards_parameters)
         states = states + shared_states
@@ -660,7 +685,7 @@ class PlanEvaluator:
             for u in chunk:
                 s = strat[u]
                 c = self.unit_cost(plan, u, s, prec, timed=False)
-                dp = plan.runtime.data_parallel(s.tp, s.dp, s.zero)
+                dp = plan.runtime.data_parallel(s.tp, s.data_ranks, s.zero)
                 walk.append(stage_unit(u, self.costs_for(plan.local_batch(s)), s.unit(plan.flash_attention,
                                        plan.runtime), c, u in plan.layers, dp, prec, seen, tied_ids))
                 states = states + model_states(c.params, s, plan.runtime.states_precision(prec), dp.shards_parameters)
@@ -698,7 +723,7 @@ class PlanEvaluator:
         first = strat[units[0]]
         gc = self.costs_for(plan.local_batch(first))
         us = first.unit(plan.flash_attention, plan.runtime)
-        first_dp = plan.runtime.data_parallel(first.tp, first.dp, first.zero)
+        first_dp = plan.runtime.data_parallel(first.tp, first.data_ranks, first.zero)
         states = states + model_states(gc.shared_param_elems(units, us), first, plan.runtime.states_precision(prec),
                                        first_dp.shards_parameters)
         optimizer = optimizer_temporary_bytes(largest, prec)
@@ -767,17 +792,18 @@ class PlanEvaluator:
     def _one_stage_time(self, plan: LayerPlan, stage: int, units: list[str], unit_stage: Mapping[str, int],
                         strat: Mapping[str, LayerStrategy], prec: Precision) -> StageTime:
         """One stage's seconds: see :meth:`time`."""
-        fwd = bwd = rec = tp = relayout = 0.0
+        fwd = bwd = rec = tp = relayout = cp_exposed = 0.0
         sync_total = exposed = opt = 0.0
         previous: LayerStrategy | None = None
         synced: set[str] = set()  # shared parameters synchronised once per stage
         for u in units:
             s = strat[u]
-            f, b, r, t, traffic, hidden_not, o = self._unit_time_parts(plan, u, s, prec, synced)
+            f, b, r, t, traffic, hidden_not, o, cp = self._unit_time_parts(plan, u, s, prec, synced)
             fwd += f
             bwd += b
             rec += r
             tp += t
+            cp_exposed += cp
             sync_total += traffic
             exposed += hidden_not
             opt += o
@@ -799,12 +825,13 @@ class PlanEvaluator:
             boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
                                          first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
             p2p = sum(2 * p2p_seconds(b, link) for b in boundary)
-        return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout)
+        return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, cp_exposed)
 
     def _unit_time_parts(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision,
-                         synced: set[str]) -> tuple[float, float, float, float, float, float, float]:
-        """One unit's (forward, backward, recompute, TP collectives) seconds of one micro-batch and
-        (gradient traffic, its exposed part, optimizer) seconds per step; kept per alike unit for
+                         synced: set[str]) -> tuple[float, float, float, float, float, float, float, float]:
+        """One unit's (forward, backward, recompute, TP collectives) seconds of one micro-batch,
+        (gradient traffic, its exposed part, optimizer) seconds per step, and the exposed part of its
+        context-parallel exchange of one micro-batch; kept per alike unit for
         units using no shared parameter (``synced`` does not matter for them)."""
         gc = self.costs_for(plan.local_batch(s))
         key: tuple[Any, ...] | None = None
@@ -817,7 +844,8 @@ class PlanEvaluator:
         c = self.unit_cost(plan, u, s, prec, timed=True)
         traffic, hidden_not = self.once_per_step(plan, c, s, prec, synced)
         out = (c.forward_seconds, c.backward_seconds, c.recompute_seconds, c.tp_comm_seconds, traffic, hidden_not,
-               self.optimizer_seconds(model_states(c.params, s, plan.runtime.states_precision(prec)).bytes))
+               self.optimizer_seconds(model_states(c.params, s, plan.runtime.states_precision(prec)).bytes),
+               c.cp_comm_seconds)
         if key is not None:
             self._unit_time[key] = out
         return out
@@ -826,7 +854,7 @@ class PlanEvaluator:
         """Re-distributing the activation entering block ``u`` when its layout differs from the
         previous block's: an all-to-all over the stage's devices, forward and backward."""
         gc = self.costs_for(plan.local_batch(s))
-        n = s.tp * s.dp
+        n = s.tp * s.cp * s.dp
         mesh = self.mesh(plan, s)
         link = mesh.group_link([a for a, size in mesh.axes if a != "pp" and size > 1], self.cluster)
         full = sum(gc.graph.node(i).numel for i in gc.external_inputs[u]) * prec.activation_bytes * s.dp

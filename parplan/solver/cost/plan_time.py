@@ -37,6 +37,7 @@ def plan_time(graph: Graph, cfg: ParallelConfig, cluster: Cluster, calibration: 
               costs: GraphCosts | None = None) -> PlanTime:
     """Predicted step time of ``graph`` (built for one micro-batch) under ``cfg`` on ``cluster``."""
     if cfg.world != cluster.num_devices:
-        raise StrategyError(f"tp*pp*dp = {cfg.world} but the cluster has {cluster.num_devices} devices")
+        cp = "cp*" if cfg.cp > 1 else ""
+        raise StrategyError(f"tp*{cp}pp*dp = {cfg.world} but the cluster has {cluster.num_devices} devices")
     gc = costs or GraphCosts(graph)
     return shared_evaluator(gc, cluster, calibration).time(layer_plan(graph, cfg))

@@ -20,8 +20,15 @@ from typing import Any
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
 from parplan.solver.cost.activations import LOSS_BYTES, Recompute, SavedItem, block_of, saved_items, tensor_bytes
-from parplan.solver.cost.backward import BackwardProfile, UnitSizes, backward_profile, forward_transient
+from parplan.solver.cost.backward import (
+    BackwardProfile,
+    UnitSizes,
+    attention_bytes,
+    backward_profile,
+    forward_transient,
+)
 from parplan.solver.cost.collectives import all_reduce_seconds
+from parplan.solver.cost.context_parallel import AttentionBytes, cp_buffer_bytes, cp_exchange
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.loss_loop import LossLoop, loss_loop
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout, partial_gradient_axes, renaming
@@ -32,7 +39,9 @@ from parplan.solver.cost.rules import op_seconds, unit_parameter_numel
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import (
     UnitStrategy,
+    cp_dim,
     local_elems,
+    mesh_sizes,
     op_mesh,
     uniform_strategy,
     unit_layout,
@@ -86,10 +95,12 @@ class UnitCost:
     recompute_peak_bytes: float = 0.0  # the unit's own activations rebuilt in backward (full recompute)
     logits_grad_bytes: float = 0.0
     sp_gather_bytes: float = 0.0
+    cp_buffer_bytes: float = 0.0  # context parallelism: the exchange's buffers in an attention's backward
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
     recompute_seconds: float = 0.0
     tp_comm_seconds: float = 0.0
+    cp_comm_seconds: float = 0.0  # context parallelism: the exchange (ring or all-to-all) compute does not hide
     owners: list[OwnerOp] = field(default_factory=list)  # with time: operators owning parameters, in order
 
 
@@ -101,6 +112,8 @@ class TimeEnv:
     calibration: Calibration
     precision: Precision
     tp_link: Link | None
+    cp_link: Link | None = None  # the context-parallel ring's slowest hop (cp > 1)
+    cp_group_link: Link | None = None  # the context-parallel group's link for its all-to-alls
 
 
 class GraphCosts:
@@ -254,7 +267,7 @@ class GraphCosts:
         return self._loops[key]
 
     def _price(self, unit: str, s: UnitStrategy, prec: Precision, env: TimeEnv | None) -> UnitCost:
-        mesh = {"tp": s.tp, "ep": s.ep}
+        mesh = mesh_sizes(s)
         c = UnitCost(param_numel=self.param_numel.get(unit, 0.0))
         for p in self.params[unit]:
             lay = unit_layout(p, s)
@@ -292,14 +305,17 @@ class GraphCosts:
                 per_elem = prec.activation_bytes + s.runtime.loss_gradient_buffers(sharded) * LOSS_BYTES
                 c.logits_grad_bytes = max(c.logits_grad_bytes, logits.numel * per_elem / lay.shards(mesh))
             if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
-                c.sp_gather_bytes = max(c.sp_gather_bytes, n.numel * prec.activation_bytes)
+                c.sp_gather_bytes = max(c.sp_gather_bytes, n.numel * prec.activation_bytes / s.cp)
+            if s.cp > 1 and n.kind is OpKind.ATTENTION:
+                c.cp_buffer_bytes = max(c.cp_buffer_bytes,
+                                        cp_buffer_bytes(s.cp_comm, self.attention_bytes(n, s, prec), True))
         if env is not None:
             self._price_time(unit, s, env, c)
         return c
 
     def item_bytes(self, items: Iterable[SavedItem], s: UnitStrategy) -> tuple[float, float]:
         """(bytes, redundant bytes) of saved items on one device, deduplicated by key."""
-        mesh = {"tp": s.tp, "ep": s.ep}
+        mesh = mesh_sizes(s)
         seen: set[str] = set()
         held = redundant = 0.0
         for it in items:
@@ -311,7 +327,8 @@ class GraphCosts:
             if (s.sp and s.runtime.saves_gathered_sp_inputs and it.key == owner.id
                     and owner.kind in (OpKind.LAYERNORM, OpKind.RMSNORM)):
                 # a norm's output is saved by the column-parallel linears it feeds, all-gathered
-                lay = TensorLayout(tuple((d, a) for d, a in lay.split if d not in SEQ_DIMS), lay.partial)
+                lay = TensorLayout(tuple((d, tuple(x for x in a if x != "tp") if d in SEQ_DIMS else a)
+                                         for d, a in lay.split), lay.partial)
             local = it.total_bytes / lay.shards(mesh, it.dims)
             held += local
             if s.tp > 1 and "tp" not in lay.axes:
@@ -319,7 +336,7 @@ class GraphCosts:
         return held, redundant
 
     def _price_time(self, unit: str, s: UnitStrategy, env: TimeEnv, c: UnitCost) -> None:
-        mesh = {"tp": s.tp, "ep": s.ep}
+        mesh = mesh_sizes(s)
         prec = env.precision
         act = prec.activation_bytes
         graph = self.graph
@@ -333,6 +350,10 @@ class GraphCosts:
             c.forward_seconds += f
             c.backward_seconds += b
             c.recompute_seconds += r
+            if s.cp > 1 and n.kind is OpKind.ATTENTION and env.cp_link is not None:
+                exchange = cp_exchange(s.cp_comm, s.cp, self.attention_bytes(n, s, prec), f, b, env.cp_link,
+                                       env.cp_group_link or env.cp_link, recomputed=r > 0)
+                c.cp_comm_seconds += exchange.exposed_seconds
             owned = []
             for i in dict.fromkeys(n.inputs):
                 p = graph.node(i)
@@ -347,16 +368,21 @@ class GraphCosts:
             if owned:
                 c.owners.append(OwnerOp(f, b, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:
-            c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act)
+            c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act, env.cp_link)
 
-    def _tp_comm(self, unit: str, s: UnitStrategy, link: Link, act: int) -> float:
+    def attention_bytes(self, n: Node, s: UnitStrategy, prec: Precision) -> AttentionBytes:
+        """What one rank holds of attention ``n``'s q, k and v, and output (see :mod:`.context_parallel`)."""
+        return attention_bytes(n, UnitSizes(self.graph, s, prec.activation_bytes), prec.activation_bytes)
+
+    def _tp_comm(self, unit: str, s: UnitStrategy, link: Link, act: int, cp_link: Link | None = None) -> float:
         """Tensor-parallel collectives of one micro-batch: every tensor entering an operator of the
         unit converted from its producer's layout to the one the operator needs, and the gradient
         it leaves partial reduced (the ILP's edge rules, :func:`~.resharding.edge_seconds`; readers
-        of one tensor share it), and vocabulary-parallel cross entropy's statistics."""
+        of one tensor share it), and vocabulary-parallel cross entropy's statistics. Under context
+        parallelism attention reads its keys and values as its exchange brings them (priced apart)."""
         graph = self.graph
         mesh = op_mesh(s)
-        sizes, links = mesh.sizes, {"tp": link, "ep": link}
+        sizes, links = mesh.sizes, {"tp": link, "ep": link, "cp": cp_link or link}
         seconds = 0.0
         per_tensor: dict[str, float] = {}
         for n in self.nodes[unit]:
@@ -373,9 +399,11 @@ class GraphCosts:
                 if src.is_parameter or src.kind is OpKind.INPUT:
                     continue
                 origin, produced = _produced_layout(graph, src, s)
-                cost = edge_seconds(origin.numel * tensor_bytes(origin, act), produced,
-                                    input_layout(n, pos, graph, op, mesh),
-                                    partial_gradient_axes(n, pos, graph, op, mesh), sizes, links)
+                needed = input_layout(n, pos, graph, op, mesh)
+                partial = partial_gradient_axes(n, pos, graph, op, mesh)
+                if s.cp > 1 and n.kind is OpKind.ATTENTION and pos in (1, 2):
+                    needed, partial = ring_chunk_layout(needed, src), partial - {"cp"}
+                cost = edge_seconds(origin.numel * tensor_bytes(origin, act), produced, needed, partial, sizes, links)
                 per_tensor[origin.id] = max(per_tensor.get(origin.id, 0.0), cost)
         return seconds + sum(per_tensor.values())
 
@@ -394,7 +422,7 @@ class GraphCosts:
         return dict(self._stage_pieces[key])
 
     def _shared_param_elems(self, units: Iterable[str], s: UnitStrategy) -> dict[ParamGroup, float]:
-        mesh = {"tp": s.tp, "ep": s.ep}
+        mesh = mesh_sizes(s)
         out: dict[ParamGroup, float] = {}
         seen: set[str] = set()
         for u in units:
@@ -476,7 +504,7 @@ class GraphCosts:
     def boundary_bytes(self, units: Iterable[str], stage_of_unit: Callable[[str], int], stage: int,
                        s: UnitStrategy, act_bytes: int) -> list[float]:
         """Per-device bytes of each tensor a stage receives from another stage."""
-        mesh = {"tp": s.tp, "ep": s.ep}
+        mesh = mesh_sizes(s)
         out: list[float] = []
         seen: set[str] = set()
         for u in units:
@@ -487,6 +515,16 @@ class GraphCosts:
                 src = self.graph.node(i)
                 out.append(src.numel * act_bytes / unit_layout(src, s).shards(mesh))
         return out
+
+
+def ring_chunk_layout(needed: TensorLayout, kv: Node) -> TensorLayout:
+    """The layout in which context-parallel attention reads keys or values ``kv``: as it needs them,
+    but split over the context axis like its own share (the rest arrives through its exchange)."""
+    tokens = cp_dim(kv.shape)
+    split = dict(needed.split)
+    if tokens is not None:
+        split[tokens] = (*split.get(tokens, ()), "cp")
+    return TensorLayout.of(split, needed.partial)
 
 
 def _follows_producer(graph: Graph, node: Node) -> bool:

@@ -22,6 +22,7 @@ re-evaluated by the cost model as a whole plan.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -47,11 +48,11 @@ from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, ParamGroup
 from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
-from parplan.solver.dp.space import SpaceOptions, degrees, layer_strategies
+from parplan.solver.dp.space import SpaceOptions, context_degrees, degrees, layer_strategies
 from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.progress import ProgressFn
-from parplan.solver.strategy import Schedule
+from parplan.solver.strategy import Schedule, check_context_parallel
 
 #: Memory granularity of the DP: the budget is cut into this many units.
 MEMORY_UNITS = 512
@@ -119,12 +120,14 @@ class DpSearch:
         self.experts = max((size for n in probe.graph.nodes for d, size in n.dims if d == "expert"), default=0)
         self.moe = self.experts > 0
         self.evaluations = 0
-        self._rows: dict[tuple[int, int, str, bool, int], UnitRow] = {}
+        self.seq_len = int(probe.graph.meta.get("seq_len", 0) or 0)
+        self._cp_allowed: dict[tuple[int, int, str], bool] = {}
+        self._rows: dict[tuple[int, int, str, bool, tuple[int, int]], UnitRow] = {}
         # a stage's tables depend on its units, its in-flight micro-batches, pp and m only (not on
         # where the other stages cut), so partitions sharing a stage share its tables and DP
-        self._tables: dict[tuple[int, int, tuple[str, ...], float, int], StageTables] = {}
+        self._tables: dict[tuple[int, int, tuple[str, ...], float, tuple[int, int]], StageTables] = {}
         self._solved: dict[tuple[Any, ...], tuple[StageSolution, float, int] | None] = {}
-        self._minima: dict[tuple[int, int, int], dict[str, tuple[float, float]]] = {}
+        self._minima: dict[tuple[int, int, tuple[int, int]], dict[str, tuple[float, float]]] = {}
         self.work = {"stage_tables": 0, "stage_solves": 0, "unit_rows": 0, "candidates_pruned": 0, "groups_pruned": 0}
 
     def costs_for(self, batch: int) -> GraphCosts:
@@ -138,23 +141,44 @@ class DpSearch:
         return LayerPlan(pp=pp, num_microbatches=m, global_batch=self.B, layers={}, partition=partition,
                           flash_attention=self.flash, precision=self.prec.name)
 
-    def strategies(self, pp: int, m: int) -> list[LayerStrategy]:
+    def context_degrees(self, pp: int) -> list[int]:
+        """CP degrees to try with ``pp`` stages: 1 alone unless the model can be context-parallel."""
+        if self.options.max_cp <= 1:
+            return [1]
+        try:
+            check_context_parallel(self.costs_for(1).graph, 2)
+        except StrategyError:
+            return [1]
+        return context_degrees(self.cluster.num_devices // pp, self.seq_len, self.options)
+
+    def strategies(self, pp: int, m: int, cp: int = 1) -> list[LayerStrategy]:
         n = self.cluster.num_devices // pp
         opts = self.options
         if self.moe and opts.expert_parallel == (1,):
-            opts = SpaceOptions(opts.zero_stages, opts.checkpointing, opts.sequence_parallel, opts.both_orders,
-                                tuple(e for e in degrees(n) if self.experts % e == 0), opts.max_tp)
+            eps = tuple(e for e in degrees(n // cp) if self.experts % e == 0)
+            opts = dataclasses.replace(opts, expert_parallel=eps)
         out = []
-        for s in layer_strategies(n, opts, moe=self.moe):
-            if self.B % (m * s.dp):
+        for s in layer_strategies(n, opts, moe=self.moe, cp=cp):
+            if self.B % (m * s.dp) or (s.cp_comm != "p2p" and not self.allows(s)):
                 continue
             out.append(s)
         return out
 
+    def allows(self, s: LayerStrategy) -> bool:
+        """Whether the model allows ``s``'s context parallelism (the all-to-all splits heads over tp x cp)."""
+        key = (s.tp, s.cp, s.cp_comm)
+        if key not in self._cp_allowed:
+            try:
+                check_context_parallel(self.costs_for(1).graph, s.cp, s.cp_comm, s.tp)
+                self._cp_allowed[key] = True
+            except StrategyError:
+                self._cp_allowed[key] = False
+        return self._cp_allowed[key]
+
     def row(self, pp: int, m: int, unit: str, strats: list[LayerStrategy]) -> UnitRow:
         """Costs of ``unit`` under every strategy (cached per representative unit)."""
         probe = self.costs_for(1)
-        key = (pp, m, probe.representative[unit], unit in self._block_set, len(strats))
+        key = (pp, m, probe.representative[unit], unit in self._block_set, space_key(strats))
         cached = self._rows.get(key)
         if cached is not None:
             return cached
@@ -165,7 +189,7 @@ class DpSearch:
             c = self.ev.unit_cost(plan, unit, s, self.prec, timed=True)
             states = model_states(c.params, s, self.prec)
             _, exposed = self.ev.once_per_step(plan, c, s, self.prec, set(), shared=False)
-            mb = c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds
+            mb = c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds + c.cp_comm_seconds
             r.time[j] = m * mb + exposed + self.ev.optimizer_seconds(states.bytes)
             r.microbatch[j] = mb
             r.states[j] = states.bytes.total
@@ -189,7 +213,7 @@ class DpSearch:
         """The stage's tables (kept per stage units and in-flight count: see :meth:`stage_tables`)."""
         units = self.stage_units(pp, partition, stage)
         flight = in_flight_microbatches(stage, pp, m, Schedule.ONE_F_ONE_B)
-        key = (pp, m, units, flight, len(strats))
+        key = (pp, m, units, flight, space_key(strats))
         tb = self._tables.get(key)
         if tb is None:
             tb = self._tables[key] = self.stage_tables(pp, m, list(units), flight, strats)
@@ -243,14 +267,14 @@ class DpSearch:
                 mem[0, j] += st.bytes.total
             mem[0, j] += shared_items * flight
         relayout = np.array([self.row(pp, m, b, strats).relayout for b in blocks[1:]]).reshape(max(n_l - 1, 0), n_s)
-        layout_ids: dict[tuple[int, int, bool, bool, int], int] = {}
+        layout_ids: dict[tuple[int, ...], int] = {}
         keys = [layout_ids.setdefault(s.layout_key, len(layout_ids)) for s in strats]
         return StageTables(blocks, t, mem, temp, relayout, keys, per_mb)
 
     def unit_minima(self, pp: int, m: int, strats: list[LayerStrategy]) -> dict[str, tuple[float, float]]:
         """Per unit: its least seconds per micro-batch and, apart, its least seconds once per step
         over the strategies (from its row)."""
-        key = (pp, m, len(strats))
+        key = (pp, m, space_key(strats))
         kept = self._minima.get(key)
         if kept is None:
             kept = {}
@@ -375,6 +399,12 @@ class DpSearch:
         return list(dict.fromkeys(out))
 
 
+def space_key(strats: list[LayerStrategy]) -> tuple[int, int]:
+    """What tells the strategy lists of one pipeline degree and micro-batch count apart: their
+    length and their context-parallel degree (every strategy of a list shares it)."""
+    return len(strats), strats[0].cp if strats else 1
+
+
 def balanced_partition(weights: list[float], p: int, scale: Callable[[int, float], float]) -> tuple[int, ...]:
     """Contiguous split into ``p`` non-empty parts minimising the largest part's scaled weight
     (``scale(stage, w)``), by dynamic programming over prefixes."""
@@ -471,10 +501,11 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     groups = []  # (bound on step seconds, pp, micro-batches, strategies)
     degrees_pp = pp_choices or pipeline_degrees(cluster.num_devices, len(ds.blocks))
     for pp in degrees_pp:
-        for m in m_choices or microbatch_counts(global_batch, pp):
-            strats = ds.strategies(pp, m)
-            if strats:
-                groups.append((ds.group_bound(pp, m, strats), pp, m, strats))
+        for cp in ds.context_degrees(pp):
+            for m in m_choices or microbatch_counts(global_batch, pp):
+                strats = ds.strategies(pp, m, cp)
+                if strats:
+                    groups.append((ds.group_bound(pp, m, strats), pp, m, strats))
     groups.sort(key=lambda g: g[0])  # the fastest bounds first: their plans are the ones that prune the rest
     for i, (group_secs, pp, m, strats) in enumerate(groups):
         if time.perf_counter() - t0 > timeout_seconds:
@@ -591,12 +622,13 @@ def _least_memory(ds: DpSearch, cands: list[Candidate]) -> float | None:
     least = math.inf
     for pp in pipeline_degrees(ds.cluster.num_devices, len(ds.blocks)):
         m = max(microbatch_counts(ds.B, pp))
-        strats = ds.strategies(pp, m)
-        if not strats:
-            continue
-        part = even_partition(len(ds.blocks), pp)
-        stages = [ds.tables(pp, m, part, stage, strats) for stage in range(pp)]
-        least = min(least, max(float(tb.mem.min(axis=1).sum() + tb.temp.min()) for tb in stages))
+        for cp in ds.context_degrees(pp):
+            strats = ds.strategies(pp, m, cp)
+            if not strats:
+                continue
+            part = even_partition(len(ds.blocks), pp)
+            stages = [ds.tables(pp, m, part, stage, strats) for stage in range(pp)]
+            least = min(least, max(float(tb.mem.min(axis=1).sum() + tb.temp.min()) for tb in stages))
     return least if math.isfinite(least) else None
 
 

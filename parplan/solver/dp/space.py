@@ -7,6 +7,13 @@ ranks consecutive, or DP ranks consecutive), the kind of data parallelism (plain
 sharded DP = ZeRO-3), activation checkpointing on or off, sequence parallelism with TP, and for MoE
 blocks an expert-parallel degree dividing ``d``.
 
+Context parallelism (CP) is decided with the pipeline, for the whole model: a stage of ``n``
+devices with CP degree ``c`` gives each block ``n / c`` devices to split into TP x DP as above, and
+the ``c`` context-parallel ranks join the DP ranks in holding and reducing the weights (ZeRO is
+offered whenever ``d x c > 1``). CP degrees are powers of two dividing the stage's devices, with
+``2·c`` dividing the sequence and at least ``cp_min_tokens`` tokens per rank. With CP a block
+picks its attention's exchange too: the p2p ring, or all-to-alls (where ``t·c`` divides the heads).
+
 With Galvatron's options (plain DP or SDP, no sequence parallelism) 8 devices give 22 strategies
 over all pipeline degrees, 44 with checkpointing (their paper's count).
 """
@@ -27,9 +34,14 @@ class SpaceOptions:
     both_orders: bool = True
     expert_parallel: tuple[int, ...] = (1,)
     max_tp: int | None = None  # e.g. the devices of a node
+    max_cp: int = 32  # context-parallel degrees offered: powers of two up to this (1: no CP)
+    cp_comm: tuple[str, ...] = ("p2p", "a2a")  # attention's exchanges offered with CP (per block)
+    #: the fewest tokens of a sequence one context-parallel rank may hold: below it a ring step's
+    #: attention is too short to hide the key/value transfer, and CP only adds traffic
+    cp_min_tokens: int = 8192
 
 
-GALVATRON = SpaceOptions(zero_stages=(0, 3), checkpointing=False, sequence_parallel="never")
+GALVATRON = SpaceOptions(zero_stages=(0, 3), checkpointing=False, sequence_parallel="never", max_cp=1)
 
 
 def degrees(n: int) -> list[int]:
@@ -39,15 +51,28 @@ def degrees(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False) -> list[LayerStrategy]:
-    """Every distinct strategy of one block on a stage of ``n`` devices."""
+def context_degrees(n: int, seq_len: int, opts: SpaceOptions) -> list[int]:
+    """CP degrees to offer on stages of ``n`` devices for sequences of ``seq_len`` tokens (1 first)."""
+    out = [1]
+    c = 2
+    while c <= min(opts.max_cp, n) and n % c == 0 and seq_len % (2 * c) == 0 and seq_len // c >= opts.cp_min_tokens:
+        out.append(c)
+        c *= 2
+    return out
+
+
+def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False, cp: int = 1) -> list[LayerStrategy]:
+    """Every distinct strategy of one block on a stage of ``n`` devices with context-parallel degree ``cp``."""
     out: list[LayerStrategy] = []
     recomputes = (Recompute.SELECTIVE, Recompute.FULL) if opts.checkpointing else (Recompute.SELECTIVE,)
+    if n % cp:
+        return out
+    n //= cp
     for t in degrees(n):
         if opts.max_tp is not None and t > opts.max_tp:
             continue
         d = n // t
-        zeros = opts.zero_stages if d > 1 else (0,)
+        zeros = opts.zero_stages if d * cp > 1 else (0,)
         orders = (True, False) if (t > 1 and d > 1 and opts.both_orders) else (True,)
         sps = {"always": (t > 1,), "never": (False,), "choice": (False, True) if t > 1 else (False,)}[
             opts.sequence_parallel]
@@ -57,7 +82,9 @@ def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False) -> list[Laye
                 for sp in sps:
                     for e in eps:
                         for rc in recomputes:
-                            out.append(LayerStrategy(tp=t, dp=d, zero=z, sp=sp, recompute=rc, tp_inner=order, ep=e))
+                            for comm in opts.cp_comm if cp > 1 else ("p2p",):
+                                out.append(LayerStrategy(tp=t, dp=d, zero=z, sp=sp, recompute=rc, tp_inner=order,
+                                                         ep=e, cp=cp, cp_comm=comm))
     return out
 
 
