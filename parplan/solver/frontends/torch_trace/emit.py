@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from parplan.solver.errors import ConfigError
+from parplan.solver.frontends.torch_trace.constants import MAX_REPEAT
 from parplan.solver.frontends.torch_trace.fx import block_of, flatten
 from parplan.solver.frontends.torch_trace.records import DimRef, PendingNode, Value
-from parplan.solver.frontends.torch_trace.tables import MAX_REPEAT
 from parplan.solver.ir import Graph, Node, OpKind, make_node
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from parplan.solver.errors import ConfigError
-from parplan.solver.frontends.torch_trace.tables import ALIAS
+from parplan.solver.frontends.torch_trace.constants import ALIAS
 
 
 def block_of(path: str) -> str | None:

@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from parplan.solver.frontends.torch_trace.constants import ACT_NAMES, FLOAT
 from parplan.solver.frontends.torch_trace.op import handles
 from parplan.solver.frontends.torch_trace.records import Value
-from parplan.solver.frontends.torch_trace.tables import ACT_NAMES, FLOAT
 from parplan.solver.ir import OpKind
 
 if TYPE_CHECKING:

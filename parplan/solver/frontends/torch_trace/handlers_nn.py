@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from parplan.solver.frontends.torch_trace.constants import P_ATTN, P_CLASS, P_EMBED, P_NORM
 from parplan.solver.frontends.torch_trace.op import handles, out_shape
 from parplan.solver.frontends.torch_trace.records import DimRef, Value, flat
-from parplan.solver.frontends.torch_trace.tables import P_ATTN, P_CLASS, P_EMBED, P_NORM
 from parplan.solver.ir import OpKind
 
 if TYPE_CHECKING:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
+from parplan.solver.frontends.torch_trace.constants import ALIAS, EXPAND, PERMUTE, REGROUP
 from parplan.solver.frontends.torch_trace.op import handles, out_shape
 from parplan.solver.frontends.torch_trace.records import Value, flat
-from parplan.solver.frontends.torch_trace.tables import ALIAS, EXPAND, PERMUTE, REGROUP
 from parplan.solver.ir import OpKind
 
 if TYPE_CHECKING:

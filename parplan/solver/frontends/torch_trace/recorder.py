@@ -9,9 +9,7 @@ from typing import Any
 
 from parplan.solver.errors import ConfigError
 from parplan.solver.frontends.torch_trace.atoms import Atoms
-from parplan.solver.frontends.torch_trace.fx import stack_paths
-from parplan.solver.frontends.torch_trace.records import DimRef, Record, Value, flat
-from parplan.solver.frontends.torch_trace.tables import (
+from parplan.solver.frontends.torch_trace.constants import (
     ALIAS,
     EXPAND,
     FLOAT,
@@ -21,6 +19,8 @@ from parplan.solver.frontends.torch_trace.tables import (
     PERMUTE,
     TORCH_DTYPE,
 )
+from parplan.solver.frontends.torch_trace.fx import stack_paths
+from parplan.solver.frontends.torch_trace.records import DimRef, Record, Value, flat
 from parplan.solver.ir import OpKind
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from parplan.solver.errors import ConfigError
+from parplan.solver.frontends.torch_trace.constants import ACT_NAMES, CREATE, FLOAT, P_FFN, P_INPUT, P_USER, VIEWS
 from parplan.solver.frontends.torch_trace.emit import Emitter
 from parplan.solver.frontends.torch_trace.fx import (
     alias_chain,
@@ -26,7 +27,6 @@ from parplan.solver.frontends.torch_trace.handlers_moe import collapse_experts, 
 from parplan.solver.frontends.torch_trace.recorder import Recorder
 from parplan.solver.frontends.torch_trace.records import Value
 from parplan.solver.frontends.torch_trace.table import HANDLERS
-from parplan.solver.frontends.torch_trace.tables import ACT_NAMES, CREATE, FLOAT, P_FFN, P_INPUT, P_USER, VIEWS
 from parplan.solver.ir import DTYPE_BYTES, Graph, OpKind
 
 

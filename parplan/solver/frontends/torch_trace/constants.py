@@ -1,4 +1,4 @@
-"""Fixed tables of the tracer: dtypes, view-op families, recognised activation modules, limits
+"""Constants of the tracer: dtypes, view-op families, recognised activation modules, limits
 and the priorities of dim-name hints."""
 
 from __future__ import annotations
