@@ -18,6 +18,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from parplan.solver.errors import ConfigError
+from parplan.solver.frontends.graph_repeat import expand_graph
+from parplan.solver.frontends.layer_pattern import cut_to_pattern, find_pattern
 from parplan.solver.ir import Graph
 
 #: The extra that installs what tracing needs.
@@ -119,9 +121,14 @@ def default_seq_len(cfg: Mapping[str, Any]) -> int:
 
 
 def trace_hf_config(cfg: Mapping[str, Any], name: str, seq_len: int | None = None,
-                    batch: int = TRACE_BATCH) -> Graph:
+                    batch: int = TRACE_BATCH, *, every_layer: bool = False) -> Graph:
     """The traced graph of the model ``cfg`` describes, for ``batch`` samples of ``seq_len`` tokens
-    (default: :func:`default_seq_len`); a causal LM is traced with its loss (labels = the ids)."""
+    (default: :func:`default_seq_len`); a causal LM is traced with its loss (labels = the ids).
+
+    Unless ``every_layer``, a model whose decoder layers repeat a pattern (:mod:`.layer_pattern`)
+    is traced on its first few layers and the graph grown to the full depth (:mod:`.graph_repeat`),
+    which gives the same graph node for node in a fraction of the time; when the traced periods do
+    not repeat exactly, every layer is traced."""
     if seq_len is not None and seq_len < 1:
         raise ConfigError(f"seq_len must be positive, got {seq_len}")
     if batch < 2:
@@ -132,7 +139,16 @@ def trace_hf_config(cfg: Mapping[str, Any], name: str, seq_len: int | None = Non
     torch = import_torch()
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     inputs = {"input_ids": ids, "labels": ids} if causal else {"input_ids": ids}
-    return trace_model(model, inputs, name, dim_names={batch: "batch", seq: "seq"})
+    dims = {batch: "batch", seq: "seq"}
+    pattern = None if every_layer else find_pattern(model, model.config)
+    if pattern is None:
+        return trace_model(model, inputs, name, dim_names=dims)
+    cut_to_pattern(model, model.config, pattern)
+    grown = expand_graph(trace_model(model, inputs, name, dim_names=dims), pattern)
+    if grown is not None:
+        return grown
+    model, _ = build_meta_model(cfg)
+    return trace_model(model, inputs, name, dim_names=dims)
 
 
 def trace_model(model: Any, inputs: Any, name: str, dim_names: Mapping[int, str] | None = None,
