@@ -30,6 +30,8 @@ TRACE_BATCH = 2
 #: Floating-point dtype of traced tensors: mixed-precision training computes in bf16 (a model built
 #: by ``from_config`` is fp32; the loss stays fp32, as the tracer declares it).
 TRAIN_FLOAT_DTYPE = "bf16"
+#: Sizes a config must give when its transformers config class has them (a default is another model's).
+REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 #: Longest message kept from a library's exception (characters).
 _MAX_DETAIL = 300
 
@@ -93,12 +95,16 @@ def build_meta_model(cfg: Mapping[str, Any]) -> tuple[Any, bool]:
     torch, transformers = import_torch_and_transformers()
     mt = _model_type(cfg)
     fields = {k: v for k, v in cfg.items() if k not in ("model_type", "transformers_version", "architectures")}
+    if mt not in transformers.CONFIG_MAPPING:
+        raise ConfigError(f"HF config: model_type {mt!r} is unknown to transformers {transformers.__version__} "
+                          f"(a typo, or a model newer than this transformers: upgrade it)")
     with _quiet():
         try:
             config = transformers.AutoConfig.for_model(mt, **fields)
         except Exception as e:  # transformers raises ValueError, KeyError, TypeError ... on bad configs
             raise ConfigError(f"HF config (model_type {mt!r}): transformers {transformers.__version__} cannot read "
                               f"it: {one_line(e)}") from None
+        _check_sizes_given(cfg, config, mt)
         errors = []
         for auto, causal in (("AutoModelForCausalLM", True), ("AutoModel", False)):
             try:
@@ -108,6 +114,16 @@ def build_meta_model(cfg: Mapping[str, Any]) -> tuple[Any, bool]:
                 errors.append(f"{auto}: {one_line(e)}")
     raise ConfigError(f"HF config (model_type {mt!r}): transformers {transformers.__version__} cannot build it "
                       f"({'; '.join(errors)})")
+
+
+def _check_sizes_given(cfg: Mapping[str, Any], config: Any, mt: str) -> None:
+    """ConfigError when ``cfg`` leaves out a size of the model that transformers would fill in with
+    its default (a model of another size than the user's)."""
+    aliases = getattr(type(config), "attribute_map", {}) or {}
+    for name in REQUIRED_SIZES:
+        if hasattr(config, name) and name not in cfg and aliases.get(name) not in cfg:
+            raise ConfigError(f"HF config (model_type {mt!r}) is missing required field {name!r} (transformers "
+                              f"would use its default, {getattr(config, name)!r}, another model's size)")
 
 
 def default_seq_len(cfg: Mapping[str, Any]) -> int:

@@ -59,7 +59,12 @@ def trace_module(
     except Exception as e:  # torch.export raises many exception types
         raise ConfigError(f"torch.export could not trace {type(module).__name__}: {type(e).__name__}: {e}") from e
     tracer = Tracer(torch, module, ep, export_input_names(module, args, kwargs), dim_names or {}, float_dtype)
-    return tracer.build(name)
+    try:
+        return tracer.build(name)
+    except ConfigError:
+        raise
+    except Exception as e:  # a case the tracer does not foresee: still one line, naming where
+        raise tracer.error(f"cannot map {type(e).__name__}: {e}") from e
 
 
 
