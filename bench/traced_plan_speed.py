@@ -46,6 +46,7 @@ def main() -> None:
     args = ap.parse_args()
     parplan = str(Path(sys.executable).parent / "parplan")
     plan = [parplan, "plan", *CLUSTER, "--search", args.search]
+    title = header(f"Planning Qwen2.5-72B from a traced config.json against its preset ({args.search})")
     with tempfile.TemporaryDirectory() as tmp:
         graph = str(Path(tmp) / "qwen2.5-72b.graph.json")
         cases = {
@@ -59,7 +60,7 @@ def main() -> None:
         for _ in range(args.repeat):
             for case, argv in cases.items():
                 times[case].append(run(argv))
-    print(header(f"Planning Qwen2.5-72B from a traced config.json against its preset ({args.search})"))
+    print(title)
     print(f"\ncluster: {' '.join(CLUSTER)}, `--search {args.search}`; {args.repeat} runs each, alternating\n")
     print("| case | CPU s (min) | CPU s (all) | wall s (min) | CPU vs preset |")
     print("|---|---:|---:|---:|---:|")
