@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from parplan.solver.errors import ConfigError
+from parplan.solver.frontends import trace_cache
 from parplan.solver.frontends.graph_repeat import expand_graph
 from parplan.solver.frontends.layer_pattern import cut_to_pattern, find_pattern
 from parplan.solver.ir import Graph
@@ -144,13 +145,23 @@ def trace_hf_config(cfg: Mapping[str, Any], name: str, seq_len: int | None = Non
     Unless ``every_layer``, a model whose decoder layers repeat a pattern (:mod:`.layer_pattern`)
     is traced on its first few layers and the graph grown to the full depth (:mod:`.graph_repeat`),
     which gives the same graph node for node in a fraction of the time; when the traced periods do
-    not repeat exactly, every layer is traced."""
+    not repeat exactly, every layer is traced. Graphs are kept in :mod:`.trace_cache`: the same
+    config traced again is read back without importing torch."""
     if seq_len is not None and seq_len < 1:
         raise ConfigError(f"seq_len must be positive, got {seq_len}")
     if batch < 2:
         raise ConfigError(f"trace with batch >= 2 (a batch of 1 has no batch dim), got {batch}")
     seq = seq_len or default_seq_len(cfg)
     batch = batch + 1 if batch == seq else batch  # two axes of one size could not be told apart by name
+    key = trace_cache.entry_key(cfg, name, seq, batch, every_layer)
+    graph = trace_cache.load(key)
+    if graph is None:
+        graph = _trace(cfg, name, seq, batch, every_layer)
+        trace_cache.store(key, graph)
+    return graph
+
+
+def _trace(cfg: Mapping[str, Any], name: str, seq: int, batch: int, every_layer: bool) -> Graph:
     model, causal = build_meta_model(cfg)
     torch = import_torch()
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
