@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from parplan.solver.frontends.layer_pattern import LayerPattern
+from parplan.solver.frontends.torch_trace.emit import units_in_order
 from parplan.solver.ir import Graph, Node
 
 _SUFFIXED = re.compile(r"^(.*?)_(\d+)$")
@@ -195,12 +196,6 @@ def _number_unnamed_dims(nodes: list[Node]) -> list[Node]:
                 rename[d] = f"d{k}"
                 k += 1
     return [_renamed(n, rename) for n in nodes]
-
-
-def units_in_order(nodes: Sequence[Node]) -> list[str]:
-    """Layer tags of operators in graph order, then those only leaves carry."""
-    units = list(dict.fromkeys(n.layer for n in nodes if n.layer is not None and not n.is_leaf))
-    return units + [u for u in dict.fromkeys(n.layer for n in nodes if n.layer is not None) if u not in units]
 
 
 class _Mover:

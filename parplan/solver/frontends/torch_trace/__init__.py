@@ -35,8 +35,9 @@ Attention masks the model computes are kept as the attention's bias input (``cau
 false, as the exported call says).
 
 Modules: :mod:`.atoms` (axes), :mod:`.records` (pass-1 records and traced values), :mod:`.recorder`
-(state and the mappings handlers share), :mod:`.tracer` (export and dispatch), :mod:`.emit` (pass 2),
-``handlers_*`` (operators by family) and :mod:`.table` (the dispatch table built from them).
+(state and the mappings handlers share), :mod:`.tracer` (export and dispatch), :mod:`.fx` (export
+plumbing), :mod:`.emit` (pass 2), :mod:`.op` (what a handler is), ``handlers_*`` (operators by
+family), :mod:`.table` (the dispatch table built from them) and :mod:`.constants`.
 """
 
 from parplan.solver.frontends.torch_trace.table import OP_TABLE

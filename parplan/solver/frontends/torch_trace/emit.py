@@ -4,7 +4,7 @@ a reader needs them), blocks get layer tags from module paths, and atoms get dim
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from parplan.solver.errors import ConfigError
@@ -48,8 +48,7 @@ class Emitter:
         self._tag_layers()
         names = self._name_atoms()
         nodes = [self._finish(sn, names) for sn in self._snodes]
-        units = list(dict.fromkeys(n.layer for n in nodes if n.layer is not None and not n.is_leaf))
-        units += [u for u in dict.fromkeys(n.layer for n in nodes if n.layer is not None) if u not in units]
+        units = units_in_order(nodes)
         meta: dict[str, Any] = {"source": "torch.export", "module": type(self.r.module).__name__,
                                 "parameter_count": sum(n.numel for n in nodes if n.is_parameter)}
         for key, dim in (("batch", "batch"), ("seq_len", "seq")):
@@ -212,3 +211,9 @@ class Emitter:
             attrs["equation"] = f"{', '.join(ops)} -> {' '.join(names[a] for a, _ in sn.dims)}"
         dims = [(names[a], s) for a, s in sn.dims]
         return make_node(sn.id, sn.kind, sn.inputs, tuple(dims), dtype=sn.dtype, layer=sn.layer, **attrs)
+
+
+def units_in_order(nodes: Sequence[Node]) -> list[str]:
+    """Layer tags of operators in graph order, then those only leaves carry (``meta["units"]``)."""
+    units = list(dict.fromkeys(n.layer for n in nodes if n.layer is not None and not n.is_leaf))
+    return units + [u for u in dict.fromkeys(n.layer for n in nodes if n.layer is not None) if u not in units]
