@@ -120,6 +120,8 @@ def _add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> 
 def add_plan_args(plan: argparse.ArgumentParser) -> None:
     """The flags of ``parplan plan`` (``parplan remote plan`` takes the same)."""
     plan.add_argument("--model", required=True, help="preset name, graph JSON or HF config.json")
+    plan.add_argument("--trace", action="store_true",
+                      help="trace an HF config.json with transformers even when parplan maps its model_type by hand")
     _add_cluster_args(plan)
     plan.add_argument("--seq-len", type=_positive, default=None, help="tokens per sample (default: the model's)")
     plan.add_argument("--global-batch", type=_positive, default=None, help="samples per step (default: the GPUs)")
@@ -384,7 +386,7 @@ def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:
 
 def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The HTTP request body (DESIGN.md's shape) equivalent to ``parplan plan`` arguments."""
-    model = resolve_model(args.model, seq_len=args.seq_len)
+    model = resolve_model(args.model, seq_len=args.seq_len, trace=args.trace)
     if model.config is not None and not args.model.endswith(".json"):
         spec: dict[str, Any] = {"preset": model.name}
     else:

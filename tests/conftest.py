@@ -1,7 +1,7 @@
-"""Fixtures shared by the service and worker tests (each folder's conftest defines ``settings``), and
-Hypothesis's profile: under ``CI=true`` its examples are derandomised (the same on every run, so a
-run that lands is reproducible); elsewhere they are random, to keep finding new cases. A case found
-that way is pinned with ``@example``."""
+"""Fixtures shared by the service and worker tests (each folder's conftest defines ``settings``), a
+private cache of traced graphs for every test, and Hypothesis's profile: under ``CI=true`` its
+examples are derandomised (the same on every run, so a run that lands is reproducible); elsewhere
+they are random, to keep finding new cases. A case found that way is pinned with ``@example``."""
 
 from __future__ import annotations
 
@@ -27,3 +27,9 @@ def queue(settings: Settings) -> Iterator[CeleryJobQueue]:
     yield q
     q.purge()
     q.close()
+
+
+@pytest.fixture(autouse=True)
+def _private_trace_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traced graphs are cached per test (never in the user's cache, never from another test)."""
+    monkeypatch.setenv("PARPLAN_TRACE_CACHE", str(tmp_path_factory.mktemp("trace-cache")))

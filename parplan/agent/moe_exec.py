@@ -1,6 +1,6 @@
 """Mixture-of-experts ``dispatch`` and ``combine`` of the graph IR, with expert parallelism.
 
-What the graph says (:mod:`parplan.solver.frontends.torch_moe`): ``dispatch(x, probs)`` sends the
+What the graph says (:mod:`parplan.solver.frontends.torch_trace.handlers_moe`): ``dispatch(x, probs)`` sends the
 tokens ``x [tokens..., hidden]`` to ``[expert, capacity, hidden]`` by the router's probabilities
 ``probs [tokens..., expert]`` (``attrs.top_k`` experts per token); ``combine(y, probs)`` brings the
 experts' outputs ``y [expert, capacity, hidden]`` back to the tokens. Executed here as:

@@ -79,17 +79,18 @@ def resize_graph(graph: Graph, sizes: dict[str, int]) -> Graph:
     return out
 
 
-def model_from_json(doc: dict[str, Any], name: str, *, trace: bool = False, seq_len: int | None = None) -> ModelSource:
+def model_from_json(doc: dict[str, Any], name: str, *, trace: bool = False, seq_len: int | None = None,
+                    trace_mapped: bool = False) -> ModelSource:
     """A graph document (``format: parplan.graph/v1``) or an HF config (``model_type``).
 
-    An HF config without a hand-written mapper is built by transformers and traced when ``trace``
-    (at ``seq_len`` tokens, default its maximum positions); otherwise it is a ConfigError that says
-    how to trace it (the service never traces in a request)."""
+    An HF config without a hand-written mapper (or any HF config, when ``trace_mapped``) is built by
+    transformers and traced when ``trace`` (at ``seq_len`` tokens, default its maximum positions);
+    otherwise it is a ConfigError that says how to trace it (the service never traces in a request)."""
     if "nodes" in doc or str(doc.get("format", "")).startswith("parplan.graph"):
         graph = graph_from_json(doc)
         validate_graph(graph)
         return ModelSource(graph.name or name, graph=graph)
-    if not has_mapper(doc) and isinstance(doc.get("model_type"), str):
+    if (trace_mapped or not has_mapper(doc)) and isinstance(doc.get("model_type"), str):
         if trace:
             graph = trace_hf_config(doc, name, seq_len=seq_len)
             validate_graph(graph)
@@ -101,9 +102,10 @@ def model_from_json(doc: dict[str, Any], name: str, *, trace: bool = False, seq_
     return ModelSource(cfg.name, config=cfg)
 
 
-def resolve_model(spec: str, *, seq_len: int | None = None) -> ModelSource:
+def resolve_model(spec: str, *, seq_len: int | None = None, trace: bool = False) -> ModelSource:
     """A preset name, or the path of a graph JSON / HF ``config.json`` file. An HF config without a
-    hand-written mapper is traced (see :func:`model_from_json`) at ``seq_len`` tokens."""
+    hand-written mapper (any HF config, with ``trace``) is traced (see :func:`model_from_json`) at
+    ``seq_len`` tokens."""
     path = Path(spec)
     if spec.endswith(".json") or path.is_file():
         try:
@@ -115,6 +117,6 @@ def resolve_model(spec: str, *, seq_len: int | None = None) -> ModelSource:
         if not isinstance(doc, dict):
             raise ConfigError(f"{spec}: expected a JSON object")
         return model_from_json(doc, name=path.parent.name if path.name == "config.json" else path.stem, trace=True,
-                               seq_len=seq_len)
+                               seq_len=seq_len, trace_mapped=trace)
     cfg = get_preset(spec)
     return ModelSource(cfg.name, config=cfg)
