@@ -33,9 +33,9 @@ import uuid
 from typing import Any
 
 import httpx
-from service_load import git_commit, machine
+from service_load import git_commit, machine  # also puts the repository root on sys.path
 
-from parplan.service.testing import (
+from tests.support.service import (
     FAST_REQUEST,
     REDIS_URL,
     Proc,

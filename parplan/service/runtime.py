@@ -17,9 +17,9 @@ from parplan.service.caching import LRU, TTLCache
 from parplan.service.database import make_engine, make_session_factory
 from parplan.service.health.metrics import Metrics
 from parplan.service.overload import RateLimiter, make_rate_limiter
+from parplan.service.queue import JobQueue, QueueFactory
 from parplan.service.settings import Settings
-from parplan.workers.queue import JobQueue, make_queue
-from parplan.workers.sweeper import SweeperThread
+from parplan.service.sweeper import SweeperThread
 
 log = logging.getLogger("parplan.service")
 
@@ -69,7 +69,8 @@ class Runtime:
             self.rate_limiter = make_rate_limiter(self.settings)
 
     @staticmethod
-    def create(settings: Settings) -> Runtime:
+    def create(settings: Settings, make_queue: QueueFactory) -> Runtime:
+        """A runtime whose jobs go to the queue ``make_queue`` builds (the workers' factory)."""
         if settings.embedded:
             settings.data_dir.mkdir(parents=True, exist_ok=True)
         engine = make_engine(settings.resolved_database_url)

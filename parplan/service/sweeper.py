@@ -27,11 +27,11 @@ from sqlalchemy.orm import Session
 from parplan.service.database import utcnow
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import JobStatus
+from parplan.service.queue import JobQueue
 from parplan.service.settings import Settings
 from parplan.service.validations.repository import ValidationRepository
-from parplan.workers.queue import JobQueue
 
-log = logging.getLogger("parplan.workers")
+log = logging.getLogger("parplan.service")
 
 
 @dataclass

@@ -16,7 +16,8 @@ from parplan.service.app import create_app
 from parplan.service.auth.service import Scope
 from parplan.service.runtime import Runtime
 from parplan.service.settings import Settings
-from parplan.service.testing import (
+from parplan.workers.celery_app import CeleryJobQueue
+from tests.support.service import (
     committed_db,
     db,
     make_settings,
@@ -26,7 +27,6 @@ from parplan.service.testing import (
     queue_name,
     redis_url,
 )
-from parplan.workers.celery_app import CeleryJobQueue
 
 Headers = dict[str, str]
 

@@ -124,7 +124,7 @@ def test_concurrent_submissions_of_one_token_respect_its_cap(settings: Settings,
                                                              queue: CeleryJobQueue) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from parplan.service.testing import make_token
+    from tests.support.service import make_token
 
     rt = Runtime(settings=settings.model_copy(update={"max_active_jobs_per_token": 1}), session_factory=committed_db,
                  queue=queue, run_sweeper=False)
