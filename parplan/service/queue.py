@@ -24,6 +24,10 @@ class JobQueue(Protocol):
     #: True when enqueueing an id that is already waiting is a no-op (the sweeper then re-sends
     #: every stale job instead of estimating how many messages were lost).
     deduplicates: bool
+    #: True when the queue itself starts waiting jobs in turn by token (the in-process executor).
+    #: False for a first-come-first-served broker: the runtime puts a fair
+    #: :class:`~parplan.service.dispatch.Dispatcher` in front of it.
+    fair: bool
 
     def start(self) -> None:
         """Begin accepting work (the in-process executor starts its threads)."""
