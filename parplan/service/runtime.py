@@ -17,9 +17,10 @@ from parplan.service.caching import LRU, TTLCache
 from parplan.service.database import make_engine, make_session_factory
 from parplan.service.dispatch import Dispatcher
 from parplan.service.health.metrics import Metrics
-from parplan.service.overload import RateLimiter, make_rate_limiter
+from parplan.service.overload import RateLimiter
 from parplan.service.queue import JobQueue, QueueFactory
 from parplan.service.settings import Settings
+from parplan.service.shared_rate_limit import make_rate_limiter
 from parplan.service.sweeper import SweeperThread
 
 log = logging.getLogger("parplan.service")
@@ -95,5 +96,7 @@ class Runtime:
             self._sweeper.join(timeout=10)
             self._sweeper = None
         self.queue.close()
+        if self.rate_limiter is not None:
+            self.rate_limiter.close()
         if self.engine is not None:
             self.engine.dispose()

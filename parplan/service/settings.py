@@ -79,8 +79,9 @@ class Settings(BaseSettings):
                                           "may ask for (larger: 422); a request without one gets "
                                           "min(60, this).")
     rate_limit_per_second: float = Field(default=0.0, ge=0, description="Requests per second each token (or "
-                                         "each client address without a token) may make to /v1, per API process; "
-                                         "0: no limit. Over it: 429 with Retry-After.")
+                                         "each client address without a token) may make to /v1; 0: no limit. Over it: "
+                                         "429 with Retry-After. Counted in Redis when broker_url is set (shared by "
+                                         "every API process), else per API process.")
     rate_limit_burst: int = Field(default=20, ge=1, description="Requests a token may make at once before "
                                   "rate_limit_per_second applies.")
     max_active_jobs_per_token: int = Field(default=100, ge=1, description="Queued or running jobs one token may "

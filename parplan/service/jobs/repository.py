@@ -19,6 +19,8 @@ from parplan.service.models import Job, JobEvent, JobStatus
 from parplan.service.pagination import next_cursor, page
 
 Q, R = JobStatus.QUEUED.value, JobStatus.RUNNING.value
+#: The advisory lock key that serialises job admissions (an arbitrary constant: "parplan" in ASCII).
+SUBMISSIONS_LOCK = int.from_bytes(b"parplan", "big")
 
 
 @dataclass(frozen=True)
@@ -212,12 +214,11 @@ class JobRepository:
                 .order_by(Job.created_at).limit(limit))
         return list(self.session.scalars(stmt))
 
-    def lock_token_submissions(self, token_id: uuid.UUID) -> None:
-        """PostgreSQL: hold a transaction-scoped advisory lock for the token, so its concurrent
-        submissions count and insert one after another (SQLite serialises writers anyway)."""
+    def lock_submissions(self) -> None:
+        """PostgreSQL: hold a transaction-scoped advisory lock, so concurrent submissions (from any
+        API process) count the jobs and insert theirs one after another (SQLite serialises writers)."""
         if self.session.get_bind().dialect.name == "postgresql":
-            key = int.from_bytes(token_id.bytes[:8], "big", signed=True)
-            self.session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+            self.session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMISSIONS_LOCK})
 
     def count_active_for_token(self, token_id: uuid.UUID) -> int:
         """Queued or running jobs the token submitted."""
