@@ -4,8 +4,9 @@ Celery over Redis serves one list in order, so a token that queues a thousand jo
 everyone who comes after it. The :class:`Dispatcher` keeps that list short: it holds at most
 ``dispatch_window`` messages, and the other queued jobs wait in the database. Each pass tops the
 list up with waiting jobs chosen by :func:`fair_order`: the token with the fewest jobs running or
-already handed over goes first (ties: the oldest job), so a newcomer's job is among the next
-``dispatch_window`` to start however long another token's backlog is.
+already handed over goes first, ties to the token served longest ago (round robin; each API
+process remembers its own turns), so a newcomer's job is among the next ``dispatch_window`` to
+start however long another token's backlog is.
 
 State is the database's, as everywhere: a queued job with no ``enqueued_at`` is *waiting*; one
 with ``enqueued_at`` was handed to the broker then. Nothing is lost on a crash: a job is marked
@@ -22,7 +23,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -39,20 +40,25 @@ log = logging.getLogger("parplan.service")
 Head = tuple[uuid.UUID, Hashable, datetime]  # a waiting job: id, its token, when it was created
 
 
-def fair_order(waiting: Sequence[Head], in_flight: dict[Any, int], n: int) -> list[uuid.UUID]:
-    """The next ``n`` jobs to hand over: each time, the oldest waiting job of the token with the
-    fewest in flight (running or handed over; counting those already picked), ties by the age of
-    that job. ``waiting`` holds each token's oldest jobs, any order."""
+def fair_order(waiting: Sequence[Head], in_flight: Mapping[Any, int], n: int,
+               last_served: Mapping[Any, int] | None = None) -> list[uuid.UUID]:
+    """The next ``n`` jobs to hand over. Each time: the token with the fewest jobs in flight
+    (running or handed over, counting those already picked); among those, the one served longest
+    ago (``last_served``: a turn number per token, larger is later; never served goes first); then
+    the one with the oldest job. Its oldest waiting job is next. ``waiting`` holds each token's
+    oldest jobs, in any order."""
     lanes: dict[Hashable, list[Head]] = {}
     for head in sorted(waiting, key=lambda h: (h[2], str(h[0]))):
         lanes.setdefault(head[1], []).append(head)
     load = {token: in_flight.get(token, 0) for token in lanes}
+    served = {token: (last_served or {}).get(token, -1) for token in lanes}
+    turn = max(served.values(), default=0) + 1
     out: list[uuid.UUID] = []
     while len(out) < n and lanes:
-        token = min(lanes, key=lambda t: (load[t], lanes[t][0][2], str(lanes[t][0][0])))
-        job_id = lanes[token].pop(0)[0]
-        out.append(job_id)
+        token = min(lanes, key=lambda t: (load[t], served[t], lanes[t][0][2], str(lanes[t][0][0])))
+        out.append(lanes[token].pop(0)[0])
         load[token] += 1
+        served[token], turn = turn, turn + 1
         if not lanes[token]:
             del lanes[token]
     return out
@@ -74,6 +80,8 @@ class Dispatcher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._turns: dict[Hashable, int] = {}  # token -> the turn it was last served in (this process)
+        self._turn = 0
 
     # -- the JobQueue interface ---------------------------------------------------------------------
     def start(self) -> None:
@@ -114,12 +122,12 @@ class Dispatcher:
     # -- dispatching ----------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before the pass: a job added during it wakes the next one at once
             try:
                 self.dispatch_once()
             except Exception as e:
                 log.warning("dispatch pass failed: %s: %s", e.__class__.__name__, e)
             self._wake.wait(self.settings.dispatch_interval_seconds)
-            self._wake.clear()
 
     def dispatch_once(self, now: datetime | None = None) -> list[uuid.UUID]:
         """Top the broker's queue up to the window; the ids handed over."""
@@ -136,10 +144,15 @@ class Dispatcher:
             free = self.window - depth
             with self.session_factory() as s:
                 jobs = JobRepository(s)
-                order = fair_order(jobs.waiting_heads(free), jobs.in_flight_by_token(), free)
+                heads = jobs.waiting_heads(free)
+                order = fair_order(heads, jobs.in_flight_by_token(), free, self._turns)
                 now = now or utcnow()
                 sent = [job_id for job_id in order if jobs.mark_sent(job_id, now)]
                 s.commit()
+            owner = {h[0]: h[1] for h in heads}
+            for job_id in sent:
+                self._turn += 1
+                self._turns[owner[job_id]] = self._turn
             for i, job_id in enumerate(sent):
                 if not self.inner.enqueue(job_id):  # the broker is down: they wait for the next pass
                     with self.session_factory() as s:

@@ -51,6 +51,24 @@ def client(runtime: Runtime) -> Iterator[TestClient]:
 
 
 @pytest.fixture
+def app_client(settings: Settings, queue: CeleryJobQueue) -> Iterator[Callable[..., TestClient]]:
+    """``app_client(session_factory, **settings)``: a client of a new app instance (its own runtime
+    and rate limiter, as another API process has) with those settings changed."""
+    clients: list[TestClient] = []
+
+    def make(sf: sessionmaker[Session], **changes: Any) -> TestClient:
+        rt = Runtime(settings=settings.model_copy(update=changes), session_factory=sf, queue=queue, run_sweeper=False)
+        c = TestClient(create_app(runtime=rt), raise_server_exceptions=False)
+        c.__enter__()
+        clients.append(c)
+        return c
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
 def auth(db: sessionmaker[Session]) -> Callable[..., Headers]:
     """``auth(Scope.PLANS_WRITE)`` → headers carrying a fresh token with those scopes."""
     def headers(*scopes: Scope) -> Headers:

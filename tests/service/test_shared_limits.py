@@ -5,42 +5,18 @@ cap holds exactly under concurrent submissions through both instances."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from parplan.service.app import create_app
 from parplan.service.auth.service import Scope
 from parplan.service.overload import RateLimiter
-from parplan.service.runtime import Runtime
-from parplan.service.settings import Settings
 from parplan.service.shared_rate_limit import SharedRateLimiter
-from parplan.workers.celery_app import CeleryJobQueue
 from tests.support.service import make_token
 
 SF = sessionmaker[Session]
-
-
-@pytest.fixture
-def apps(settings: Settings, queue: CeleryJobQueue) -> Iterator[Callable[..., TestClient]]:
-    """``apps(session_factory, **settings)``: a client of a new app instance (its own runtime and
-    limiter, as a second API process has) with those settings changed."""
-    clients: list[TestClient] = []
-
-    def make(sf: SF, **changes: Any) -> TestClient:
-        rt = Runtime(settings=settings.model_copy(update=changes), session_factory=sf, queue=queue, run_sweeper=False)
-        c = TestClient(create_app(runtime=rt), raise_server_exceptions=False)
-        c.__enter__()
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.__exit__(None, None, None)
 
 
 def _codes(clients: list[TestClient], headers: dict[str, str], n: int) -> list[int]:
@@ -48,9 +24,9 @@ def _codes(clients: list[TestClient], headers: dict[str, str], n: int) -> list[i
     return [clients[i % len(clients)].get("/v1/jobs", headers=headers).status_code for i in range(n)]
 
 
-def test_two_instances_share_a_tokens_bucket_in_redis(apps: Callable[..., TestClient], db: SF) -> None:
+def test_two_instances_share_a_tokens_bucket_in_redis(app_client: Callable[..., TestClient], db: SF) -> None:
     limits = {"rate_limit_per_second": 0.01, "rate_limit_burst": 3}
-    first, second = apps(db, **limits), apps(db, **limits)
+    first, second = app_client(db, **limits), app_client(db, **limits)
     assert isinstance(first.app.state.runtime.rate_limiter, SharedRateLimiter)  # type: ignore[attr-defined]
     headers = {"Authorization": f"Bearer {make_token(db, Scope.PLANS_READ)}"}
     assert _codes([first, second], headers, 5) == [200, 200, 200, 429, 429]
@@ -62,16 +38,16 @@ def test_two_instances_share_a_tokens_bucket_in_redis(apps: Callable[..., TestCl
     assert _codes([second], other, 1) == [200]
 
 
-def test_without_redis_each_instance_counts_alone(apps: Callable[..., TestClient], db: SF) -> None:
+def test_without_redis_each_instance_counts_alone(app_client: Callable[..., TestClient], db: SF) -> None:
     limits = {"rate_limit_per_second": 0.01, "rate_limit_burst": 3, "broker_url": None}
-    first, second = apps(db, **limits), apps(db, **limits)
+    first, second = app_client(db, **limits), app_client(db, **limits)
     assert type(first.app.state.runtime.rate_limiter) is RateLimiter  # type: ignore[attr-defined]
     headers = {"Authorization": f"Bearer {make_token(db, Scope.PLANS_READ)}"}
     assert _codes([first, second], headers, 8) == [200] * 6 + [429] * 2
 
 
-def test_an_unreachable_redis_falls_back_to_the_process_bucket(apps: Callable[..., TestClient], db: SF) -> None:
-    c = apps(db, rate_limit_per_second=0.01, rate_limit_burst=2, broker_url="redis://127.0.0.1:1/0")
+def test_an_unreachable_redis_falls_back_to_the_process_bucket(app_client: Callable[..., TestClient], db: SF) -> None:
+    c = app_client(db, rate_limit_per_second=0.01, rate_limit_burst=2, broker_url="redis://127.0.0.1:1/0")
     headers = {"Authorization": f"Bearer {make_token(db, Scope.PLANS_READ)}"}
     assert _codes([c], headers, 3) == [200, 200, 429]
 
@@ -89,9 +65,9 @@ def test_the_shared_bucket_refills_at_the_rate(redis_url: str, queue_name: str) 
         limiter.close()
 
 
-def test_the_queue_depth_cap_holds_across_instances(apps: Callable[..., TestClient], committed_db: SF) -> None:
+def test_the_queue_depth_cap_holds_across_instances(app_client: Callable[..., TestClient], committed_db: SF) -> None:
     """Eight new jobs at once through two instances with room for three: three are admitted."""
-    first, second = (apps(committed_db, max_queued_jobs=3) for _ in range(2))
+    first, second = (app_client(committed_db, max_queued_jobs=3) for _ in range(2))
     headers = {"Authorization": f"Bearer {make_token(committed_db, Scope.PLANS_WRITE)}"}
 
     def submit(i: int) -> int:

@@ -55,6 +55,35 @@ def test_fair_order_alternates_and_favours_the_token_with_less_in_flight() -> No
     # More wanted than waiting: all of them, and nothing twice.
     assert sorted(fair_order(a[:2] + b, {}, 10)) == sorted(h[0] for h in a[:2] + b)
     assert fair_order([], {"A": 1}, 4) == []
+    # Equal loads: the token served longest ago first (C never was), whatever the age of its jobs.
+    c = heads("C", 1, 200)
+    assert [ids.get(j, "C1") for j in fair_order(a + b + c, {}, 3, {"A": 5, "B": 3})] == ["C1", "B1", "A1"]
+
+
+def test_more_tokens_than_slots_are_served_in_turn() -> None:
+    """Ten tokens with ten jobs each (submitted token after token), six jobs in flight at a time
+    (two running, a window of four), one finishing per step: every token has a job among the first
+    ten handed over, and each token's jobs are spread evenly (a token's k-th job goes out in round
+    k). Independent of the ordering rule's details: only what a round robin guarantees."""
+    waiting = [h for k in range(10) for h in heads(f"T{k}", 10, 100 * k)]
+    token_of = {h[0]: h[1] for h in waiting}
+    in_flight: list[uuid.UUID] = []
+    turns: dict[str, int] = {}
+    sent: list[str] = []
+    while waiting or in_flight:
+        load: dict[str, int] = {}
+        for j in in_flight:
+            load[token_of[j]] = load.get(token_of[j], 0) + 1
+        picked = fair_order(waiting, load, 6 - len(in_flight), turns)
+        for j in picked:
+            turns[token_of[j]] = len(sent)
+            sent.append(token_of[j])
+        in_flight += picked
+        waiting = [h for h in waiting if h[0] not in picked]
+        in_flight.pop(0)  # the oldest in flight finishes
+    assert len(sent) == 100 and set(sent[:10]) == {f"T{k}" for k in range(10)}
+    for r in range(10):
+        assert sorted(sent[10 * r:10 * r + 10]) == sorted(f"T{k}" for k in range(10)), (r, sent)
 
 
 def _tokens(sf: SF, *names: str) -> list[uuid.UUID]:
