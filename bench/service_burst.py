@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="Celery workers (one process each)")
     p.add_argument("--probe-rate", type=float, default=20.0, help="probe requests per second, each kind")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up waiting for the jobs after this")
+    p.add_argument("--dispatch-window", type=int, default=None,
+                   help="PARPLAN_DISPATCH_WINDOW of the service (default: the service's; 0: first come, first served)")
     args = p.parse_args(argv)
     if args.jobs % args.tokens or args.jobs > 3 * (MAX_SEQ - 63):
         p.error(f"--jobs must be a multiple of --tokens and at most {3 * (MAX_SEQ - 63)} (distinct requests)")
@@ -174,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     host = machine()  # with the load average before the run
     try:
         env = service_env({"PARPLAN_DATABASE_URL": create_database(dbname), "PARPLAN_BROKER_URL": REDIS_URL,
-                           "PARPLAN_QUEUE_NAME": f"parplan-burst-{uuid.uuid4().hex[:6]}", "PARPLAN_AUTH": "required"})
+                           "PARPLAN_QUEUE_NAME": f"parplan-burst-{uuid.uuid4().hex[:6]}", "PARPLAN_AUTH": "required"}
+                          | ({"PARPLAN_DISPATCH_WINDOW": str(args.dispatch_window)}
+                             if args.dispatch_window is not None else {}))
         tokens = [make_token(env, f"burst-{k}") for k in range(args.tokens)]
         server, base = start_server(env)
         procs.append(server)
@@ -217,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
           f"by status: {by_status}")
     print(f"- lost (never finished): {len(lost)}; failed without a reason: {len(failed_without_reason)}; "
           f"attempts other than 1: {len(twice)}")
+    busy = sum((dt.datetime.fromisoformat(j["finished_at"]) - dt.datetime.fromisoformat(j["started_at"]))
+               .total_seconds() for j in jobs.values() if j.get("started_at") and j.get("finished_at"))
+    print(f"- workers busy (sum of the jobs' started-to-finished times over {args.workers} x the wall time): "
+          f"{busy / (args.workers * wall):.0%}")
     print("\n| token | submitted by s | first finished s | median finished s | last finished s |")
     print("|---:|---:|---:|---:|---:|")
     for k in range(args.tokens):
