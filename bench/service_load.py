@@ -47,7 +47,9 @@ from urllib.parse import urlsplit
 import httpx
 from sqlalchemy.engine import make_url
 
-from parplan.service.testing import (
+# The live-service helpers are the tests' support code (tests/support/service.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.service import (
     FAST_REQUEST,
     POSTGRES_ADMIN_URL,
     REDIS_URL,

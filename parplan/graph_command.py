@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from parplan.cli import int_at_least
+from parplan.cli_args import int_at_least
 from parplan.solver.ir import DTYPE_BYTES, Graph
 
 #: sizes of at least two (a size-1 dim is dropped from the graph)
@@ -49,7 +49,7 @@ def _is_factory(spec: str) -> bool:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from parplan.cli import UsageError
+    from parplan.cli_args import UsageError
     from parplan.solver.validate import validate_graph
     from parplan.solver.wire import graph_to_json
 
@@ -79,7 +79,7 @@ def _model_graph(spec: str, batch: int, seq_len: int | None, trace: bool) -> Gra
 
     path = Path(spec)
     if trace and path.suffix == ".json":
-        from parplan.cli import UsageError
+        from parplan.cli_args import UsageError
 
         try:
             cfg = json.loads(path.read_text())
@@ -96,7 +96,7 @@ def _model_graph(spec: str, batch: int, seq_len: int | None, trace: bool) -> Gra
 def _factory_graph(spec: str, batch: int, seq_len: int, float_dtype: str) -> Graph:
     """Trace ``module:factory``'s module (built on the meta device) on ``batch`` x ``seq_len`` token
     ids; the factory may also return ``(module, example_inputs)``."""
-    from parplan.cli import UsageError
+    from parplan.cli_args import UsageError
     from parplan.solver.frontends.hf_trace import import_torch, one_line, trace_model
 
     torch = import_torch()
@@ -120,7 +120,7 @@ def _factory_graph(spec: str, batch: int, seq_len: int, float_dtype: str) -> Gra
 
 def _import(module_name: str) -> Any:
     """A module by dotted name (the working directory first on the path) or by ``.py`` file path."""
-    from parplan.cli import UsageError
+    from parplan.cli_args import UsageError
 
     try:
         if module_name.endswith(".py"):

@@ -13,7 +13,7 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from parplan.cli import add_plan_args
+    from parplan.cli_args import add_plan_args
 
     remote = sub.add_parser("remote", help="run a command on a planning service over HTTP",
                             description="Commands answered by a parplan service (`parplan serve`).")
@@ -43,7 +43,8 @@ def _progress_printer() -> Any:
 
 
 def cmd_remote_plan(args: argparse.Namespace) -> int:
-    from parplan.cli import UsageError, _plan_table, _write_export, plan_request_from_args
+    from parplan.cli_args import UsageError, plan_request_from_args
+    from parplan.cli_output import plan_table, write_export
     from parplan.client import ApiError, Client, JobCancelledError, JobFailedError, ParplanError
 
     if args.export is not None and args.target == "any":
@@ -55,7 +56,7 @@ def cmd_remote_plan(args: argparse.Namespace) -> int:
         with Client(args.url, timeout=args.timeout) as client:
             doc = client.plan_and_wait(body, timeout=args.wait_timeout, on_progress=_progress_printer())
             if args.export is not None and doc.get("memory") is not None:
-                written = _write_export(client.export(doc["id"], args.target), Path(args.export))
+                written = write_export(client.export(doc["id"], args.target), Path(args.export))
                 print(f"wrote {', '.join(written)} to {args.export}", file=sys.stderr)
     except ApiError as e:
         fields = "; ".join(f"{x.get('field')}: {x.get('message')}" for x in e.errors[:10]
@@ -68,5 +69,5 @@ def cmd_remote_plan(args: argparse.Namespace) -> int:
     except ParplanError as e:
         print(f"parplan remote plan: error: {e}", file=sys.stderr)
         return 1
-    print(json.dumps(doc, indent=2) if args.json else _plan_table(doc, args.pareto))
+    print(json.dumps(doc, indent=2) if args.json else plan_table(doc, args.pareto))
     return 0 if doc.get("memory") is not None else 3

@@ -19,7 +19,7 @@ MIB = 2**20
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the agent's subcommands to ``sub``; each sets ``handler`` with ``set_defaults``."""
-    from parplan.cli import _add_strategy_args
+    from parplan.cli_args import add_strategy_args
 
     val = sub.add_parser(
         "validate", help="run a strategy locally with torch.distributed; measured vs predicted memory per rank",
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "distributed APIs, check loss and gradients against a single-process run, and print the "
                     "measured per-rank memory by category beside the cost model's prediction. Runs in fp32; "
                     "models too large for the machine run shrunk (same degrees, fewer layers, smaller hidden).")
-    _add_strategy_args(val, importable=True)
+    add_strategy_args(val, importable=True)
     val.add_argument("--plan", metavar="FILE", default=None,
                      help="run a saved plan instead of the strategy flags: a plan document (parplan plan --json, "
                           "GET /v1/plans/{id}) or target parplan's export (parplan_plan.json), the same file")
@@ -75,7 +75,7 @@ def _device(kind: str | None) -> str:
     if kind is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cuda" and not torch.cuda.is_available():
-        from parplan.cli import UsageError
+        from parplan.cli_args import UsageError
 
         raise UsageError("--device cuda but no CUDA device is available")
     return kind
@@ -104,7 +104,7 @@ def _validate_plan_file(args: argparse.Namespace) -> int:
     """``parplan validate --plan FILE``: the saved plan itself, run and measured."""
     from parplan.agent.launch import LaunchError
     from parplan.agent.validate import hardware
-    from parplan.cli import UsageError
+    from parplan.cli_args import UsageError
 
     used = [f"--{n.replace('_', '-')}" for n in ("model", "gpus", "tp", "pp") if getattr(args, n) is not None]
     if used:
@@ -154,7 +154,7 @@ def _validate_graph_plan(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     from parplan.agent.ilp_exec import strategies_from_plan
     from parplan.agent.launch import LaunchError
     from parplan.agent.traced_validate import run_traced
-    from parplan.cli import UsageError
+    from parplan.cli_args import UsageError
     from parplan.solver.models import resize_graph
     from parplan.solver.wire import graph_from_json
 
@@ -198,7 +198,7 @@ def _validate_torchtitan(args: argparse.Namespace) -> int:
     from parplan.agent.launch import LaunchError
     from parplan.agent.torchtitan_exec import TorchtitanRunError
     from parplan.agent.torchtitan_validate import compare_torchtitan, format_torchtitan
-    from parplan.cli import UsageError
+    from parplan.cli_args import UsageError
     from parplan.imports.common import ImportProblemError
 
     used = [f"--{n.replace('_', '-')}" for n in ("model", "tp", "pp", "plan") if getattr(args, n) is not None]
@@ -224,7 +224,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from parplan.agent.launch import LaunchError
     from parplan.agent.plans import AUTO_SHRINK_PARAMETERS, config_of_source, spec_for
     from parplan.agent.validate import run_and_compare
-    from parplan.cli import UsageError, strategy_from_args
+    from parplan.cli_args import UsageError, strategy_from_args
 
     if args.plan is not None:
         return _validate_plan_file(args)

@@ -1,4 +1,5 @@
-"""The FastAPI application: ``create_app(settings)``; ``uvicorn --factory parplan.service.app:create_app``."""
+"""The FastAPI application: ``create_app(settings, queue_factory=...)``. The service does not know its
+workers: :mod:`parplan.server` passes their queue factory (``uvicorn --factory parplan.server:create_app``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from parplan.service.json_text import check_json_text
 from parplan.service.limits import BodyLimitMiddleware
 from parplan.service.plans.router import router as plans_router
 from parplan.service.profiles.router import router as profiles_router
+from parplan.service.queue import QueueFactory
 from parplan.service.runtime import Runtime
 from parplan.service.settings import Settings
 from parplan.service.ui.router import router as ui_router
@@ -39,12 +41,19 @@ Follow a job with `GET /v1/jobs/{id}/events` (Server-Sent Events) or `GET /v1/jo
 (long poll). People use the dashboard at `/ui`."""
 
 
-def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None) -> FastAPI:
-    """The app. ``runtime`` (tests) replaces the one built from ``settings``; it is started and
-    stopped with the app's lifespan."""
+def create_app(settings: Settings | None = None, *, runtime: Runtime | None = None,
+               queue_factory: QueueFactory | None = None) -> FastAPI:
+    """The app, with a runtime built from ``settings`` whose jobs go to the queue ``queue_factory``
+    builds, or the given ``runtime`` (tests); it is started and stopped with the app's lifespan."""
     settings = settings or (runtime.settings if runtime else Settings())
     redaction.install()
-    rt = runtime or Runtime.create(settings)
+    if runtime is not None:
+        rt = runtime
+    elif queue_factory is not None:
+        rt = Runtime.create(settings, queue_factory)
+    else:
+        raise ValueError("create_app needs a runtime or a queue factory (parplan.server.create_app passes the "
+                         "workers')")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

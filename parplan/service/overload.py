@@ -6,7 +6,11 @@
 - queued jobs in all: ``PARPLAN_MAX_QUEUED_JOBS``; a new job beyond it, 503 with ``Retry-After``.
 
 A cached plan or a request that joins a job in flight creates no job, so the job limits never refuse it.
-The rate limit is kept per API process (with several, each allows the rate).
+With Redis configured (``PARPLAN_BROKER_URL``) the buckets live there and every API process shares
+them (:class:`SharedRateLimiter`); without it, or while Redis is unreachable, each process keeps its
+own. The job limits count rows in the database, which every process shares; on PostgreSQL a new
+job's admission holds a transaction-scoped advisory lock, so concurrent submissions through any
+number of processes never overshoot them.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class RateLimiter:
             self._buckets[key] = (tokens, now)
             return (1.0 - tokens) / self.rate
 
+    def close(self) -> None:
+        """Release what the limiter holds (nothing here)."""
+
     def check(self, key: Hashable, who: str) -> None:
         wait = self.wait_seconds(key)
         if wait > 0:
@@ -70,17 +77,11 @@ class RateLimiter:
                                        f"{self.burst} (PARPLAN_RATE_LIMIT_PER_SECOND); retry in {wait:.1f} s", wait)
 
 
-def make_rate_limiter(settings: Settings) -> RateLimiter | None:
-    if settings.rate_limit_per_second <= 0:
-        return None
-    return RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst)
-
-
 def admit_new_job(session: Session, token_id: uuid.UUID | None, settings: Settings) -> None:
     """Raise 429 when the token has its share of jobs queued or running, 503 when the queue is full."""
     jobs = JobRepository(session)
+    jobs.lock_submissions()  # until commit: both counts stay exact under concurrent submissions
     if token_id is not None:
-        jobs.lock_token_submissions(token_id)  # exact per token; the queue-wide cap may overshoot by a few
         active = jobs.count_active_for_token(token_id)
         if active >= settings.max_active_jobs_per_token:
             raise TooManyRequestsError(

@@ -15,11 +15,13 @@ from sqlalchemy.orm import Session
 from parplan.service.auth.service import TokenVerifier
 from parplan.service.caching import LRU, TTLCache
 from parplan.service.database import make_engine, make_session_factory
+from parplan.service.dispatch import Dispatcher
 from parplan.service.health.metrics import Metrics
-from parplan.service.overload import RateLimiter, make_rate_limiter
+from parplan.service.overload import RateLimiter
+from parplan.service.queue import JobQueue, QueueFactory
 from parplan.service.settings import Settings
-from parplan.workers.queue import JobQueue, make_queue
-from parplan.workers.sweeper import SweeperThread
+from parplan.service.shared_rate_limit import make_rate_limiter
+from parplan.service.sweeper import SweeperThread
 
 log = logging.getLogger("parplan.service")
 
@@ -69,12 +71,17 @@ class Runtime:
             self.rate_limiter = make_rate_limiter(self.settings)
 
     @staticmethod
-    def create(settings: Settings) -> Runtime:
+    def create(settings: Settings, make_queue: QueueFactory) -> Runtime:
+        """A runtime whose jobs go to the queue ``make_queue`` builds (the workers' factory), behind
+        a fair :class:`~parplan.service.dispatch.Dispatcher` when that queue is first come, first served."""
         if settings.embedded:
             settings.data_dir.mkdir(parents=True, exist_ok=True)
         engine = make_engine(settings.resolved_database_url)
         sf = make_session_factory(engine)
-        return Runtime(settings=settings, session_factory=sf, queue=make_queue(settings, sf), engine=engine,
+        queue = make_queue(settings, sf)
+        if not queue.fair and settings.dispatch_window > 0:
+            queue = Dispatcher(queue, sf, settings)
+        return Runtime(settings=settings, session_factory=sf, queue=queue, engine=engine,
                        run_sweeper=settings.sweeper)
 
     def start(self) -> None:
@@ -89,5 +96,7 @@ class Runtime:
             self._sweeper.join(timeout=10)
             self._sweeper = None
         self.queue.close()
+        if self.rate_limiter is not None:
+            self.rate_limiter.close()
         if self.engine is not None:
             self.engine.dispose()

@@ -62,6 +62,12 @@ class Settings(BaseSettings):
     job_max_attempts: int = Field(default=3, ge=1, description="Workers lost on one job before it fails.")
     job_timeout_seconds: float = Field(default=3600.0, gt=0, description="Wall-clock limit of one solve.")
     sweep_interval_seconds: float = Field(default=10.0, gt=0, description="How often `serve` runs the sweeper.")
+    dispatch_window: int = Field(default=4, ge=0, description="Celery layout: jobs the broker's queue holds at "
+                                 "most; the rest wait in the database and are released in turn by token (fair "
+                                 "scheduling). About the number of solves the workers run at once; 0: every job "
+                                 "goes to the broker at once, first come first served.")
+    dispatch_interval_seconds: float = Field(default=0.5, gt=0, description="How often each API process tops up "
+                                             "the broker's queue from the jobs waiting in the database.")
     sweeper: bool = Field(default=True, description="Run the sweeper inside `parplan serve`.")
     agent_timeout_seconds: float = Field(default=60.0, gt=0, description="A claimed validation whose agent "
                                          "has not sent a heartbeat for this long goes back to the queue.")
@@ -73,8 +79,9 @@ class Settings(BaseSettings):
                                           "may ask for (larger: 422); a request without one gets "
                                           "min(60, this).")
     rate_limit_per_second: float = Field(default=0.0, ge=0, description="Requests per second each token (or "
-                                         "each client address without a token) may make to /v1, per API process; "
-                                         "0: no limit. Over it: 429 with Retry-After.")
+                                         "each client address without a token) may make to /v1; 0: no limit. Over it: "
+                                         "429 with Retry-After. Counted in Redis when broker_url is set (shared by "
+                                         "every API process), else per API process.")
     rate_limit_burst: int = Field(default=20, ge=1, description="Requests a token may make at once before "
                                   "rate_limit_per_second applies.")
     max_active_jobs_per_token: int = Field(default=100, ge=1, description="Queued or running jobs one token may "

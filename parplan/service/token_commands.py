@@ -33,12 +33,12 @@ def parse_expires(text: str, now: datetime | None = None) -> datetime:
 @contextmanager
 def token_session() -> Iterator[Any]:
     """A session on the configured database (the embedded one upgraded first), disposed after."""
-    from parplan.service.commands import _settings, _upgrade
+    from parplan.service.command_env import settings_from_env, upgrade_schema
     from parplan.service.database import make_engine, make_session_factory
 
-    settings = _settings()
+    settings = settings_from_env()
     if settings.embedded:
-        _upgrade(settings)
+        upgrade_schema(settings)
     engine = make_engine(settings.resolved_database_url)
     try:
         with make_session_factory(engine)() as session:
@@ -90,7 +90,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_token_revoke(args: argparse.Namespace) -> int:
-    from parplan.cli import UsageError
+    from parplan.cli_args import UsageError
     from parplan.service.auth.repository import TokenRepository
     from parplan.service.database import utcnow
 

@@ -53,6 +53,7 @@ class CeleryJobQueue:
     """Enqueue job ids to the Celery queue in Redis."""
 
     kind = "celery"
+    fair = False
     deduplicates = False
 
     def __init__(self, settings: Settings) -> None:

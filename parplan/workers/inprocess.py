@@ -28,6 +28,7 @@ log = logging.getLogger("parplan.workers")
 
 class InProcessJobQueue:
     kind = "in-process"
+    fair = True
     deduplicates = True
 
     def __init__(self, settings: Settings, session_factory: Callable[[], Session]) -> None:

@@ -26,7 +26,7 @@ from parplan.client import (
     UnauthorizedError,
     UnreachableError,
 )
-from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST, service_env, start_server
+from tests.support.service import FAST_REQUEST, SLOW_REQUEST, service_env, start_server
 
 Service = tuple[str, str, dict[str, str]]
 

@@ -16,7 +16,8 @@ from parplan.service.app import create_app
 from parplan.service.auth.service import Scope
 from parplan.service.runtime import Runtime
 from parplan.service.settings import Settings
-from parplan.service.testing import (
+from parplan.workers.celery_app import CeleryJobQueue
+from tests.support.service import (
     committed_db,
     db,
     make_settings,
@@ -26,7 +27,6 @@ from parplan.service.testing import (
     queue_name,
     redis_url,
 )
-from parplan.workers.celery_app import CeleryJobQueue
 
 Headers = dict[str, str]
 
@@ -48,6 +48,24 @@ def runtime(settings: Settings, db: sessionmaker[Session], queue: CeleryJobQueue
 def client(runtime: Runtime) -> Iterator[TestClient]:
     with TestClient(create_app(runtime=runtime), raise_server_exceptions=False) as c:
         yield c
+
+
+@pytest.fixture
+def app_client(settings: Settings, queue: CeleryJobQueue) -> Iterator[Callable[..., TestClient]]:
+    """``app_client(session_factory, **settings)``: a client of a new app instance (its own runtime
+    and rate limiter, as another API process has) with those settings changed."""
+    clients: list[TestClient] = []
+
+    def make(sf: sessionmaker[Session], **changes: Any) -> TestClient:
+        rt = Runtime(settings=settings.model_copy(update=changes), session_factory=sf, queue=queue, run_sweeper=False)
+        c = TestClient(create_app(runtime=rt), raise_server_exceptions=False)
+        c.__enter__()
+        clients.append(c)
+        return c
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
 
 
 @pytest.fixture

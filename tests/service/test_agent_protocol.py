@@ -18,7 +18,7 @@ from parplan.service.auth.service import Scope
 from parplan.service.database import utcnow
 from parplan.service.models import Agent, Job, JobStatus, Plan, Profile
 from parplan.service.runtime import Runtime
-from parplan.workers.sweeper import sweep
+from parplan.service.sweeper import sweep
 
 Headers = dict[str, str]
 HW = {"key": "A100-80GB", "device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB", "device_count": 8,

@@ -11,7 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool, QueuePool
 
 from parplan.service.db_errors import unavailable_reason
-from parplan.service.testing import POSTGRES_ADMIN_URL, free_port, postgres_available
+from tests.support.service import POSTGRES_ADMIN_URL, free_port, postgres_available
 
 
 def _error(url: str, sql: str, **engine_args: Any) -> SQLAlchemyError:

@@ -13,7 +13,7 @@ from sqlalchemy.pool import NullPool
 from parplan.service import models  # noqa: F401 - registers the tables
 from parplan.service.database import Base
 from parplan.service.migrate import current_revision, downgrade, head_revision, upgrade
-from parplan.service.testing import create_database, drop_database
+from tests.support.service import create_database, drop_database
 
 TABLES = {"api_tokens", "plans", "jobs", "job_events", "agents", "validations", "profiles", "alembic_version"}
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import redis
 
-from parplan.service.testing import (
+from tests.support.service import (
     REDIS_URL,
     create_database,
     drop_database,

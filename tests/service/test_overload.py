@@ -4,7 +4,7 @@ on queued jobs (503 with Retry-After) and a cap on the time limit a request may 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,22 +28,9 @@ def _request(gpus: int) -> dict[str, Any]:
 
 
 @pytest.fixture
-def limited(settings: Settings, db: sessionmaker[Session],
-            queue: CeleryJobQueue) -> Iterator[Callable[..., TestClient]]:
+def limited(app_client: Callable[..., TestClient], db: sessionmaker[Session]) -> Callable[..., TestClient]:
     """``limited(**settings)``: a client of an app with those settings changed."""
-    clients: list[TestClient] = []
-
-    def make(**changes: Any) -> TestClient:
-        rt = Runtime(settings=settings.model_copy(update=changes), session_factory=db, queue=queue,
-                     run_sweeper=False)
-        c = TestClient(create_app(runtime=rt), raise_server_exceptions=False)
-        c.__enter__()
-        clients.append(c)
-        return c
-
-    yield make
-    for c in clients:
-        c.__exit__(None, None, None)
+    return lambda **changes: app_client(db, **changes)
 
 
 def _retry_after(r: Any, status: int) -> int:
@@ -124,7 +111,7 @@ def test_concurrent_submissions_of_one_token_respect_its_cap(settings: Settings,
                                                              queue: CeleryJobQueue) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from parplan.service.testing import make_token
+    from tests.support.service import make_token
 
     rt = Runtime(settings=settings.model_copy(update={"max_active_jobs_per_token": 1}), session_factory=committed_db,
                  queue=queue, run_sweeper=False)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from parplan.service.testing import service_env, start_server
+from tests.support.service import service_env, start_server
 
 ARTIFACTS = Path(__file__).parents[2] / "test-artifacts"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST, finished, poll_job
+from tests.support.service import FAST_REQUEST, SLOW_REQUEST, finished, poll_job
 
 GIB = 2**30
 HF_CONFIGS = Path(__file__).parents[1] / "data" / "hf"

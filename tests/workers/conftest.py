@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from parplan.service.settings import Settings
-from parplan.service.testing import (
+from tests.support.service import (
     Proc,
     committed_db,
     db,

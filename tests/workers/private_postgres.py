@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from parplan.service.migrate import upgrade
-from parplan.service.testing import free_port
+from tests.support.service import free_port
 
 
 def find_binaries() -> Path:

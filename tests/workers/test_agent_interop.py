@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from parplan.service.testing import FAST_REQUEST, Proc, finished, poll_job, service_env, start_server
+from tests.support.service import FAST_REQUEST, Proc, finished, poll_job, service_env, start_server
 
 client_mod = pytest.importorskip("parplan.agent.client")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from parplan.service.testing import (
+from tests.support.service import (
     FAST_REQUEST,
     SLOW_REQUEST,
     Proc,

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from parplan.service.testing import (
+from tests.support.service import (
     MEDIUM_REQUEST,
     SLOW_REQUEST,
     Proc,

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.models import Job, Plan
-from parplan.service.testing import (
+from tests.support.service import (
     FAST_REQUEST,
     SLOW_REQUEST,
     Proc,

@@ -12,10 +12,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.auth.service import Scope, create_token
 from parplan.service.settings import Settings
-from parplan.service.testing import insert_job
 from parplan.workers import inprocess
 from parplan.workers.fair import FairQueue
 from parplan.workers.inprocess import InProcessJobQueue
+from tests.support.service import insert_job
 
 SF = sessionmaker[Session]
 

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.auth.service import Scope
 from parplan.service.models import Job, Plan
-from parplan.service.testing import (
+from tests.support.service import (
     FAST_REQUEST,
     MEDIUM_REQUEST,
     REDIS_URL,

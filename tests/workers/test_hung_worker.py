@@ -22,7 +22,7 @@ from parplan.service.auth.service import Scope
 from parplan.service.database import utcnow
 from parplan.service.jobs.repository import JobRepository, Lease
 from parplan.service.models import Job, JobEvent, JobStatus, Plan
-from parplan.service.testing import (
+from tests.support.service import (
     MEDIUM_REQUEST,
     Proc,
     finished,

@@ -13,9 +13,9 @@ from parplan.service.database import utcnow
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus
 from parplan.service.settings import Settings
-from parplan.service.testing import FAST_REQUEST, SLOW_REQUEST
 from parplan.workers.inprocess import InProcessJobQueue
 from parplan.workers.solve_process import ORPHANED, SolveProcess
+from tests.support.service import FAST_REQUEST, SLOW_REQUEST
 
 SF = sessionmaker[Session]
 

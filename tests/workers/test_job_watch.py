@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from parplan.service.testing import (
+from tests.support.service import (
     FAST_REQUEST,
     MEDIUM_REQUEST,
     Proc,

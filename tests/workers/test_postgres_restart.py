@@ -23,7 +23,7 @@ from sqlalchemy.pool import NullPool
 
 from parplan.service.auth.service import Scope
 from parplan.service.models import Job, JobEvent, Plan
-from parplan.service.testing import (
+from tests.support.service import (
     FAST_REQUEST,
     MEDIUM_REQUEST,
     Proc,

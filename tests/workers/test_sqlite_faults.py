@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import pytest
 
-from parplan.service.testing import (
+from tests.support.service import (
     FAST_REQUEST,
     MEDIUM_REQUEST,
     Proc,

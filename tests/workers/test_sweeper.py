@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from parplan.service.database import utcnow
 from parplan.service.models import Job
 from parplan.service.settings import Settings
-from parplan.service.testing import insert_job, load_job
+from parplan.service.sweeper import sweep
 from parplan.workers.celery_app import CeleryJobQueue
-from parplan.workers.sweeper import sweep
+from tests.support.service import insert_job, load_job
 
 SF = sessionmaker[Session]
 

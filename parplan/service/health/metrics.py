@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import JobStatus
-from parplan.workers.queue import JobQueue
+from parplan.service.queue import JobQueue
 
 log = logging.getLogger("parplan.service")
 

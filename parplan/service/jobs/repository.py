@@ -19,6 +19,8 @@ from parplan.service.models import Job, JobEvent, JobStatus
 from parplan.service.pagination import next_cursor, page
 
 Q, R = JobStatus.QUEUED.value, JobStatus.RUNNING.value
+#: The advisory lock key that serialises job admissions (an arbitrary constant: "parplan" in ASCII).
+SUBMISSIONS_LOCK = int.from_bytes(b"parplan", "big")
 
 
 @dataclass(frozen=True)
@@ -212,12 +214,11 @@ class JobRepository:
                 .order_by(Job.created_at).limit(limit))
         return list(self.session.scalars(stmt))
 
-    def lock_token_submissions(self, token_id: uuid.UUID) -> None:
-        """PostgreSQL: hold a transaction-scoped advisory lock for the token, so its concurrent
-        submissions count and insert one after another (SQLite serialises writers anyway)."""
+    def lock_submissions(self) -> None:
+        """PostgreSQL: hold a transaction-scoped advisory lock, so concurrent submissions (from any
+        API process) count the jobs and insert theirs one after another (SQLite serialises writers)."""
         if self.session.get_bind().dialect.name == "postgresql":
-            key = int.from_bytes(token_id.bytes[:8], "big", signed=True)
-            self.session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+            self.session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMISSIONS_LOCK})
 
     def count_active_for_token(self, token_id: uuid.UUID) -> int:
         """Queued or running jobs the token submitted."""
@@ -226,6 +227,48 @@ class JobRepository:
 
     def count_queued(self) -> int:
         return int(self.session.scalar(select(func.count()).select_from(Job).where(Job.status == Q)) or 0)
+
+    # -- the fair dispatcher (Celery layout): queued jobs with no ``enqueued_at`` wait in the database --
+    def waiting_heads(self, per_token: int) -> list[tuple[uuid.UUID, uuid.UUID | None, datetime]]:
+        """The oldest ``per_token`` waiting jobs of each token: ``(id, token_id, created_at)``."""
+        rank = func.row_number().over(partition_by=Job.token_id, order_by=(Job.created_at, Job.id)).label("rank")
+        inner = (select(Job.id, Job.token_id, Job.created_at, rank)
+                 .where(Job.status == Q, Job.enqueued_at.is_(None)).subquery())
+        rows = self.session.execute(select(inner.c.id, inner.c.token_id, inner.c.created_at)
+                                    .where(inner.c.rank <= per_token).order_by(inner.c.created_at))
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    def in_flight_by_token(self) -> dict[uuid.UUID | None, int]:
+        """Jobs each token has running or handed to the broker."""
+        sent = (Job.status == Q) & Job.enqueued_at.is_not(None)
+        rows = self.session.execute(select(Job.token_id, func.count()).where((Job.status == R) | sent)
+                                    .group_by(Job.token_id))
+        return {token: int(n) for token, n in rows}
+
+    def mark_sent(self, job_id: uuid.UUID, now: datetime) -> bool:
+        """Take a waiting job for the broker (False: another dispatcher took it, or it is no longer queued)."""
+        res = self.session.execute(update(Job).where(Job.id == job_id, Job.status == Q, Job.enqueued_at.is_(None))
+                                   .values(enqueued_at=now).execution_options(synchronize_session=False))
+        return _matched(res)
+
+    def unsend(self, job_ids: Sequence[uuid.UUID], sent_before: datetime | None = None) -> list[uuid.UUID]:
+        """Put queued jobs back among the waiting (their message was not sent, or is lost); those changed."""
+        cond = [Job.id.in_(list(job_ids)), Job.status == Q, Job.enqueued_at.is_not(None)]
+        if sent_before is not None:
+            cond.append(Job.enqueued_at < sent_before)
+        rows = self.session.execute(update(Job).where(*cond).values(enqueued_at=None).returning(Job.id)
+                                    .execution_options(synchronize_session=False))
+        return [r[0] for r in rows]
+
+    def stale_sent(self, sent_before: datetime, limit: int = 500) -> list[uuid.UUID]:
+        """Queued jobs handed to the broker before ``sent_before`` and not yet claimed, oldest first."""
+        return list(self.session.scalars(select(Job.id).where(Job.status == Q, Job.enqueued_at < sent_before)
+                                         .order_by(Job.enqueued_at).limit(limit)))
+
+    def count_sent(self) -> int:
+        """Queued jobs handed to the broker (their messages should be in it)."""
+        return int(self.session.scalar(select(func.count()).select_from(Job)
+                                       .where(Job.status == Q, Job.enqueued_at.is_not(None))) or 0)
 
     def mark_enqueued(self, job_id: uuid.UUID, now: datetime, enqueued_before: datetime | None = None) -> bool:
         cond = [Job.id == job_id, Job.status == Q]

@@ -21,10 +21,10 @@ from parplan.service.plans.repository import PlanRepository
 from parplan.service.plans.schemas import PlanRequestIn
 from parplan.service.problems import InvalidError, TooLargeError, field_error, get_or_404
 from parplan.service.profiles.repository import ProfileRepository
+from parplan.service.queue import JobQueue
 from parplan.service.settings import Settings
 from parplan.solver.errors import GraphIssue, GraphValidationError, SolverError
 from parplan.solver.planner import PlanRequest, RequestError, parse_plan_request, request_hash
-from parplan.workers.queue import JobQueue
 
 #: The solver's time limit when a request gives none.
 DEFAULT_TIME_LIMIT_SECONDS = 60.0

@@ -4,10 +4,12 @@
   again, unless the job was asked to cancel (then ``cancelled``) or already used all its attempts
   (then ``failed``).
 - *Queued jobs not picked up for* ``job_requeue_seconds``: their broker message may be gone (Redis
-  restarted without persistence). With Celery, the sweeper re-sends as many of the oldest as the
-  queue is short of (queued jobs in the database minus messages in Redis); the in-process executor
-  ignores ids it already holds, so there it re-sends all of them. Duplicates are harmless: tasks
-  claim jobs with a conditional UPDATE.
+  restarted without persistence). With Celery, as many of the oldest as the queue is short of
+  (jobs handed to it in the database minus messages in Redis) go back among the jobs waiting for
+  the fair dispatcher (:meth:`~parplan.service.dispatch.Dispatcher.recover_lost`; with
+  ``dispatch_window`` 0, no dispatcher: they are re-sent); the in-process executor ignores ids it
+  already holds, so there all of them are re-sent. Duplicates are harmless: tasks claim jobs with
+  a conditional UPDATE.
 - *Claimed validations whose agent stopped heart-beating*: back to ``queued``.
 
 Every change is a conditional UPDATE, so sweepers in several processes do not conflict. Enqueueing
@@ -25,13 +27,14 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from parplan.service.database import utcnow
+from parplan.service.dispatch import Dispatcher
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import JobStatus
+from parplan.service.queue import JobQueue
 from parplan.service.settings import Settings
 from parplan.service.validations.repository import ValidationRepository
-from parplan.workers.queue import JobQueue
 
-log = logging.getLogger("parplan.workers")
+log = logging.getLogger("parplan.service")
 
 
 @dataclass
@@ -72,8 +75,11 @@ def sweep(session_factory: Callable[[], Session], queue: JobQueue, settings: Set
                 report.requeued_running.append(str(job.id))
                 to_send.append(job.id)
         threshold = now - timedelta(seconds=settings.job_requeue_seconds if requeue_after is None else requeue_after)
-        stale = jobs.stale_queued(threshold)
-        if stale:
+        if isinstance(queue, Dispatcher):  # waiting jobs are the dispatcher's; only lost messages are ours
+            for job_id in queue.recover_lost(jobs, threshold):
+                report.resent_queued.append(str(job_id))
+                to_send.append(job_id)
+        elif stale := jobs.stale_queued(threshold):
             if queue.deduplicates:
                 missing = len(stale)
             else:

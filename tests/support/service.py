@@ -350,7 +350,7 @@ def engine_for(url: str) -> Engine:
     return make_engine(url, pool_size=5, max_overflow=5)
 
 
-# -- pytest fixtures (import them into a conftest with ``from parplan.service.testing import *``) --
+# -- pytest fixtures (import them into a conftest with ``from tests.support.service import *``) --
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:

@@ -1,6 +1,8 @@
-"""The job-queue interface the API enqueues through, and the factory that picks its
-implementation: Celery over Redis when ``PARPLAN_BROKER_URL`` is set, else the in-process
-executor. Everything above this interface is the same code in both layouts."""
+"""The job-queue interface the API enqueues through. The service owns it; the workers package
+implements it (Celery over Redis, or the in-process executor) and hands the service a
+:data:`QueueFactory` (``parplan.workers.factory.make_queue``, wired in :mod:`parplan.server`).
+The service never imports the workers: everything above this interface is the same code in both
+layouts."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ class JobQueue(Protocol):
     #: True when enqueueing an id that is already waiting is a no-op (the sweeper then re-sends
     #: every stale job instead of estimating how many messages were lost).
     deduplicates: bool
+    #: True when the queue itself starts waiting jobs in turn by token (the in-process executor).
+    #: False for a first-come-first-served broker: the runtime puts a fair
+    #: :class:`~parplan.service.dispatch.Dispatcher` in front of it.
+    fair: bool
 
     def start(self) -> None:
         """Begin accepting work (the in-process executor starts its threads)."""
@@ -39,11 +45,5 @@ class JobQueue(Protocol):
         """Stop; running in-process solves are released back to the queue."""
 
 
-def make_queue(settings: Settings, session_factory: Callable[[], Session]) -> JobQueue:
-    if settings.broker_url:
-        from parplan.workers.celery_app import CeleryJobQueue
-
-        return CeleryJobQueue(settings)
-    from parplan.workers.inprocess import InProcessJobQueue
-
-    return InProcessJobQueue(settings, session_factory)
+#: Builds the queue a runtime enqueues through, from the settings and a database session factory.
+QueueFactory = Callable[[Settings, Callable[[], Session]], JobQueue]

@@ -1,0 +1,193 @@
+"""The command line's shared arguments: :class:`UsageError`, argparse types, the strategy and plan
+flags, and what they build (a strategy, an HTTP plan request). Every subcommand module imports
+them from here, never from :mod:`parplan.cli`, so the CLI's modules import in one direction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from parplan.solver.cluster import GPU_PRESETS, make_cluster
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.precision import PRECISIONS
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.models import ModelSource, resolve_model
+from parplan.solver.strategy import ParallelConfig, Schedule, microbatches_for
+from parplan.solver.targets import Target
+from parplan.solver.wire import graph_to_dict
+
+
+class UsageError(Exception):
+    """A command-line argument that cannot be honoured (exit status 2)."""
+
+
+def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (``why`` is added to the error)."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}{why}, got {value}")
+        return value
+    return parse
+
+
+positive = int_at_least(1)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def mesh(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes like 2x4, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive sizes like 2x4, got {text!r}")
+    return sizes
+
+
+def add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--gpus", type=positive, required=required, help="number of devices")
+    p.add_argument("--gpus-per-node", type=positive, default=None, help="devices per node (default: the GPU's)")
+    p.add_argument("--gpu", default="A100-80GB", help=f"GPU preset: {', '.join(GPU_PRESETS)} (default A100-80GB)")
+    p.add_argument("--gpu-memory-gib", type=positive_float, default=None, help="override the device memory (GiB)")
+
+
+def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> None:
+    """The strategy flags; ``importable``: they may come from a trainer's file instead (``--from``)."""
+    p.add_argument("--model", required=not importable,
+                   help="preset name (see `parplan models`), graph JSON or HF config.json")
+    add_cluster_args(p, required=not importable)
+    p.add_argument("--tp", type=positive, required=not importable, help="tensor-parallel degree")
+    p.add_argument("--pp", type=positive, required=not importable, help="pipeline-parallel degree")
+    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="ZeRO stage over the data-parallel group (1 = Megatron's distributed optimizer)")
+    p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="selective",
+                   help="activation recomputation (default selective)")
+    p.add_argument("--micro-batch", type=positive, default=1, help="samples per micro-batch (default 1)")
+    p.add_argument("--global-batch", type=positive, default=None,
+                   help="samples per step (default: micro-batch x dp x 4pp, or x 1 without pipelining)")
+    p.add_argument("--seq-len", type=positive, default=None, help="tokens per sample (default: the model's)")
+    p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b", help="pipeline schedule")
+    p.add_argument("--virtual-stages", type=positive, default=2,
+                   help="model chunks per device for --schedule interleaved (default 2)")
+    p.add_argument("--no-flash-attention", action="store_true",
+                   help="attention materialises the s x s scores (adds Korthikanti's 5as/h term)")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
+                   help="bf16 (default: fp32 grads + master + Adam, 18 B/param), bf16-grad16 (16 B/param), "
+                        "fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, 20 B/param)")
+    p.add_argument("--expert-parallel", type=positive, default=1, help="expert-parallel degree (MoE), divides dp")
+    p.add_argument("--cp", type=positive, default=1,
+                   help="context-parallel degree (ring attention, Megatron-LM's --context-parallel-size): the "
+                        "sequence split over CP ranks; 2 x CP must divide the sequence length")
+    p.add_argument("--cp-comm", choices=["p2p", "a2a"], default="p2p",
+                   help="how attention exchanges under context parallelism: the p2p ring (default) or all-to-alls "
+                        "(a2a, Ulysses: tp x cp must divide the heads)")
+    p.add_argument("--sync-every-microbatch", action="store_true",
+                   help="reduce gradients after every micro-batch, not only the last (FSDP2 with gradient sync on "
+                        "for every backward)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def add_plan_args(plan: argparse.ArgumentParser) -> None:
+    """The flags of ``parplan plan`` (``parplan remote plan`` takes the same)."""
+    plan.add_argument("--model", required=True, help="preset name, graph JSON or HF config.json")
+    plan.add_argument("--trace", action="store_true",
+                      help="trace an HF config.json with transformers even when parplan maps its model_type by hand")
+    add_cluster_args(plan)
+    plan.add_argument("--seq-len", type=positive, default=None, help="tokens per sample (default: the model's)")
+    plan.add_argument("--global-batch", type=positive, default=None, help="samples per step (default: the GPUs)")
+    plan.add_argument("--micro-batch", type=positive, default=None,
+                      help="samples per micro-batch of one data-parallel replica (default: searched)")
+    plan.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
+                      help="training precision, as for parplan memory (default bf16; fp8: Transformer Engine's FP8 "
+                           "recipe)")
+    plan.add_argument("--objective", choices=["min-memory", "max-throughput"], default="min-memory")
+    plan.add_argument("--alpha", type=float, default=None,
+                      help="min-memory as memory + alpha x time: GiB per device one second of step time is worth")
+    plan.add_argument("--max-slowdown", type=float, default=0.1,
+                      help="min-memory: step time within (1 + this) of the best plan found (default 0.1)")
+    plan.add_argument("--memory-budget-gib", type=positive_float, default=None,
+                      help="memory each device may use (default: all of it)")
+    plan.add_argument("--search", choices=["auto", "ilp", "dp"], default="auto")
+    plan.add_argument("--time-limit", type=positive_float, default=60.0, help="solver time limit, seconds")
+    plan.add_argument("--mesh", type=mesh, default=None,
+                      help="fix the ILP's device mesh, e.g. 2x4 (default: searched)")
+    plan.add_argument("--pareto", action="store_true",
+                      help="search and print the whole memory vs step-time frontier (plans no other plan beats on "
+                           "both; slower: every candidate's budget ladder is walked)")
+    plan.add_argument("--target", choices=[t.value for t in Target], default="any",
+                      help="the trainer the plan is for: only what it runs, priced with its buffers, against its "
+                           "own baseline (default any; see README)")
+    plan.add_argument("--export", metavar="DIR", default=None,
+                      help="also write the plan for --target into DIR (its config files and launch lines)")
+    plan.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, ParallelConfig]:
+    """Model, cluster and strategy from parsed ``memory``-style arguments (UsageError if bad)."""
+    model = resolve_model(args.model, seq_len=args.seq_len)
+    cluster = make_cluster(args.gpus, args.gpus_per_node, args.gpu, args.gpu_memory_gib)
+    cp = getattr(args, "cp", 1)
+    per_replica = args.tp * args.pp * cp
+    if cluster.num_devices % per_replica:
+        what = "tp x pp x cp" if cp > 1 else "tp x pp"
+        degrees = f"{args.tp} x {args.pp}" + (f" x {cp}" if cp > 1 else "")
+        raise UsageError(f"{what} = {degrees} = {per_replica} does not divide the {args.gpus} GPUs")
+    dp = cluster.num_devices // per_replica
+    if args.global_batch is None:
+        m = 4 * args.pp if args.pp > 1 else 1
+    else:
+        m = microbatches_for(args.global_batch, args.micro_batch, dp)
+    schedule = Schedule(args.schedule)
+    strategy = ParallelConfig(
+        tp=args.tp, pp=args.pp, dp=dp, zero=args.zero, sequence_parallel=args.sequence_parallel,
+        recompute=Recompute(args.recompute), micro_batch=args.micro_batch, num_microbatches=m,
+        schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
+        flash_attention=not args.no_flash_attention, precision=args.precision,
+        expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")),
+        sync_every_microbatch=args.sync_every_microbatch, cp=cp, cp_comm=getattr(args, "cp_comm", "p2p"))
+    return model, cluster, strategy
+
+
+def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The HTTP request body (DESIGN.md's shape) equivalent to ``parplan plan`` arguments."""
+    model = resolve_model(args.model, seq_len=args.seq_len, trace=getattr(args, "trace", False))
+    if model.config is not None and not args.model.endswith(".json"):
+        spec: dict[str, Any] = {"preset": model.name}
+    else:
+        spec = {"graph": graph_to_dict(model.graph)} if model.graph is not None else {"hf_config": json.loads(
+            Path(args.model).read_text())}
+    return {
+        "model": spec,
+        "cluster": {"gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu,
+                    "gpu_memory_gib": args.gpu_memory_gib},
+        "training": {"global_batch": args.global_batch or args.gpus, "seq_len": args.seq_len,
+                     "micro_batch": args.micro_batch, "precision": args.precision},
+        "objective": {"kind": args.objective, "alpha": args.alpha, "max_slowdown": args.max_slowdown,
+                      "memory_budget_gib": args.memory_budget_gib},
+        "search": args.search,
+        "time_limit": args.time_limit,
+        "mesh": args.mesh,
+        "pareto": args.pareto,
+        "target": args.target,
+    }
+
+
