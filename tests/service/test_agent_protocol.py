@@ -133,6 +133,29 @@ def test_result_rules(client: TestClient, writer: Headers, agent: Headers, db: s
     assert r.status_code == 422
 
 
+def test_an_agent_posts_results_only_for_validations_it_claimed(client: TestClient, writer: Headers,
+                                                                 auth: Callable[..., Headers],
+                                                                 db: sessionmaker[Session]) -> None:
+    """Agent A claims; agent B (same token, then another token's) cannot post its result, nor post
+    for A; A's own result is then accepted and B's attempt changed nothing."""
+    token_a, token_b = auth(Scope.AGENT), auth(Scope.AGENT)
+    a, b_same = _register(client, token_a, "a"), _register(client, token_a, "b")
+    b_other = _register(client, token_b, "c")
+    vid = client.post(f"/v1/plans/{_plan(db)}/validations", headers=writer).json()["validation"]["id"]
+    claimed = client.post("/v1/validations/claim", json={"agent_id": a["id"]}, headers=token_a).json()
+    assert claimed["validation"]["id"] == vid
+    failed = {"status": "failed", "error": "not mine"}
+    r = client.post(f"/v1/validations/{vid}/result", json={"agent_id": b_same["id"], **failed}, headers=token_a)
+    assert r.status_code == 409  # held by another agent
+    r = client.post(f"/v1/validations/{vid}/result", json={"agent_id": b_other["id"], **failed}, headers=token_b)
+    assert r.status_code == 409
+    r = client.post(f"/v1/validations/{vid}/result", json={"agent_id": a["id"], **failed}, headers=token_b)
+    assert r.status_code == 403  # another token's agent
+    r = client.post(f"/v1/validations/{vid}/result", json={"agent_id": a["id"], "status": "failed", "error": "OOM"},
+                    headers=token_a)
+    assert r.status_code == 200 and r.json()["validation"]["error"] == "OOM"
+
+
 def test_claim_long_polls_until_a_validation_arrives(client: TestClient, writer: Headers, agent: Headers,
                                                      db: sessionmaker[Session]) -> None:
     a = _register(client, agent)
