@@ -318,20 +318,26 @@ def kept_peaks(problem: AuxProblem) -> list[int]:
     return kept
 
 
-def _shared_shapes(problem: AuxProblem, kept: list[int]) -> set[tuple[str, object, bytes]]:
-    """The (node or edge, normalised values) pairs that more than one kept peak term holds."""
+def _shape(kind: str, key: object, vals: Any) -> tuple[np.ndarray, float, tuple[str, object, bytes]] | None:
+    """A peak term's values of one node (``kind`` "n") or edge ("e") as a flat array, its largest
+    magnitude, and the key of its shape (the values over that magnitude); None when all are 0."""
     import numpy as np
 
+    arr = np.asarray(vals, dtype=np.float64).ravel()
+    scale = float(np.abs(arr).max())
+    return (arr, scale, (kind, key, (arr / scale).round(12).tobytes())) if scale else None
+
+
+def _shared_shapes(problem: AuxProblem, kept: list[int]) -> set[tuple[str, object, bytes]]:
+    """The (node or edge, normalised values) pairs that more than one kept peak term holds."""
     seen: dict[tuple[str, object, bytes], int] = {}
     for pi in kept:
         term = problem.peaks[pi]
         items = [("n", k, v) for k, v in term.nodes.items()] + [("e", ei, v) for ei, v in term.edges.items()]
         for kind, key, vals in items:
-            arr = np.asarray(vals, dtype=np.float64).ravel()
-            scale = float(np.abs(arr).max())
-            if scale:
-                shape = (kind, key, (arr / scale).round(12).tobytes())
-                seen[shape] = seen.get(shape, 0) + 1
+            shaped = _shape(kind, key, vals)
+            if shaped is not None:
+                seen[shaped[2]] = seen.get(shaped[2], 0) + 1
     return {shape for shape, n in seen.items() if n > 1}
 
 
@@ -339,8 +345,6 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
               time_limit: float | None = None, start: dict[str, int] | None = None,
               cutoff: float | None = None) -> tuple[_Formulation, dict[str, list[int]]]:
     """The model of ``problem`` for ``objective``: (formulation, columns of each node's ``X``)."""
-    import numpy as np
-
     f = _Formulation()
     X: dict[str, list[int]] = {}
     mem_terms: list[tuple[int, float]] = []
@@ -404,11 +408,10 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
 
         def part(kind: str, key: object, vals: Any, cols: list[int], at_start: int | None) -> list[tuple[int, float]]:
             """The term's ``vals`` over ``cols``: written out, or through the sum of its shape."""
-            arr = np.asarray(vals, dtype=np.float64).ravel()
-            scale = float(np.abs(arr).max())
-            if scale == 0.0:
+            shaped = _shape(kind, key, vals)
+            if shaped is None:
                 return []
-            shape = (kind, key, (arr / scale).round(12).tobytes())
+            arr, scale, shape = shaped
             if shape not in shared:
                 return [(c, v / _MEM) for c, v in zip(cols, arr.tolist(), strict=True) if v]
             y = sums.get(shape)
