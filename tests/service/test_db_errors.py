@@ -11,7 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool, QueuePool
 
 from parplan.service.db_errors import unavailable_reason
-from tests.support.service import POSTGRES_ADMIN_URL, free_port, postgres_available
+from tests.support.service import POSTGRES_ADMIN_URL, free_port, postgres_available, unreachable
 
 
 def _error(url: str, sql: str, **engine_args: Any) -> SQLAlchemyError:
@@ -44,8 +44,9 @@ def test_postgres_unreachable_is_unavailable() -> None:
 
 
 def test_postgres_query_errors_are_not_unavailable() -> None:
-    if postgres_available() is not None:
-        pytest.skip("PostgreSQL is not reachable")
+    why = postgres_available()
+    if why is not None:
+        unreachable("PostgreSQL", why)  # skipped, or failed under CI=true
     assert unavailable_reason(_error(POSTGRES_ADMIN_URL, "SELECT * FROM no_such_table", poolclass=NullPool)) is None
     assert unavailable_reason(_error(POSTGRES_ADMIN_URL, "SELECT 1/0", poolclass=NullPool)) is None
 
