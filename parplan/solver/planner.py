@@ -285,10 +285,13 @@ def _ilp(req: PlanRequest, report: ProgressFn, reference_seconds: float | None) 
     return doc
 
 
-def _least_known(req: PlanRequest, doc: dict[str, Any], bases: dict[str, Any]) -> dict[str, Any]:
-    """An infeasible answer whose least memory is the least of the search's and every baseline's
-    (fitting or not): a baseline may need less than the search's own least (its granularity)."""
-    least = min([doc["least_memory_bytes"], *(b.memory.peak_bytes for b in bases.values() if b is not None)])
+def _least_known(req: PlanRequest, doc: dict[str, Any], docs: list[dict[str, Any]],
+                 bases: dict[str, Any]) -> dict[str, Any]:
+    """An infeasible answer whose least memory is the least of every search's (both under ``auto``)
+    and every baseline's, fitting or not: one may need less than another's own least (its granularity)."""
+    least = min([doc["least_memory_bytes"], *(d["least_memory_bytes"] for d in docs
+                                              if d.get("least_memory_bytes") is not None),
+                 *(b.memory.peak_bytes for b in bases.values() if b is not None)])
     if least >= doc["least_memory_bytes"]:
         return doc
     out = _infeasible(req, least, None)
@@ -355,7 +358,7 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     frontier = next((d["pareto"] for d in docs if d.get("pareto")), None)
     doc = searched if best is None else best.document()
     if best is None and doc.get("least_memory_bytes") is not None:
-        doc = _least_known(req, doc, bases)
+        doc = _least_known(req, doc, docs, bases)
     if frontier is not None:
         doc["pareto"] = frontier  # the frontier the answer was chosen against, whichever plan won
     if best is not None and doc is not searched:
