@@ -30,7 +30,6 @@ from parplan.solver.errors import SolverError
 from parplan.solver.evaluate import evaluate
 from parplan.solver.frontends.presets import PRESETS
 from parplan.solver.models import ModelSource, resolve_model
-from parplan.solver.wire import graph_to_dict
 
 __all__ = ["UsageError", "build_parser", "main"]
 
@@ -236,6 +235,8 @@ def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:
         for name, cfg in PRESETS.items():
             if dataclasses.replace(cfg, name=model.config.name, seq_len=model.config.seq_len) == model.config:
                 return {"preset": name}
+    from parplan.solver.wire import graph_to_dict  # (pydantic: imported only when a graph is written)
+
     return {"graph": graph_to_dict(model.build(1, seq_len))}
 
 

@@ -17,7 +17,6 @@ from parplan.solver.cost.runtime import Runtime
 from parplan.solver.models import ModelSource, resolve_model
 from parplan.solver.strategy import ParallelConfig, Schedule, microbatches_for
 from parplan.solver.targets import Target
-from parplan.solver.wire import graph_to_dict
 
 
 class UsageError(Exception):
@@ -173,6 +172,8 @@ def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if model.config is not None and not args.model.endswith(".json"):
         spec: dict[str, Any] = {"preset": model.name}
     else:
+        from parplan.solver.wire import graph_to_dict
+
         spec = {"graph": graph_to_dict(model.graph)} if model.graph is not None else {"hf_config": json.loads(
             Path(args.model).read_text())}
     return {

@@ -11,11 +11,9 @@ from parplan.solver.errors import ConfigError, GraphValidationError, UnknownMode
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.hf import config_from_hf, has_mapper, supported_model_types
-from parplan.solver.frontends.hf_trace import HF_EXTRA, trace_hf_config
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ir import Graph, Node
 from parplan.solver.validate import validate_graph
-from parplan.solver.wire import graph_from_json
 
 
 @dataclass(frozen=True)
@@ -86,11 +84,17 @@ def model_from_json(doc: dict[str, Any], name: str, *, trace: bool = False, seq_
     An HF config without a hand-written mapper (or any HF config, when ``trace_mapped``) is built by
     transformers and traced when ``trace`` (at ``seq_len`` tokens, default its maximum positions);
     otherwise it is a ConfigError that says how to trace it (the service never traces in a request)."""
+    # the graph reader (pydantic) and the tracer (torch, transformers) are imported when needed:
+    # planning a preset pays for neither
     if "nodes" in doc or str(doc.get("format", "")).startswith("parplan.graph"):
+        from parplan.solver.wire import graph_from_json
+
         graph = graph_from_json(doc)
         validate_graph(graph)
         return ModelSource(graph.name or name, graph=graph)
     if (trace_mapped or not has_mapper(doc)) and isinstance(doc.get("model_type"), str):
+        from parplan.solver.frontends.hf_trace import HF_EXTRA, trace_hf_config
+
         if trace:
             graph = trace_hf_config(doc, name, seq_len=seq_len)
             validate_graph(graph)
