@@ -190,6 +190,9 @@ def test_a_read_only_database_file_answers_503_to_writes(data_dir: Path, procs: 
         refused = c.post("/v1/plans", json=FAST_REQUEST | {"cluster": {"gpus": 64}})
         assert _is_unavailable_problem(refused), (refused.status_code, refused.text)
         assert "read-only" in refused.json()["detail"]
+        # not ready either: it can only refuse jobs (the probe's write changes nothing)
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and "read-only" in ready.json()["detail"], (ready.status_code, ready.text)
         # Whether SQLite can still read a WAL database it may not write depends on the state of its
         # -wal and -shm files; either way a read answers its result or 503, never a 500.
         for job in earlier:

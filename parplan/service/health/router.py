@@ -1,4 +1,4 @@
-"""``/healthz`` (the process is up), ``/readyz`` (database and broker reachable), ``/metrics``."""
+"""``/healthz`` (the process is up), ``/readyz`` (database reachable and writable, broker reachable), ``/metrics``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from parplan.service.db_errors import unavailable_reason
 from parplan.service.deps import RuntimeDep
 from parplan.service.problems import problem_response
 
@@ -24,9 +25,14 @@ def readyz(rt: RuntimeDep) -> Response:
     try:
         with rt.session_factory() as s:
             s.execute(text("SELECT 1"))
+            # and writable: a write that changes nothing, rolled back. A database that answers
+            # reads but refuses writes (a read-only SQLite file, a standby) would refuse every job.
+            s.execute(text("UPDATE alembic_version SET version_num = version_num"))
+            s.rollback()
         checks["database"] = "ok"
     except Exception as e:
-        checks["database"] = f"unreachable: {e.__class__.__name__}"
+        reason = unavailable_reason(e)
+        checks["database"] = reason if reason and "read-only" in reason else f"unreachable: {e.__class__.__name__}"
     checks["broker"] = "ok" if rt.queue.ping() else "unreachable"
     checks["queue"] = rt.queue.kind
     if all(v == "ok" for k, v in checks.items() if k != "queue"):
