@@ -25,6 +25,10 @@ CHECK = r"""
 import json, os, sys, warnings
 warnings.simplefilter("ignore")
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import deepspeed.ops
+# On CPU, DeepSpeed's comm backend compiles its shared-memory all-reduce (a C++ extension: minutes of
+# both CI cores on a fresh machine) when it starts. Reading a config runs no collective: left out.
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 import deepspeed.comm as dist
 dist.init_distributed(dist_backend="gloo", verbose=False)
 from deepspeed.runtime.config import DeepSpeedConfig
