@@ -61,6 +61,7 @@ def no_stack_traces() -> Iterator[None]:
     do_not_emit_stack_traces``): the tracer never reads ``meta["stack_trace"]``, and collecting and
     symbolising a traceback per node is about a fifth of exporting a few decoder layers. The flag
     is process-wide, so it is restored afterwards; a torch without it exports as before."""
+    config: Any
     try:
         config = importlib.import_module("torch.fx.config")
     except ImportError:  # pragma: no cover - a torch without the module
