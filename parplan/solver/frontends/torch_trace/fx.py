@@ -59,7 +59,7 @@ def import_torch() -> Any:
 def no_stack_traces() -> Iterator[None]:
     """Export without recording each fx node's Python stack trace (``torch.fx.config.
     do_not_emit_stack_traces``): the tracer never reads ``meta["stack_trace"]``, and collecting and
-    symbolising a traceback per node is about a fifth of exporting a few decoder layers. The flag
+    symbolising a traceback per node is about a tenth of exporting a few decoder layers. The flag
     is process-wide, so it is restored afterwards; a torch without it exports as before."""
     config: Any
     try:
