@@ -18,7 +18,7 @@ from parplan.cli_args import (
     UsageError,
     add_plan_args,
     add_strategy_args,
-    plan_request_from_args,
+    plan_request_and_model,
     strategy_from_args,
 )
 from parplan.cli_output import GIB, gib, plan_table, write_export
@@ -243,10 +243,10 @@ def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from parplan.solver.planner import parse_plan_request, solve
 
-    body = plan_request_from_args(args)
+    body, model = plan_request_and_model(args)
     if args.export is not None and args.target == "any":
         raise UsageError("--export needs --target (megatron, torchtitan, deepspeed, galvatron or parplan)")
-    doc = solve(parse_plan_request(body))
+    doc = solve(parse_plan_request(body, model=model))
     if args.export is not None and doc.get("memory") is not None:
         from parplan.exports import export_plan
 

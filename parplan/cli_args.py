@@ -168,6 +168,14 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
 
 def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The HTTP request body (DESIGN.md's shape) equivalent to ``parplan plan`` arguments."""
+    return plan_request_and_model(args)[0]
+
+
+def plan_request_and_model(args: argparse.Namespace) -> tuple[dict[str, Any], ModelSource | None]:
+    """:func:`plan_request_from_args`, and the model its ``graph`` stands for as
+    :func:`~parplan.solver.planner.parse_plan_request` would read it back (None for a preset or an
+    HF config): the CLI plans with it rather than reading the graph it just wrote (thousands of
+    nodes for a traced config, validated again)."""
     model = resolve_model(args.model, seq_len=args.seq_len, trace=getattr(args, "trace", False))
     if model.config is not None and not args.model.endswith(".json"):
         spec: dict[str, Any] = {"preset": model.name}
@@ -176,7 +184,9 @@ def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
         spec = {"graph": graph_to_dict(model.graph)} if model.graph is not None else {"hf_config": json.loads(
             Path(args.model).read_text())}
-    return {
+    # named as a graph document is named when read back (its name, else "graph")
+    same = ModelSource(model.graph.name or "graph", graph=model.graph) if model.graph is not None else None
+    body = {
         "model": spec,
         "cluster": {"gpus": args.gpus, "gpus_per_node": args.gpus_per_node, "gpu": args.gpu,
                     "gpu_memory_gib": args.gpu_memory_gib},
@@ -190,5 +200,6 @@ def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "pareto": args.pareto,
         "target": args.target,
     }
+    return body, same
 
 

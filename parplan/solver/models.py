@@ -70,7 +70,7 @@ def resize_graph(graph: Graph, sizes: dict[str, int]) -> Graph:
     meta = dict(graph.meta) | ({"seq_len": todo["seq"]} if "seq" in todo else {})
     out = Graph.of(graph.name, nodes, meta)
     try:
-        validate_graph(out)
+        validate_graph(out, resized_from=graph)
     except GraphValidationError as e:
         raise ConfigError(f"graph {graph.name!r} cannot be resized to {todo}: {e}; submit it built for "
                           f"the micro-batch and sequence length you want") from None

@@ -137,11 +137,15 @@ def model_from_spec(spec: Any) -> ModelSource:
     raise RequestError("model", f"unknown model kind {kind!r}; give preset, hf_config or graph")
 
 
-def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAULT_CALIBRATION) -> PlanRequest:
-    """Validate a request body (DESIGN.md's shape) into a :class:`PlanRequest`. Raises RequestError."""
+def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAULT_CALIBRATION, *,
+                       model: ModelSource | None = None) -> PlanRequest:
+    """Validate a request body (DESIGN.md's shape) into a :class:`PlanRequest`. Raises RequestError.
+
+    ``model``, when given, is what ``body["model"]`` reads as, already read and validated (the CLI's
+    traced graph): it is used instead of reading the body's copy again."""
     if not isinstance(body, Mapping):
         raise RequestError("body", "expected a JSON object")
-    model = model_from_spec(body.get("model"))
+    model = model if model is not None else model_from_spec(body.get("model"))
     cl = body.get("cluster") or {}
     if not isinstance(cl, Mapping):
         raise RequestError("cluster", "expected an object")

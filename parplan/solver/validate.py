@@ -45,18 +45,35 @@ class _Issues:
         self.items.append(GraphIssue(node, field, message))
 
 
-def validate_graph(graph: Graph) -> None:
-    """Raise :class:`GraphValidationError` listing every problem; return None when valid."""
+#: ``Graph.memo`` key set once a graph passed :func:`validate_graph` (a graph never changes).
+_VALID = "validated"
+
+
+def validate_graph(graph: Graph, *, resized_from: Graph | None = None) -> None:
+    """Raise :class:`GraphValidationError` listing every problem; return None when valid.
+
+    A graph that passed before returns at once. ``resized_from``: a valid graph that ``graph``
+    copies but for the sizes of some dims (same ids, inputs, kinds, dtypes, dim names and attrs),
+    so only what sizes decide is checked again (each size, each tensor's elements, shape rules)."""
+    if graph.memo.get(_VALID):
+        return
     issues = _Issues()
-    seen: set[str] = set()
-    for n in graph.nodes:
-        if n.id in seen:
-            issues.add(n.id, "id", "duplicated id")
-        seen.add(n.id)
-    for n in graph.nodes:
-        _check_node_local(n, issues)
-    dangling = _check_inputs(graph, issues)
-    order_ok = _check_acyclic(graph, issues)
+    structure_known = resized_from is not None and bool(resized_from.memo.get(_VALID))
+    dangling: set[str] = set()
+    order_ok = True
+    if structure_known:
+        for n in graph.nodes:
+            _check_sizes(n, issues)
+    else:
+        seen: set[str] = set()
+        for n in graph.nodes:
+            if n.id in seen:
+                issues.add(n.id, "id", "duplicated id")
+            seen.add(n.id)
+        for n in graph.nodes:
+            _check_node_local(n, issues)
+        dangling = _check_inputs(graph, issues)
+        order_ok = _check_acyclic(graph, issues)
     if order_ok:
         for n in graph.nodes:
             if n.id in dangling or n.is_leaf:
@@ -65,6 +82,7 @@ def validate_graph(graph: Graph) -> None:
             _check_shapes(n, ins, issues)
     if issues.items:
         raise GraphValidationError(issues.items)
+    graph.memo[_VALID] = True
 
 
 def _check_node_local(n: Node, issues: _Issues) -> None:
@@ -79,13 +97,19 @@ def _check_node_local(n: Node, issues: _Issues) -> None:
         want = f"{lo}" if lo == hi else f"{lo} to {hi if hi is not None else 'any'}"
         issues.add(n.id, "inputs", f"{n.kind.value} takes {want} inputs, got {k}")
     names: set[str] = set()
-    numel = 1
-    for name, size in n.dims:
+    for name, _ in n.dims:
         if not _DIM_NAME.match(name):
             issues.add(n.id, "dims", f"bad dim name {name!r}")
         if name in names:
             issues.add(n.id, f"dims.{name}", "dim name used twice in one tensor")
         names.add(name)
+    _check_sizes(n, issues)
+
+
+def _check_sizes(n: Node, issues: _Issues) -> None:
+    """Each dim's size, and the tensor's elements, within bounds."""
+    numel = 1
+    for name, size in n.dims:
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             issues.add(n.id, f"dims.{name}", f"size must be a positive integer, got {size!r}")
             continue

@@ -248,3 +248,31 @@ def test_architectures_do_not_map_a_moe_to_its_dense_family() -> None:
         from parplan.solver.frontends.hf import config_from_hf
 
         config_from_hf({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]})
+
+
+@pytest.mark.parametrize("graph_name", ["named", ""])
+def test_cli_plans_with_the_model_its_request_reads_back(tmp_path: Path, graph_name: str) -> None:
+    """``parplan plan`` hands the planner the graph it resolved instead of the request's JSON copy:
+    that model must be the one ``parse_plan_request`` reads from the body (name and every node)."""
+    from parplan.cli import build_parser
+    from parplan.cli_args import plan_request_and_model
+    from parplan.solver.planner import model_from_spec
+    from parplan.solver.wire import graph_to_dict
+
+    traced = tmp_path / "gemma2.json"
+    traced.write_text((DATA / "gemma2.json").read_text())
+    graph_file = tmp_path / "model.graph.json"
+    args = build_parser().parse_args(["plan", "--model", str(traced), *PLAN])
+    body, model = plan_request_and_model(args)
+    assert model is not None and model.graph is not None
+    doc = graph_to_dict(model.graph) | {"name": graph_name}
+    graph_file.write_text(json.dumps(doc))
+    for path in (traced, graph_file):
+        body, model = plan_request_and_model(build_parser().parse_args(["plan", "--model", str(path), *PLAN]))
+        read_back = model_from_spec(body["model"])
+        assert model is not None and model.graph is not None and read_back.graph is not None
+        assert model.name == read_back.name and model.graph == read_back.graph
+        assert model.default_seq_len == read_back.default_seq_len
+    assert read_back.name == (graph_name or "graph")
+    _, preset = plan_request_and_model(build_parser().parse_args(["plan", "--model", "gpt-1.7b", *PLAN]))
+    assert preset is None

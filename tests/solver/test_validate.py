@@ -163,3 +163,56 @@ def test_large_graph_validates() -> None:
     nodes += [{"id": f"n{i}", "kind": "elementwise", "inputs": [f"n{i - 1}"], "dims": {"batch": 8, "hidden": 64},
                "attrs": {"fn": "relu"}} for i in range(1, 100_000)]
     validate_graph(graph_from_json({"nodes": nodes}))
+
+
+def _reshaped_doc() -> dict[str, Any]:
+    """The MLP with its output flattened to ``[tokens]`` of a fixed size: resizing ``batch`` breaks
+    the reshape's element count."""
+    doc = _mlp_doc()
+    last = doc["nodes"][-1]
+    numel = 1
+    for size in last["dims"].values():
+        numel *= size
+    doc["nodes"].append({"id": "flat", "kind": "reshape", "inputs": [last["id"]], "dims": {"tokens": numel},
+                         "dtype": last.get("dtype", "bf16")})
+    return doc
+
+
+@pytest.mark.parametrize("sizes", [{"batch": 3}, {"batch": 2**37}, {"batch": 2**30, "hidden": 2**30},
+                                   {"hidden": 0}])
+@pytest.mark.parametrize("doc", [_mlp_doc, _reshaped_doc])
+def test_resized_graph_is_checked_as_a_fresh_copy_would_be(doc: Any, sizes: dict[str, int]) -> None:
+    """``validate_graph(g, resized_from=valid)`` skips the structure checks a resize cannot break:
+    it must report exactly what a full validation of a fresh copy of the graph reports."""
+    from parplan.solver.ir import Graph, Node
+
+    graph = graph_from_json(doc())
+    validate_graph(graph)
+    resized = Graph.of(graph.name, [n if n.is_parameter else Node(n.id, n.kind, n.inputs, tuple(
+        (d, sizes.get(d, s)) for d, s in n.dims), n.dtype, n.layer, n.attrs) for n in graph.nodes], graph.meta)
+    fresh = graph_from_json(graph_to_dict(resized))
+
+    def issues(g: Any, **kw: Any) -> list[tuple[str | None, str, str]] | None:
+        try:
+            validate_graph(g, **kw)
+        except GraphValidationError as e:
+            return [(i.node, i.field, i.message) for i in e.issues]
+        return None
+
+    expected = issues(fresh)
+    assert issues(resized, resized_from=graph) == expected
+    assert (expected is None) == (sizes == {"batch": 3} and doc is _mlp_doc)
+
+
+def test_a_graph_that_passed_is_not_checked_again() -> None:
+    graph = graph_from_json(_mlp_doc())
+    validate_graph(graph)
+    assert graph.memo.get("validated") is True
+    validate_graph(graph)  # and a graph that failed is never marked
+    doc = _mlp_doc()
+    doc["nodes"][2]["inputs"] = ["x", "nowhere"]
+    bad = graph_from_json(doc)
+    for _ in range(2):
+        with pytest.raises(GraphValidationError):
+            validate_graph(bad)
+    assert "validated" not in bad.memo

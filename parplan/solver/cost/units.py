@@ -385,6 +385,7 @@ class GraphCosts:
         sizes, links = mesh.sizes, {"tp": link, "ep": link, "cp": cp_link or link}
         seconds = 0.0
         per_tensor: dict[str, float] = {}
+        produced_by: dict[str, tuple[Node, TensorLayout]] = {}  # a tensor read by several operators
         for n in self.nodes[unit]:
             if n.kind is OpKind.INPUT or _follows_producer(graph, n):
                 continue
@@ -398,7 +399,9 @@ class GraphCosts:
                 src = graph.node(i)
                 if src.is_parameter or src.kind is OpKind.INPUT:
                     continue
-                origin, produced = _produced_layout(graph, src, s)
+                if i not in produced_by:
+                    produced_by[i] = _produced_layout(graph, src, s)
+                origin, produced = produced_by[i]
                 needed = input_layout(n, pos, graph, op, mesh)
                 partial = partial_gradient_axes(n, pos, graph, op, mesh)
                 if s.cp > 1 and n.kind is OpKind.ATTENTION and pos in (1, 2):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from parplan.solver.errors import ConfigError
@@ -51,6 +53,28 @@ def import_torch() -> Any:
     except ImportError as e:  # pragma: no cover - exercised only without torch
         raise ConfigError("tracing PyTorch modules needs torch: install parplan[torch]") from e
     return torch
+
+
+@contextlib.contextmanager
+def no_stack_traces() -> Iterator[None]:
+    """Export without recording each fx node's Python stack trace (``torch.fx.config.
+    do_not_emit_stack_traces``): the tracer never reads ``meta["stack_trace"]``, and collecting and
+    symbolising a traceback per node is about a tenth of exporting a few decoder layers. The flag
+    is process-wide, so it is restored afterwards; a torch without it exports as before."""
+    config: Any
+    try:
+        config = importlib.import_module("torch.fx.config")
+    except ImportError:  # pragma: no cover - a torch without the module
+        config = None
+    if config is None or not hasattr(config, "do_not_emit_stack_traces"):
+        yield
+        return
+    before = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = before
 
 
 def split_inputs(torch: Any, module: Any, example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -18,6 +18,7 @@ from parplan.solver.frontends.torch_trace.fx import (
     is_fx_node,
     is_tensor,
     live_nodes,
+    no_stack_traces,
     split_inputs,
     stack_paths,
     strip,
@@ -53,7 +54,8 @@ def trace_module(
         raise ConfigError(f"trace_module needs a torch.nn.Module, got {type(module).__name__}")
     args, kwargs = split_inputs(torch, module, example_inputs)
     try:
-        ep = torch.export.export(wrap(torch, module), args, kwargs, strict=False)
+        with no_stack_traces():
+            ep = torch.export.export(wrap(torch, module), args, kwargs, strict=False)
     except ConfigError:
         raise
     except Exception as e:  # torch.export raises many exception types
