@@ -51,11 +51,11 @@ def _gpu(text: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def _recompute(text: str | None, assumed: list[str]) -> Recompute:
+def _recompute(text: str | None, assumed: list[str]) -> Recompute | None:
+    """The recomputation a row states; None when it does not say (see :func:`price`)."""
     t = (text or "").lower()
     if not t:
-        assumed.append("recompute selective")
-        return Recompute.SELECTIVE
+        return None
     if "selective" in t:
         return Recompute.SELECTIVE
     if t.startswith("none") or "without activation" in t or t == "no":
@@ -133,6 +133,8 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         runtime = Runtime.DEEPSPEED
     elif "fsdp" in zero_text:
         runtime = Runtime.TORCH
+    tp_overlap = "--tp-comm-overlap" in overlap and runtime is Runtime.MEGATRON
+    param_overlap = "--overlap-param-gather" in overlap and runtime is Runtime.MEGATRON and zero in (1, 2)
     sp = bool(r.get("sequence_parallel"))
     if r.get("sequence_parallel") is None and "--tp-comm-overlap" in overlap and tp > 1:
         # Megatron-LM refuses --tp-comm-overlap without --sequence-parallel (its argument check:
@@ -150,13 +152,34 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     assert gpu is not None
     if "compile" in str(r.get("techniques") or "").lower():
         remark = "; ".join(x for x in (remark, "torch.compile (parplan prices eager kernels)") if x)
-    strategy = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
+    if tp_overlap and tp > 1:
+        assumed.append("TP communication under the GEMMs (--tp-comm-overlap)")
+    if param_overlap and dp > 1:
+        assumed.append("weight all-gather under the next forward (--overlap-param-gather)")
+
+    def layout(recompute: Recompute) -> ParallelConfig:
+        return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
                               sequence_parallel=sp and tp > 1,
-                              recompute=_recompute(r.get("recompute"), assumed), micro_batch=int(mb),
+                              recompute=recompute, micro_batch=int(mb),
                               num_microbatches=m, schedule=schedule,
                               virtual_stages=v if schedule is Schedule.INTERLEAVED else 1,
-                              precision="bf16", runtime=runtime)
-    e = evaluate(ModelSource(cfg.name, config=cfg), make_cluster(gpus, 8, gpu), strategy, seq_len=seq)
+                              precision="bf16", runtime=runtime, tp_comm_overlap=tp_overlap and tp > 1,
+                              overlap_param_gather=param_overlap and dp > 1)
+
+    model, cluster = ModelSource(cfg.name, config=cfg), make_cluster(gpus, 8, gpu)
+    stated = _recompute(r.get("recompute"), assumed)
+    if stated is None:
+        # unstated: selective recomputation (Megatron-LM's usual choice) where it fits the GPU's
+        # memory in parplan's memory model, else full recomputation (the run did fit)
+        e = evaluate(model, cluster, layout(Recompute.SELECTIVE), seq_len=seq)
+        if e.fits:
+            assumed.append("recompute selective")
+        else:
+            assumed.append(f"recompute full (selective needs {e.memory.peak_bytes / 2**30:.0f} GiB)")
+            e = evaluate(model, cluster, layout(Recompute.FULL), seq_len=seq)
+    else:
+        e = evaluate(model, cluster, layout(stated), seq_len=seq)
+    strategy = e.strategy
     published = float(r.get("step_seconds") or r["step_seconds_derived"])
     return {"source": r["source"], "params": r["params"], "gpus": gpus, "gpu": gpu,
             "layout": strategy.describe(), "published_s": published,
