@@ -4,11 +4,16 @@ more than the communication itself. Bounds from closed forms (ring all-gather), 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from parplan.solver.cluster import make_cluster
+from parplan.solver.cost.plan_evaluator import shared_evaluator
+from parplan.solver.cost.plan_memory import layer_plan
 from parplan.solver.cost.plan_time import plan_time
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
@@ -68,3 +73,15 @@ def test_overlap_param_gather_hides_at_most_the_gather_and_one_forward() -> None
 def test_overlap_options_need_what_megatron_needs(kwargs: dict[str, object]) -> None:
     with pytest.raises(StrategyError):
         ParallelConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_layer_plan_whose_blocks_cannot_use_its_overlap_is_refused() -> None:
+    """The per-layer plans the evaluator prices are checked as the uniform strategy is: a block
+    without sequence parallelism cannot run Transformer Engine's TP overlap."""
+    g = _graph()
+    plan = layer_plan(g, ParallelConfig(tp=2, sequence_parallel=True, tp_comm_overlap=True))
+    bad = dataclasses.replace(plan, layers={u: dataclasses.replace(s, sp=False) for u, s in plan.layers.items()})
+    evaluator = shared_evaluator(GraphCosts(g), make_cluster(2, 2, "H100-80GB"))
+    assert evaluator.time(plan).step_seconds > 0
+    with pytest.raises(StrategyError, match="sequence parallelism"):
+        evaluator.time(bad)

@@ -418,7 +418,7 @@ class PlanEvaluator:
         if self._cluster is not None and n != self._cluster.num_devices:
             with_cp = " x cp" if any(s.cp > 1 for s in plan.layers.values()) else ""
             raise StrategyError(f"tp{with_cp} x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
-        for s in set(plan.layers.values()):
+        for s in set(plan.layers.values()) if plan.tp_comm_overlap or plan.overlap_param_gather else ():
             check_overlaps(plan.runtime, plan.tp_comm_overlap, plan.overlap_param_gather, s.sp or s.tp == 1,
                            s.zero if s.data_ranks > 1 else 1)
         for u, s in plan.layers.items():
