@@ -8,8 +8,11 @@ Every row that parplan's model can express is priced by ``parplan memory``'s pat
 The ratio is predicted over published step time. The published time is the source's own where it
 prints one (``step_seconds``). Otherwise it is the time computed from the source's published rate
 (``step_seconds_derived``); the data file gives that formula. What a source does not state is assumed,
-and listed in the row's ``assumed`` column. The rows left out, and why, are listed after the table:
-FP8 runs, context parallelism, runs without a step time.
+and listed in the row's ``assumed`` column: an unstated recomputation is selective where parplan's
+memory model fits it on the GPU, else full. FP8 rows are priced with parplan's FP8 precision (matmuls
+with a weight at the fp8 peak), context-parallel rows with their ``cp``; Megatron-LM rows that state
+``--tp-comm-overlap`` / ``--overlap-param-gather`` with those options. The rows left out, and why, are
+listed after the table: runs without a step time, or on a GPU without a preset.
 
 This measures the time model as it is. It is not a fit: nothing in the model is tuned to these rows.
 Run: python bench/time_model_accuracy.py [--write]  (--write: store the summary plans show,
@@ -51,11 +54,11 @@ def _gpu(text: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def _recompute(text: str | None, assumed: list[str]) -> Recompute:
+def _recompute(text: str | None, assumed: list[str]) -> Recompute | None:
+    """The recomputation a row states; None when it does not say (see :func:`price`)."""
     t = (text or "").lower()
     if not t:
-        assumed.append("recompute selective")
-        return Recompute.SELECTIVE
+        return None
     if "selective" in t:
         return Recompute.SELECTIVE
     if t.startswith("none") or "without activation" in t or t == "no":
@@ -64,11 +67,6 @@ def _recompute(text: str | None, assumed: list[str]) -> Recompute:
 
 
 def _skip_reason(r: dict[str, Any]) -> str | None:
-    text = " ".join(str(r.get(k) or "") for k in ("precision", "techniques", "notes")).lower()
-    if "fp8" in text or "float8" in text:
-        return "FP8 (not modelled yet: issue 13)"
-    if (r.get("cp") or 1) > 1:
-        return "context parallelism (not modelled yet: issue 13)"
     if not (r.get("step_seconds") or r.get("step_seconds_derived")):
         return "no step time (published or derived)"
     if not r.get("layers") or not r.get("hidden") or not r.get("heads"):
@@ -104,12 +102,14 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         tp = 8 if mp % 8 == 0 else mp
         pp = mp // tp
         assumed.append(f"tp {tp} x pp {pp} of model-parallel size {mp}")
-    dp = gpus // (tp * pp)
+    cp = int(r.get("cp") or 1)
+    dp = gpus // (tp * pp * cp)
     mb = r.get("micro_batch")
     if not mb:
         mb = 1
         assumed.append("micro-batch 1")
     gb = int(r.get("global_batch") or mb * dp)
+    fp8 = any(w in str(r.get("precision") or "").lower() for w in ("fp8", "float8"))
     m = max(1, gb // (int(mb) * dp))
     overlap = str(r.get("comm_overlap") or "")
     zero_text = str(r.get("distributed_optimizer_zero") or "").lower()
@@ -133,6 +133,8 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         runtime = Runtime.DEEPSPEED
     elif "fsdp" in zero_text:
         runtime = Runtime.TORCH
+    tp_overlap = "--tp-comm-overlap" in overlap and runtime is Runtime.MEGATRON
+    param_overlap = "--overlap-param-gather" in overlap and runtime is Runtime.MEGATRON and zero in (1, 2)
     sp = bool(r.get("sequence_parallel"))
     if r.get("sequence_parallel") is None and "--tp-comm-overlap" in overlap and tp > 1:
         # Megatron-LM refuses --tp-comm-overlap without --sequence-parallel (its argument check:
@@ -150,16 +152,38 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     assert gpu is not None
     if "compile" in str(r.get("techniques") or "").lower():
         remark = "; ".join(x for x in (remark, "torch.compile (parplan prices eager kernels)") if x)
-    strategy = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
+    if tp_overlap and tp > 1:
+        assumed.append("TP communication under the GEMMs (--tp-comm-overlap)")
+    if param_overlap and dp > 1:
+        assumed.append("weight all-gather under the next forward (--overlap-param-gather)")
+
+    def layout(recompute: Recompute) -> ParallelConfig:
+        return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
                               sequence_parallel=sp and tp > 1,
-                              recompute=_recompute(r.get("recompute"), assumed), micro_batch=int(mb),
+                              recompute=recompute, micro_batch=int(mb),
                               num_microbatches=m, schedule=schedule,
                               virtual_stages=v if schedule is Schedule.INTERLEAVED else 1,
-                              precision="bf16", runtime=runtime)
-    e = evaluate(ModelSource(cfg.name, config=cfg), make_cluster(gpus, 8, gpu), strategy, seq_len=seq)
+                              precision="fp8" if fp8 else "bf16", cp=cp, runtime=runtime,
+                              tp_comm_overlap=tp_overlap and tp > 1,
+                              overlap_param_gather=param_overlap and dp > 1)
+
+    model, cluster = ModelSource(cfg.name, config=cfg), make_cluster(gpus, 8, gpu)
+    stated = _recompute(r.get("recompute"), assumed)
+    if stated is None:
+        # unstated: selective recomputation (Megatron-LM's usual choice) where it fits the GPU's
+        # memory in parplan's memory model, else full recomputation (the run did fit)
+        e = evaluate(model, cluster, layout(Recompute.SELECTIVE), seq_len=seq)
+        if e.fits:
+            assumed.append("recompute selective")
+        else:
+            assumed.append(f"recompute full (selective needs {e.memory.peak_bytes / 2**30:.0f} GiB)")
+            e = evaluate(model, cluster, layout(Recompute.FULL), seq_len=seq)
+    else:
+        e = evaluate(model, cluster, layout(stated), seq_len=seq)
+    strategy = e.strategy
     published = float(r.get("step_seconds") or r["step_seconds_derived"])
     return {"source": r["source"], "params": r["params"], "gpus": gpus, "gpu": gpu,
-            "layout": strategy.describe(), "published_s": published,
+            "layout": strategy.describe() + (" fp8" if fp8 else ""), "published_s": published,
             "published_kind": "printed" if r.get("step_seconds") else "derived",
             "predicted_s": e.time.step_seconds, "ratio": e.time.step_seconds / published,
             "assumed": ", ".join(assumed), "remark": remark}

@@ -102,6 +102,12 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
     p.add_argument("--sync-every-microbatch", action="store_true",
                    help="reduce gradients after every micro-batch, not only the last (FSDP2 with gradient sync on "
                         "for every backward)")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="time only: Megatron-LM's --tp-comm-overlap (needs --sequence-parallel): TP collectives "
+                        "hidden under the GEMMs beside them")
+    p.add_argument("--overlap-param-gather", action="store_true",
+                   help="time only: Megatron-LM's --overlap-param-gather (needs --zero 1 or 2, its distributed "
+                        "optimizer): the updated weights' all-gather hidden under the next forward")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -162,7 +168,9 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
         flash_attention=not args.no_flash_attention, precision=args.precision,
         expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")),
-        sync_every_microbatch=args.sync_every_microbatch, cp=cp, cp_comm=getattr(args, "cp_comm", "p2p"))
+        sync_every_microbatch=args.sync_every_microbatch, cp=cp, cp_comm=getattr(args, "cp_comm", "p2p"),
+        tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
+        overlap_param_gather=getattr(args, "overlap_param_gather", False))
     return model, cluster, strategy
 
 

@@ -33,6 +33,20 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,
+                   zero: int) -> None:
+    """StrategyError unless Megatron-LM would accept the overlap options: both are its own (runtime
+    ``megatron``); ``--tp-comm-overlap`` needs sequence parallelism (Transformer Engine overlaps the
+    all-gathers and reduce-scatters it brings), ``--overlap-param-gather`` the distributed optimizer
+    (ZeRO-1 or 2: there is an all-gather of updated weights to overlap)."""
+    if (tp_comm_overlap or overlap_param_gather) and runtime is not Runtime.MEGATRON:
+        raise StrategyError(f"tp_comm_overlap and overlap_param_gather are Megatron-LM options; runtime is {runtime}")
+    if tp_comm_overlap and not sp:
+        raise StrategyError("tp_comm_overlap needs sequence parallelism (as Megatron-LM's --tp-comm-overlap)")
+    if overlap_param_gather and zero not in (1, 2):
+        raise StrategyError("overlap_param_gather needs the distributed optimizer (zero 1 or 2)")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Degrees and settings of a uniform strategy; ``tp * cp * pp * dp`` devices.
@@ -63,6 +77,12 @@ class ParallelConfig:
     #: reduce gradients after every micro-batch (else, with PyTorch's FSDP2, only after the last: see
     #: Runtime.accumulates_unsharded); more traffic, no unsharded gradients held between micro-batches
     sync_every_microbatch: bool = False
+    #: Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine): tensor-parallel all-gathers and
+    #: reduce-scatters run under the GEMMs beside them, exposed only beyond those GEMMs' time
+    tp_comm_overlap: bool = False
+    #: Megatron-LM's ``--overlap-param-gather`` (distributed optimizer): the updated weights'
+    #: all-gather runs under the next step's forward, exposed only beyond that forward's time
+    overlap_param_gather: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel",
@@ -77,6 +97,8 @@ class ParallelConfig:
             raise StrategyError(f"cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         if self.dp % self.expert_parallel:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
+        check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
+                       self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1)
         if self.schedule is Schedule.INTERLEAVED:
             if self.pp == 1:
                 raise StrategyError("the interleaved schedule needs pp > 1")
@@ -116,6 +138,10 @@ class ParallelConfig:
         parts.append(f"recompute={self.recompute.value}")
         parts.append(f"mb{self.micro_batch}x{self.num_microbatches}")
         parts.append(self.schedule.value + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else ""))
+        if self.tp_comm_overlap:
+            parts.append("tp-comm-overlap")
+        if self.overlap_param_gather:
+            parts.append("overlap-param-gather")
         return " ".join(parts)
 
 

@@ -59,6 +59,27 @@ def test_context_parallel_size_is_priced_as_memory_cp(tmp_path: Path, capsys: py
     assert same["time"]["step_seconds"] == doc["time"]["step_seconds"]
 
 
+def test_overlap_flags_are_priced_as_memory_flags_and_change_time_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "plain.txt").write_text(ARGS)
+    (tmp_path / "args.txt").write_text(ARGS + "--tp-comm-overlap --overlap-param-gather --overlap-grad-reduce\n")
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "plain.txt"), "--gpus", "16", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["strategy"]["tp_comm_overlap"] and doc["strategy"]["overlap_param_gather"]
+    assert doc["memory"] == plain["memory"]
+    assert doc["time"]["step_seconds"] < plain["time"]["step_seconds"]
+    assert main(["memory", "--model", "llama-2-7b", "--gpus", "16", "--tp", "2", "--pp", "2", "--zero", "1",
+                 "--sequence-parallel", "--global-batch", "32", "--seq-len", "4096", "--tp-comm-overlap",
+                 "--overlap-param-gather", "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["time"]["step_seconds"] == doc["time"]["step_seconds"]
+    (tmp_path / "bad.txt").write_text(ARGS.replace("--use-distributed-optimizer", "") + "--overlap-param-gather\n")
+    assert "distributed optimizer" in run_error(capsys, "memory", "--from", "megatron-args", str(tmp_path / "bad.txt"),
+                                                "--gpus", "16")
+
+
 def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "args.txt").write_text(ARGS)

@@ -88,6 +88,12 @@ def _passes(n: int, size_bytes: float, link: Link, passes: int, collectives: flo
     return passes * steps * (size_bytes / (n * link.bandwidth_bytes_per_s) + link.latency_seconds * collectives)
 
 
+def weight_all_gather_seconds(n: int, weight_bytes: float, link: Link, collectives: float) -> float:
+    """Of :func:`data_parallel_seconds`' once-per-step sync under ZeRO 1-2, the all-gather of the
+    updated weights (``weight_bytes``: their whole size) over ``n`` ranks."""
+    return 0.0 if n == 1 else _passes(n, weight_bytes, link, 1, collectives)
+
+
 def data_parallel_seconds(n: int, grad_bytes: float, weight_bytes: float, zero: int,
                           link: Link, collectives: float) -> tuple[float, float]:
     """(once-per-step gradient sync, one micro-batch's weight gathers) of parameters replicated

@@ -38,6 +38,7 @@ from parplan.solver.cost.collectives import (
     all_to_all_seconds,
     data_parallel_seconds,
     p2p_seconds,
+    weight_all_gather_seconds,
 )
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
@@ -54,7 +55,7 @@ from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, OwnedParam, ParamGroup, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
-from parplan.solver.strategy import Schedule, check_context_parallel
+from parplan.solver.strategy import Schedule, check_context_parallel, check_overlaps
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ class LayerPlan:
     precision: str = "bf16"
     runtime: Runtime = Runtime.MEGATRON  # whose buffers the memory counts (see cost.runtime)
     sync_every_microbatch: bool = False  # gradients reduced after every micro-batch, not only the last
+    tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap: TP collectives under the unit's GEMMs
+    overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather: weight all-gather under forward
     _devices: int = field(default=0, compare=False)
 
     def local_batch(self, s: LayerStrategy) -> int:
@@ -276,7 +279,7 @@ def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
     priced the same)."""
     return (plan.pp, plan.num_microbatches, plan.global_batch, plan.partition, plan.schedule, plan.virtual_stages,
             plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
-            tuple(plan.layers.items()))
+            plan.tp_comm_overlap, plan.overlap_param_gather, tuple(plan.layers.items()))
 
 
 class PlanEvaluator:
@@ -415,6 +418,9 @@ class PlanEvaluator:
         if self._cluster is not None and n != self._cluster.num_devices:
             with_cp = " x cp" if any(s.cp > 1 for s in plan.layers.values()) else ""
             raise StrategyError(f"tp{with_cp} x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
+        for s in set(plan.layers.values()) if plan.tp_comm_overlap or plan.overlap_param_gather else ():
+            check_overlaps(plan.runtime, plan.tp_comm_overlap, plan.overlap_param_gather, s.sp or s.tp == 1,
+                           s.zero if s.data_ranks > 1 else 1)
         for u, s in plan.layers.items():
             if s.sp and s.tp == 1:
                 raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
@@ -434,8 +440,9 @@ class PlanEvaluator:
         return gc.unit_cost(u, s.unit(plan.flash_attention, plan.runtime), prec, env)
 
     def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam],
-                     prec: Precision, unit_numel: float) -> tuple[float, float]:
-        """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers) of one operator's
+                     prec: Precision, unit_numel: float) -> tuple[float, float, float]:
+        """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers, of the sync the
+        all-gather of updated weights under ZeRO 1-2) of one operator's
         parameters, synchronised together: over their data-parallel group (dense: ``dp x cp`` ranks,
         experts: ``dp x cp / ep``), in the collectives the runtime groups them into
         (:func:`data_parallel_collectives`; ``unit_numel``: the elements of the parameters the unit
@@ -448,19 +455,21 @@ class PlanEvaluator:
             elems[p.group.expert] += p.elems
             numel[p.group.expert] += p.numel
             tp_partial += p.elems if p.tp_partial else 0.0
-        sync = gathers = 0.0
+        sync = gathers = param_gather = 0.0
         for expert, e in elems.items():
             n = s.data_ranks // s.ep if expert else s.data_ranks
             if n > 1 and e:
                 count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, e, prec.grad_bytes,
                                                   numel[expert] / unit_numel if unit_numel else 0.0)
-                step, micro = data_parallel_seconds(n, e * prec.grad_bytes, e * prec.param_bytes, s.zero,
-                                                    self.data_link(plan, s, expert), count)
+                link = self.data_link(plan, s, expert)
+                step, micro = data_parallel_seconds(n, e * prec.grad_bytes, e * prec.param_bytes, s.zero, link, count)
                 sync += step
                 gathers += micro
+                if s.zero in (1, 2):
+                    param_gather += weight_all_gather_seconds(n, e * prec.param_bytes, link, count)
         if tp_partial:
             sync += all_reduce_seconds(s.tp, tp_partial * prec.grad_bytes, self.mesh(plan, s).link("tp", self.cluster))
-        return sync, gathers
+        return sync, gathers, param_gather
 
     def once_per_step(self, plan: LayerPlan, c: UnitCost, s: LayerStrategy, prec: Precision,
                       synced: set[str], own: bool = True, shared: bool = True) -> tuple[float, float]:
@@ -474,9 +483,17 @@ class PlanEvaluator:
         for op in c.owners:
             params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
             synced.update(p.id for p in params if p.shared)
-            sync, gathers = self.sync_seconds(plan, s, params, prec, c.param_numel)
+            sync, gathers, param_gather = self.sync_seconds(plan, s, params, prec, c.param_numel)
             total += every * sync + m * gathers
-            exposed += every * exposed_seconds(sync, gathers, op.forward_seconds, op.backward_seconds, m // every)
+            if plan.overlap_param_gather and param_gather:
+                # Megatron-LM's --overlap-param-gather: the updated weights' all-gather runs under the
+                # next step's forward (waited on per bucket before its first use); the gradient
+                # reduce-scatter under the last micro-batch's backward, as without the option
+                exposed += every * (exposed_seconds(sync - param_gather, gathers, op.forward_seconds,
+                                                    op.backward_seconds, m // every)
+                                    + max(0.0, param_gather - op.forward_seconds))
+            else:
+                exposed += every * exposed_seconds(sync, gathers, op.forward_seconds, op.backward_seconds, m // every)
         return total, exposed
 
     def optimizer_seconds(self, states: MemoryBreakdown) -> float:
@@ -563,7 +580,8 @@ class PlanEvaluator:
         """What a stage's price depends on: the plan's own fields, ``where`` the stage sits, its units
         (as ``names``) and their strategies."""
         return (plan.pp, plan.num_microbatches, plan.global_batch, plan.schedule, plan.virtual_stages,
-                plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch, where, names,
+                plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
+                plan.tp_comm_overlap, plan.overlap_param_gather, where, names,
                 tuple([(strat[u], u in plan.layers) for u in units]))
 
     def _stage_time_key(self, plan: LayerPlan, stage: int, units: list[str],
@@ -837,13 +855,19 @@ class PlanEvaluator:
         key: tuple[Any, ...] | None = None
         if self.cache and u not in gc.param_sharing:
             key = (plan.pp, plan.num_microbatches, plan.global_batch, plan.flash_attention, plan.runtime, prec.name,
-                   plan.sync_every_microbatch, gc.representative[u], s)
+                   plan.sync_every_microbatch, plan.tp_comm_overlap, plan.overlap_param_gather,
+                   gc.representative[u], s)
             hit = self._unit_time.get(key)
             if hit is not None:
                 return hit  # type: ignore[return-value]
         c = self.unit_cost(plan, u, s, prec, timed=True)
         traffic, hidden_not = self.once_per_step(plan, c, s, prec, synced)
-        out = (c.forward_seconds, c.backward_seconds, c.recompute_seconds, c.tp_comm_seconds, traffic, hidden_not,
+        tp = c.tp_comm_seconds
+        if plan.tp_comm_overlap:
+            # Transformer Engine runs each all-gather / reduce-scatter in chunks under the GEMM that
+            # consumes or produces it: hidden up to the unit's GEMM time (forward, backward, recomputed)
+            tp = max(0.0, tp - c.matmul_seconds)
+        out = (c.forward_seconds, c.backward_seconds, c.recompute_seconds, tp, traffic, hidden_not,
                self.optimizer_seconds(model_states(c.params, s, plan.runtime.states_precision(prec)).bytes),
                c.cp_comm_seconds)
         if key is not None:

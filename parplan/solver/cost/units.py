@@ -101,6 +101,7 @@ class UnitCost:
     recompute_seconds: float = 0.0
     tp_comm_seconds: float = 0.0
     cp_comm_seconds: float = 0.0  # context parallelism: the exchange (ring or all-to-all) compute does not hide
+    matmul_seconds: float = 0.0  # forward, backward, recompute of GEMMs with a weight (TP overlap hides under them)
     owners: list[OwnerOp] = field(default_factory=list)  # with time: operators owning parameters, in order
 
 
@@ -350,6 +351,8 @@ class GraphCosts:
             c.forward_seconds += f
             c.backward_seconds += b
             c.recompute_seconds += r
+            if n.kind is OpKind.EINSUM and any(graph.node(i).is_parameter for i in n.inputs):
+                c.matmul_seconds += f + b + r
             if s.cp > 1 and n.kind is OpKind.ATTENTION and env.cp_link is not None:
                 exchange = cp_exchange(s.cp_comm, s.cp, self.attention_bytes(n, s, prec), f, b, env.cp_link,
                                        env.cp_group_link or env.cp_link, recomputed=r > 0)
