@@ -111,6 +111,10 @@ class Dispatcher:
         self._wake.set()
         return True
 
+    def wake(self) -> None:
+        """A new job is waiting (committed with no ``enqueued_at``): run a pass now."""
+        self._wake.set()
+
     def depth(self) -> int | None:
         return self.inner.depth()
 

@@ -126,7 +126,7 @@ def test_the_broker_holds_a_window_filled_in_turn(committed_db: SF, dispatcher: 
 def test_a_new_job_waits_for_the_dispatcher(committed_db: SF, dispatcher: Dispatcher,
                                             queue: CeleryJobQueue) -> None:
     (token,) = _tokens(committed_db, "t")
-    job = insert_job(committed_db, {}, "h", uuid.uuid4().hex, token_id=token)  # marked as the API marks it
+    job = insert_job(committed_db, {}, "h", uuid.uuid4().hex, token_id=token)  # marked, as the sweeper re-queues
     assert dispatcher.enqueue(job) is True
     assert load_job(committed_db, job).enqueued_at is None and queue.depth() == 0
     assert dispatcher.dispatch_once() == [job] and queue.depth() == 1
