@@ -4,17 +4,25 @@ Celery over Redis serves one list in order, so a token that queues a thousand jo
 everyone who comes after it. The :class:`Dispatcher` keeps that list short: it holds at most
 ``dispatch_window`` messages, and the other queued jobs wait in the database. Each pass tops the
 list up with waiting jobs chosen by :func:`fair_order`: the token with the fewest jobs running or
-already handed over goes first, ties to the token served longest ago (round robin; each API
-process remembers its own turns), so a newcomer's job is among the next ``dispatch_window`` to
-start however long another token's backlog is.
+already handed over goes first, ties to the token served longest ago (round robin; the turns are
+kept in Redis, shared by every process that dispatches), so a newcomer's job is among the next
+``dispatch_window`` to start however long another token's backlog is.
+
+Who runs the passes: each API process (a thread: at once after a new job, when the window has
+room, and every ``dispatch_interval_seconds``) and, in the Celery layout, every worker as it
+starts a task (:func:`parplan.workers.tasks.top_up`): a worker that takes a message off the list
+refills it at once, so during a burst the window is nearly always full and the API process's
+passes stop at one ``LLEN`` — the database queries and the messages are the workers' work, off
+the API's event loop and its GIL. Any number of processes may dispatch: one at a time (a Redis
+lock), with the round-robin turns kept in Redis beside the lock.
 
 State is the database's, as everywhere: a queued job with no ``enqueued_at`` is *waiting*; one
 with ``enqueued_at`` was handed to the broker then. Nothing is lost on a crash: a job is marked
-before its message is sent (a conditional UPDATE, so two API processes never both send it), and a
+before its message is sent (a conditional UPDATE, so two dispatching processes never both send it), and a
 job marked but never sent, or whose message Redis lost, counts as *missing* (marked jobs minus
 messages in Redis); the sweeper puts the missing ones back among the waiting
 (:meth:`Dispatcher.recover_lost`). A job never runs twice: workers claim jobs with a conditional
-UPDATE, whatever the number of messages. API processes dispatch one at a time (a Redis lock).
+UPDATE, whatever the number of messages.
 """
 
 from __future__ import annotations
@@ -80,8 +88,8 @@ class Dispatcher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._turns: dict[Hashable, int] = {}  # token -> the turn it was last served in (this process)
-        self._turn = 0
+        #: token -> the turn it was last served in, when there is no Redis to share them in
+        self._local_turns: dict[str, int] = {}
 
     # -- the JobQueue interface ---------------------------------------------------------------------
     def start(self) -> None:
@@ -102,6 +110,10 @@ class Dispatcher:
             return False
         self._wake.set()
         return True
+
+    def wake(self) -> None:
+        """A new job is waiting (committed with no ``enqueued_at``): run a pass now."""
+        self._wake.set()
 
     def depth(self) -> int | None:
         return self.inner.depth()
@@ -136,7 +148,7 @@ class Dispatcher:
             return []
         lock = self._redis.lock(f"{self.settings.queue_name}:dispatch", timeout=10) if self._redis else None
         if lock is not None and not lock.acquire(blocking=False):
-            return []  # another API process is dispatching
+            return []  # another process is dispatching
         try:
             depth = self.inner.depth()  # what that process may just have sent
             if depth is None or depth >= self.window:
@@ -145,14 +157,17 @@ class Dispatcher:
             with self.session_factory() as s:
                 jobs = JobRepository(s)
                 heads = jobs.waiting_heads(free)
-                order = fair_order(heads, jobs.in_flight_by_token(), free, self._turns)
-                now = now or utcnow()
-                sent = [job_id for job_id in order if jobs.mark_sent(job_id, now)]
+                if not heads:
+                    return []
+                turns = self._load_turns()
+                owner = {h[0]: h[1] for h in heads}
+                served = {token: turns[str(token)] for token in owner.values() if str(token) in turns}
+                order = fair_order(heads, jobs.in_flight_by_token(), free, served)
+                taken = jobs.mark_sent_all(order, now or utcnow())
                 s.commit()
-            owner = {h[0]: h[1] for h in heads}
-            for job_id in sent:
-                self._turn += 1
-                self._turns[owner[job_id]] = self._turn
+            sent = [job_id for job_id in order if job_id in taken]
+            turn = max(turns.values(), default=0)
+            self._save_turns({str(owner[job_id]): turn + i for i, job_id in enumerate(sent, start=1)})
             for i, job_id in enumerate(sent):
                 if not self.inner.enqueue(job_id):  # the broker is down: they wait for the next pass
                     with self.session_factory() as s:
@@ -164,6 +179,29 @@ class Dispatcher:
             if lock is not None:
                 with contextlib.suppress(redis.RedisError):  # expired: it was ours only for its timeout
                     lock.release()
+
+    def _turns_key(self) -> str:
+        return f"{self.settings.queue_name}:dispatch:turns"
+
+    def _load_turns(self) -> dict[str, int]:
+        """The turn each token was last served in (read under the dispatch lock). Lost turns (Redis
+        restarted) only change the order among tokens with as many jobs in flight, never safety."""
+        if self._redis is None:
+            return dict(self._local_turns)
+        try:
+            raw = self._redis.hgetall(self._turns_key())
+        except redis.RedisError:
+            return {}
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def _save_turns(self, turns: dict[str, int]) -> None:
+        if not turns:
+            return
+        if self._redis is None:
+            self._local_turns.update(turns)
+            return
+        with contextlib.suppress(redis.RedisError):  # a day idle forgets them (a tie-break, nothing more)
+            self._redis.pipeline().hset(self._turns_key(), mapping=turns).expire(self._turns_key(), 86400).execute()
 
     def recover_lost(self, jobs: JobRepository, sent_before: datetime) -> list[uuid.UUID]:
         """The sweeper's part: put back among the waiting as many jobs handed over before

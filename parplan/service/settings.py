@@ -67,7 +67,8 @@ class Settings(BaseSettings):
                                  "scheduling). About the number of solves the workers run at once; 0: every job "
                                  "goes to the broker at once, first come first served.")
     dispatch_interval_seconds: float = Field(default=0.5, gt=0, description="How often each API process tops up "
-                                             "the broker's queue from the jobs waiting in the database.")
+                                             "the broker's queue from the jobs waiting in the database, when it "
+                                             "has room (workers also do as each task starts).")
     sweeper: bool = Field(default=True, description="Run the sweeper inside `parplan serve`.")
     agent_timeout_seconds: float = Field(default=60.0, gt=0, description="A claimed validation whose agent "
                                          "has not sent a heartbeat for this long goes back to the queue.")

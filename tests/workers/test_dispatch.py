@@ -24,6 +24,7 @@ from parplan.service.models import Job, JobStatus
 from parplan.service.settings import Settings
 from parplan.service.sweeper import sweep
 from parplan.workers.celery_app import CeleryJobQueue
+from parplan.workers.tasks import CONTEXT, top_up
 from tests.support.service import (
     Proc,
     finished,
@@ -125,7 +126,7 @@ def test_the_broker_holds_a_window_filled_in_turn(committed_db: SF, dispatcher: 
 def test_a_new_job_waits_for_the_dispatcher(committed_db: SF, dispatcher: Dispatcher,
                                             queue: CeleryJobQueue) -> None:
     (token,) = _tokens(committed_db, "t")
-    job = insert_job(committed_db, {}, "h", uuid.uuid4().hex, token_id=token)  # marked as the API marks it
+    job = insert_job(committed_db, {}, "h", uuid.uuid4().hex, token_id=token)  # marked, as the sweeper re-queues
     assert dispatcher.enqueue(job) is True
     assert load_job(committed_db, job).enqueued_at is None and queue.depth() == 0
     assert dispatcher.dispatch_once() == [job] and queue.depth() == 1
@@ -149,6 +150,61 @@ def test_a_job_marked_but_never_sent_is_recovered(committed_db: SF, dispatcher: 
     assert len(dispatcher.dispatch_once()) == 4 and queue.depth() == 4
     # Nothing is missing now: the sweeper leaves them alone.
     assert sweep(committed_db, dispatcher, settings, requeue_after=0).resent_queued == []
+
+
+def _take_and_finish(sf: SF, queue: CeleryJobQueue, job_id: uuid.UUID) -> None:
+    """What a worker does with the one message in the list: take it, run the job, close it."""
+    assert queue._redis.rpop(queue.settings.queue_name) is not None
+    with sf() as s:
+        s.execute(update(Job).where(Job.id == job_id).values(status=JobStatus.SUCCEEDED.value))
+        s.commit()
+
+
+def test_turns_are_shared_by_every_process_that_dispatches(committed_db: SF, settings: Settings,
+                                                           queue: CeleryJobQueue) -> None:
+    """Two dispatchers (two processes: an API and a worker, say) take turns with a window of one.
+    Every token has as many jobs in flight (none) at each pass, so the round robin alone decides:
+    A, B, C, A, B, C, whichever process runs the pass. With turns remembered per process, the
+    second process would start with A's older job again."""
+    tokens = _tokens(committed_db, "A", "B", "C")
+    name = {}
+    for label, token in zip("ABC", tokens, strict=True):
+        for job in _waiting(committed_db, token, 2):
+            name[job] = label
+    one = settings.model_copy(update={"dispatch_window": 1})
+    d1, d2 = Dispatcher(queue, committed_db, one), Dispatcher(queue, committed_db, one)
+    served = []
+    try:
+        for d in (d1, d2, d1, d2, d1, d2):
+            (job,) = d.dispatch_once()
+            served.append(name[job])
+            _take_and_finish(committed_db, queue, job)
+    finally:
+        d1._redis.close()
+        d2._redis.close()
+    assert served == ["A", "B", "C", "A", "B", "C"]
+
+
+def test_a_worker_starting_a_task_tops_up_the_window(committed_db: SF, settings: Settings,
+                                                     queue: CeleryJobQueue) -> None:
+    """The task's own pass (no API process runs one): a worker took a message and claimed its job,
+    so the window has room for one more, which goes to the token with fewer jobs in flight."""
+    a_token, b_token = _tokens(committed_db, "burst", "small")
+    a = _waiting(committed_db, a_token, 5)
+    s4 = settings.model_copy(update={"dispatch_window": 4})
+    CONTEXT.reset()
+    try:
+        assert top_up(s4) == a[:4] and queue.depth() == 4
+        assert top_up(s4) == []  # full
+        b = _waiting(committed_db, b_token, 1)
+        queue._redis.rpop(queue.settings.queue_name)  # a worker takes A's first message and claims the job
+        with committed_db() as s:
+            s.execute(update(Job).where(Job.id == a[0]).values(status=JobStatus.RUNNING.value))
+            s.commit()
+        assert top_up(s4) == b and queue.depth() == 4
+        assert top_up(settings.model_copy(update={"dispatch_window": 0})) == []  # first come, first served: none
+    finally:
+        CONTEXT.reset()
 
 
 # -- with a real worker ---------------------------------------------------------------------------------
@@ -188,3 +244,28 @@ def test_a_small_clients_jobs_finish_before_most_of_an_earlier_burst(pg_url: str
     b_last = max(j["finished_at"] for j in done["B"])
     a_after = [j for j in done["A"] if j["finished_at"] > b_last]
     assert len(a_after) > len(done["A"]) // 2, (b_last, sorted(j["finished_at"] for j in done["A"]))
+
+
+@pytest.mark.slow
+def test_workers_keep_the_window_full_without_the_apis_periodic_pass(pg_url: str, redis_url: str, queue_name: str,
+                                                                     committed_db: SF, procs: list[Proc]) -> None:
+    """The API's periodic pass is an hour apart, so after the last submission only the workers'
+    top-ups (one as each task starts) can hand the waiting jobs over: all of them still run, once."""
+    env = service_env(settings_env(pg_url, redis_url, queue_name, dispatch_window=1,
+                                   dispatch_interval_seconds=3600))
+    server, base = start_server(env)
+    procs.append(server)
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {_token(env, 'A')}"}, timeout=10) as c:
+        urls = []
+        for i in range(5):  # before any worker runs: the first fills the window, the others wait
+            r = c.post("/v1/plans", json=distinct_request(200 + i))
+            assert r.status_code == 202, r.text
+            urls.append(r.headers["location"])
+        with committed_db() as s:
+            waiting = s.scalars(select(Job.id).where(Job.status == JobStatus.QUEUED.value,
+                                                     Job.enqueued_at.is_(None))).all()
+        assert len(waiting) == 4
+        procs.append(start_worker(env, concurrency=1))
+        done = [poll_job(c, u, finished, timeout=300) for u in urls]
+    assert [j["status"] for j in done] == ["succeeded"] * 5, done
+    assert all(load_job(committed_db, uuid.UUID(j["id"])).attempts == 1 for j in done)

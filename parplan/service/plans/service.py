@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from parplan.service.database import utcnow
 from parplan.service.deps import UnitOfWork
+from parplan.service.dispatch import Dispatcher
 from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus, Plan
 from parplan.service.overload import admit_new_job
@@ -161,11 +162,18 @@ def submit(v: Validated, calibration: dict[str, Any] | None, session: Session, u
     if settings is not None:
         admit_new_job(session, token_id, settings)
     now = utcnow()
+    # Behind the fair dispatcher a new job is born waiting (no ``enqueued_at``): the dispatcher only
+    # needs waking, with no second transaction to mark it. Otherwise it is marked as handed over.
+    waits = isinstance(queue, Dispatcher)
     job = jobs.add(Job(status=JobStatus.QUEUED.value, request=v.body, request_hash=v.request_hash,
                        cache_key=key, calibration=calibration, progress_stage="queued",
-                       progress_fraction=0.0, token_id=token_id, created_at=now, updated_at=now, enqueued_at=now))
+                       progress_fraction=0.0, token_id=token_id, created_at=now, updated_at=now,
+                       enqueued_at=None if waits else now))
     job_id = job.id
-    uow.after_commit(lambda: queue.enqueue(job_id))
+    if isinstance(queue, Dispatcher):
+        uow.after_commit(queue.wake)
+    else:
+        uow.after_commit(lambda: queue.enqueue(job_id))
     return Submission(job=job, plan=None, cache_key=key)
 
 
