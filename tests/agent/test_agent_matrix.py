@@ -50,7 +50,9 @@ UNDER = 0.02
 #: G15, ZeRO-3 over 4 (FSDP2) without checkpointing: the same bytes (+0.4%) in 5 runs alone, in the
 #: whole matrix run alone and in the full suite at d1f94f8, but +3.9% (measured above the prediction)
 #: once inside the full suite at 0dde9ec (2026-11-24), the processes sharing 2 cores with nothing
-#: else of the matrix's: the peak depended on timing. Not diagnosed; an under-prediction until it is.
+#: else of the matrix's: the peak depended on timing. Not reproduced since: 8 runs of this spec alone
+#: on 2026-11-24 (14:57-15:03 UTC, load average 6-18 from other test suites) all measured +0.39%,
+#: every rank the same bytes. Not diagnosed; an under-prediction until it is.
 KNOWN_GAPS: dict[str, tuple[float, str]] = {
     "gpt-tiny/zero3-dp4/none": (0.045, "G15: FSDP2 ZeRO-3's measured peak varies with timing (+0.4% to +3.9% "
                                        "seen); not diagnosed"),
