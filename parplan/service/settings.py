@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     # -- security and overload (docs/service.md, "Security" and "Overload") -------------------------
     cors_origins: str = Field(default="", description="Comma-separated origins allowed to call the API from a "
                               "browser (CORS); empty: no CORS headers at all. `*` allows any origin (no credentials).")
+    solver_nice: int = Field(default=10, ge=0, le=19, description="How much lower than its worker the CPU "
+                             "priority of each solver child process is (os.nice): on a host shared with the API, "
+                             "solves take the cores the API leaves idle, and requests are answered first. "
+                             "0: the same priority.")
     max_time_limit_seconds: float = Field(default=3600.0, gt=0, description="Largest `time_limit` a plan request "
                                           "may ask for (larger: 422); a request without one gets "
                                           "min(60, this).")

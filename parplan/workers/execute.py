@@ -143,7 +143,7 @@ def execute_job(job_id: uuid.UUID, sf: SessionFactory, settings: Settings, *,
         return Outcome.SUCCEEDED
 
     started = time.monotonic()
-    proc = SolveProcess(job.request, job.calibration)
+    proc = SolveProcess(job.request, job.calibration, nice=settings.solver_nice)
     heartbeat = min(1.0, lease / 4)
     last_beat = time.monotonic()
     pending: tuple[str, float] | None = None  # the latest progress not yet written

@@ -33,9 +33,10 @@ ORPHANED = 70
 class SolveProcess:
     """Handle on one solver child process."""
 
-    def __init__(self, request: Mapping[str, Any], calibration: Mapping[str, Any] | None) -> None:
+    def __init__(self, request: Mapping[str, Any], calibration: Mapping[str, Any] | None, nice: int = 0) -> None:
+        """Start the child; ``nice``: how much lower its CPU priority is than this process's."""
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "parplan.workers.solve_process"],
+            [sys.executable, "-m", "parplan.workers.solve_process", str(nice)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
             # Its own session: signals meant for the worker's process group (Ctrl+C, docker stop,
             # a SIGKILL of the group) do not reach it; it follows its parent through stdin instead.
@@ -124,6 +125,8 @@ def main() -> int:
     # happens to the job (release it, or kill us); the child only dies by SIGKILL or orphaning.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if len(sys.argv) > 1 and int(sys.argv[1]) > 0:
+        os.nice(int(sys.argv[1]))  # the API's requests first (Settings.solver_nice)
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # stray prints from solver libraries go to stderr
 

@@ -78,6 +78,19 @@ def test_an_orphaned_solver_exits_when_its_parent_goes_away() -> None:
     proc.close()
 
 
+def test_a_solver_runs_at_a_lower_cpu_priority_than_its_worker() -> None:
+    """Settings.solver_nice: the child lowers its own priority before it solves (the API first)."""
+    import os
+
+    proc = SolveProcess(SLOW_REQUEST, None, nice=7)
+    try:
+        assert proc.read(timeout=10)  # running: it reported progress, so it has set its priority
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 7
+    finally:
+        proc.kill()
+        proc.close()
+
+
 def test_kill_terminates_a_solve() -> None:
     proc = SolveProcess(SLOW_REQUEST, None)
     proc.read(timeout=10)
