@@ -106,6 +106,7 @@ def data_parallel_seconds(n: int, grad_bytes: float, weight_bytes: float, zero: 
     if zero == 0:
         sync = _passes(n, grad_bytes, link, 2, collectives)
     else:
-        sync = _passes(n, grad_bytes, link, 1, collectives) + _passes(n, weight_bytes, link, 1, collectives)
-    gathers = 2 * _passes(n, weight_bytes, link, 1, collectives) if zero >= 3 else 0.0
+        sync = _passes(n, grad_bytes, link, 1, collectives) + weight_all_gather_seconds(n, weight_bytes, link,
+                                                                                        collectives)
+    gathers = 2 * weight_all_gather_seconds(n, weight_bytes, link, collectives) if zero >= 3 else 0.0
     return sync, gathers
