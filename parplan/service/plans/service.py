@@ -164,14 +164,14 @@ def submit(v: Validated, calibration: dict[str, Any] | None, session: Session, u
     now = utcnow()
     # Behind the fair dispatcher a new job is born waiting (no ``enqueued_at``): the dispatcher only
     # needs waking, with no second transaction to mark it. Otherwise it is marked as handed over.
-    waits = isinstance(queue, Dispatcher)
+    dispatcher = queue if isinstance(queue, Dispatcher) else None
     job = jobs.add(Job(status=JobStatus.QUEUED.value, request=v.body, request_hash=v.request_hash,
                        cache_key=key, calibration=calibration, progress_stage="queued",
                        progress_fraction=0.0, token_id=token_id, created_at=now, updated_at=now,
-                       enqueued_at=None if waits else now))
+                       enqueued_at=None if dispatcher is not None else now))
     job_id = job.id
-    if isinstance(queue, Dispatcher):
-        uow.after_commit(queue.wake)
+    if dispatcher is not None:
+        uow.after_commit(dispatcher.wake)
     else:
         uow.after_commit(lambda: queue.enqueue(job_id))
     return Submission(job=job, plan=None, cache_key=key)
