@@ -31,8 +31,7 @@ def readyz(rt: RuntimeDep) -> Response:
             s.rollback()
         checks["database"] = "ok"
     except Exception as e:
-        reason = unavailable_reason(e)
-        checks["database"] = reason if reason and "read-only" in reason else f"unreachable: {e.__class__.__name__}"
+        checks["database"] = unavailable_reason(e) or f"unreachable: {e.__class__.__name__}"
     checks["broker"] = "ok" if rt.queue.ping() else "unreachable"
     checks["queue"] = rt.queue.kind
     if all(v == "ok" for k, v in checks.items() if k != "queue"):
