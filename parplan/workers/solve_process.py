@@ -125,8 +125,9 @@ def main() -> int:
     # happens to the job (release it, or kill us); the child only dies by SIGKILL or orphaning.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if len(sys.argv) > 1 and int(sys.argv[1]) > 0:
-        os.nice(int(sys.argv[1]))  # the API's requests first (Settings.solver_nice)
+    nice = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    if nice > 0:
+        os.nice(nice)  # the API's requests first (Settings.solver_nice)
     proto = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # stray prints from solver libraries go to stderr
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from datetime import timedelta
@@ -80,8 +81,6 @@ def test_an_orphaned_solver_exits_when_its_parent_goes_away() -> None:
 
 def test_a_solver_runs_at_a_lower_cpu_priority_than_its_worker() -> None:
     """Settings.solver_nice: the child lowers its own priority before it solves (the API first)."""
-    import os
-
     proc = SolveProcess(SLOW_REQUEST, None, nice=7)
     try:
         assert proc.read(timeout=10)  # running: it reported progress, so it has set its priority
