@@ -64,6 +64,8 @@ class UniformPlan:
     partition: tuple[int, ...] | None = None  # blocks per pipeline stage (None: even)
     cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
     cp_comm: str = "p2p"  # attention's exchange under CP: the ring (p2p) or all-to-alls (a2a)
+    tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap (set only by `parplan memory`)
+    overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather (likewise)
 
     @property
     def world(self) -> int:
@@ -155,7 +157,9 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            virtual_stages=int(s.get("virtual_stages", 1)), precision=str(s.get("precision", "bf16")),
                            expert_parallel=int(s.get("expert_parallel", 1)),
                            partition=tuple(s["partition"]) if s.get("partition") else None,
-                           cp=int(s.get("cp") or 1), cp_comm=str(s.get("cp_comm") or "p2p"))
+                           cp=int(s.get("cp") or 1), cp_comm=str(s.get("cp_comm") or "p2p"),
+                           tp_comm_overlap=bool(s.get("tp_comm_overlap")),
+                           overlap_param_gather=bool(s.get("overlap_param_gather")))
     if kind == "per-layer":
         runs = list(s.get("layers") or [])
         keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm")

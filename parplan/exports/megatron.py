@@ -3,14 +3,18 @@
 Pinned to Megatron-LM ``core_v0.16.1`` (megatron-core 0.16.1). Most flags there are made from the
 fields of megatron-core's ``TransformerConfig`` (``--`` + the field name with dashes; a boolean
 that defaults to true gets ``--no-``/``--disable-`` or its own name in the field's metadata), the
-batch sizes from ``megatron/training/training_config.py``; the rest are declared by hand in
-``megatron/training/arguments.py`` (:data:`DECLARED_FLAGS`).
+batch sizes from ``megatron/training/training_config.py``, the data-parallel options from
+megatron-core's ``DistributedDataParallelConfig`` (:data:`DDP_FLAGS`); the rest are declared by hand
+in ``megatron/training/arguments.py`` (:data:`DECLARED_FLAGS`).
 
 What is written: the model's sizes and kind (GPT: learned positions, LayerNorm, GELU, biases, tied
 embeddings; Llama: RoPE, RMSNorm, SwiGLU, no biases, grouped-query attention; Mixtral: Llama with
 experts), the parallel degrees, the distributed optimizer (ZeRO-1), recomputation, the pipeline
-schedule and partition, and the batch sizes. Data, tokenizer, optimizer hyper-parameters and
-checkpointing are the user's: they are listed in the notes, not guessed.
+schedule and partition, the batch sizes, and the communication overlap the plan was priced with:
+``--overlap-grad-reduce`` whenever gradients are reduced over data-parallel ranks (parplan's megatron
+runtime reduces each bucket under the backward; Megatron-LM does so only with that flag), and
+``--overlap-param-gather`` / ``--tp-comm-overlap`` when the plan sets them. Data, tokenizer,
+optimizer hyper-parameters and checkpointing are the user's: they are listed in the notes, not guessed.
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ TARGET = "megatron"
 #: made from megatron-core's TransformerConfig and megatron.training's TrainingConfig fields).
 DECLARED_FLAGS = frozenset({
     "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights", "--position-embedding-type",
-    "--max-position-embeddings", "--seq-length", "--num-experts", "--use-distributed-optimizer",
+    "--max-position-embeddings", "--seq-length", "--num-experts",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--num-layers-per-virtual-pipeline-stage", "--use-flash-attn", "--vocab-size",
 })
+#: Flags made from megatron-core's DistributedDataParallelConfig fields (``--`` + the field with dashes).
+DDP_FLAGS = frozenset({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"})
 #: Flags made from megatron.training's TrainingConfig (not shipped with megatron-core).
 TRAINING_FLAGS = frozenset({"--micro-batch-size", "--global-batch-size"})
 
@@ -76,6 +82,12 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
     if plan.cp > 1 and plan.cp_comm == "a2a" and (heads % (plan.tp * plan.cp) or kv % (plan.tp * plan.cp)):
         reasons.append(f"the all-to-all context parallelism (--cp-comm-type a2a) splits the {heads} heads and {kv} "
                        f"key/value heads over tp x cp = {plan.tp * plan.cp}")
+    if plan.overlap_param_gather and (plan.zero != 1 or plan.dp * plan.cp == 1):
+        reasons.append("--overlap-param-gather: Megatron-LM overlaps the distributed optimizer's weight all-gather "
+                       "(ZeRO-1 over more than one data-parallel rank)")
+    if plan.tp_comm_overlap and not (plan.sequence_parallel and plan.tp > 1):
+        reasons.append("--tp-comm-overlap: Megatron-LM overlaps tensor-parallel communication only with sequence "
+                       "parallelism")
     if reasons:
         raise NotExpressible(TARGET, reasons)
     head_dim = arch.get("head_dim")
@@ -114,6 +126,14 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
     args += partition
     if plan.zero == 1:
         args.append("--use-distributed-optimizer")
+    if plan.dp * plan.cp > 1:
+        # parplan's megatron runtime prices the gradient reduction under the backward, bucket by
+        # bucket; Megatron-LM does that only with this flag (without it, after the last backward)
+        args.append("--overlap-grad-reduce")
+    if plan.overlap_param_gather:
+        args.append("--overlap-param-gather")
+    if plan.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
     if plan.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif plan.recompute == "full":

@@ -81,13 +81,11 @@ def admit_new_job(session: Session, token_id: uuid.UUID | None, settings: Settin
     """Raise 429 when the token has its share of jobs queued or running, 503 when the queue is full."""
     jobs = JobRepository(session)
     jobs.lock_submissions()  # until commit: both counts stay exact under concurrent submissions
-    if token_id is not None:
-        active = jobs.count_active_for_token(token_id)
-        if active >= settings.max_active_jobs_per_token:
-            raise TooManyRequestsError(
-                f"this token has {active} jobs queued or running, its limit (PARPLAN_MAX_ACTIVE_JOBS_PER_TOKEN); "
-                "wait for one to finish or cancel one", settings.retry_after_seconds)
-    queued = jobs.count_queued()
+    active, queued = jobs.admission_counts(token_id)
+    if token_id is not None and active >= settings.max_active_jobs_per_token:
+        raise TooManyRequestsError(
+            f"this token has {active} jobs queued or running, its limit (PARPLAN_MAX_ACTIVE_JOBS_PER_TOKEN); "
+            "wait for one to finish or cancel one", settings.retry_after_seconds)
     if queued >= settings.max_queued_jobs:
         raise OverloadedError(f"the service has {queued} jobs queued, its limit (PARPLAN_MAX_QUEUED_JOBS); "
                               "retry later", settings.retry_after_seconds)

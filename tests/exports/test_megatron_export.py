@@ -3,8 +3,9 @@
 The flags ``parplan`` writes are read back by an independent reader: each flag must name a field of
 megatron-core's ``TransformerConfig`` by Megatron-LM's naming rule (``--`` + the field with dashes;
 the field's own ``arg_names``; ``--no-``/``--disable-`` for a boolean that defaults to true), or be
-one the export declares (``DECLARED_FLAGS``, ``TRAINING_FLAGS``). The config built from them must
-pass ``TransformerConfig``'s validation and give back the plan's degrees and sizes.
+one the export declares (``DECLARED_FLAGS``, ``TRAINING_FLAGS``), or name a field of megatron-core's
+``DistributedDataParallelConfig`` (``DDP_FLAGS``). The configs built from them must pass their own
+validation and give back the plan's degrees, sizes and communication overlap.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import pytest
 from plan_docs import doc_for
 
 from parplan.exports import NotExpressibleError, export_plan
-from parplan.exports.megatron import DECLARED_FLAGS, TRAINING_FLAGS
+from parplan.exports.megatron import DDP_FLAGS, DECLARED_FLAGS, TRAINING_FLAGS
 
 mcore = pytest.importorskip("megatron.core", reason="the exports extra (megatron-core) is not installed")
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -46,8 +48,13 @@ def read_args(text: str) -> tuple[dict[str, Any], dict[str, str | bool]]:
     fields = _flag_fields()
     config: dict[str, Any] = {}
     declared: dict[str, str | bool] = {}
+    ddp = {f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(DistributedDataParallelConfig)}
     for line in text.splitlines():
         flag, _, value = line.partition(" ")
+        if flag in DDP_FLAGS:
+            assert flag in ddp, f"{flag} is not a DistributedDataParallelConfig field"
+            declared[flag] = value or True
+            continue
         if flag in DECLARED_FLAGS or flag in TRAINING_FLAGS:
             declared[flag] = value or True
             continue
@@ -59,6 +66,13 @@ def read_args(text: str) -> tuple[dict[str, Any], dict[str, str | bool]]:
             kind = type(f.default) if f.default is not None and not isinstance(f.default, bool) else None
             config[f.name] = kind(value) if kind in (int, float) else (int(value) if value.isdigit() else value)
     return config, declared
+
+
+def build_ddp_config(declared: dict[str, str | bool]) -> Any:
+    """megatron-core's DistributedDataParallelConfig from the data-parallel switches, as Megatron-LM
+    builds it (each field from the flag of its name)."""
+    kw = {flag[2:].replace("-", "_"): True for flag in declared if flag in DDP_FLAGS}
+    return DistributedDataParallelConfig(**kw)
 
 
 def build_config(config: dict[str, Any], declared: dict[str, str | bool]) -> TransformerConfig:
@@ -124,6 +138,11 @@ def test_megatron_core_accepts_the_exported_configuration(preset: str, gpus: int
     assert cfg.cp_comm_type == (s.get("cp_comm", "p2p") if s.get("cp", 1) > 1 else None)
     assert ("--use-distributed-optimizer" in declared) == (s["zero"] == 1)
     dp = gpus // (s["tp"] * s["pp"] * s.get("cp", 1))
+    ddp = build_ddp_config(declared)
+    assert ddp.use_distributed_optimizer == (s["zero"] == 1)
+    # priced with the gradient reduction under the backward whenever there is one
+    assert ddp.overlap_grad_reduce == (dp * s.get("cp", 1) > 1)
+    assert not ddp.overlap_param_gather and not cfg.tp_comm_overlap
     calc = ConstantNumMicroBatchesCalculator(int(declared["--global-batch-size"]),
                                              int(declared["--micro-batch-size"]), dp, None, 0)
     assert calc.get() == s["num_microbatches"]
@@ -132,6 +151,20 @@ def test_megatron_core_accepts_the_exported_configuration(preset: str, gpus: int
     if s.get("partition") and len(set(s["partition"])) > 1:
         assert cfg.num_layers_in_first_pipeline_stage == s["partition"][0]
         assert cfg.num_layers_in_last_pipeline_stage == s["partition"][-1]
+
+
+def test_the_overlap_options_a_plan_was_priced_with_reach_megatron_core() -> None:
+    """``parplan memory --tp-comm-overlap --overlap-param-gather`` prices both; the export writes both."""
+    doc = doc_for("llama-3-8b", 16, {"tp": 2, "pp": 1, "dp": 8, "zero": 1, "sequence_parallel": True,
+                                     "num_microbatches": 2, "tp_comm_overlap": True, "overlap_param_gather": True})
+    assert doc["strategy"]["tp_comm_overlap"] and doc["strategy"]["overlap_param_gather"]
+    config, declared = read_args(export_plan(doc, "megatron").files["megatron_args.txt"])
+    ddp = build_ddp_config(declared)
+    assert ddp.overlap_grad_reduce and ddp.overlap_param_gather and ddp.use_distributed_optimizer
+    assert build_config(config, declared).tp_comm_overlap
+    alone = doc_for("llama-3-8b", 1, {"tp": 1, "pp": 1, "dp": 1, "num_microbatches": 2})
+    _, declared = read_args(export_plan(alone, "megatron").files["megatron_args.txt"])
+    assert not build_ddp_config(declared).overlap_grad_reduce  # one rank: no gradient reduction
 
 
 def test_megatron_core_rejects_what_the_export_would_get_wrong() -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select, text, update
+from sqlalchemy import Integer, case, func, literal, select, text, update
 from sqlalchemy.orm import Session, undefer
 
 from parplan.service.jobs.schemas import job_out
@@ -220,10 +220,13 @@ class JobRepository:
         if self.session.get_bind().dialect.name == "postgresql":
             self.session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMISSIONS_LOCK})
 
-    def count_active_for_token(self, token_id: uuid.UUID) -> int:
-        """Queued or running jobs the token submitted."""
-        return int(self.session.scalar(select(func.count()).select_from(Job)
-                                       .where(Job.token_id == token_id, Job.status.in_((Q, R)))) or 0)
+    def admission_counts(self, token_id: uuid.UUID | None) -> tuple[int, int]:
+        """``(queued or running jobs of the token, queued jobs in all)`` in one query (0 for no token)."""
+        mine = (func.count().filter(Job.token_id == token_id) if token_id is not None
+                else literal(0, type_=Integer))
+        row = self.session.execute(select(mine, func.count().filter(Job.status == Q))
+                                   .select_from(Job).where(Job.status.in_((Q, R)))).one()
+        return int(row[0] or 0), int(row[1] or 0)
 
     def count_queued(self) -> int:
         return int(self.session.scalar(select(func.count()).select_from(Job).where(Job.status == Q)) or 0)
