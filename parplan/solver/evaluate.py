@@ -85,6 +85,7 @@ class Evaluation:
                     "p2p_seconds": t.p2p_seconds, "dp_comm_seconds": t.dp_comm_seconds,
                     "dp_exposed_seconds": t.dp_exposed_seconds, "optimizer_seconds": t.optimizer_seconds,
                     **({"cp_comm_seconds": t.cp_comm_seconds} if s.cp > 1 else {}),
+                    **({"ep_comm_seconds": t.ep_comm_seconds} if s.expert_parallel > 1 else {}),
                 } for t in self.time.stages],
             },
         }

@@ -223,11 +223,12 @@ class StageTime:
     optimizer_seconds: float
     relayout_seconds: float = 0.0
     cp_comm_seconds: float = 0.0  # the context-parallel exchange (ring or all-to-all) compute does not hide
+    ep_comm_seconds: float = 0.0  # expert parallelism: the tokens' all-to-alls to their experts and back
 
     @property
     def microbatch_seconds(self) -> float:
         return (self.forward_seconds + self.backward_seconds + self.recompute_seconds + self.tp_comm_seconds
-                + self.p2p_seconds + self.relayout_seconds + self.cp_comm_seconds)
+                + self.p2p_seconds + self.relayout_seconds + self.cp_comm_seconds + self.ep_comm_seconds)
 
     @property
     def step_seconds(self) -> float:
@@ -390,7 +391,8 @@ class PlanEvaluator:
             # every ring step waits for its slowest hop: the network once the ring leaves a node
             ring = mesh.hop_link("cp", self.cluster) if s.cp > 1 else None
             group = mesh.link("cp", self.cluster) if s.cp > 1 else None
-            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group)
+            ep = mesh.link("ep", self.cluster) if s.ep > 1 else None
+            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group, ep)
         return self._envs[key]
 
     def data_link(self, plan: LayerPlan, s: LayerStrategy, expert: bool = False) -> Link:
@@ -810,18 +812,19 @@ class PlanEvaluator:
     def _one_stage_time(self, plan: LayerPlan, stage: int, units: list[str], unit_stage: Mapping[str, int],
                         strat: Mapping[str, LayerStrategy], prec: Precision) -> StageTime:
         """One stage's seconds: see :meth:`time`."""
-        fwd = bwd = rec = tp = relayout = cp_exposed = 0.0
+        fwd = bwd = rec = tp = relayout = cp_exposed = ep = 0.0
         sync_total = exposed = opt = 0.0
         previous: LayerStrategy | None = None
         synced: set[str] = set()  # shared parameters synchronised once per stage
         for u in units:
             s = strat[u]
-            f, b, r, t, traffic, hidden_not, o, cp = self._unit_time_parts(plan, u, s, prec, synced)
+            f, b, r, t, traffic, hidden_not, o, cp, e = self._unit_time_parts(plan, u, s, prec, synced)
             fwd += f
             bwd += b
             rec += r
             tp += t
             cp_exposed += cp
+            ep += e
             sync_total += traffic
             exposed += hidden_not
             opt += o
@@ -843,13 +846,13 @@ class PlanEvaluator:
             boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
                                          first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
             p2p = sum(2 * p2p_seconds(b, link) for b in boundary)
-        return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, cp_exposed)
+        return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, cp_exposed, ep)
 
     def _unit_time_parts(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision,
-                         synced: set[str]) -> tuple[float, float, float, float, float, float, float, float]:
+                         synced: set[str]) -> tuple[float, float, float, float, float, float, float, float, float]:
         """One unit's (forward, backward, recompute, TP collectives) seconds of one micro-batch,
         (gradient traffic, its exposed part, optimizer) seconds per step, and the exposed part of its
-        context-parallel exchange of one micro-batch; kept per alike unit for
+        context-parallel exchange and its expert-parallel all-to-alls of one micro-batch; kept per alike unit for
         units using no shared parameter (``synced`` does not matter for them)."""
         gc = self.costs_for(plan.local_batch(s))
         key: tuple[Any, ...] | None = None
@@ -869,7 +872,7 @@ class PlanEvaluator:
             tp = max(0.0, tp - c.matmul_seconds)
         out = (c.forward_seconds, c.backward_seconds, c.recompute_seconds, tp, traffic, hidden_not,
                self.optimizer_seconds(model_states(c.params, s, plan.runtime.states_precision(prec)).bytes),
-               c.cp_comm_seconds)
+               c.cp_comm_seconds, c.ep_comm_seconds)
         if key is not None:
             self._unit_time[key] = out
         return out

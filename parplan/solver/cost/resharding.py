@@ -30,7 +30,7 @@ through an intermediate layout), which is what lets zero-cost views follow their
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from parplan.solver.cluster import Link
 from parplan.solver.cost.collectives import (
@@ -53,13 +53,14 @@ def _axis_state(layout: TensorLayout, axis: str) -> str | None:
 
 
 def reshard_seconds(total_bytes: float, src: TensorLayout, dst: TensorLayout, mesh: Mapping[str, int],
-                    links: Mapping[str, Link]) -> float:
-    """Forward + backward seconds to turn ``src`` into ``dst`` (``total_bytes``: unsharded size)."""
+                    links: Mapping[str, Link], axes: Collection[str] | None = None) -> float:
+    """Forward + backward seconds to turn ``src`` into ``dst`` (``total_bytes``: unsharded size),
+    the collectives over ``axes`` only when given."""
     if src == dst:
         return 0.0
     seconds = 0.0
     for axis, n in mesh.items():
-        if n == 1:
+        if n == 1 or (axes is not None and axis not in axes):
             continue
         a, b = _axis_state(src, axis), _axis_state(dst, axis)
         if a == b:
@@ -80,14 +81,15 @@ def reshard_seconds(total_bytes: float, src: TensorLayout, dst: TensorLayout, me
 
 
 def gradient_reduction_seconds(total_bytes: float, src: TensorLayout, dst: TensorLayout, partial_axes: Iterable[str],
-                               mesh: Mapping[str, int], links: Mapping[str, Link]) -> float:
+                               mesh: Mapping[str, int], links: Mapping[str, Link],
+                               axes: Collection[str] | None = None) -> float:
     """Backward seconds to reduce a gradient that is partial over ``partial_axes`` (held in the
     consumer's layout ``dst``) into the producer's layout ``src``: per axis, a reduce-scatter when
     ``src`` splits a dim over it, else an all-reduce (``total_bytes``: the unsharded tensor)."""
     seconds = 0.0
     for axis in partial_axes:
         n = mesh[axis]
-        if n == 1:
+        if n == 1 or (axes is not None and axis not in axes):
             continue
         nbytes = total_bytes / math.prod(mesh[x] for x in dst.axes if x != axis)
         if _axis_state(src, axis) not in (None, "#partial"):
@@ -122,9 +124,9 @@ def reshard_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLayou
 
 
 def edge_seconds(total_bytes: float, produced: TensorLayout, needed: TensorLayout, partial_axes: frozenset[str],
-                 sizes: Mapping[str, int], links: Mapping[str, Link]) -> float:
+                 sizes: Mapping[str, int], links: Mapping[str, Link], axes: Collection[str] | None = None) -> float:
     """One micro-batch's forward + backward seconds of an edge: converting the tensor to the layout
     its consumer needs, and reducing the gradient it leaves partial (readers of one tensor share
-    both: the costliest reader's is paid once)."""
-    return (reshard_seconds(total_bytes, produced, needed, sizes, links)
-            + gradient_reduction_seconds(total_bytes, produced, needed, partial_axes, sizes, links))
+    both: the costliest reader's is paid once); the collectives over ``axes`` only when given."""
+    return (reshard_seconds(total_bytes, produced, needed, sizes, links, axes)
+            + gradient_reduction_seconds(total_bytes, produced, needed, partial_axes, sizes, links, axes))

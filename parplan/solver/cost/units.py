@@ -13,6 +13,7 @@ Everything here is a rearrangement of the per-operator models in :mod:`.activati
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from parplan.solver.cost.backward import (
     backward_profile,
     forward_transient,
 )
-from parplan.solver.cost.collectives import all_reduce_seconds
+from parplan.solver.cost.collectives import all_reduce_seconds, all_to_all_seconds
 from parplan.solver.cost.context_parallel import AttentionBytes, cp_buffer_bytes, cp_exchange
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.loss_loop import LossLoop, loss_loop
@@ -100,6 +101,7 @@ class UnitCost:
     backward_seconds: float = 0.0
     recompute_seconds: float = 0.0
     tp_comm_seconds: float = 0.0
+    ep_comm_seconds: float = 0.0  # expert parallelism: the tokens' all-to-alls to their experts and back
     cp_comm_seconds: float = 0.0  # context parallelism: the exchange (ring or all-to-all) compute does not hide
     matmul_seconds: float = 0.0  # forward, backward, recompute of GEMMs with a weight (TP overlap hides under them)
     owners: list[OwnerOp] = field(default_factory=list)  # with time: operators owning parameters, in order
@@ -115,6 +117,7 @@ class TimeEnv:
     tp_link: Link | None
     cp_link: Link | None = None  # the context-parallel ring's slowest hop (cp > 1)
     cp_group_link: Link | None = None  # the context-parallel group's link for its all-to-alls
+    ep_link: Link | None = None  # the expert-parallel group's link (ep > 1)
 
 
 class GraphCosts:
@@ -372,6 +375,26 @@ class GraphCosts:
                 c.owners.append(OwnerOp(f, b, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:
             c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act, env.cp_link)
+        if s.ep > 1 and env.ep_link is not None:
+            c.ep_comm_seconds = self._token_all_to_alls(unit, s, env.ep_link, act)
+
+    def _token_all_to_alls(self, unit: str, s: UnitStrategy, link: Link, act: int) -> float:
+        """Expert parallelism's token exchange of one micro-batch (GShard; Megatron-LM's all-to-all
+        dispatcher): each rank sends its dispatched buffer (``experts x capacity x hidden``, of its
+        own tokens) to the ranks holding the experts, and the experts' outputs come back (combine),
+        each once in forward, once more for a recomputed forward, and once in backward."""
+        graph, mesh = self.graph, op_mesh(s)
+        sizes = mesh.sizes
+        passes = 3 if s.recompute is Recompute.FULL else 2
+        seconds = 0.0
+        for n in self.nodes[unit]:
+            if n.kind is not OpKind.DISPATCH:
+                continue
+            lay = output_layout(n, uniform_strategy(n, graph, s), mesh, frozenset())
+            # one rank's buffer: its own tokens (the expert axis's split is the exchange itself)
+            local = n.numel * act / math.prod(sizes[a] for a in lay.axes if a != "ep")
+            seconds += 2 * passes * all_to_all_seconds(s.ep, local, link)  # dispatch and combine
+        return seconds
 
     def attention_bytes(self, n: Node, s: UnitStrategy, prec: Precision) -> AttentionBytes:
         """What one rank holds of attention ``n``'s q, k and v, and output (see :mod:`.context_parallel`)."""
@@ -382,10 +405,12 @@ class GraphCosts:
         unit converted from its producer's layout to the one the operator needs, and the gradient
         it leaves partial reduced (the ILP's edge rules, :func:`~.resharding.edge_seconds`; readers
         of one tensor share it), and vocabulary-parallel cross entropy's statistics. Under context
-        parallelism attention reads its keys and values as its exchange brings them (priced apart)."""
+        parallelism attention reads its keys and values as its exchange brings them (priced apart);
+        the expert axis's token exchange is priced apart too (:meth:`_token_all_to_alls`)."""
         graph = self.graph
         mesh = op_mesh(s)
         sizes, links = mesh.sizes, {"tp": link, "ep": link, "cp": cp_link or link}
+        axes = {a for a in sizes if a != "ep"}
         seconds = 0.0
         per_tensor: dict[str, float] = {}
         produced_by: dict[str, tuple[Node, TensorLayout]] = {}  # a tensor read by several operators
@@ -409,7 +434,8 @@ class GraphCosts:
                 partial = partial_gradient_axes(n, pos, graph, op, mesh)
                 if s.cp > 1 and n.kind is OpKind.ATTENTION and pos in (1, 2):
                     needed, partial = ring_chunk_layout(needed, src), partial - {"cp"}
-                cost = edge_seconds(origin.numel * tensor_bytes(origin, act), produced, needed, partial, sizes, links)
+                cost = edge_seconds(origin.numel * tensor_bytes(origin, act), produced, needed, partial, sizes, links,
+                                    axes)
                 per_tensor[origin.id] = max(per_tensor.get(origin.id, 0.0), cost)
         return seconds + sum(per_tensor.values())
 

@@ -189,7 +189,8 @@ class DpSearch:
             c = self.ev.unit_cost(plan, unit, s, self.prec, timed=True)
             states = model_states(c.params, s, self.prec)
             _, exposed = self.ev.once_per_step(plan, c, s, self.prec, set(), shared=False)
-            mb = c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds + c.cp_comm_seconds
+            mb = (c.forward_seconds + c.backward_seconds + c.recompute_seconds + c.tp_comm_seconds + c.cp_comm_seconds
+                  + c.ep_comm_seconds)
             r.time[j] = m * mb + exposed + self.ev.optimizer_seconds(states.bytes)
             r.microbatch[j] = mb
             r.states[j] = states.bytes.total
