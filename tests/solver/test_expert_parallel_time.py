@@ -5,8 +5,10 @@ dispatched buffer, ``experts x capacity x hidden`` activations with ``capacity =
 / experts x capacity_factor)``, to the ranks holding the experts (dispatch) and the experts' outputs
 back (combine), each once in forward and once in backward: four all-to-alls of that buffer over the
 ``ep`` ranks per layer and micro-batch (a fifth and sixth with full recomputation, which runs the
-forward again), on the link the expert-parallel group spans (Megatron-LM's rank order: tensor
-parallelism innermost, then the expert group; the group's link as the cluster model's ring sees it).
+forward again). In an all-to-all every rank sends ``1/ep`` of its buffer to each peer at once: the
+peers on its node over NVLink, the others through its own share of the network (one NIC per GPU),
+so a group spanning nodes takes ``(ep - m)/ep`` of the buffer over one GPU's network bandwidth, ``m``
+members per node (Megatron-LM's rank order: tensor parallelism innermost, then the expert group).
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ import math
 
 import pytest
 
-from parplan.solver.cluster import DeviceMesh, make_cluster
+from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.collectives import all_to_all_seconds
 from parplan.solver.evaluate import evaluate
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.models import ModelSource
@@ -43,11 +44,14 @@ def _ep_seconds(cfg: TransformerConfig, gpus: int, per_node: int, tp: int, ep: i
 
 def _oracle(cfg: TransformerConfig, gpus: int, per_node: int, ep: int, passes: int = 2) -> float:
     cluster = make_cluster(gpus, per_node, "H100-80GB")
-    link = DeviceMesh.of(cluster, [("edp", gpus // ep), ("ep", ep)]).link("ep", cluster)
+    nvlink, nic = cluster.intra_node, cluster.inter_node  # per GPU
+    m = min(ep, per_node)  # the expert group's members on one node
     tokens = 1 * SEQ  # one micro-batch of one sample per rank
     capacity = math.ceil(tokens * cfg.top_k / cfg.num_experts * cfg.capacity_factor)
     buffer = cfg.num_experts * capacity * cfg.hidden * 2  # bf16 activations
-    return cfg.layers * 2 * passes * all_to_all_seconds(ep, buffer, link)
+    local = (m - 1) / ep * buffer / nvlink.bandwidth_bytes_per_s + (m - 1) * nvlink.latency_seconds
+    remote = (ep - m) / ep * buffer / nic.bandwidth_bytes_per_s + (ep - m) * nic.latency_seconds
+    return cfg.layers * 2 * passes * max(local, remote)
 
 
 @pytest.mark.parametrize(("gpus", "per_node", "ep"), [(8, 8, 8), (8, 8, 2), (16, 4, 8), (16, 2, 8)])

@@ -62,6 +62,22 @@ def all_to_all_seconds(n: int, size_bytes: float, link: Link) -> float:
     return _ring(n, size_bytes, link, passes=1)
 
 
+def spread_all_to_all_seconds(n: int, size_bytes: float, per_node: int, intra: Link, inter: Link) -> float:
+    """Seconds for an all-to-all over ``n`` ranks, ``per_node`` of them on each node: every rank
+    sends ``(per_node−1)/n`` of its buffer to its node's peers over ``intra`` and ``(n−per_node)/n``
+    to the other nodes' over its own share of the network (``inter``, per GPU), one message per peer;
+    the two run at once and the slower decides. A ring's link (:func:`all_to_all_seconds` over
+    :meth:`~parplan.solver.cluster.DeviceMesh.group_link`) counts a node's every network card for
+    each ring, which an all-to-all, whose ranks all send across at once, does not get."""
+    _check(n, size_bytes)
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    per_node = max(1, min(per_node, n))
+    local = (per_node - 1) / n * size_bytes / intra.bandwidth_bytes_per_s + (per_node - 1) * intra.latency_seconds
+    remote = (n - per_node) / n * size_bytes / inter.bandwidth_bytes_per_s + (n - per_node) * inter.latency_seconds
+    return max(local, remote)
+
+
 def p2p_seconds(size_bytes: float, link: Link) -> float:
     """Seconds to send one message of ``size_bytes`` to one peer (a pipeline-stage hand-off)."""
     _check(1, size_bytes)

@@ -391,8 +391,13 @@ class PlanEvaluator:
             # every ring step waits for its slowest hop: the network once the ring leaves a node
             ring = mesh.hop_link("cp", self.cluster) if s.cp > 1 else None
             group = mesh.link("cp", self.cluster) if s.cp > 1 else None
-            ep = mesh.link("ep", self.cluster) if s.ep > 1 else None
-            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group, ep)
+            ep, ep_per_node = None, 1
+            if s.ep > 1:
+                within = mesh.within_node("ep", self.cluster)
+                ep = self.cluster.intra_node if within else self.cluster.inter_node
+                ep_per_node = s.ep if within else mesh.group_spread(["ep"], self.cluster)[1]
+            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group, ep, ep_per_node,
+                                      self.cluster.intra_node)
         return self._envs[key]
 
     def data_link(self, plan: LayerPlan, s: LayerStrategy, expert: bool = False) -> Link:
