@@ -391,13 +391,10 @@ class PlanEvaluator:
             # every ring step waits for its slowest hop: the network once the ring leaves a node
             ring = mesh.hop_link("cp", self.cluster) if s.cp > 1 else None
             group = mesh.link("cp", self.cluster) if s.cp > 1 else None
-            ep, ep_per_node = None, 1
-            if s.ep > 1:
-                within = mesh.within_node("ep", self.cluster)
-                ep = self.cluster.intra_node if within else self.cluster.inter_node
-                ep_per_node = s.ep if within else mesh.group_spread(["ep"], self.cluster)[1]
-            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group, ep, ep_per_node,
-                                      self.cluster.intra_node)
+            ep_links = (self.cluster.intra_node, self.cluster.inter_node) if s.ep > 1 else None
+            ep_per_node = mesh.group_spread(["ep"], self.cluster)[1] if s.ep > 1 else 1
+            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group, ep_links,
+                                      ep_per_node)
         return self._envs[key]
 
     def data_link(self, plan: LayerPlan, s: LayerStrategy, expert: bool = False) -> Link:
@@ -857,8 +854,8 @@ class PlanEvaluator:
                          synced: set[str]) -> tuple[float, float, float, float, float, float, float, float, float]:
         """One unit's (forward, backward, recompute, TP collectives) seconds of one micro-batch,
         (gradient traffic, its exposed part, optimizer) seconds per step, and the exposed part of its
-        context-parallel exchange and its expert-parallel all-to-alls of one micro-batch; kept per alike unit for
-        units using no shared parameter (``synced`` does not matter for them)."""
+        context-parallel exchange and its expert-parallel all-to-alls of one micro-batch; kept per
+        alike unit for units using no shared parameter (``synced`` does not matter for them)."""
         gc = self.costs_for(plan.local_batch(s))
         key: tuple[Any, ...] | None = None
         if self.cache and u not in gc.param_sharing:

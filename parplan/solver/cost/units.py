@@ -117,9 +117,8 @@ class TimeEnv:
     tp_link: Link | None
     cp_link: Link | None = None  # the context-parallel ring's slowest hop (cp > 1)
     cp_group_link: Link | None = None  # the context-parallel group's link for its all-to-alls
-    ep_link: Link | None = None  # within a node: the intra-node link; across nodes: one GPU's network share
-    ep_per_node: int = 1  # members of an expert-parallel group on one node (ep when it fits in a node)
-    intra_link: Link | None = None  # the intra-node link (the expert group's peers on the same node)
+    ep_links: tuple[Link, Link] | None = None  # ep > 1: (the intra-node link, one GPU's network share)
+    ep_per_node: int = 1  # the fewest members an expert-parallel group has on one node (ep within a node)
 
 
 class GraphCosts:
@@ -377,7 +376,7 @@ class GraphCosts:
                 c.owners.append(OwnerOp(f, b, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:
             c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act, env.cp_link)
-        if s.ep > 1 and env.ep_link is not None:
+        if s.ep > 1 and env.ep_links is not None:
             c.ep_comm_seconds = self._token_all_to_alls(unit, s, env, act)
 
     def _token_all_to_alls(self, unit: str, s: UnitStrategy, env: TimeEnv, act: int) -> float:
@@ -387,8 +386,8 @@ class GraphCosts:
         each once in forward, once more for a recomputed forward, and once in backward; over the
         node's links and, for a group spanning nodes, each GPU's share of the network
         (:func:`~.collectives.spread_all_to_all_seconds`)."""
-        assert env.ep_link is not None
-        intra = env.intra_link or env.ep_link
+        assert env.ep_links is not None
+        intra, inter = env.ep_links
         graph, mesh = self.graph, op_mesh(s)
         sizes = mesh.sizes
         passes = 3 if s.recompute is Recompute.FULL else 2
@@ -399,7 +398,7 @@ class GraphCosts:
             lay = output_layout(n, uniform_strategy(n, graph, s), mesh, frozenset())
             # one rank's buffer: its own tokens (the expert axis's split is the exchange itself)
             local = n.numel * act / math.prod(sizes[a] for a in lay.axes if a != "ep")
-            seconds += 2 * passes * spread_all_to_all_seconds(s.ep, local, env.ep_per_node, intra, env.ep_link)
+            seconds += 2 * passes * spread_all_to_all_seconds(s.ep, local, env.ep_per_node, intra, inter)
         return seconds
 
     def attention_bytes(self, n: Node, s: UnitStrategy, prec: Precision) -> AttentionBytes:
@@ -415,8 +414,8 @@ class GraphCosts:
         the expert axis's token exchange is priced apart too (:meth:`_token_all_to_alls`)."""
         graph = self.graph
         mesh = op_mesh(s)
-        sizes, links = mesh.sizes, {"tp": link, "ep": link, "cp": cp_link or link}
-        axes = {a for a in sizes if a != "ep"}
+        sizes, links = mesh.sizes, {"tp": link, "cp": cp_link or link}
+        axes = {a for a in sizes if a != "ep"}  # (the token exchange is priced apart)
         seconds = 0.0
         per_tensor: dict[str, float] = {}
         produced_by: dict[str, tuple[Node, TensorLayout]] = {}  # a tensor read by several operators
