@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         server, base = start_server(env)
         procs.append(server)
         worker = start_worker(env)
+        procs.append(worker)
         with httpx.Client(base_url=base, timeout=120, headers={"Authorization": f"Bearer {tokens[0]}"}) as c:
             job = c.post("/v1/plans", json=FAST_REQUEST).json()["job"]
             while job["status"] not in ("succeeded", "failed"):
