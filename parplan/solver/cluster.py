@@ -45,12 +45,25 @@ class Link:
 
     bandwidth_bytes_per_s: float
     latency_seconds: float
+    #: for a group spanning nodes (:func:`ring_link`): how its members sit on them, which an
+    #: all-to-all, whose ranks all send across at once, sees instead of the ring's bandwidth
+    spread: NodeSpread | None = None
 
     def __post_init__(self) -> None:
         _positive_finite(self.bandwidth_bytes_per_s, "link bandwidth_bytes_per_s")
         lat = self.latency_seconds
         if isinstance(lat, bool) or not isinstance(lat, int | float) or not math.isfinite(lat) or lat < 0:
             raise ConfigError(f"link latency_seconds must be a finite number >= 0, got {lat!r}")
+
+
+@dataclass(frozen=True)
+class NodeSpread:
+    """A group spread over nodes: ``per_node`` members on each node (the fewest, where nodes
+    differ), ``intra`` between members of one node, ``inter`` one GPU's own share of the network."""
+
+    per_node: int
+    intra: Link
+    inter: Link
 
 
 @dataclass(frozen=True)
@@ -315,7 +328,8 @@ def ring_link(ranks: int, nodes: int, intra: Link, inter: Link, per_node: int | 
       others stay on the intra-node link (NCCL's tuning model charges intra- and inter-node steps
       alike). Given as the mean per step, so that ``(ranks − 1) · latency`` is the pass's latency.
 
-    One node gives ``intra`` itself.
+    One node gives ``intra`` itself. Several members per node also give the link a ``spread``
+    (:class:`NodeSpread`), which all-to-alls are priced by.
     """
     if per_node is None:
         if nodes < 1 or ranks % nodes:
@@ -327,7 +341,9 @@ def ring_link(ranks: int, nodes: int, intra: Link, inter: Link, per_node: int | 
         return intra
     steps = ranks - 1
     latency = ((steps - (nodes - 1)) * intra.latency_seconds + (nodes - 1) * inter.latency_seconds) / steps
-    return Link(min(intra.bandwidth_bytes_per_s, per_node * inter.bandwidth_bytes_per_s), latency)
+    # one member per node: an all-to-all sees what the ring sees (every step on one GPU's network share)
+    return Link(min(intra.bandwidth_bytes_per_s, per_node * inter.bandwidth_bytes_per_s), latency,
+                NodeSpread(per_node, intra, inter) if per_node > 1 else None)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parplan.solver.cluster import Link
+from parplan.solver.cluster import DeviceMesh, Link, make_cluster
 from parplan.solver.cost.collectives import (
     all_gather_seconds,
     all_reduce_seconds,
@@ -103,3 +103,26 @@ def test_data_parallel_traffic_per_zero_stage() -> None:
     parts = [data_parallel_seconds(4, x, x / 2, 1, link, ddp(x))[0] for x in (1e5, 3e6, 7e7)]
     total = 1e5 + 3e6 + 7e7
     assert sum(parts) == pytest.approx(data_parallel_seconds(4, total, total / 2, 1, link, ddp(total))[0])
+
+
+@pytest.mark.parametrize(("gpus", "per_node", "shape"), [(16, 8, (2, 8)), (16, 8, (8, 2)), (32, 8, (16, 2)),
+                                                          (32, 4, (4, 8)), (16, 8, (16,))])
+def test_an_all_to_all_over_nodes_sends_its_remote_share_through_each_gpus_network_card(
+        gpus: int, per_node: int, shape: tuple[int, ...]) -> None:
+    """Over the outer axis of a mesh (row-major: its members sit ``gpus / (per_node)`` apart), an
+    all-to-all's remote share goes through one GPU's network card while the ring collectives of
+    the same group keep the ring's bandwidth (one ring per member of a node)."""
+    cluster = make_cluster(gpus, per_node, "A100-80GB")
+    mesh = DeviceMesh.of(cluster, [(f"m{i}", size) for i, size in enumerate(shape)])
+    n = shape[0]
+    inner = gpus // n  # devices between neighbours along m0
+    m = max(1, per_node // inner)  # m0's members on one node
+    nvlink, nic = cluster.intra_node, cluster.inter_node
+    link = mesh.group_link(["m0"], cluster)
+    s = 1e9
+    local = (m - 1) / n * s / nvlink.bandwidth_bytes_per_s + (m - 1) * nvlink.latency_seconds
+    remote = (n - m) / n * s / nic.bandwidth_bytes_per_s + (n - m) * nic.latency_seconds
+    assert all_to_all_seconds(n, s, link) == pytest.approx(max(local, remote), rel=1e-12)
+    ring = min(nvlink.bandwidth_bytes_per_s, m * nic.bandwidth_bytes_per_s)
+    assert all_gather_seconds(n, s, link) == pytest.approx((n - 1) / n * s / ring + (n - 1) * link.latency_seconds,
+                                                           rel=1e-12)

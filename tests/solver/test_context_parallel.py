@@ -30,9 +30,11 @@ from parplan.solver.cost.units import GraphCosts
 from parplan.solver.dp.search import search
 from parplan.solver.dp.space import SpaceOptions, context_degrees, layer_strategies
 from parplan.solver.errors import StrategyError
+from parplan.solver.evaluate import evaluate
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
+from parplan.solver.models import ModelSource
 from parplan.solver.planner import parse_plan_request, solve
 from parplan.solver.strategy import ParallelConfig
 
@@ -224,3 +226,35 @@ def test_the_galvatron_target_plans_without_cp_where_target_any_uses_it() -> Non
     assert plan("any")["strategy"]["cp"] > 1
     galvatron = plan("galvatron")
     assert galvatron["strategy"]["cp"] == 1 and all(r["cp"] == 1 for r in galvatron["strategy"]["layers"])
+
+
+def _a2a_oracle(cfg: TransformerConfig, seq: int, cp: int, per_node: int, gpus_per_node: int) -> float:
+    """One micro-batch's all-to-all exchange of stage 0, written out: every attention sends q, k, v
+    and the output (one sample, bf16) once forward and once backward; each rank keeps 1/cp of
+    every buffer, sends (m - 1)/cp over NVLink to its node's m members and (cp - m)/cp through its
+    own network card, the two at once."""
+    cluster = make_cluster(cp * 2, gpus_per_node, "H100-80GB")
+    nvlink, nic = cluster.intra_node, cluster.inter_node
+    m = min(cp, per_node)
+    q = out = (seq // cp) * cfg.heads * cfg.d_head * 2
+    kv = 2 * (seq // cp) * cfg.n_kv_heads * cfg.d_head * 2
+    one = 0.0
+    for b in (q, kv, out):
+        local = (m - 1) / cp * b / nvlink.bandwidth_bytes_per_s + (m - 1) * nvlink.latency_seconds
+        remote = (cp - m) / cp * b / nic.bandwidth_bytes_per_s + (cp - m) * nic.latency_seconds
+        one += max(local, remote)
+    return cfg.layers * 2 * one
+
+
+@pytest.mark.parametrize(("gpus_per_node", "per_node"), [(8, 8), (4, 4), (2, 2)])
+def test_all_to_all_exchange_across_nodes_goes_through_each_gpus_network_share(gpus_per_node: int,
+                                                                               per_node: int) -> None:
+    """CP 8 (all-to-all) on 16 GPUs, data parallel 2 outside it: inside a node, or spread over two
+    or four nodes. A ring's link would give the group every network card of its nodes."""
+    cfg = get_preset("llama-3-8b").with_(layers=2)
+    seq, cp = 16384, 8
+    par = ParallelConfig(tp=1, pp=1, dp=2, cp=cp, cp_comm="a2a", zero=1, micro_batch=1, num_microbatches=1,
+                         recompute=Recompute.NONE)
+    ev = evaluate(ModelSource(cfg.name, config=cfg), make_cluster(2 * cp, gpus_per_node, "H100-80GB"), par, seq)
+    got = ev.to_dict()["time"]["stages"][0]["cp_comm_seconds"]
+    assert got == pytest.approx(_a2a_oracle(cfg, seq, cp, per_node, gpus_per_node), rel=1e-9)

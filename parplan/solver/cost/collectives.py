@@ -14,8 +14,9 @@ point-to-point     ``S/B + L``                      the message
 =================  ===============================  ==========================================
 
 One rank (``n == 1``) or an empty buffer costs 0 seconds. The link is the slowest one the group
-spans (see :meth:`parplan.solver.cluster.DeviceMesh.group_link`). With this model
-all-reduce = reduce-scatter + all-gather of the same ``S`` exactly.
+spans (see :meth:`parplan.solver.cluster.DeviceMesh.group_link`), except for an all-to-all over a
+group that spans nodes, which the link's ``spread`` prices (:func:`spread_all_to_all_seconds`).
+With this model all-reduce = reduce-scatter + all-gather of the same ``S`` exactly.
 """
 
 from __future__ import annotations
@@ -58,7 +59,12 @@ def all_gather_seconds(n: int, size_bytes: float, link: Link) -> float:
 
 
 def all_to_all_seconds(n: int, size_bytes: float, link: Link) -> float:
-    """Seconds for an all-to-all: ``size_bytes`` is one rank's whole send buffer (it keeps 1/n)."""
+    """Seconds for an all-to-all: ``size_bytes`` is one rank's whole send buffer (it keeps 1/n).
+    Over a group that spans nodes (``link.spread``, from :func:`~parplan.solver.cluster.ring_link`)
+    each rank's remote share goes through its own network card: :func:`spread_all_to_all_seconds`."""
+    if link.spread is not None:
+        s = link.spread
+        return spread_all_to_all_seconds(n, size_bytes, s.per_node, s.intra, s.inter)
     return _ring(n, size_bytes, link, passes=1)
 
 
@@ -66,9 +72,9 @@ def spread_all_to_all_seconds(n: int, size_bytes: float, per_node: int, intra: L
     """Seconds for an all-to-all over ``n`` ranks, ``per_node`` of them on each node: every rank
     sends ``(per_node−1)/n`` of its buffer to its node's peers over ``intra`` and ``(n−per_node)/n``
     to the other nodes' over its own share of the network (``inter``, per GPU), one message per peer;
-    the two run at once and the slower decides. A ring's link (:func:`all_to_all_seconds` over
-    :meth:`~parplan.solver.cluster.DeviceMesh.group_link`) counts a node's every network card for
-    each ring, which an all-to-all, whose ranks all send across at once, does not get."""
+    the two run at once and the slower decides. (A ring's bandwidth counts a node's every network
+    card for each ring, which an all-to-all, whose ranks all send across at once, does not get.)
+    Inside one node (``per_node == n``) this is the ring formula of :func:`all_to_all_seconds`."""
     _check(n, size_bytes)
     if n == 1 or size_bytes == 0:
         return 0.0

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parplan.solver.calibration import apply
-from parplan.solver.cluster import Cluster, DeviceMesh, MeshLinks
+from parplan.solver.cluster import Cluster, DeviceMesh, Link, MeshLinks
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
@@ -188,11 +188,11 @@ def distinct_meshes(meshes: list[Mesh], cluster: Cluster) -> list[Mesh]:
     link; two meshes whose axes have the same (size, link) pairs in another order give the same
     auxiliary problem with the axes renamed (``4x2`` and ``2x4`` inside one node), so one of them
     is enough. The first of each kind is kept."""
-    seen: set[tuple[tuple[int, float, float], ...]] = set()
+    seen: set[tuple[tuple[int, Link], ...]] = set()
     out = []
     for mesh in meshes:
         links = mesh_links(cluster, mesh)
-        key = tuple(sorted((size, links[a].bandwidth_bytes_per_s, links[a].latency_seconds) for a, size in mesh.axes))
+        key = tuple(sorted(((size, links[a]) for a, size in mesh.axes), key=repr))
         if key not in seen:
             seen.add(key)
             out.append(mesh)
