@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 
 def commit() -> str:
@@ -38,7 +39,21 @@ def header(title: str) -> str:
     if hasattr(os, "getloadavg"):
         load = ", load average before the run " + " ".join(f"{x:.2f}" for x in os.getloadavg())
     return (f"## {title}\n\ncommand: `{cmd}`  \ndate: {date}  \ncommit: {commit()}  \nmachine: {cpu}, "
-            f"{os.cpu_count()} cores, Python {platform.python_version()}{load}  \npackages: {packages()}\n")
+            f"{os.cpu_count()} cores, Python {platform.python_version()}{load}, reference loop "
+            f"{reference_loop_seconds():.3f} s CPU  \npackages: {packages()}\n")
+
+
+def reference_loop_seconds() -> float:
+    """CPU seconds of an empty 10^7-iteration Python loop, the fastest of three: how fast this host
+    runs Python at the moment, so that timings taken on hosts of different speeds (the machine's
+    speed has varied 2-5x between sessions) can be told apart."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.process_time()
+        for _ in range(10**7):
+            pass
+        best = min(best, time.process_time() - t)
+    return best
 
 
 def packages() -> str:

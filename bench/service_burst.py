@@ -6,7 +6,10 @@ plan requests (small ones: bert-large on 2 GPUs, the DP search, each a different
 and global batch, so none is answered from the cache) as fast as it can, token after token: the
 first token's requests are all queued before the second's, which is the case where fairness
 matters. While the jobs run it measures, open loop, a cached ``POST /v1/plans`` and a
-``GET /v1/jobs/{id}`` at ``--probe-rate`` each per second. Then it waits for every job to end and
+``GET /v1/jobs/{id}`` at ``--probe-rate`` each per second, from a process of its own (``--prober
+own``, the default: a dashboard is another client) or from the submitting process's event loop
+(``--prober same``, how the figures before 2026-11-24 22:00 UTC were taken; that loop is busy
+sending the burst, which adds its own delay to the probes). Then it waits for every job to end and
 reports:
 
 * every job ended (succeeded, or failed with a reason); none lost (every submitted id is found,
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -128,10 +132,45 @@ async def probe(base: str, token: str, job_id: str, rate: float, stop: asyncio.E
     return lat
 
 
-async def run(base: str, tokens: list[str], per_token: int, warm_job: str, rate: float,
-              timeout: float) -> tuple[list[tuple[int, str, float]], dict[str, dict[str, Any]], dict[str, list[float]]]:
+def probe_process(base: str, token: str, job_id: str, rate: float, stop: Any, out: Any) -> None:
+    """:func:`probe` in a process of its own (``--prober own``) until ``stop`` (a multiprocessing
+    event) is set; its latencies go to ``out`` (a multiprocessing queue). The due times are
+    ``time.perf_counter()`` readings, one clock for every process of the machine on Linux."""
+    async def go() -> dict[str, list[float]]:
+        done = asyncio.Event()
+        task = asyncio.create_task(probe(base, token, job_id, rate, done))
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        done.set()
+        return await task
+    out.put(asyncio.run(go()))
+
+
+class OwnProber:
+    """The probes in a process of their own (spawned), as a dashboard polling the service would be."""
+
+    def __init__(self, base: str, token: str, job_id: str, rate: float) -> None:
+        ctx = mp.get_context("spawn")
+        self._stop, self._out = ctx.Event(), ctx.Queue()
+        self._proc = ctx.Process(target=probe_process, args=(base, token, job_id, rate, self._stop, self._out))
+        self._proc.start()
+
+    def finish(self) -> dict[str, list[float]]:
+        self._stop.set()
+        lat: dict[str, list[float]] = self._out.get(timeout=120)
+        self._proc.join(timeout=30)
+        return lat
+
+
+async def run(base: str, tokens: list[str], per_token: int, warm_job: str, rate: float, timeout: float,
+              prober_kind: str = "own") -> tuple[list[tuple[int, str, float]], dict[str, dict[str, Any]],
+                                                  dict[str, list[float]]]:
     stop = asyncio.Event()
-    prober = asyncio.create_task(probe(base, tokens[0], warm_job, rate, stop))
+    if prober_kind == "own":
+        own = OwnProber(base, tokens[0], warm_job, rate)
+        await asyncio.sleep(1.0)  # the spawned process imports and starts probing
+    else:
+        prober = asyncio.create_task(probe(base, tokens[0], warm_job, rate, stop))
     t0 = time.perf_counter()
     t0_wall = dt.datetime.now(dt.UTC)
     submitted = await submit_all(base, tokens, per_token)
@@ -151,7 +190,7 @@ async def run(base: str, tokens: list[str], per_token: int, warm_job: str, rate:
                     pending.discard(jid)
             await asyncio.sleep(0.5)
     stop.set()
-    lat = await prober
+    lat = own.finish() if prober_kind == "own" else await prober
     lat["submitted by"] = [submitted_by]
     for jid, job in jobs.items():
         # The server's finish time (same machine, same clock): polling a thousand jobs one by one
@@ -169,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=10)
     p.add_argument("--workers", type=int, default=2, help="Celery workers (one process each)")
     p.add_argument("--probe-rate", type=float, default=20.0, help="probe requests per second, each kind")
+    p.add_argument("--prober", choices=("own", "same"), default="own",
+                   help="probe from a process of its own (a dashboard's view), or from the submitting "
+                        "process's event loop (the figures recorded before 2026-11-24 22:00 UTC)")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up waiting for the jobs after this")
     p.add_argument("--dispatch-window", type=int, default=None,
                    help="PARPLAN_DISPATCH_WINDOW of the service (default: the service's; 0: first come, first served)")
@@ -200,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             if c.post("/v1/plans", json=FAST_REQUEST).status_code != 200:
                 raise SystemExit("the warm-up plan is not served from the cache")
         t0 = time.perf_counter()
-        submitted, jobs, lat = asyncio.run(run(base, tokens, per_token, warm["id"], args.probe_rate, args.timeout))
+        submitted, jobs, lat = asyncio.run(run(base, tokens, per_token, warm["id"], args.probe_rate, args.timeout,
+                                               args.prober))
         wall = time.perf_counter() - t0
     finally:
         for proc in procs:
@@ -222,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {host}  ")
     print(f"service: parplan serve (one API process) on a scratch PostgreSQL database, Redis, {args.workers} "
           f"Celery worker(s); {args.tokens} tokens x {per_token} distinct requests (bert-large, 2 GPUs, DP), "
-          "submitted token after token\n")
+          "submitted token after token; probes from "
+          f"{'a process of their own' if args.prober == 'own' else 'the submitting process'}\n")
     print(f"- submitted {len(ids)} (distinct ids: {len(set(ids))}); finished {len(jobs)} in {wall:.1f} s; "
           f"by status: {by_status}")
     print(f"- lost (never finished): {len(lost)}; failed without a reason: {len(failed_without_reason)}; "
