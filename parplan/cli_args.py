@@ -108,6 +108,9 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
     p.add_argument("--overlap-param-gather", action="store_true",
                    help="time only: Megatron-LM's --overlap-param-gather (needs --zero 1 or 2, its distributed "
                         "optimizer): the updated weights' all-gather hidden under the next forward")
+    p.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="time only: Megatron-LM without --overlap-grad-reduce (runtime megatron): the gradient "
+                        "reduction runs after the backward instead of under it")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -170,7 +173,8 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")),
         sync_every_microbatch=args.sync_every_microbatch, cp=cp, cp_comm=getattr(args, "cp_comm", "p2p"),
         tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
-        overlap_param_gather=getattr(args, "overlap_param_gather", False))
+        overlap_param_gather=getattr(args, "overlap_param_gather", False),
+        overlap_grad_reduce=not getattr(args, "no_overlap_grad_reduce", False))
     return model, cluster, strategy
 
 

@@ -66,6 +66,7 @@ class UniformPlan:
     cp_comm: str = "p2p"  # attention's exchange under CP: the ring (p2p) or all-to-alls (a2a)
     tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap (set only by `parplan memory`)
     overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather (likewise)
+    overlap_grad_reduce: bool = True  # Megatron-LM's --overlap-grad-reduce (false only from `parplan memory`)
 
     @property
     def world(self) -> int:
@@ -159,7 +160,8 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            partition=tuple(s["partition"]) if s.get("partition") else None,
                            cp=int(s.get("cp") or 1), cp_comm=str(s.get("cp_comm") or "p2p"),
                            tp_comm_overlap=bool(s.get("tp_comm_overlap")),
-                           overlap_param_gather=bool(s.get("overlap_param_gather")))
+                           overlap_param_gather=bool(s.get("overlap_param_gather")),
+                           overlap_grad_reduce=s.get("overlap_grad_reduce") is not False)
     if kind == "per-layer":
         runs = list(s.get("layers") or [])
         keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm")

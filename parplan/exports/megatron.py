@@ -126,9 +126,10 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
     args += partition
     if plan.zero == 1:
         args.append("--use-distributed-optimizer")
-    if plan.dp * plan.cp > 1:
+    if plan.dp * plan.cp > 1 and plan.overlap_grad_reduce:
         # parplan's megatron runtime prices the gradient reduction under the backward, bucket by
-        # bucket; Megatron-LM does that only with this flag (without it, after the last backward)
+        # bucket, unless the plan says otherwise; Megatron-LM does that only with this flag
+        # (without it, after the last backward)
         args.append("--overlap-grad-reduce")
     if plan.overlap_param_gather:
         args.append("--overlap-param-gather")

@@ -36,7 +36,7 @@ _VALUED = {
 }
 _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--untie-embeddings-and-output-weights",
              "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--add-qkv-bias",
-             "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather"}
+             "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce"}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
     "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--lr",
@@ -50,8 +50,7 @@ _IGNORED_VALUED = {
 }
 _IGNORED_SWITCHES = {"--mock-data", "--no-masked-softmax-fusion", "--use-mcore-models", "--no-load-optim",
                      "--no-load-rng", "--log-throughput", "--use-rotary-position-embeddings", "--no-bias-gelu-fusion",
-                     "--no-bias-dropout-fusion", "--no-rope-fusion", "--use-flash-attn",
-                     "--overlap-grad-reduce"}
+                     "--no-bias-dropout-fusion", "--no-rope-fusion", "--use-flash-attn"}
 
 
 def _tokens(text: str) -> tuple[list[str], int | None, int | None]:
@@ -221,7 +220,8 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
             precision="fp16" if "--fp16" in flags else ("bf16" if "--bf16" in flags else "fp32"),
             expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
             cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
-            overlap_param_gather="--overlap-param-gather" in flags)
+            overlap_param_gather="--overlap-param-gather" in flags,
+            overlap_grad_reduce="--overlap-grad-reduce" in flags or world == tp * pp)
     except ImportProblemError:
         raise
     except SolverError as e:

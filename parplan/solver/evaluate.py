@@ -55,7 +55,8 @@ class Evaluation:
                 "flash_attention": s.flash_attention, "precision": s.precision,
                 "expert_parallel": s.expert_parallel, "runtime": s.runtime.value,
                 "sync_every_microbatch": s.sync_every_microbatch, "tp_comm_overlap": s.tp_comm_overlap,
-                "overlap_param_gather": s.overlap_param_gather, "summary": s.describe(),
+                "overlap_param_gather": s.overlap_param_gather, "overlap_grad_reduce": s.overlap_grad_reduce,
+                "summary": s.describe(),
             },
             "memory": {
                 "peak_bytes": round(peak.peak_bytes),

@@ -34,17 +34,23 @@ class Schedule(StrEnum):
 
 
 def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,
-                   zero: int) -> None:
-    """StrategyError unless Megatron-LM would accept the overlap options: both are its own (runtime
-    ``megatron``); ``--tp-comm-overlap`` needs sequence parallelism (Transformer Engine overlaps the
-    all-gathers and reduce-scatters it brings), ``--overlap-param-gather`` the distributed optimizer
-    (ZeRO-1 or 2: there is an all-gather of updated weights to overlap)."""
+                   zero: int, overlap_grad_reduce: bool = True) -> None:
+    """StrategyError unless Megatron-LM would accept the overlap options: all are its own (runtime
+    ``megatron``; every other runtime reduces gradients under the backward); ``--tp-comm-overlap``
+    needs sequence parallelism (Transformer Engine overlaps the all-gathers and reduce-scatters it
+    brings), ``--overlap-param-gather`` the distributed optimizer (ZeRO-1 or 2: there is an
+    all-gather of updated weights to overlap) and ``--overlap-grad-reduce``."""
     if (tp_comm_overlap or overlap_param_gather) and runtime is not Runtime.MEGATRON:
         raise StrategyError(f"tp_comm_overlap and overlap_param_gather are Megatron-LM options; runtime is {runtime}")
+    if not overlap_grad_reduce and runtime is not Runtime.MEGATRON:
+        raise StrategyError(f"overlap_grad_reduce false is a Megatron-LM setting (no --overlap-grad-reduce); "
+                            f"runtime {runtime} reduces gradients under the backward")
     if tp_comm_overlap and not sp:
         raise StrategyError("tp_comm_overlap needs sequence parallelism (as Megatron-LM's --tp-comm-overlap)")
     if overlap_param_gather and zero not in (1, 2):
         raise StrategyError("overlap_param_gather needs the distributed optimizer (zero 1 or 2)")
+    if overlap_param_gather and not overlap_grad_reduce:
+        raise StrategyError("overlap_param_gather needs overlap_grad_reduce (as Megatron-LM's --overlap-param-gather)")
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,9 @@ class ParallelConfig:
     #: Megatron-LM's ``--overlap-param-gather`` (distributed optimizer): the updated weights'
     #: all-gather runs under the next step's forward, exposed only beyond that forward's time
     overlap_param_gather: bool = False
+    #: gradients reduced under the backward, bucket by bucket (Megatron-LM's ``--overlap-grad-reduce``,
+    #: and what every other runtime does); false: Megatron-LM without the flag, after the backward
+    overlap_grad_reduce: bool = True
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel",
@@ -98,7 +107,8 @@ class ParallelConfig:
         if self.dp % self.expert_parallel:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
-                       self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1)
+                       self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
+                       self.overlap_grad_reduce)
         if self.schedule is Schedule.INTERLEAVED:
             if self.pp == 1:
                 raise StrategyError("the interleaved schedule needs pp > 1")
@@ -142,6 +152,8 @@ class ParallelConfig:
             parts.append("tp-comm-overlap")
         if self.overlap_param_gather:
             parts.append("overlap-param-gather")
+        if not self.overlap_grad_reduce:
+            parts.append("no-overlap-grad-reduce")
         return " ".join(parts)
 
 

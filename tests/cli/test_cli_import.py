@@ -38,8 +38,10 @@ def test_megatron_arguments_are_priced_and_what_was_not_used_is_listed(
     assert doc["model"]["parameters"] == 6_738_415_616  # llama-2-7b's count, rebuilt from the flags
     assert doc["import"]["unknown"] == ["--my-own-flag 7"] and doc["import"]["ignored"] == ["--lr", "--data-path"]
     # the same configuration through `parplan memory`'s own flags prices the same
+    # (without --overlap-grad-reduce Megatron-LM reduces the gradients after the backward)
     assert main(["memory", "--model", "llama-2-7b", "--gpus", "16", "--tp", "2", "--pp", "2", "--zero", "1",
-                 "--sequence-parallel", "--global-batch", "32", "--seq-len", "4096", "--json"]) == 0
+                 "--sequence-parallel", "--global-batch", "32", "--seq-len", "4096", "--no-overlap-grad-reduce",
+                 "--json"]) == 0
     same = json.loads(capsys.readouterr().out)
     assert same["memory"]["peak_bytes"] == doc["memory"]["peak_bytes"]
     assert same["time"]["step_seconds"] == doc["time"]["step_seconds"]
@@ -53,7 +55,8 @@ def test_context_parallel_size_is_priced_as_memory_cp(tmp_path: Path, capsys: py
     doc = json.loads(capsys.readouterr().out)
     assert doc["strategy"]["cp"] == 2 and doc["strategy"]["dp"] == 2
     assert main(["memory", "--model", "llama-2-7b", "--gpus", "16", "--tp", "2", "--pp", "2", "--cp", "2", "--zero",
-                 "1", "--sequence-parallel", "--global-batch", "32", "--seq-len", "4096", "--json"]) == 0
+                 "1", "--sequence-parallel", "--global-batch", "32", "--seq-len", "4096", "--no-overlap-grad-reduce",
+                 "--json"]) == 0
     same = json.loads(capsys.readouterr().out)
     assert same["memory"]["peak_bytes"] == doc["memory"]["peak_bytes"]
     assert same["time"]["step_seconds"] == doc["time"]["step_seconds"]
@@ -78,6 +81,35 @@ def test_overlap_flags_are_priced_as_memory_flags_and_change_time_only(
     (tmp_path / "bad.txt").write_text(ARGS.replace("--use-distributed-optimizer", "") + "--overlap-param-gather\n")
     assert "distributed optimizer" in run_error(capsys, "memory", "--from", "megatron-args", str(tmp_path / "bad.txt"),
                                                 "--gpus", "16")
+
+
+def test_without_overlap_grad_reduce_the_gradient_reduction_is_not_hidden(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Megatron-LM reduces gradients under the backward, bucket by bucket, only with
+    --overlap-grad-reduce; without it, after the backward: every second of it is exposed."""
+    (tmp_path / "after.txt").write_text(ARGS)
+    (tmp_path / "under.txt").write_text(ARGS + "--overlap-grad-reduce\n")
+    docs = []
+    for name in ("after.txt", "under.txt"):
+        assert main(["memory", "--from", "megatron-args", str(tmp_path / name), "--gpus", "16", "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    after, under = docs
+    assert after["strategy"]["overlap_grad_reduce"] is False and under["strategy"]["overlap_grad_reduce"] is True
+    assert "no-overlap-grad-reduce" in after["strategy"]["summary"]
+    assert "--overlap-grad-reduce" not in after["import"]["ignored"] + after["import"]["unknown"]
+    assert after["memory"] == under["memory"]
+    for a, u in zip(after["time"]["stages"], under["time"]["stages"], strict=True):
+        assert a["dp_comm_seconds"] == u["dp_comm_seconds"] > 0
+        assert a["dp_exposed_seconds"] == pytest.approx(a["dp_comm_seconds"], rel=1e-12)
+        assert u["dp_exposed_seconds"] < u["dp_comm_seconds"]
+    assert after["time"]["step_seconds"] > under["time"]["step_seconds"]
+    # Megatron-LM refuses --overlap-param-gather without it; so does parplan
+    (tmp_path / "bad.txt").write_text(ARGS + "--overlap-param-gather\n")
+    assert "overlap_grad_reduce" in run_error(capsys, "memory", "--from", "megatron-args", str(tmp_path / "bad.txt"),
+                                              "--gpus", "16")
+    assert "Megatron-LM setting" in run_error(capsys, "memory", "--model", "llama-2-7b", "--gpus", "16", "--tp", "1",
+                                              "--pp", "1", "--zero", "3", "--runtime", "torch",
+                                              "--no-overlap-grad-reduce")
 
 
 def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,

@@ -164,6 +164,12 @@ def test_the_overlap_options_a_plan_was_priced_with_reach_megatron_core() -> Non
     alone = doc_for("llama-3-8b", 1, {"tp": 1, "pp": 1, "dp": 1, "num_microbatches": 2})
     _, declared = read_args(export_plan(alone, "megatron").files["megatron_args.txt"])
     assert not build_ddp_config(declared).overlap_grad_reduce  # one rank: no gradient reduction
+    # priced with the reduction after the backward (`parplan memory --no-overlap-grad-reduce`, or imported
+    # arguments without the flag): exported without it, so Megatron-LM runs what was priced
+    after = doc_for("llama-3-8b", 16, {"tp": 2, "pp": 1, "dp": 8, "zero": 1, "sequence_parallel": True,
+                                       "num_microbatches": 2, "overlap_grad_reduce": False})
+    _, declared = read_args(export_plan(after, "megatron").files["megatron_args.txt"])
+    assert not build_ddp_config(declared).overlap_grad_reduce
 
 
 def test_megatron_core_rejects_what_the_export_would_get_wrong() -> None:

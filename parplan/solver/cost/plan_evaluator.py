@@ -119,6 +119,7 @@ class LayerPlan:
     sync_every_microbatch: bool = False  # gradients reduced after every micro-batch, not only the last
     tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap: TP collectives under the unit's GEMMs
     overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather: weight all-gather under forward
+    overlap_grad_reduce: bool = True  # gradients reduced under the backward (false: Megatron-LM without the flag)
     _devices: int = field(default=0, compare=False)
 
     def local_batch(self, s: LayerStrategy) -> int:
@@ -280,7 +281,7 @@ def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
     priced the same)."""
     return (plan.pp, plan.num_microbatches, plan.global_batch, plan.partition, plan.schedule, plan.virtual_stages,
             plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
-            plan.tp_comm_overlap, plan.overlap_param_gather, tuple(plan.layers.items()))
+            plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, tuple(plan.layers.items()))
 
 
 class PlanEvaluator:
@@ -422,9 +423,10 @@ class PlanEvaluator:
         if self._cluster is not None and n != self._cluster.num_devices:
             with_cp = " x cp" if any(s.cp > 1 for s in plan.layers.values()) else ""
             raise StrategyError(f"tp{with_cp} x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
-        for s in set(plan.layers.values()) if plan.tp_comm_overlap or plan.overlap_param_gather else ():
+        overlaps = plan.tp_comm_overlap or plan.overlap_param_gather or not plan.overlap_grad_reduce
+        for s in set(plan.layers.values()) if overlaps else ():
             check_overlaps(plan.runtime, plan.tp_comm_overlap, plan.overlap_param_gather, s.sp or s.tp == 1,
-                           s.zero if s.data_ranks > 1 else 1)
+                           s.zero if s.data_ranks > 1 else 1, plan.overlap_grad_reduce)
         for u, s in plan.layers.items():
             if s.sp and s.tp == 1:
                 raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
@@ -489,7 +491,12 @@ class PlanEvaluator:
             synced.update(p.id for p in params if p.shared)
             sync, gathers, param_gather = self.sync_seconds(plan, s, params, prec, c.param_numel)
             total += every * sync + m * gathers
-            if plan.overlap_param_gather and param_gather:
+            if not plan.overlap_grad_reduce:
+                # Megatron-LM without --overlap-grad-reduce: the reduction (with the distributed
+                # optimizer, its weight all-gather too) runs after the backward, none of it hidden
+                exposed += every * (sync + exposed_seconds(0.0, gathers, op.forward_seconds, op.backward_seconds,
+                                                           m // every))
+            elif plan.overlap_param_gather and param_gather:
                 # Megatron-LM's --overlap-param-gather: the updated weights' all-gather runs under the
                 # next step's forward (waited on per bucket before its first use); the gradient
                 # reduce-scatter under the last micro-batch's backward, as without the option
@@ -585,7 +592,7 @@ class PlanEvaluator:
         (as ``names``) and their strategies."""
         return (plan.pp, plan.num_microbatches, plan.global_batch, plan.schedule, plan.virtual_stages,
                 plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
-                plan.tp_comm_overlap, plan.overlap_param_gather, where, names,
+                plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, where, names,
                 tuple([(strat[u], u in plan.layers) for u in units]))
 
     def _stage_time_key(self, plan: LayerPlan, stage: int, units: list[str],
@@ -861,7 +868,7 @@ class PlanEvaluator:
         if self.cache and u not in gc.param_sharing:
             key = (plan.pp, plan.num_microbatches, plan.global_batch, plan.flash_attention, plan.runtime, prec.name,
                    plan.sync_every_microbatch, plan.tp_comm_overlap, plan.overlap_param_gather,
-                   gc.representative[u], s)
+                   plan.overlap_grad_reduce, gc.representative[u], s)
             hit = self._unit_time.get(key)
             if hit is not None:
                 return hit  # type: ignore[return-value]
