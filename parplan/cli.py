@@ -134,6 +134,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
         raise UsageError("--suggest needs --from KIND FILE")
     model, cluster, strategy = strategy_from_args(args)
     doc = evaluate(model, cluster, strategy, seq_len=args.seq_len).to_dict()
+    arch = model.architecture()
+    if arch is not None:  # so that `parplan export` can write the strategy priced
+        doc["model"]["architecture"] = arch
     print(json.dumps(doc, indent=2) if args.json else _memory_table(doc))
     return 0
 

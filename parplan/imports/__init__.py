@@ -67,5 +67,8 @@ def price(imported: Imported | LayerImport, cluster: Cluster,
 
         doc = evaluate(imported.model, cluster, imported.strategy, seq_len=imported.seq_len,
                        calibration=calibration).to_dict()
+    arch = imported.model.architecture()
+    if arch is not None:  # so that `parplan export` can write the configuration priced
+        doc["model"]["architecture"] = arch
     doc["import"] = imported.report()
     return doc

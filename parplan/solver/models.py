@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,11 @@ class ModelSource:
     name: str
     config: TransformerConfig | None = None
     graph: Graph | None = None
+
+    def architecture(self) -> dict[str, Any] | None:
+        """The sizes a trainer's export writes the model from (a document's ``model.architecture``);
+        None for an operator graph, which has none."""
+        return asdict(self.config) if self.config is not None else None
 
     def build(self, micro_batch: int, seq_len: int | None = None) -> Graph:
         """The graph of one micro-batch of ``micro_batch`` samples of ``seq_len`` tokens."""

@@ -390,8 +390,9 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     solver["work"] = work
     doc.setdefault("model", {"name": req.model.name, "parameters": ev.graph(1).parameter_count(),
                              "seq_len": req.seq_len})
-    if req.model.config is not None:  # what exports need to write the model (parplan.exports)
-        doc["model"]["architecture"] = dataclasses.asdict(req.model.config)
+    arch = req.model.architecture()
+    if arch is not None:  # what exports need to write the model (parplan.exports)
+        doc["model"]["architecture"] = arch
     doc.setdefault("cluster", {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
                                "gpu": req.cluster.gpu.name, "device_memory_bytes": req.cluster.device_memory_bytes})
     report("done", 1.0)

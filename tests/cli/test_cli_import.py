@@ -150,3 +150,23 @@ def test_bad_from_usage_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "required" in run_error(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8")
     assert "--suggest needs --from" in run_error(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1",
                                                  "--pp", "1", "--suggest")
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-overlap-grad-reduce"]])
+def test_a_priced_configuration_exports_and_imports_back_to_the_same_prices(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]) -> None:
+    """`parplan memory --json` carries the model's sizes, so `parplan export` writes what was
+    priced; Megatron-LM's arguments read back price the same memory and time."""
+    assert main(["memory", "--model", "llama-2-7b", "--gpus", "16", "--tp", "2", "--pp", "2", "--zero", "1",
+                 "--sequence-parallel", "--global-batch", "32", "--seq-len", "4096", "--json", *extra]) == 0
+    (tmp_path / "priced.json").write_text(capsys.readouterr().out)
+    priced = json.loads((tmp_path / "priced.json").read_text())
+    assert priced["model"]["architecture"]["layers"] == 32
+    assert main(["export", str(tmp_path / "priced.json"), "--target", "megatron", "--out", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "out" / "megatron_args.txt"), "--gpus", "16",
+                 "--json"]) == 0
+    back = json.loads(capsys.readouterr().out)
+    assert back["strategy"]["overlap_grad_reduce"] == priced["strategy"]["overlap_grad_reduce"] == (not extra)
+    assert back["memory"]["peak_bytes"] == priced["memory"]["peak_bytes"]
+    assert back["time"]["step_seconds"] == pytest.approx(priced["time"]["step_seconds"], rel=1e-12)
