@@ -23,6 +23,7 @@ from parplan.solver.cost.compute import backward_flops, forward_flops
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.rules import recomputed
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
@@ -101,7 +102,7 @@ class UniformEvaluator:
         self._times: dict[Candidate, PlanTime | None] = {}
         self._memories: dict[Candidate, PlanMemory | None] = {}
         self._parameters: int | None = None
-        self._flops: dict[int, float] = {}  # micro-batch -> forward and backward FLOPs of its graph
+        self._flops: dict[tuple[int, Recompute], float] = {}  # -> forward, backward and recomputed FLOPs
 
     def graph(self, micro_batch: int) -> Graph:
         if micro_batch not in self._graphs:
@@ -142,21 +143,25 @@ class UniformEvaluator:
         return t
 
     def time_floor(self, c: Candidate) -> float:
-        """Seconds per step ``c`` takes at least, without pricing it: every operator's arithmetic at
-        the GPU's highest peak and matmul efficiency, cut over at most ``tp·ep`` devices per stage,
+        """Seconds per step ``c`` takes at least, without pricing it: every operator's arithmetic
+        (forward, backward, and the forward again where ``c``'s recomputation repeats it,
+        :func:`~parplan.solver.cost.rules.recomputed`) at the GPU's highest peak and matmul
+        efficiency, cut over at most ``tp·ep`` devices per stage,
         through a pipeline whose busiest stage holds at least ``1/pp`` of it. The step is ``m·t_max +
         (Σ − t_max)/v + once`` (:func:`~parplan.solver.cost.plan_evaluator.pipeline_seconds`), at
         least ``Σ/pp·(m + (pp − 1)/v)``. A test checks it against every configuration priced."""
-        if c.micro_batch not in self._flops:
+        key = (c.micro_batch, c.recompute)
+        if key not in self._flops:
             g = self.graph(c.micro_batch)
-            self._flops[c.micro_batch] = sum(forward_flops(n, g) + backward_flops(n, g) for n in g.nodes
-                                             if not n.is_leaf)
+            flash = ParallelConfig.flash_attention  # (the baselines price the default kernel)
+            self._flops[key] = sum(forward_flops(n, g) * (2 if recomputed(n, c.recompute, flash) else 1)
+                                   + backward_flops(n, g) for n in g.nodes if not n.is_leaf)
         gpu = self.cluster.gpu
         rate = max(gpu.peak_flops.values()) * max([*self.calibration.matmul_efficiency.values(),
                                                    FALLBACK_MATMUL_EFFICIENCY])
         m = self.global_batch // (c.micro_batch * c.dp)
         v = c.virtual if c.schedule is Schedule.INTERLEAVED else 1
-        per_microbatch = self._flops[c.micro_batch] / (c.tp * c.ep * rate)  # Σ over the stages, at least
+        per_microbatch = self._flops[key] / (c.tp * c.ep * rate)  # Σ over the stages, at least
         return per_microbatch / c.pp * (m + (c.pp - 1) / v) * (1 - 1e-9)  # (rounding: never above)
 
     def states_floor(self, c: Candidate) -> float:
