@@ -392,10 +392,8 @@ class PlanEvaluator:
             # every ring step waits for its slowest hop: the network once the ring leaves a node
             ring = mesh.hop_link("cp", self.cluster) if s.cp > 1 else None
             group = mesh.link("cp", self.cluster) if s.cp > 1 else None
-            ep_links = (self.cluster.intra_node, self.cluster.inter_node) if s.ep > 1 else None
-            ep_per_node = mesh.group_spread(["ep"], self.cluster)[1] if s.ep > 1 else 1
-            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group, ep_links,
-                                      ep_per_node)
+            ep = mesh.link("ep", self.cluster) if s.ep > 1 else None
+            self._envs[key] = TimeEnv(self.cluster.gpu, self.calibration, prec, link, ring, group, ep)
         return self._envs[key]
 
     def data_link(self, plan: LayerPlan, s: LayerStrategy, expert: bool = False) -> Link:

@@ -28,7 +28,7 @@ from parplan.solver.cost.backward import (
     backward_profile,
     forward_transient,
 )
-from parplan.solver.cost.collectives import all_reduce_seconds, spread_all_to_all_seconds
+from parplan.solver.cost.collectives import all_reduce_seconds, all_to_all_seconds
 from parplan.solver.cost.context_parallel import AttentionBytes, cp_buffer_bytes, cp_exchange
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.loss_loop import LossLoop, loss_loop
@@ -117,8 +117,7 @@ class TimeEnv:
     tp_link: Link | None
     cp_link: Link | None = None  # the context-parallel ring's slowest hop (cp > 1)
     cp_group_link: Link | None = None  # the context-parallel group's link for its all-to-alls
-    ep_links: tuple[Link, Link] | None = None  # ep > 1: (the intra-node link, one GPU's network share)
-    ep_per_node: int = 1  # the fewest members an expert-parallel group has on one node (ep within a node)
+    ep_link: Link | None = None  # the expert-parallel group's link for its all-to-alls (ep > 1)
 
 
 class GraphCosts:
@@ -376,7 +375,7 @@ class GraphCosts:
                 c.owners.append(OwnerOp(f, b, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:
             c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act, env.cp_link)
-        if s.ep > 1 and env.ep_links is not None:
+        if s.ep > 1 and env.ep_link is not None:
             c.ep_comm_seconds = self._token_all_to_alls(unit, s, env, act)
 
     def _token_all_to_alls(self, unit: str, s: UnitStrategy, env: TimeEnv, act: int) -> float:
@@ -384,10 +383,9 @@ class GraphCosts:
         dispatcher): each rank sends its dispatched buffer (``experts x capacity x hidden``, of its
         own tokens) to the ranks holding the experts, and the experts' outputs come back (combine),
         each once in forward, once more for a recomputed forward, and once in backward; over the
-        node's links and, for a group spanning nodes, each GPU's share of the network
-        (:func:`~.collectives.spread_all_to_all_seconds`)."""
-        assert env.ep_links is not None
-        intra, inter = env.ep_links
+        node's links and, for a group spanning nodes, each GPU's share of the network (the group
+        link's ``spread``, :func:`~.collectives.all_to_all_seconds`)."""
+        assert env.ep_link is not None
         graph, mesh = self.graph, op_mesh(s)
         sizes = mesh.sizes
         passes = 3 if s.recompute is Recompute.FULL else 2
@@ -398,7 +396,7 @@ class GraphCosts:
             lay = output_layout(n, uniform_strategy(n, graph, s), mesh, frozenset())
             # one rank's buffer: its own tokens (the expert axis's split is the exchange itself)
             local = n.numel * act / math.prod(sizes[a] for a in lay.axes if a != "ep")
-            seconds += 2 * passes * spread_all_to_all_seconds(s.ep, local, env.ep_per_node, intra, inter)
+            seconds += 2 * passes * all_to_all_seconds(s.ep, local, env.ep_link)
         return seconds
 
     def attention_bytes(self, n: Node, s: UnitStrategy, prec: Precision) -> AttentionBytes:
