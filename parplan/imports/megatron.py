@@ -221,7 +221,7 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
             expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
             cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
             overlap_param_gather="--overlap-param-gather" in flags,
-            overlap_grad_reduce="--overlap-grad-reduce" in flags or world == tp * pp)
+            overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1)
     except ImportProblemError:
         raise
     except SolverError as e:
