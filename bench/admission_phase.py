@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import time
 from typing import Any
 
 import httpx
-from service_burst import make_token, pct, probe, submit_all  # also puts the repository root on sys.path
+from service_burst import OwnProber, make_token, pct, probe, submit_all  # also puts the repository root on sys.path
 
 from tests.support.service import (
     FAST_REQUEST,
@@ -35,16 +34,6 @@ from tests.support.service import (
     start_server,
     start_worker,
 )
-
-
-def _probe_process(base: str, token: str, job: str, rate: float, seconds: float, out: Any) -> None:
-    async def go() -> dict[str, list[float]]:
-        stop = asyncio.Event()
-        task = asyncio.create_task(probe(base, token, job, rate, stop))
-        await asyncio.sleep(seconds)
-        stop.set()
-        return await task
-    out.put(asyncio.run(go()))
 
 
 async def _same_process(base: str, tokens: list[str], per_token: int, job: str,
@@ -87,17 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.prober == "same":
             took, lat = asyncio.run(_same_process(base, tokens, args.jobs // 10, job["id"], args.probe_rate))
         else:
-            ctx = mp.get_context("spawn")
-            queue = ctx.Queue()
-            prober = ctx.Process(target=_probe_process,
-                                 args=(base, tokens[0], job["id"], args.probe_rate, args.window, queue))
-            prober.start()
+            prober = OwnProber(base, tokens[0], job["id"], args.probe_rate)
             time.sleep(0.5)
             t0 = time.perf_counter()
             asyncio.run(submit_all(base, tokens, args.jobs // 10))
             took = time.perf_counter() - t0
-            lat = queue.get()
-            prober.join()
+            time.sleep(max(0.0, args.window - took))
+            lat = prober.finish()
         out: dict[str, Any] = {"jobs": args.jobs, "prober": args.prober, "submitted in s": round(took, 2)}
         for kind in ("cached POST /v1/plans", "GET /v1/jobs/{id}"):
             xs = lat[kind]
