@@ -45,8 +45,8 @@ def header(title: str) -> str:
 
 def reference_loop_seconds() -> float:
     """CPU seconds of an empty 10^7-iteration Python loop, the fastest of three: how fast this host
-    runs Python at the moment, so that timings taken on hosts of different speeds (the machine's
-    speed has varied 2-5x between sessions) can be told apart."""
+    runs Python at the moment, so that timings taken on hosts of different speeds (the same
+    commands have run about 3x slower in one session than in another) can be told apart."""
     best = float("inf")
     for _ in range(3):
         t = time.process_time()
