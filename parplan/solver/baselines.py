@@ -16,14 +16,15 @@ import heapq
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass
 
-from parplan.solver.calibration import DEFAULT_CALIBRATION, FALLBACK_MATMUL_EFFICIENCY, Calibration
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.compute import backward_flops, forward_flops
+from parplan.solver.cost.kernels import efficiency_bound
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.precision import get_precision
-from parplan.solver.cost.rules import recomputed
+from parplan.solver.cost.rules import compute_dtype, recomputed
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
@@ -102,7 +103,7 @@ class UniformEvaluator:
         self._times: dict[Candidate, PlanTime | None] = {}
         self._memories: dict[Candidate, PlanMemory | None] = {}
         self._parameters: int | None = None
-        self._flops: dict[tuple[int, Recompute], float] = {}  # -> forward, backward and recomputed FLOPs
+        self._compute: dict[tuple[int, Recompute], float] = {}  # -> seconds of arithmetic at least
 
     def graph(self, micro_batch: int) -> Graph:
         if micro_batch not in self._graphs:
@@ -145,23 +146,31 @@ class UniformEvaluator:
     def time_floor(self, c: Candidate) -> float:
         """Seconds per step ``c`` takes at least, without pricing it: every operator's arithmetic
         (forward, backward, and the forward again where ``c``'s recomputation repeats it,
-        :func:`~parplan.solver.cost.rules.recomputed`) at the GPU's highest peak and matmul
-        efficiency, cut over at most ``tp·ep`` devices per stage,
+        :func:`~parplan.solver.cost.rules.recomputed`) at its dtype's peak and the most its kernel
+        can reach (:func:`~parplan.solver.cost.kernels.efficiency_bound`), cut over at most
+        ``tp·ep`` devices per stage,
         through a pipeline whose busiest stage holds at least ``1/pp`` of it. The step is ``m·t_max +
         (Σ − t_max)/v + once`` (:func:`~parplan.solver.cost.plan_evaluator.pipeline_seconds`), at
         least ``Σ/pp·(m + (pp − 1)/v)``. A test checks it against every configuration priced."""
         key = (c.micro_batch, c.recompute)
-        if key not in self._flops:
+        if key not in self._compute:
             g = self.graph(c.micro_batch)
             flash = ParallelConfig.flash_attention  # (the baselines price the default kernel)
-            self._flops[key] = sum(forward_flops(n, g) * (2 if recomputed(n, c.recompute, flash) else 1)
-                                   + backward_flops(n, g) for n in g.nodes if not n.is_leaf)
-        gpu = self.cluster.gpu
-        rate = max(gpu.peak_flops.values()) * max([*self.calibration.matmul_efficiency.values(),
-                                                   FALLBACK_MATMUL_EFFICIENCY])
+            prec = get_precision(self.precision)
+            gpu, cal = self.cluster.gpu, self.calibration
+            seconds = 0.0
+            for n in g.nodes:
+                if n.is_leaf:
+                    continue
+                flops = forward_flops(n, g) * (2 if recomputed(n, c.recompute, flash) else 1) + backward_flops(n, g)
+                if flops:
+                    dt = compute_dtype(n, prec, g)
+                    peak = gpu.peak("fp32" if dt == "tf32" and "tf32" not in gpu.peak_flops else dt)
+                    seconds += flops / (peak * efficiency_bound(n, g, gpu, cal, dt, self.runtime))
+            self._compute[key] = seconds
         m = self.global_batch // (c.micro_batch * c.dp)
         v = c.virtual if c.schedule is Schedule.INTERLEAVED else 1
-        per_microbatch = self._flops[key] / (c.tp * c.ep * rate)  # Σ over the stages, at least
+        per_microbatch = self._compute[key] / (c.tp * c.ep)  # Σ over the stages, at least
         return per_microbatch / c.pp * (m + (c.pp - 1) / v) * (1 - 1e-9)  # (rounding: never above)
 
     def states_floor(self, c: Candidate) -> float:

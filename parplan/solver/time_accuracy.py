@@ -38,5 +38,8 @@ def time_accuracy(calibration: Calibration) -> dict[str, Any]:
     else:
         note = (f"predicted / published step time over {runs['rows']} published runs: geometric mean "
                 f"{runs['geometric_mean_ratio']:.2f}, {runs['min_ratio']:.2f} to {runs['max_ratio']:.2f}, "
-                f"{runs['within_10_percent']} within 10% (bench/RESULTS.md)")
+                f"{runs['within_10_percent']} within 10%"
+                + (f"; {runs['not_counted']} more, on GPUs without a preset, not counted"
+                   if runs.get("not_counted") else "")
+                + " (bench/RESULTS.md)")
     return {"calibration": calibration.source, "published_runs": runs, "note": note}

@@ -133,15 +133,16 @@ def test_all_to_all_saves_what_the_ring_saves_and_buffers_q_kv_and_out() -> None
 
 
 def test_compute_of_every_operator_is_split_over_cp() -> None:
-    """Long sequences are compute bound: the forward and backward seconds of a stage are cp = 1's / cp."""
+    """Long sequences are compute bound: the forward and backward seconds of a stage are cp = 1's / cp,
+    up to the GEMMs' tile and wave quantisation on the shorter sequence (kernels.shape_factor)."""
     cfg = get_preset("llama-3-8b").with_(layers=2)
     graph = build_graph(cfg, batch=1, seq_len=32768)
     cluster = make_cluster(8, 8, "H100-80GB")
     gc = GraphCosts(graph)
     one = plan_time(graph, ParallelConfig(tp=1, dp=8), cluster, costs=gc).stages[0]
     four = plan_time(graph, ParallelConfig(tp=1, dp=2, cp=4), cluster, costs=gc).stages[0]
-    assert four.forward_seconds == pytest.approx(one.forward_seconds / 4, rel=1e-3)
-    assert four.backward_seconds == pytest.approx(one.backward_seconds / 4, rel=1e-3)
+    assert four.forward_seconds == pytest.approx(one.forward_seconds / 4, rel=0.02)
+    assert four.backward_seconds == pytest.approx(one.backward_seconds / 4, rel=0.02)
 
 
 def test_ring_buffers_are_temporaries_of_the_attention() -> None:

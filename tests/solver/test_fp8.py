@@ -12,6 +12,7 @@ from parplan.cli import main
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import gpu_preset, make_cluster
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.kernels import KERNELS, GemmShape, shape_factor
 from parplan.solver.cost.op_layout import Mesh, OpStrategy
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.rules import compute_dtype, op_seconds, parameter_states
@@ -51,8 +52,8 @@ def test_which_operators_run_in_fp8() -> None:
 
 
 def test_a_compute_bound_matmul_runs_at_the_fp8_peak() -> None:
-    """Forward time of a large weight matmul scales with the ratio of the two peaks (times their
-    calibrated efficiencies)."""
+    """Forward time of a large weight matmul is its FLOPs at each dtype's peak times that dtype's GEMM
+    ceiling and the shape's tile and wave factor (parplan.solver.cost.kernels)."""
     m = k = n = 8192
     g = Graph.of("mm", [make_node("x", "input", dims={"m": m, "k": k}, dtype="bf16"),
                         make_node("w", "parameter", dims={"k": k, "n": n}),
@@ -63,9 +64,10 @@ def test_a_compute_bound_matmul_runs_at_the_fp8_peak() -> None:
         return op_seconds(g.node("y"), g, H100, DEFAULT_CALIBRATION, get_precision(precision), s, mesh,
                           Recompute.NONE, True)[0]
 
-    eff = DEFAULT_CALIBRATION.matmul_efficiency_for
-    assert forward("bf16") == pytest.approx(2 * m * k * n / (H100.peak("bf16") * eff("bf16")))
-    assert forward("fp8") == pytest.approx(2 * m * k * n / (H100.peak("fp8") * eff("fp8")))
+    factor = shape_factor(GemmShape(1, m, n, k), KERNELS["H100"].sms)
+    for dt in ("bf16", "fp8"):
+        assert forward(dt) == pytest.approx(2 * m * k * n / (H100.peak(dt) * KERNELS["H100"].gemm[dt] * factor))
+    assert forward("fp8") < forward("bf16")
 
 
 def test_fp8_plan_memory_and_time_against_bf16() -> None:

@@ -34,7 +34,7 @@ from parplan.solver.ilp.model import (
 from parplan.solver.ilp.problem import build_problem
 from parplan.solver.ilp.search import certify, distinct_meshes, mesh_links, peak_bytes
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, candidate_strategies, enumerate_assignments
-from parplan.solver.ir import Graph, make_node
+from parplan.solver.ir import Graph, OpKind, make_node
 from parplan.solver.planner import RequestError, parse_plan_request, solve
 from parplan.solver.strategy import ParallelConfig
 
@@ -271,9 +271,15 @@ def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_a
             if n.is_leaf:
                 continue
             for s in candidate_strategies(n, graph, mesh, True, (0,)):
-                fresh = _op_seconds(n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh)
+                cuts: dict[str, int] = {}
+                for (_, size), d in zip(mesh.axes, s.assignment, strict=True):
+                    if d is not None:
+                        cuts[d] = cuts.get(d, 1) * size
                 for rc in (Recompute.SELECTIVE, Recompute.FULL):
                     for flash in (False, True):
+                        fresh = _op_seconds(n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh, cuts,
+                                            flash or n.kind is not OpKind.ATTENTION,
+                                            "fused" if n.kind is OpKind.ATTENTION else "")
                         fwd, bwd, rec = op_seconds(n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh, rc, flash)
                         assert (fwd, bwd) == fresh
                         assert rec == (fwd if recomputed(n, rc, flash) else 0.0)

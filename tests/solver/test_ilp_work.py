@@ -38,20 +38,20 @@ def test_gpt_7_5b_on_8_gpus_at_batch_16() -> None:
     assert work["meshes"] == 1  # 4x2 (2x4 is the same problem)
     _within(work, {
         "problems_built": 6,  # measured 4 (micro-steps of 2, 4, 8 and 16 samples)
-        # 2: the edges and moments of the two it solves; the other two are ruled out by their least
-        # time and by their least memory without the moments (4 before those came first)
-        "problems_completed": 3,
-        # 2: one time solve (the others' least possible time is within the solver's gap of it) and
-        # one memory solve (the others' least possible memory is above its answer); 8 before
-        "solves": 3,
-        "variables": 29_000,  # 19_408
-        "constraints": 3_500,  # 2_332
-        "nonzeros": 125_000,  # 82_851
-        "peak_terms": 735,  # 490 (of the two problems completed; 980 when all four were)
-        "peak_terms_kept": 135,  # 88
+        # 3 since the shape-aware compute model (2 before): the edges and moments of the three it
+        # solves; the fourth is ruled out by its least time
+        "problems_completed": 4,
+        # 3: one time solve (the others' least possible time is within the solver's gap of it) and
+        # two memory solves (2 before, 8 before that)
+        "solves": 5,
+        "variables": 53_000,  # 35_154 (19_507 before the shape-aware compute model)
+        "constraints": 6_000,  # 4_004 (2_431)
+        "nonzeros": 165_000,  # 108_986 (56_436)
+        "peak_terms": 1_100,  # 735 (490)
+        "peak_terms_kept": 215,  # 142 (88)
         "repricings": 1,  # 1
     })
-    assert work["time_solves_skipped"] == 3 and work["memory_solves_skipped"] == 3
+    assert work["time_solves_skipped"] == 3 and work["memory_solves_skipped"] == 1
 
 
 def test_bert_large_on_8_gpus() -> None:

@@ -142,11 +142,14 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     keeping everything an uncheckpointed forward keeps; under ZeRO-3 one gathered copy of the
     block's weights and three unsharded copies of its gradients coexist with the workspace (a bound:
     the DP search adds these per layer; whole-plan memory walks FSDP's backward instead, see
-    :mod:`.peak`). The logits' gradient and a sequence-parallel gather are peaks of their own.
+    :mod:`.peak`). A sequence-parallel gather counts with the workspace (backward gathers a column-
+    parallel linear's input again while it makes the gradients: the walk has both at once, found by
+    ``tests/solver/test_dp_bound.py`` on gpt-1.7b at tp 2 with sequence parallelism); the logits'
+    gradient and the context-parallel buffers are peaks of their own.
     """
-    workspace = c.grad_workspace_bytes
+    workspace = c.grad_workspace_bytes + c.sp_gather_bytes
     peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
-               c.logits_grad_bytes, c.sp_gather_bytes, c.cp_buffer_bytes)
+               c.logits_grad_bytes, c.cp_buffer_bytes)
     if s.zero >= 3 and is_block:
         peak = max(peak, c.param_elems_all * (prec.param_bytes + 3 * prec.grad_bytes) + workspace)
     return peak

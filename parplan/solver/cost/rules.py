@@ -5,7 +5,7 @@ operators (the evaluator by unit and per-unit strategy, the ILP by operator and 
 strategy):
 
 - :func:`op_seconds`: an operator's forward, backward and recomputed-forward roofline time on the
-  devices its work is split over;
+  devices its work is split over, at its kernel's efficiency on one device's shape;
 - :func:`parameter_states`: weights, gradients and optimizer states of parameter elements that
   ``replicas`` devices hold a copy of, with ZeRO sharding over ``zero_ranks`` of them;
 - :func:`exposed_seconds`: the part of gradient synchronisation (once per step) and of ZeRO-3's
@@ -17,12 +17,21 @@ strategy):
 
 from __future__ import annotations
 
-from parplan.solver.calibration import Calibration
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import GpuSpec
 from parplan.solver.cost.activations import Recompute, block_of, is_float
 from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
+from parplan.solver.cost.kernels import (
+    attention_efficiency,
+    attention_kernel,
+    gemm_ceiling,
+    gemm_efficiency,
+    gemm_shape,
+    unfused_attention_gemms,
+    unfused_score_bytes,
+)
 from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.op_layout import Mesh, OpStrategy, input_layout, loop_dims, output_layout, work_shards
 from parplan.solver.cost.precision import Precision
@@ -51,10 +60,14 @@ def recomputed(node: Node, recompute: Recompute, flash_attention: bool) -> bool:
 
 
 def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
-               mesh: Mesh, recompute: Recompute, flash_attention: bool) -> tuple[float, float, float]:
+               mesh: Mesh, recompute: Recompute, flash_attention: bool,
+               runtime: Runtime = Runtime.MEGATRON) -> tuple[float, float, float]:
     """(forward, backward, recomputed forward) roofline seconds of one micro-batch of ``node`` under
-    strategy ``s``: its FLOPs divided over the devices its work is split over, its memory traffic
-    that of the pieces of its inputs and output one device holds (backward: twice both).
+    strategy ``s``: its FLOPs divided over the devices its work is split over, at the efficiency of
+    its kernel on one device's shape (:mod:`~parplan.solver.cost.kernels`: a GEMM by its tiles and
+    waves, attention by the kernel ``runtime`` calls, or unfused without ``flash_attention``), its
+    memory traffic that of the pieces of its inputs and output one device holds (backward: twice
+    both).
 
     The answer depends on the strategy only through how much each of the operator's dims is cut
     (the product of the sizes of the mesh axes assigned to it), so it is remembered on the graph
@@ -63,11 +76,13 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
     for (_, size), d in zip(mesh.axes, s.assignment, strict=True):
         if d is not None:
             factors[d] = factors.get(d, 1) * size
+    kernel = attention_kernel(runtime) if node.kind is OpKind.ATTENTION else ""
+    flash = flash_attention or node.kind is not OpKind.ATTENTION
     cache = graph.memo.setdefault("op_seconds", {})
-    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec)
+    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec, flash, kernel)
     hit = cache.get(key) if graph.owns(node) else None
     if hit is None:
-        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh)
+        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh, factors, flash, kernel)
         if graph.owns(node):
             cache[key] = hit
     fwd, bwd = hit
@@ -75,7 +90,7 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
 
 
 def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
-                mesh: Mesh) -> tuple[float, float]:
+                mesh: Mesh, cuts: dict[str, int], flash: bool, kernel: str) -> tuple[float, float]:
     """(forward, backward) seconds of :func:`op_seconds`, priced afresh."""
     dt = compute_dtype(node, prec, graph)
     work = work_shards(s, mesh)
@@ -83,10 +98,37 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
     partial = loop_dims(node, graph)[1]
     ins = [input_layout(node, pos, graph, s, mesh).shards(sizes) for pos in range(len(node.inputs))]
     traffic = bytes_moved(node, graph, prec.activation_bytes, ins, output_layout(node, s, mesh, partial).shards(sizes))
-    m_eff, b_eff = calibration.matmul_efficiency_for(dt), calibration.memory_efficiency
+    calibrated, b_eff = calibration.matmul_efficiency_for(dt), calibration.memory_efficiency
+    measured = calibration.source != DEFAULT_CALIBRATION.source
+    if node.kind is OpKind.ATTENTION and not flash:
+        return _unfused_attention_seconds(node, graph, gpu, prec, dt, cuts, work, traffic,
+                                          gemm_ceiling(gpu, dt, calibrated, measured), b_eff)
+    shape = gemm_shape(node, graph, cuts)
+    if shape is not None:
+        m_eff = gemm_efficiency(shape, gpu, gemm_ceiling(gpu, dt, calibrated, measured), dt)
+    elif node.kind is OpKind.ATTENTION:
+        m_eff = attention_efficiency(gpu, kernel, dt, calibrated)
+    else:
+        m_eff = calibrated
     fwd = roofline_seconds(forward_flops(node, graph) / work, traffic, gpu, dt, m_eff, b_eff)
     bwd = roofline_seconds(backward_flops(node, graph) / work, 2 * traffic, gpu, dt, m_eff, b_eff)
     return fwd, bwd
+
+
+def _unfused_attention_seconds(node: Node, graph: Graph, gpu: GpuSpec, prec: Precision, dt: str,
+                               cuts: dict[str, int], work: int, traffic: float, ceiling: float,
+                               b_eff: float) -> tuple[float, float]:
+    """(forward, backward) seconds of an attention without a fused kernel: QKᵀ and PV as batched
+    GEMMs over every query-key pair (no K fill: their short K loops' output is the score matrix,
+    whose writes and reads are priced as traffic), then the score matrix's HBM traffic
+    (:func:`~parplan.solver.cost.kernels.unfused_score_bytes`); backward twice both."""
+    qk, pv = unfused_attention_gemms(node, graph, cuts)
+    gemms = sum(roofline_seconds(2.0 * g.batch * g.m * g.n * g.k, 0.0, gpu, dt,
+                                 gemm_efficiency(g, gpu, ceiling, dt, fill=False), b_eff) for g in (qk, pv))
+    scores = unfused_score_bytes(node, graph, work, prec.activation_bytes)
+    io = roofline_seconds(0.0, traffic, gpu, dt, 1.0, b_eff)
+    fwd = max(gemms, io) + roofline_seconds(0.0, scores, gpu, dt, 1.0, b_eff)
+    return fwd, 2 * fwd
 
 
 def parameter_states(elems: float, prec: Precision, zero: int, zero_ranks: int, replicas: int,

@@ -350,7 +350,7 @@ class GraphCosts:
                 continue
             op = uniform_strategy(n, graph, s)
             f, b, r = op_seconds(n, graph, env.gpu, env.calibration, prec, op, op_mesh(s), s.recompute,
-                                 s.flash_attention)
+                                 s.flash_attention, s.runtime)
             c.forward_seconds += f
             c.backward_seconds += b
             c.recompute_seconds += r

@@ -166,7 +166,8 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
     data = set(data_axes(s, mesh))
 
     # --- compute
-    fwd, bwd, rec = op_seconds(node, g, ctx.gpu, ctx.calibration, prec, s, mesh, ctx.recompute, ctx.flash_attention)
+    fwd, bwd, rec = op_seconds(node, g, ctx.gpu, ctx.calibration, prec, s, mesh, ctx.recompute, ctx.flash_attention,
+                               ctx.runtime)
     seconds += m * (fwd + bwd + rec)
     sync = 0.0  # once-per-step gradient traffic, hidden behind one micro-batch's backward
     gathers = 0.0  # ZeRO-3 weight gathers of one micro-batch, hidden behind its compute

@@ -1,0 +1,244 @@
+"""Kernel efficiency from the shapes: the fraction of a GPU's dense peak one matmul or attention reaches.
+
+**Matmuls.** A tiled GEMM kernel (cuBLAS, CUTLASS) computes ``C[M, N] = A[M, K] · B[K, N]`` (``batch``
+independent copies) in output tiles of :data:`TILE_LONG` × :data:`TILE_SHORT`; each streaming
+multiprocessor (SM) works on one tile at a time, so the GEMM runs in ``ceil(tiles / SMs)`` waves.
+Its efficiency is::
+
+    ceiling × tile quantisation × wave quantisation × K fill
+
+- tile quantisation ``M·N / (M'·N')``, with ``M'``, ``N'`` rounded up to whole tiles: a partial
+  edge tile costs a whole one;
+- wave quantisation ``tiles / (waves · SMs)``: the last wave leaves SMs idle;
+- K fill ``K / (K + K_FILL)``: each tile's prologue (first loads) and epilogue (the write of C) cost
+  about :data:`K_FILL` steps of the K loop;
+- the ceiling: the fraction of the dense peak the generation's matmuls reach at shapes that fill
+  every SM (:data:`KERNELS`, with where each figure comes from). A calibration measured on the
+  hardware (the agent's matmul benchmark, on one large square matmul) replaces it.
+
+Which dims are M, N, K and batch follows from the einsum: dims of both operands and the output are
+the batch, of both operands only the contraction ``K``, of one operand and the output ``M`` (the
+larger side) or ``N``. Sizes are one device's: each dim divided by how much the strategy cuts it.
+
+**Attention.** A fused (flash) attention kernel reaches its own fraction of the peak, which depends
+on the kernel the runtime calls (:data:`KERNELS`' ``attention``: Transformer Engine's fused
+attention for Megatron-LM, PyTorch's ``scaled_dot_product_attention`` FlashAttention-2 path for the
+PyTorch runtimes). Without flash attention the scores are materialised: QKᵀ and PV are batched GEMMs
+(priced as above, over every query-key pair: an unfused kernel skips no masked block) and the score
+matrix moves through HBM (:func:`unfused_score_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.cluster import GpuSpec
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.ir import Graph, Node, OpKind, attention_dims, parse_equation
+
+#: Output tile of one SM (elements): 256 along the GEMM's longer free side, 128 along the shorter, a
+#: large-problem tile of CUTLASS and cuBLAS on Ampere and Hopper. A side shorter than the tile takes
+#: a tile of its own length rounded up to :data:`TILE_STEP` (the libraries' smaller tiles).
+TILE_LONG = 256
+TILE_SHORT = 128
+TILE_STEP = 16
+#: Prologue and epilogue of one tile, in steps of the K loop (elements of K): an approximation.
+K_FILL = 256
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Kernel figures of one GPU generation: SMs (compute units), GEMM ceilings by dtype, and the
+    attention kernels' efficiencies by kernel (``fused``: Transformer Engine / cuDNN; ``sdpa``:
+    PyTorch's FlashAttention-2 path). A dtype or kernel not listed uses the calibration's
+    matmul efficiency."""
+
+    sms: int
+    gemm: Mapping[str, float]
+    attention: Mapping[str, float]
+
+
+def _spec(sms: int, gemm: dict[str, float], attention: dict[str, float]) -> KernelSpec:
+    return KernelSpec(sms, MappingProxyType(gemm), MappingProxyType(attention))
+
+
+#: Dtypes the tensor cores run: the tile model applies to them. fp32 runs on the CUDA cores, whose
+#: kernels use smaller tiles (on the lent H100 an fp32 GEMM of 2048 × 1024 × 1024 reached 0.58 of
+#: its peak, where the tile model allows 0.39): its matmuls take the ceiling alone.
+TENSOR_CORE_DTYPES = frozenset({"bf16", "fp16", "fp8", "tf32"})
+#: Dtypes the flash-attention kernels run (others: the calibration's matmul efficiency).
+ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
+
+#: By GPU family (a preset's name up to its memory size). Sources:
+#:
+#: - SMs: the vendors' datasheets and whitepapers (A100 108, H100/H200 SXM 132, V100 80, L4 58,
+#:   RTX 4090 128; MI300X 304 compute units).
+#: - H100 16-bit and tf32 GEMM ceiling 0.74: measured on the H100 lent on 2026-11-23
+#:   (bench/out/gpu-2026-11-23/kernels.json, bench/RESULTS.md): the median over the 23 bf16 GEMMs
+#:   that ran 1 ms or more of measured efficiency / :func:`shape_factor` is 0.740 (0.67 to 0.85),
+#:   and 0.740 over the 12 such tf32 GEMMs. Short GEMMs run above it (8192³, 1.4 ms: 0.80 of the
+#:   peak) before the clocks settle under the power limit; 16384³ (12.8 ms) 0.69. H200: the same
+#:   chip and clocks, not measured.
+#: - H100/H200 FP8 0.60: *fitted*, not measured: Megatron-Bridge's FP8 H100 runs in
+#:   bench/time_model_accuracy.py are priced within 10 % at it. Replace it by a calibration.
+#: - A100 16-bit 0.86: the largest matmul throughput measured on an A100 SXM, 267.9 of 312 TFLOP/s
+#:   (85.9 %, S. Bekman's "Maximum Achievable Matmul FLOPS" table, ml-engineering, CUDA 12.1).
+#:   MI300X 0.60: the same table, 781.9 of 1,300 TFLOP/s (ROCm 6.2).
+#: - Attention, H100, PyTorch's ``scaled_dot_product_attention`` (``sdpa``) 0.37: measured on the
+#:   lent H100 (forward and backward, bf16, causal, 16,384 tokens): 0.21 to 0.49 of the peak from
+#:   1,024 to 8,192 tokens, 0.37 at head dim 128 and 2,048 tokens. Transformer Engine's fused
+#:   attention (cuDNN; ``fused``) 0.60: FlashAttention-3 and cuDNN reach up to 75 % forward on H100,
+#:   less backward (Shah et al. 2024, FlashAttention-3); not measured here.
+#: - Attention, A100, both kernels 0.60: FlashAttention-2 reaches 50-73 % of the A100 peak forward,
+#:   less backward (Dao 2023).
+#: - V100, L4, RTX 4090: no measurement used; the calibration's efficiencies are the ceiling (the
+#:   tile model still applies).
+KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
+    "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": 0.60, "sdpa": 0.60}),
+    "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60}, {"fused": 0.60, "sdpa": 0.37}),
+    "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60}, {"fused": 0.60, "sdpa": 0.37}),
+    "MI300X": _spec(304, {"bf16": 0.60, "fp16": 0.60}, {}),
+    "V100": _spec(80, {}, {}),
+    "L4": _spec(58, {}, {}),
+    "RTX-4090": _spec(128, {}, {}),
+})
+
+
+def kernel_spec(gpu: GpuSpec) -> KernelSpec | None:
+    """The :data:`KERNELS` entry of ``gpu``'s family (None for a GPU parplan has no figures for)."""
+    family = gpu.name.rsplit("-", 1)[0] if gpu.name[-2:] == "GB" else gpu.name
+    return KERNELS.get(family)
+
+
+def attention_kernel(runtime: Runtime) -> str:
+    """The flash-attention kernel a runtime calls: ``fused`` (Megatron-LM: Transformer Engine),
+    else ``sdpa`` (PyTorch's scaled_dot_product_attention)."""
+    return "fused" if runtime is Runtime.MEGATRON else "sdpa"
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One device's GEMM: ``batch`` independent ``M × K`` by ``K × N`` products."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+
+
+def gemm_shape(node: Node, graph: Graph, cuts: Mapping[str, int]) -> GemmShape | None:
+    """The GEMM of a two-operand einsum on one device, each dim divided by ``cuts[dim]`` (rounded
+    up); None for any other operator. M is the larger of the two free sides."""
+    eq = node.attrs.get("equation")
+    if node.kind is not OpKind.EINSUM or len(node.inputs) != 2 or not isinstance(eq, str):
+        return None
+    operands, out = parse_equation(eq)
+    sizes: dict[str, int] = {}
+    for t in (*(graph.node(i) for i in node.inputs), node):
+        sizes.update(t.dims)
+    a, b, o = set(operands[0]), set(operands[1]), set(out)
+
+    def size(dims: set[str]) -> int:
+        return math.prod(-(-sizes[d] // cuts.get(d, 1)) for d in dims if d in sizes)
+
+    rows, cols = size((a & o) - b), size((b & o) - a)
+    return GemmShape(size(a & b & o), max(rows, cols), min(rows, cols), size((a & b) - o))
+
+
+def shape_factor(shape: GemmShape, sms: int, fill: bool = True) -> float:
+    """Tile quantisation × wave quantisation × K fill (``fill``) of ``shape`` on ``sms`` SMs (module
+    docstring)."""
+    if min(shape.batch, shape.m, shape.n, shape.k) <= 0:
+        return 1.0
+    side_m = min(TILE_LONG, -(-shape.m // TILE_STEP) * TILE_STEP)
+    side_n = min(TILE_SHORT, -(-shape.n // TILE_STEP) * TILE_STEP)
+    tm, tn = -(-shape.m // side_m), -(-shape.n // side_n)
+    tiles = shape.batch * tm * tn
+    waves = -(-tiles // sms)
+    tile_q = shape.m * shape.n / (tm * side_m * tn * side_n)
+    wave_q = tiles / (waves * sms)
+    return tile_q * wave_q * (shape.k / (shape.k + K_FILL) if fill else 1.0)
+
+
+def gemm_ceiling(gpu: GpuSpec, dtype: str, calibrated: float, measured: bool) -> float:
+    """The ceiling of ``gpu``'s ``dtype`` matmuls: ``calibrated`` (the calibration's efficiency) when
+    it was measured on the hardware or the GPU has no figure for the dtype, else :data:`KERNELS`'."""
+    spec = kernel_spec(gpu)
+    if measured or spec is None or dtype not in spec.gemm:
+        return calibrated
+    return spec.gemm[dtype]
+
+
+def gemm_efficiency(shape: GemmShape, gpu: GpuSpec, ceiling: float, dtype: str, fill: bool = True) -> float:
+    """Fraction of the dense peak a ``dtype`` GEMM of ``shape`` reaches: ``ceiling`` ×
+    :func:`shape_factor` (the ceiling alone on a GPU without an SM count, or for a dtype the tensor
+    cores do not run). ``fill=False`` leaves the K fill out, for a GEMM whose output writes are
+    priced as traffic of their own (an unfused attention's scores)."""
+    spec = kernel_spec(gpu)
+    if spec is None or dtype not in TENSOR_CORE_DTYPES:
+        return ceiling
+    return ceiling * shape_factor(shape, spec.sms, fill)
+
+
+def attention_efficiency(gpu: GpuSpec, kernel: str, dtype: str, calibrated: float) -> float:
+    """Fraction of the dense peak ``kernel`` (``fused`` / ``sdpa``) reaches on ``gpu`` in ``dtype``
+    (``calibrated``, the calibration's matmul efficiency, where :data:`KERNELS` has no figure or
+    the dtype is not one the flash kernels run)."""
+    spec = kernel_spec(gpu)
+    if spec is None or dtype not in ATTENTION_DTYPES:
+        return calibrated
+    return spec.attention.get(kernel, calibrated)
+
+
+def unfused_attention_gemms(node: Node, graph: Graph, cuts: Mapping[str, int]) -> tuple[GemmShape, GemmShape]:
+    """One device's QKᵀ and PV of an attention without a fused kernel: ``batch`` = the other dims
+    of q (batch and heads), ``M`` the query length, over every key."""
+    q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    head_dim, kv_seq = attention_dims(node, q, k)
+    qd, kd = dict(q.dims), dict(k.dims)
+
+    def local(name: str, size: int) -> int:
+        return -(-size // cuts.get(name, 1))
+
+    kv = local(kv_seq, kd[kv_seq])
+    hd = local(head_dim, qd[head_dim])
+    rows = math.prod(local(d, s) for d, s in qd.items() if d != head_dim)  # batch · heads · query length
+    seq_dims = [d for d in qd if "seq" in d and d != head_dim]
+    sq = local(seq_dims[-1], qd[seq_dims[-1]]) if seq_dims else 1
+    batch = max(1, rows // max(sq, 1))
+    v_dim = local(head_dim, dict(node.dims).get(head_dim, qd[head_dim]))
+    return GemmShape(batch, max(sq, kv), min(sq, kv), hd), GemmShape(batch, max(sq, v_dim), min(sq, v_dim), kv)
+
+
+def unfused_score_bytes(node: Node, graph: Graph, work: int, activation_bytes: int) -> float:
+    """Forward HBM traffic of the score matrix of one device's share of an unfused attention: QKᵀ
+    writes it, the softmax reads it and writes the probabilities, PV reads them (4 passes); attention
+    dropout (``attrs.dropout`` > 0) reads and writes them once more and writes a one-byte mask."""
+    q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    head_dim, kv_seq = attention_dims(node, q, k)
+    scores = q.numel / dict(q.dims)[head_dim] * dict(k.dims)[kv_seq] / work
+    dropout = float(node.attrs.get("dropout") or 0.0) > 0
+    return scores * ((6 if dropout else 4) * activation_bytes + (1 if dropout else 0))
+
+
+def efficiency_bound(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, dtype: str,
+                     runtime: Runtime) -> float:
+    """The most of the ``dtype`` peak ``node``'s kernel reaches however the operator is split (a
+    bound for time floors): a GEMM its ceiling times the K fill of its whole contraction (a split
+    K only shortens it; tiles and waves only lose), flash attention its kernel's figure, anything
+    else the calibration's matmul efficiency (as :func:`~parplan.solver.cost.rules.op_seconds`)."""
+    calibrated = calibration.matmul_efficiency_for(dtype)
+    measured = calibration.source != DEFAULT_CALIBRATION.source
+    shape = gemm_shape(node, graph, {})
+    if shape is not None:
+        ceiling = gemm_ceiling(gpu, dtype, calibrated, measured)
+        if kernel_spec(gpu) is None or dtype not in TENSOR_CORE_DTYPES or shape.k <= 0:
+            return ceiling
+        return ceiling * shape.k / (shape.k + K_FILL)
+    if node.kind is OpKind.ATTENTION:
+        return attention_efficiency(gpu, attention_kernel(runtime), dtype, calibrated)
+    return calibrated

@@ -1,0 +1,177 @@
+"""Kernel efficiency from the shapes (parplan.solver.cost.kernels): closed forms of tile and wave
+quantisation and the K fill, which einsum dims are M, N and K, and the ordering the model must keep
+(an unfused attention is slower than a fused one; PyTorch's FlashAttention-2 path is slower than
+Transformer Engine's on Hopper; a measured calibration replaces the ceilings)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.cluster import gpu_preset
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.kernels import (
+    K_FILL,
+    KERNELS,
+    TILE_LONG,
+    TILE_SHORT,
+    GemmShape,
+    gemm_ceiling,
+    gemm_efficiency,
+    gemm_shape,
+    kernel_spec,
+    shape_factor,
+    unfused_score_bytes,
+)
+from parplan.solver.cost.op_layout import Mesh, OpStrategy
+from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.rules import op_seconds
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.frontends.builder import build_graph
+from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.ir import Graph, OpKind, make_node
+
+A100, H100 = gpu_preset("A100-80GB"), gpu_preset("H100-80GB")
+
+
+def test_a_gemm_that_fills_whole_waves_of_whole_tiles_loses_only_the_k_fill() -> None:
+    """108 SMs × 4 waves of 256 × 128 tiles: M = 256·27, N = 128·16 → 432 tiles, 4 full waves."""
+    shape = GemmShape(1, TILE_LONG * 27, TILE_SHORT * 16, 4096)
+    assert shape_factor(shape, 108) == pytest.approx(4096 / (4096 + K_FILL))
+
+
+def test_wave_quantisation_one_tile_more_than_a_wave() -> None:
+    """109 tiles on 108 SMs take two waves: 109 / 216 of the SMs' time does work."""
+    shape = GemmShape(109, TILE_LONG, TILE_SHORT, 8192)
+    assert shape_factor(shape, 108) == pytest.approx(109 / 216 * 8192 / (8192 + K_FILL))
+
+
+def test_tile_quantisation_pads_the_edge_tiles() -> None:
+    """M = 257 needs two 256-long tiles: 257/512 of the padded rows are real."""
+    shape = GemmShape(108, 257, TILE_SHORT, 4096)
+    # 216 tiles on 108 SMs: two full waves, so only the tiles' padding and the K fill remain
+    assert shape_factor(shape, 108) == pytest.approx(257 / 512 * 4096 / (4096 + K_FILL))
+
+
+def test_a_side_shorter_than_the_tile_takes_a_smaller_tile() -> None:
+    """N = 8 is rounded to 16, not to 128 (the libraries' narrow tiles)."""
+    shape = GemmShape(108, TILE_LONG, 8, 4096)
+    assert shape_factor(shape, 108) == pytest.approx(8 / 16 * 4096 / (4096 + K_FILL))
+
+
+@given(st.integers(1, 64), st.integers(1, 20000), st.integers(1, 20000), st.integers(1, 20000))
+def test_the_shape_factor_is_a_fraction(batch: int, m: int, n: int, k: int) -> None:
+    f = shape_factor(GemmShape(batch, max(m, n), min(m, n), k), 132)
+    assert 0 < f < 1
+
+
+def _linear_graph(tokens: int, hidden: int, out: int) -> Graph:
+    x = make_node("x", OpKind.INPUT, [], {"batch": 1, "seq": tokens, "hidden": hidden})
+    w = make_node("w", OpKind.PARAMETER, [], {"hidden": hidden, "ffn": out})
+    y = make_node("y", OpKind.EINSUM, ["x", "w"], {"batch": 1, "seq": tokens, "ffn": out},
+                  equation="batch seq hidden, hidden ffn -> batch seq ffn")
+    return Graph.of("linear", [x, w, y])
+
+
+def test_einsum_dims_become_m_n_k_and_cuts_shrink_them() -> None:
+    g = _linear_graph(4096, 2048, 8192)
+    assert gemm_shape(g.node("y"), g, {}) == GemmShape(1, 8192, 4096, 2048)
+    # a column-parallel cut of ffn by 8: N side shrinks to 1024, the larger side is now the tokens
+    assert gemm_shape(g.node("y"), g, {"ffn": 8}) == GemmShape(1, 4096, 1024, 2048)
+    # a row-parallel cut of the contraction
+    assert gemm_shape(g.node("y"), g, {"hidden": 4}) == GemmShape(1, 8192, 4096, 512)
+    assert gemm_shape(g.node("x"), g, {}) is None
+
+
+def _attention_graph() -> Graph:
+    """One GPT layer: 16 heads of 128, sequence 2048, batch 1."""
+    return build_graph(TransformerConfig("gpt", "t", 1, 2048, 16, 8192, 32000, 2048), batch=1)
+
+
+def _seconds(g: Graph, node_id: str, flash: bool, runtime: Runtime = Runtime.MEGATRON,
+             gpu: object = H100, calibration: Calibration = DEFAULT_CALIBRATION) -> tuple[float, float, float]:
+    node = g.node(node_id)
+    mesh = Mesh((("tp", 1),))
+    return op_seconds(node, g, gpu, calibration, get_precision("bf16"), OpStrategy((None,)), mesh,  # type: ignore[arg-type]
+                      Recompute.NONE, flash, runtime)
+
+
+def test_an_unfused_attention_is_slower_than_a_fused_one() -> None:
+    g = _attention_graph()
+    core = next(n.id for n in g.nodes if n.kind is OpKind.ATTENTION)
+    fused = _seconds(g, core, flash=True)
+    unfused = _seconds(g, core, flash=False)
+    assert unfused[0] > fused[0] and unfused[1] > fused[1]
+    # the unfused forward is at least the score matrix's traffic (4 passes at 2 bytes, dropout 3 more)
+    node = g.node(core)
+    scores = unfused_score_bytes(node, g, 1, 2)
+    assert scores == pytest.approx(16 * 2048 * 2048 * ((6 if node.attrs.get("dropout") else 4) * 2
+                                                       + (1 if node.attrs.get("dropout") else 0)))
+    assert unfused[0] >= scores / (H100.hbm_bandwidth_bytes_per_s * DEFAULT_CALIBRATION.memory_efficiency)
+
+
+def test_pytorch_flash_attention_is_slower_than_transformer_engine_on_hopper_not_on_ampere() -> None:
+    g = _attention_graph()
+    core = next(n.id for n in g.nodes if n.kind is OpKind.ATTENTION)
+    te, sdpa = _seconds(g, core, True, Runtime.MEGATRON), _seconds(g, core, True, Runtime.TORCH)
+    assert sdpa[0] == pytest.approx(te[0] * KERNELS["H100"].attention["fused"] / KERNELS["H100"].attention["sdpa"])
+    te_a, sdpa_a = _seconds(g, core, True, Runtime.MEGATRON, A100), _seconds(g, core, True, Runtime.TORCH, A100)
+    assert te_a == sdpa_a
+
+
+def test_a_measured_calibration_replaces_the_ceiling() -> None:
+    assert gemm_ceiling(H100, "bf16", 0.55, measured=False) == KERNELS["H100"].gemm["bf16"]
+    assert gemm_ceiling(H100, "bf16", 0.9, measured=True) == 0.9
+    assert gemm_ceiling(H100, "fp32", 0.5, measured=False) == 0.5  # no figure for the dtype
+    # fp32 runs on the CUDA cores: no tile model
+    assert gemm_efficiency(GemmShape(1, 2048, 1024, 1024), H100, 0.5, "fp32") == 0.5
+    g = _linear_graph(8192, 8192, 8192)
+    measured = Calibration(matmul_efficiency={"bf16": 0.35}, source="agent:H100-80GB@2026-11-24")
+    default = _seconds(g, "y", True)[0]
+    slow = _seconds(g, "y", True, calibration=measured)[0]
+    assert slow == pytest.approx(default * KERNELS["H100"].gemm["bf16"] / 0.35)
+
+
+def test_a_gemm_is_priced_at_the_ceiling_times_its_shape_factor() -> None:
+    g = _linear_graph(8192, 8192, 8192)
+    shape = GemmShape(1, 8192, 8192, 8192)
+    eff = gemm_efficiency(shape, H100, KERNELS["H100"].gemm["bf16"], "bf16")
+    assert eff == pytest.approx(KERNELS["H100"].gemm["bf16"] * shape_factor(shape, 132))
+    fwd = _seconds(g, "y", True)[0]
+    assert fwd == pytest.approx(2 * 8192 ** 3 / (H100.peak("bf16") * eff))
+
+
+def test_families() -> None:
+    assert kernel_spec(gpu_preset("A100-40GB")) is KERNELS["A100"]
+    assert kernel_spec(gpu_preset("L4")) is KERNELS["L4"]
+    assert kernel_spec(gpu_preset("RTX-4090")) is KERNELS["RTX-4090"]
+    assert all(kernel_spec(gpu_preset(n)) is not None for n in ("H100-80GB", "H200-141GB", "MI300X", "V100-32GB"))
+    assert all(0 < v <= 1 for s in KERNELS.values() for v in (*s.gemm.values(), *s.attention.values()))
+    assert math.isclose(KERNELS["A100"].gemm["bf16"], 0.86)
+
+
+def test_the_gemm_model_against_the_gemms_measured_on_an_h100() -> None:
+    """The oracle is a measurement: the GEMMs the lent H100 ran (bench/out/gpu-2026-11-23/kernels.json,
+    CUDA events). Every bf16 and tf32 GEMM that ran 300 µs or more (shorter ones carry the launch's
+    ~20 µs) is priced within 25 % of its measured time, and the median ratio is within 3 %."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "bench" / "out" / "gpu-2026-11-23" / "kernels.json"
+    gemms = json.loads(path.read_text())["result"]["gemm"]
+    ratios = []
+    for g in gemms:
+        if g["dtype"] not in ("bf16", "tf32") or g["seconds"] < 300e-6:
+            continue
+        shape = GemmShape(1, max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
+        eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, g["dtype"], 0.5, measured=False), g["dtype"])
+        predicted = 2 * g["m"] * g["n"] * g["k"] / (H100.peak(g["dtype"]) * eff)
+        ratios.append(predicted / g["seconds"])
+    assert len(ratios) >= 50
+    assert all(0.75 <= r <= 1.25 for r in ratios), sorted(ratios)
+    assert abs(statistics.median(ratios) - 1) <= 0.03
