@@ -46,7 +46,9 @@ from parplan.solver.ir import Graph, Node, OpKind, attention_dims, parse_equatio
 TILE_LONG = 256
 TILE_SHORT = 128
 TILE_STEP = 16
-#: Prologue and epilogue of one tile, in steps of the K loop (elements of K): an approximation.
+#: Prologue and epilogue of one tile, in steps of the K loop (elements of K). Of 64, 128, 256 and 512,
+#: 256 fits the bf16 GEMMs of 300 µs or more measured on the lent H100 best: their efficiency over the
+#: shape factor deviates 3.4 % from the median on average (4.0 % at 128, 4.8 % at 512).
 K_FILL = 256
 
 
