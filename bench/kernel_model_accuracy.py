@@ -1,0 +1,70 @@
+"""Issue 12: the shape-aware kernel model (parplan/solver/cost/kernels.py) against kernels measured on a GPU.
+
+The oracle is a measurement: the GEMMs and scaled_dot_product_attention calls that bench/gpu_checks.py's
+``kernels`` part timed with CUDA events on the H100 lent on 2026-11-23 (bench/out/gpu-2026-11-23/kernels.json).
+For each GEMM, predicted over measured time, with the shape model and with the flat 0.55 the model used before;
+for each attention call, the efficiency measured (forward and backward) against the model's figure.
+Run: python bench/kernel_model_accuracy.py [KERNELS_JSON]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from typing import Any
+
+from _common import header
+
+from parplan.solver.cluster import gpu_preset
+from parplan.solver.cost.kernels import KERNELS, GemmShape, gemm_ceiling, gemm_efficiency
+
+DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "gpu-2026-11-23", "kernels.json")
+FLAT = 0.55  # the model's matmul efficiency before the shape model (bf16); fp32/tf32 used 0.5
+H100 = gpu_preset("H100-80GB")
+
+
+def gemm_ratios(gemms: list[dict[str, Any]], dtype: str, shortest: float, flat: bool) -> list[float]:
+    """Predicted / measured seconds of the ``dtype`` GEMMs that ran ``shortest`` seconds or more."""
+    out = []
+    for g in gemms:
+        if g["dtype"] != dtype or g["seconds"] < shortest:
+            continue
+        flops = 2 * g["m"] * g["n"] * g["k"]
+        if flat:
+            eff = FLAT if dtype == "bf16" else 0.5
+        else:
+            shape = GemmShape(1, max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
+            eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, dtype, 0.5, measured=False), dtype)
+        out.append(flops / (H100.peak(dtype) * eff) / g["seconds"])
+    return out
+
+
+def main() -> None:
+    path = sys.argv[1] if len(sys.argv) > 1 else DEFAULT
+    with open(path) as f:
+        result = json.load(f)["result"]
+    print(header("The kernel model against kernels measured on an H100 (issue 12)"))
+    print(f"data: {os.path.relpath(path)}\n")
+    print("| GEMMs | model | count | median predicted / measured | range | within 10% |")
+    print("|---|---|---:|---:|---:|---:|")
+    for dtype in ("bf16", "tf32", "fp32"):
+        for shortest, label in ((300e-6, "300 µs or more"), (0.0, "all")):
+            for flat in (False, True):
+                rs = gemm_ratios(result["gemm"], dtype, shortest, flat)
+                if not rs:
+                    continue
+                model = "flat" if flat else "shapes"
+                print(f"| {dtype}, {label} | {model} | {len(rs)} | {statistics.median(rs):.3f} | "
+                      f"{min(rs):.2f} to {max(rs):.2f} | {sum(1 for r in rs if abs(r - 1) <= 0.10)} |")
+    sdpa = KERNELS["H100"].attention["sdpa"]
+    print(f"\n| SDPA bf16 causal | measured efficiency, forward and backward | model ({sdpa}) / measured time |")
+    print("|---|---:|---:|")
+    for a in result["attention"]:
+        eff = a["forward_backward_flops_per_s"] / H100.peak("bf16")
+        print(f"| head dim {a['head_dim']}, {a['seq']} tokens, batch {a['batch']} | {eff:.3f} | {eff / sdpa:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
