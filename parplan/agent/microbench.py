@@ -19,14 +19,17 @@ from typing import Any
 import torch
 
 from parplan.solver.calibration import Calibration
-from parplan.solver.cluster import GPU_PRESETS, Link
+from parplan.solver.cluster import GPU_PRESETS, GpuSpec, Link
+from parplan.solver.cost.kernels import GemmShape, gemm_efficiency
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: The square matmul timed on a GPU (n x n by n x n).
+CUDA_MATMUL_N = 4096
 
 
 def matmul_flops_per_s(device: torch.device, n: int | None = None, repeats: int = 5) -> dict[str, float]:
     """Achieved FLOP/s of an n x n matmul per dtype (median of ``repeats``)."""
-    size = n or (4096 if device.type == "cuda" else 512)
+    size = n or (CUDA_MATMUL_N if device.type == "cuda" else 512)
     out: dict[str, float] = {}
     for name, dtype in _DTYPES.items():
         try:
@@ -111,6 +114,20 @@ def _gpu_spec_for(device_name: str) -> Any:
     return None
 
 
+def matmul_ceilings(flops: dict[str, float], spec: GpuSpec, n: int) -> dict[str, float]:
+    """The calibration's matmul efficiencies from ``flops`` (achieved FLOP/s of an ``n``-cubed matmul
+    per dtype): the ceilings the time model multiplies by each GEMM's shape factor, so the measured
+    fraction of the peak is divided by the timed matmul's own (:mod:`parplan.solver.cost.kernels`),
+    and the model gives back the measured time for that matmul."""
+    out: dict[str, float] = {}
+    for dtype, achieved in flops.items():
+        peak = spec.peak_flops.get(dtype)
+        if peak:
+            eff = gemm_efficiency(GemmShape(1, n, n, n), spec, 1.0, dtype)
+            out[dtype] = min(1.0, achieved / (peak * eff))
+    return out
+
+
 def profile(hardware: dict[str, Any], device: torch.device, max_procs: int,
             nbytes: int = 8 * 2**20, repeats: int = 5) -> dict[str, Any]:
     """The ``data`` of a ``POST /v1/profiles`` body: matmul throughput, collective bandwidths per
@@ -125,13 +142,8 @@ def profile(hardware: dict[str, Any], device: torch.device, max_procs: int,
     if procs >= 2:
         per_rank = launch_function(collective_worker, (nbytes, repeats), procs, device.type)
         coll = per_rank[0]
-    efficiency: dict[str, float] = {}
     spec = _gpu_spec_for(hardware.get("device_name", "")) if device.type == "cuda" else None
-    if spec is not None:
-        for dtype, achieved in flops.items():
-            peak = spec.peak_flops.get(dtype)
-            if peak:
-                efficiency[dtype] = min(1.0, achieved / peak)
+    efficiency = matmul_ceilings(flops, spec, CUDA_MATMUL_N) if spec is not None else {}
     link = None
     if coll["all_reduce"]:
         largest = max(coll["all_reduce"], key=int)
@@ -143,5 +155,6 @@ def profile(hardware: dict[str, Any], device: torch.device, max_procs: int,
     return {"matmul_flops_per_s": flops, "all_reduce_bytes_per_s": coll["all_reduce"],
             "all_gather_bytes_per_s": coll["all_gather"], "all_reduce_latency_seconds": coll["latency"],
             "calibration": calib.to_dict(),
-            "notes": ("matmul efficiencies are measured / datasheet peak of the matching GPU preset"
+            "notes": ("matmul efficiencies are measured / (datasheet peak of the matching GPU preset x the timed "
+                      "matmul's shape factor): ceilings, as parplan.solver.cost.kernels uses them"
                       if efficiency else "no datasheet peak for this device: default matmul efficiencies")}
