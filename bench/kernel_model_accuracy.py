@@ -2,8 +2,9 @@
 
 The oracle is a measurement: the GEMMs and scaled_dot_product_attention calls that bench/gpu_checks.py's
 ``kernels`` part timed with CUDA events on the H100 lent on 2026-11-23 (bench/out/gpu-2026-11-23/kernels.json).
-For each GEMM, predicted over measured time, with the shape model and with the flat 0.55 the model used before;
-for each attention call, the efficiency measured (forward and backward) against the model's figure.
+For each GEMM, predicted over measured time, with the shape model and with the default calibration's
+flat efficiency that every matmul got before (0.55 bf16, 0.5 tf32 and fp32); for each attention call,
+the efficiency measured (forward and backward) against the model's figure.
 Run: python bench/kernel_model_accuracy.py [KERNELS_JSON]
 """
 
@@ -17,11 +18,11 @@ from typing import Any
 
 from _common import header
 
+from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import gpu_preset
 from parplan.solver.cost.kernels import KERNELS, GemmShape, gemm_ceiling, gemm_efficiency
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "gpu-2026-11-23", "kernels.json")
-FLAT = 0.55  # the model's matmul efficiency before the shape model (bf16); fp32/tf32 used 0.5
 H100 = gpu_preset("H100-80GB")
 
 
@@ -33,10 +34,10 @@ def gemm_ratios(gemms: list[dict[str, Any]], dtype: str, shortest: float, flat: 
             continue
         flops = 2 * g["m"] * g["n"] * g["k"]
         if flat:
-            eff = FLAT if dtype == "bf16" else 0.5
+            eff = DEFAULT_CALIBRATION.matmul_efficiency_for(dtype)  # what every matmul got before
         else:
             shape = GemmShape(1, max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
-            eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, dtype, 0.5, measured=False), dtype)
+            eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, dtype, DEFAULT_CALIBRATION), dtype)
         out.append(flops / (H100.peak(dtype) * eff) / g["seconds"])
     return out
 

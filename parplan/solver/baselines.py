@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.compute import backward_flops, forward_flops
+from parplan.solver.cost.compute import backward_flops, forward_flops, math_peak
 from parplan.solver.cost.kernels import efficiency_bound
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
@@ -165,8 +165,7 @@ class UniformEvaluator:
                 flops = forward_flops(n, g) * (2 if recomputed(n, c.recompute, flash) else 1) + backward_flops(n, g)
                 if flops:
                     dt = compute_dtype(n, prec, g)
-                    peak = gpu.peak("fp32" if dt == "tf32" and "tf32" not in gpu.peak_flops else dt)
-                    seconds += flops / (peak * efficiency_bound(n, g, gpu, cal, dt, self.runtime))
+                    seconds += flops / (math_peak(gpu, dt) * efficiency_bound(n, g, gpu, cal, dt, self.runtime))
             self._compute[key] = seconds
         m = self.global_batch // (c.micro_batch * c.dp)
         v = c.virtual if c.schedule is Schedule.INTERLEAVED else 1

@@ -73,6 +73,11 @@ class Calibration:
         return hash((tuple(sorted(self.matmul_efficiency.items())), self.memory_efficiency,
                      self.intra_node, self.inter_node, self.source))
 
+    @property
+    def measured(self) -> bool:
+        """Whether the figures were measured on the hardware (anything but the default)."""
+        return self.source != "default"
+
     def matmul_efficiency_for(self, dtype: str) -> float:
         """Fraction of the dense ``dtype`` peak that matmuls reach."""
         return self.matmul_efficiency.get(dtype, FALLBACK_MATMUL_EFFICIENCY)

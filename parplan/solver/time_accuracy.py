@@ -32,7 +32,7 @@ def _published() -> dict[str, Any] | None:
 def time_accuracy(calibration: Calibration) -> dict[str, Any]:
     """The ``time.accuracy`` object of a plan: the calibration its time used and that
     calibration's measured error on published runs (``published_runs``: None where unmeasured)."""
-    runs = _published() if calibration.source == "default" else None
+    runs = None if calibration.measured else _published()
     if runs is None:
         note = "this calibration's step times were never compared with published runs"
     else:

@@ -124,9 +124,11 @@ def test_pytorch_flash_attention_is_slower_than_transformer_engine_on_hopper_not
 
 
 def test_a_measured_calibration_replaces_the_ceiling() -> None:
-    assert gemm_ceiling(H100, "bf16", 0.55, measured=False) == KERNELS["H100"].gemm["bf16"]
-    assert gemm_ceiling(H100, "bf16", 0.9, measured=True) == 0.9
-    assert gemm_ceiling(H100, "fp32", 0.5, measured=False) == 0.5  # no figure for the dtype
+    assert gemm_ceiling(H100, "bf16", DEFAULT_CALIBRATION) == KERNELS["H100"].gemm["bf16"]
+    agent = Calibration(matmul_efficiency={"bf16": 0.9}, source="agent:H100-80GB@2026-11-24")
+    assert agent.measured and not DEFAULT_CALIBRATION.measured
+    assert gemm_ceiling(H100, "bf16", agent) == 0.9
+    assert gemm_ceiling(H100, "fp32", DEFAULT_CALIBRATION) == 0.5  # no figure for the dtype
     # fp32 runs on the CUDA cores: no tile model
     assert gemm_efficiency(GemmShape(1, 2048, 1024, 1024), H100, 0.5, "fp32") == 0.5
     g = _linear_graph(8192, 8192, 8192)
@@ -169,7 +171,7 @@ def test_the_gemm_model_against_the_gemms_measured_on_an_h100() -> None:
         if g["dtype"] not in ("bf16", "tf32") or g["seconds"] < 300e-6:
             continue
         shape = GemmShape(1, max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
-        eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, g["dtype"], 0.5, measured=False), g["dtype"])
+        eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, g["dtype"], DEFAULT_CALIBRATION), g["dtype"])
         predicted = 2 * g["m"] * g["n"] * g["k"] / (H100.peak(g["dtype"]) * eff)
         ratios.append(predicted / g["seconds"])
     assert len(ratios) >= 50

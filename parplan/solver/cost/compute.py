@@ -157,12 +157,18 @@ def bytes_moved(node: Node, graph: Graph, activation_bytes: int | None = 2,
     return float(sum(seen.values()) + out)
 
 
+def math_peak(gpu: GpuSpec, dtype: str) -> float:
+    """Dense peak FLOP/s of ``dtype`` math on ``gpu``: a GPU without tf32 math (V100) runs tf32 at
+    its fp32 peak; other missing dtypes raise ConfigError."""
+    return gpu.peak("fp32" if dtype == "tf32" and "tf32" not in gpu.peak_flops else dtype)
+
+
 def op_seconds(flops: float, traffic_bytes: float, gpu: GpuSpec, dtype: str = "bf16",
                matmul_efficiency: float | None = None, memory_efficiency: float | None = None) -> float:
     """Roofline time in seconds: ``max(flops / (peak[dtype]·matmul_eff), bytes / (hbm·memory_eff))``.
 
-    Efficiencies default to :data:`~parplan.solver.calibration.DEFAULT_CALIBRATION`'s. A GPU
-    without tf32 math (V100) runs tf32 at its fp32 peak; other missing dtypes raise ConfigError.
+    Efficiencies default to :data:`~parplan.solver.calibration.DEFAULT_CALIBRATION`'s; the peak is
+    :func:`math_peak`'s.
     """
     if flops < 0 or traffic_bytes < 0:
         raise ConfigError(f"op_seconds needs flops and bytes >= 0, got {flops}, {traffic_bytes}")
@@ -171,10 +177,7 @@ def op_seconds(flops: float, traffic_bytes: float, gpu: GpuSpec, dtype: str = "b
     b_eff = memory_efficiency if memory_efficiency is not None else DEFAULT_CALIBRATION.memory_efficiency
     if not (0 < m_eff <= 1 and 0 < b_eff <= 1):
         raise ConfigError(f"efficiencies must be in (0, 1], got {m_eff}, {b_eff}")
-    compute = 0.0
-    if flops > 0:
-        peak_dtype = "fp32" if dtype == "tf32" and "tf32" not in gpu.peak_flops else dtype
-        compute = flops / (gpu.peak(peak_dtype) * m_eff)
+    compute = flops / (math_peak(gpu, dtype) * m_eff) if flops > 0 else 0.0
     memory = traffic_bytes / (gpu.hbm_bandwidth_bytes_per_s * b_eff)
     return max(compute, memory)
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.ir import Graph, Node, OpKind, attention_dims, parse_equation
@@ -166,12 +166,12 @@ def shape_factor(shape: GemmShape, sms: int, fill: bool = True) -> float:
     return tile_q * wave_q * (shape.k / (shape.k + K_FILL) if fill else 1.0)
 
 
-def gemm_ceiling(gpu: GpuSpec, dtype: str, calibrated: float, measured: bool) -> float:
-    """The ceiling of ``gpu``'s ``dtype`` matmuls: ``calibrated`` (the calibration's efficiency) when
-    it was measured on the hardware or the GPU has no figure for the dtype, else :data:`KERNELS`'."""
+def gemm_ceiling(gpu: GpuSpec, dtype: str, calibration: Calibration) -> float:
+    """The ceiling of ``gpu``'s ``dtype`` matmuls: the calibration's matmul efficiency when it was
+    measured on the hardware or the GPU has no figure for the dtype, else :data:`KERNELS`'."""
     spec = kernel_spec(gpu)
-    if measured or spec is None or dtype not in spec.gemm:
-        return calibrated
+    if calibration.measured or spec is None or dtype not in spec.gemm:
+        return calibration.matmul_efficiency_for(dtype)
     return spec.gemm[dtype]
 
 
@@ -197,22 +197,22 @@ def attention_efficiency(gpu: GpuSpec, kernel: str, dtype: str, calibrated: floa
 
 
 def unfused_attention_gemms(node: Node, graph: Graph, cuts: Mapping[str, int]) -> tuple[GemmShape, GemmShape]:
-    """One device's QKᵀ and PV of an attention without a fused kernel: ``batch`` = the other dims
-    of q (batch and heads), ``M`` the query length, over every key."""
+    """One device's QKᵀ and PV of an attention without a fused kernel, over every query-key pair:
+    ``batch`` = q's dims other than the head dim and the query length (batch and heads). The query
+    length is the key length's dim in self-attention, else q's dim named ``seq``."""
     q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
     head_dim, kv_seq = attention_dims(node, q, k)
-    qd, kd = dict(q.dims), dict(k.dims)
+    qd = dict(q.dims)
+    q_seq = kv_seq if kv_seq in qd else next((d for d in qd if "seq" in d and d != head_dim), None)
 
     def local(name: str, size: int) -> int:
         return -(-size // cuts.get(name, 1))
 
-    kv = local(kv_seq, kd[kv_seq])
+    sq = local(q_seq, qd[q_seq]) if q_seq is not None else 1
+    kv = local(kv_seq, dict(k.dims)[kv_seq])
     hd = local(head_dim, qd[head_dim])
-    rows = math.prod(local(d, s) for d, s in qd.items() if d != head_dim)  # batch · heads · query length
-    seq_dims = [d for d in qd if "seq" in d and d != head_dim]
-    sq = local(seq_dims[-1], qd[seq_dims[-1]]) if seq_dims else 1
-    batch = max(1, rows // max(sq, 1))
-    v_dim = local(head_dim, dict(node.dims).get(head_dim, qd[head_dim]))
+    v_dim = local(head_dim, dict(node.dims).get(head_dim, qd[head_dim]))  # the values' (output's) width
+    batch = math.prod(local(d, s) for d, s in qd.items() if d not in (head_dim, q_seq))
     return GemmShape(batch, max(sq, kv), min(sq, kv), hd), GemmShape(batch, max(sq, v_dim), min(sq, v_dim), kv)
 
 
@@ -234,10 +234,9 @@ def efficiency_bound(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibr
     K only shortens it; tiles and waves only lose), flash attention its kernel's figure, anything
     else the calibration's matmul efficiency (as :func:`~parplan.solver.cost.rules.op_seconds`)."""
     calibrated = calibration.matmul_efficiency_for(dtype)
-    measured = calibration.source != DEFAULT_CALIBRATION.source
     shape = gemm_shape(node, graph, {})
     if shape is not None:
-        ceiling = gemm_ceiling(gpu, dtype, calibrated, measured)
+        ceiling = gemm_ceiling(gpu, dtype, calibration)
         if kernel_spec(gpu) is None or dtype not in TENSOR_CORE_DTYPES or shape.k <= 0:
             return ceiling
         return ceiling * shape.k / (shape.k + K_FILL)

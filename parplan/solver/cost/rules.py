@@ -17,7 +17,7 @@ strategy):
 
 from __future__ import annotations
 
-from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
+from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
 from parplan.solver.cost.activations import Recompute, block_of, is_float
 from parplan.solver.cost.collectives import DP_BUCKET_BYTES
@@ -99,13 +99,12 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
     ins = [input_layout(node, pos, graph, s, mesh).shards(sizes) for pos in range(len(node.inputs))]
     traffic = bytes_moved(node, graph, prec.activation_bytes, ins, output_layout(node, s, mesh, partial).shards(sizes))
     calibrated, b_eff = calibration.matmul_efficiency_for(dt), calibration.memory_efficiency
-    measured = calibration.source != DEFAULT_CALIBRATION.source
     if node.kind is OpKind.ATTENTION and not flash:
         return _unfused_attention_seconds(node, graph, gpu, prec, dt, cuts, work, traffic,
-                                          gemm_ceiling(gpu, dt, calibrated, measured), b_eff)
+                                          gemm_ceiling(gpu, dt, calibration), b_eff)
     shape = gemm_shape(node, graph, cuts)
     if shape is not None:
-        m_eff = gemm_efficiency(shape, gpu, gemm_ceiling(gpu, dt, calibrated, measured), dt)
+        m_eff = gemm_efficiency(shape, gpu, gemm_ceiling(gpu, dt, calibration), dt)
     elif node.kind is OpKind.ATTENTION:
         m_eff = attention_efficiency(gpu, kernel, dt, calibrated)
     else:
