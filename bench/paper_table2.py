@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from _common import header
 
@@ -105,7 +106,7 @@ def _aim(ratio: float, peak: float, throughput: float, paper: float, floor: floa
     return ok, ("met" if ok else "missed") + (" (floor)" if below_floor and ratio > paper else "")
 
 
-def _at_megatron_time(body: dict, doc: dict) -> dict | None:  # type: ignore[type-arg]
+def _at_megatron_time(body: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any] | None:
     """The same request solved with the slowdown that puts its time limit at 1.1x Megatron-LM's step
     (None when the fastest plan known is not faster than Megatron-LM's: the default answer is it)."""
     mlm = doc["baselines"]["megatron"]

@@ -9,12 +9,16 @@ The ratio is predicted over published step time. The published time is the sourc
 prints one (``step_seconds``). Otherwise it is the time computed from the source's published rate
 (``step_seconds_derived``); the data file gives that formula. What a source does not state is assumed,
 and listed in the row's ``assumed`` column: an unstated recomputation is selective where parplan's
-memory model fits it on the GPU, else full. FP8 rows are priced with parplan's FP8 precision (matmuls
+memory model fits it on the GPU, else full (always full for Megatron-LM of 2021, which had no other);
+the trainers of 2021-22 run without flash attention. FP8 rows are priced with parplan's FP8 precision (matmuls
 with a weight at the fp8 peak), context-parallel rows with their ``cp``; Megatron-LM rows that state
 ``--tp-comm-overlap`` / ``--overlap-param-gather`` with those options. The rows left out, and why, are
-listed after the table: runs without a step time, or on a GPU without a preset.
+listed after the table: runs without a step time, or on a GPU without a preset. Runs on a GPU with no
+preset that a preset stands in for (torchtitan's 500 W HBM2e H100s, priced as the SXM H100) are
+priced and shown in a table of their own, not counted.
 
-This measures the time model as it is. It is not a fit: nothing in the model is tuned to these rows.
+This measures the time model as it is. One figure of the model was fitted to these rows: the H100's
+FP8 GEMM ceiling (parplan/solver/cost/kernels.py, to Megatron-Bridge's FP8 runs); nothing else is.
 Run: python bench/time_model_accuracy.py [--write]  (--write: store the summary plans show,
 parplan/solver/time_accuracy.json)
 """
@@ -42,16 +46,19 @@ from parplan.solver.time_accuracy import ACCURACY_FILE
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "published_runs.json")
 
 
-def _gpu(text: str) -> tuple[str | None, str]:
-    """parplan's GPU preset for a published GPU name, and a remark (None: no preset)."""
+def _gpu(text: str) -> tuple[str | None, str, bool]:
+    """parplan's GPU preset for a published GPU name (None: no preset), a remark, and whether the
+    preset only stands in for the GPU the run had (the row is then not counted)."""
     t = text.upper()
     if "A100" in t:
-        return "A100-80GB", ""
+        return "A100-80GB", "", False
     if "H200" in t:
-        return "H200-141GB", ""
+        return "H200-141GB", "", False
     if "H100" in t:
-        return "H100-80GB", "" if ("HBM2E" not in t and "500W" not in t) else "ran on a 500 W HBM2e H100; preset is SXM"
-    return None, ""
+        if "HBM2E" in t or "500W" in t:
+            return "H100-80GB", "ran on a 500 W HBM2e H100; preset is SXM", True
+        return "H100-80GB", "", False
+    return None, "", False
 
 
 def _recompute(text: str | None, assumed: list[str]) -> Recompute | None:
@@ -73,11 +80,6 @@ _BEFORE_FLASH = ("Narayanan et al. 2021", "Korthikanti et al. 2022", "BigScience
 #: Megatron-LM of 2021 recomputed whole layers or nothing: selective recomputation came with
 #: Korthikanti et al. 2022.
 _FULL_RECOMPUTE_ONLY = ("Narayanan et al. 2021",)
-
-
-def _stand_in(remark: str) -> bool:
-    """Whether a row ran on a GPU that parplan prices with another one's preset (not counted)."""
-    return "preset is SXM" in remark
 
 
 def _skip_reason(r: dict[str, Any]) -> str | None:
@@ -162,7 +164,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     elif isinstance(vp, str) and pp > 1:
         assumed.append("no interleaving (degree not stated)")
     schedule = Schedule.INTERLEAVED if v > 1 and pp > 1 and m % pp == 0 else Schedule.ONE_F_ONE_B
-    gpu, remark = _gpu(str(r.get("gpu")))
+    gpu, remark, stand_in = _gpu(str(r.get("gpu")))
     assert gpu is not None
     if "compile" in str(r.get("techniques") or "").lower():
         remark = "; ".join(x for x in (remark, "torch.compile (parplan prices eager kernels)") if x)
@@ -207,12 +209,13 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
             "layout": strategy.describe() + (" fp8" if fp8 else ""), "published_s": published,
             "published_kind": "printed" if r.get("step_seconds") else "derived",
             "predicted_s": e.time.step_seconds, "ratio": e.time.step_seconds / published,
-            "assumed": ", ".join(assumed), "remark": remark}
+            "assumed": ", ".join(assumed), "remark": remark, "stand_in": stand_in}
 
 
 def measure() -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
     """Every priced row, and the rows left out with the reason. Rows on a GPU parplan has no preset
-    for but prices with a stand-in (:func:`_stand_in`) are among the priced; :func:`split` parts them."""
+    for but prices with a stand-in (``stand_in``, :func:`_gpu`) are among the priced; :func:`split`
+    parts them."""
     with open(DATA) as f:
         data = json.load(f)
     rows, skipped = [], []
@@ -231,7 +234,7 @@ def measure() -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
 def split(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(counted rows, rows priced on a stand-in GPU): torchtitan's 500 W HBM2e H100s have no datasheet
     (their peak is unknown), so they are shown, priced as the SXM preset, but not counted."""
-    return [x for x in rows if not _stand_in(x["remark"])], [x for x in rows if _stand_in(x["remark"])]
+    return [x for x in rows if not x["stand_in"]], [x for x in rows if x["stand_in"]]
 
 
 def _table(rows: list[dict[str, Any]]) -> None:

@@ -1,10 +1,13 @@
 """Calibration: the efficiencies and measured links that turn datasheet peaks into predictions.
 
-The default (:data:`DEFAULT_CALIBRATION`) assumes matmuls reach 55 % of the 16-bit tensor-core
-peak — about what Megatron-LM reports for large GPT models (52 % model FLOPs utilisation on
-A100 at 1T parameters, Narayanan et al., SC'21, kernels themselves a little above) — 50 % for
-other dtypes, and 80 % of the HBM bandwidth for memory-bound ops. Measurements from the
-validation agent replace these per hardware (``source`` then names where they came from).
+Matmuls and attention are priced by :mod:`parplan.solver.cost.kernels`: each GEMM at its GPU's
+ceiling times its shape's tile, wave and K-fill factor, attention at its kernel's figure. The
+default calibration (:data:`DEFAULT_CALIBRATION`) leaves those to the kernel model's per-GPU
+figures; its matmul efficiencies (55 % of the 16-bit peak, 50 % for other dtypes) are used only
+where the kernel model has none (a GPU or dtype without a figure; the FLOPs of operators other
+than GEMMs and attention), and 80 % of the HBM bandwidth prices memory-bound work. A calibration
+the validation agent measured (``source`` then names where; :attr:`Calibration.measured`)
+replaces the GEMM ceilings with its own, and the links.
 """
 
 from __future__ import annotations
