@@ -286,13 +286,19 @@ def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget
     is at most ``limit_seconds`` (ties: the faster, then the first given); with
     ``alpha_bytes_per_s``, the least ``memory + alpha·time`` over every fitting candidate instead.
     Exact: memory is priced in order of the model-states floor
-    (:meth:`UniformEvaluator.states_floor`) until the floor cannot beat the best found."""
+    (:meth:`UniformEvaluator.states_floor`) until the floor cannot beat the best found; a candidate
+    whose least possible time (:meth:`UniformEvaluator.time_floor`) is over the limit (or whose
+    floors together cannot beat the best score) is not priced."""
     every = list(cands)
     floor = [ev.states_floor(c) for c in every]
     best: tuple[float, float, int, PlanMemory, PlanTime] | None = None  # (score, seconds, index, ...)
     for i in sorted(range(len(every)), key=lambda i: floor[i]):
         if floor[i] > budget_bytes or (best is not None and floor[i] > best[0]):
             break  # memory (and memory + alpha·time) is at least the floor
+        least = ev.time_floor(every[i])
+        if (least > limit_seconds if alpha_bytes_per_s is None
+                else best is not None and floor[i] + alpha_bytes_per_s * least > best[0]):
+            continue
         t = ev.time_of(every[i])
         if t is None or (alpha_bytes_per_s is None and t.step_seconds > limit_seconds):
             continue
@@ -319,6 +325,22 @@ def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> 
         yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(0,))
     else:
         raise SolverError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
+
+
+def least_memory_member(ev: UniformEvaluator, budget_bytes: float, num_blocks: int, limit_seconds: float,
+                        alpha_bytes_per_s: float | None = None,
+                        runnable: Container[Candidate] | None = None) -> Evaluation | None:
+    """The member of any baseline family (with ``runnable``, of those members only) that fits with
+    the least memory within ``limit_seconds`` (or the least ``memory + alpha·time``): the obvious
+    plan a ``min-memory`` answer must beat, where each baseline is its family's fastest."""
+    seen: set[Candidate] = set()
+    members: list[Candidate] = []
+    for name in BASELINES:
+        for c in _family(name, ev.cluster, ev.global_batch, num_blocks):
+            if c not in seen and (runnable is None or c in runnable):
+                seen.add(c)
+                members.append(c)
+    return least_memory_within(ev, members, budget_bytes, limit_seconds, alpha_bytes_per_s)
 
 
 def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: int,

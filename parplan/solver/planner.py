@@ -25,6 +25,7 @@ from parplan.solver.baselines import (
     UniformEvaluator,
     baseline,
     fastest_fitting,
+    least_memory_member,
     least_memory_within,
 )
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
@@ -358,7 +359,13 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     candidates += [Known(f"baseline {n}", b.time.step_seconds, b.memory.peak_bytes,
                          functools.partial(_baseline_document, n, b)) for n, b in bases.items()
                    if b is not None and (runs is None or _candidate(b) in runs)]
-    best = choose(req, candidates)
+    # the searches' fastest plans, whose documents are not kept (a min-memory search returns its
+    # least-memory plan), are known plans too: the time limit counts from them
+    searched_best = [d["solver"]["best_time_seconds"] for d in docs
+                     if d.get("memory") and (d.get("solver") or {}).get("best_time_seconds")]
+    if req.objective == "min-memory":
+        candidates += _least_memory_uniform(req, ev, num_blocks, runs, candidates, searched_best)
+    best = choose(req, candidates, searched_best)
     frontier = next((d["pareto"] for d in docs if d.get("pareto")), None)
     doc = searched if best is None else best.document()
     if best is None and doc.get("least_memory_bytes") is not None:
@@ -375,8 +382,7 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     doc["target"] = _target_doc(req, doc, bases.get(spec.baseline))
     doc["objective"] = {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
                         "memory_budget_bytes": req.budget_bytes,
-                        "fastest_known_seconds": min((k.step_seconds for k in candidates
-                                                      if k.peak_bytes <= req.budget_bytes), default=None)}
+                        "fastest_known_seconds": _fastest(req, candidates, searched_best)}
     solver = doc.setdefault("solver", {})
     solver.update({"method": solver.get("method", method), "seconds": time.perf_counter() - t0,
                    "version": SOLVER_VERSION, "why": why})
@@ -414,11 +420,21 @@ class Known:
     document: Callable[[], dict[str, Any]]
 
 
-def choose(req: PlanRequest, known: list[Known]) -> Known | None:
+def _fastest(req: PlanRequest, known: list[Known], searched_best: list[float]) -> float | None:
+    """Seconds per step of the fastest plan known that fits (None: none fits); under ``min-memory``
+    the searches' fastest (``searched_best``) count too, whose documents are not kept."""
+    times = [k.step_seconds for k in known if k.peak_bytes <= req.budget_bytes]
+    if not times:
+        return None
+    return min(times + searched_best) if req.objective == "min-memory" else min(times)
+
+
+def choose(req: PlanRequest, known: list[Known], searched_best: list[float] | None = None) -> Known | None:
     """The best known plan that fits the budget, for the objective (None: none fits).
 
     ``max-throughput``: the fastest (then the least memory). ``min-memory``: the least memory (then
     the fastest) among plans within ``(1 + max_slowdown)`` of the fastest known plan, baselines
+    and the searches' fastest (``searched_best``, step times of plans not among ``known``)
     included; with ``alpha``, the least ``memory + alpha·time``. Either way no known plan is at
     least as good on both memory and time and better on one."""
     fits = [k for k in known if k.peak_bytes <= req.budget_bytes]
@@ -431,8 +447,36 @@ def choose(req: PlanRequest, known: list[Known]) -> Known | None:
     if req.alpha is not None:
         alpha = req.alpha * 2**30
         return min(fits, key=lambda k: (k.peak_bytes + alpha * k.step_seconds, k.step_seconds))
-    limit = min(k.step_seconds for k in fits) * (1 + req.max_slowdown) * (1 + TIME_TIE)
-    return min((k for k in fits if k.step_seconds <= limit), key=lambda k: (k.peak_bytes, k.step_seconds))
+    limit = min([k.step_seconds for k in fits] + list(searched_best or [])) * (1 + req.max_slowdown) * (1 + TIME_TIE)
+    return min((k for k in fits if k.step_seconds <= limit), key=lambda k: (k.peak_bytes, k.step_seconds),
+               default=None)
+
+
+def _least_memory_uniform(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
+                          runs: Container[Candidate] | None, known: list[Known],
+                          searched_best: list[float]) -> list[Known]:
+    """``min-memory``: the baseline families' least-memory member within ``(1 + max_slowdown)`` of
+    the fastest known plan (or the least ``memory + alpha·time``), as one more known plan. Each
+    baseline is its family's fastest; a slower member of the same family (ZeRO-3 at a smaller
+    micro-batch, say) can hold far less within the limit, and the answer must not be beaten by it.
+    ``searched_best``: the searches' fastest step times (s), whose plans are not among ``known``
+    (the ILP keeps only its min-memory answer); the limit counts from them too, as the searches' did."""
+    fastest = _fastest(req, known, searched_best)
+    if fastest is None:
+        return []
+    limit = fastest * (1 + req.max_slowdown) * (1 + TIME_TIE)
+    alpha = req.alpha * 2**30 if req.alpha is not None else None
+    e = least_memory_member(ev, req.budget_bytes, num_blocks, limit, alpha, runs)
+    if e is None:
+        return []
+    return [Known("uniform", e.time.step_seconds, e.memory.peak_bytes, functools.partial(_uniform_document, e))]
+
+
+def _uniform_document(e: Evaluation) -> dict[str, Any]:
+    doc = _baseline_document("uniform", e)
+    doc["solver"] = {"method": "uniform", "status": "optimal", "gap": None,
+                     "note": "the least memory of the baseline families' members within the time limit"}
+    return doc
 
 
 def _itself(doc: dict[str, Any]) -> dict[str, Any]:
@@ -502,6 +546,7 @@ def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -
                                    * (1 + 1e-9), alpha) or fastest
     doc = _baseline_document("uniform", best)
     doc["solver"] = {"method": "uniform", "status": "optimal", "gap": None, "candidates": len(cands),
+                     "best_time_seconds": fastest.time.step_seconds,
                      "note": f"exhaustive over the {len(cands)} uniform strategies target {req.target.value} runs"}
     return doc
 

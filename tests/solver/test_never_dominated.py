@@ -48,8 +48,17 @@ def _check(doc: dict[str, Any], objective: str, slowdown: float, budget: int) ->
     for label, s, p in known:
         dominates = s <= secs * (1 + 1e-9) and p <= peak + 8 and (s < secs * (1 - 1e-9) or p < peak - 8)
         assert not dominates, f"{label} ({s:.4g} s, {p} B) beats the answer ({secs:.4g} s, {peak} B)"
-    fastest = min([secs, *(s for _, s, _ in known)])
-    assert doc["objective"]["fastest_known_seconds"] == pytest.approx(fastest, rel=1e-9)
+    documented = min([secs, *(s for _, s, _ in known)])
+    fastest = doc["objective"]["fastest_known_seconds"]
+    if objective == "max-throughput":
+        assert fastest == pytest.approx(documented, rel=1e-9)
+    else:
+        # min-memory: the searches' fastest plans count too, and a min-memory search keeps only its
+        # least-memory plan's document: the fastest known is at most the fastest documented, and
+        # at most the search's own best time
+        solver = doc["solver"]
+        searched = [t for d in (solver, solver.get("chosen_over") or {}) if (t := d.get("best_time_seconds"))]
+        assert fastest <= min([documented, *searched]) * (1 + 1e-9)
     if objective == "max-throughput":
         assert secs <= fastest * (1 + 1e-9)
     else:
@@ -87,3 +96,50 @@ def test_the_issue_case_bert_large_on_8_gpus_is_not_dominated_and_near_the_faste
     doc = solve(req)
     _check(doc, "min-memory", 0.1, req.budget_bytes)
     assert doc["time"]["step_seconds"] <= 1.1 * doc["objective"]["fastest_known_seconds"] * (1 + 1e-9)
+
+
+def _least_member_within(req: Any, limit: float) -> float | None:
+    """Oracle: every member of every baseline family priced, no pruning; the least peak of those
+    that fit and run within ``limit`` seconds."""
+    from parplan.solver.baselines import BASELINES, UniformEvaluator, _family
+    from parplan.solver.cost.pipeline import blocks_of
+
+    ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration)
+    blocks = len(blocks_of(ev.graph(1)))
+    peaks = []
+    for c in {c for name in BASELINES for c in _family(name, req.cluster, req.global_batch, blocks)}:
+        t, m = ev.time_of(c), ev.memory_of(c)
+        if t is not None and m is not None and t.step_seconds <= limit and m.peak_bytes <= req.budget_bytes:
+            peaks.append(m.peak_bytes)
+    return min(peaks, default=None)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(sorted(MODELS)), gpus=st.sampled_from([2, 4, 8]), batch=st.sampled_from([1, 4, 8]))
+def test_min_memory_is_never_beaten_by_a_slower_member_of_a_baseline_family(model: str, gpus: int,
+                                                                             batch: int) -> None:
+    """Each baseline is its family's fastest; the min-memory answer must also hold no more than any
+    family member within the time limit (ZeRO-3 at a smaller micro-batch, say)."""
+    body = {"model": {"hf_config": MODELS[model]}, "cluster": {"gpus": gpus, "gpus_per_node": 8, "gpu": "A100-80GB"},
+            "training": {"global_batch": batch * gpus, "seq_len": 256},
+            "objective": {"kind": "min-memory", "max_slowdown": 0.1}, "search": "ilp", "time_limit": 120}
+    req = parse_plan_request(body)
+    doc = solve(req)
+    least = _least_member_within(req, doc["objective"]["fastest_known_seconds"] * 1.1 * (1 + 1e-9))
+    # (none within the limit: the search's own plans are faster than every member's)
+    assert least is None or doc["memory"]["peak_bytes"] <= least + 8
+
+
+def test_gpt_1_7b_on_4_gpus_holds_no_more_than_zero3_at_a_smaller_micro_batch() -> None:
+    """Found on Table 2 (batch 16, 4 A100s): the ILP answered 23.7 GiB at 0.508 s, where ZeRO-3 at
+    micro-batch 2 holds 15.7 GiB at 0.466 s (the ILP's micro-step sizes skip that one, and the
+    ZeRO-3 baseline is micro-batch 4, its family's fastest)."""
+    body = {"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 4, "gpu": "A100-80GB"},
+            "training": {"global_batch": 16}, "objective": {"kind": "min-memory", "max_slowdown": 0.1},
+            "search": "ilp"}
+    req = parse_plan_request(body)
+    doc = solve(req)
+    _check(doc, "min-memory", 0.1, req.budget_bytes)
+    least = _least_member_within(req, doc["objective"]["fastest_known_seconds"] * 1.1 * (1 + 1e-9))
+    assert least is not None and least < 17 * 2**30
+    assert doc["memory"]["peak_bytes"] <= least + 8
