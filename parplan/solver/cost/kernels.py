@@ -216,15 +216,26 @@ def unfused_attention_gemms(node: Node, graph: Graph, cuts: Mapping[str, int]) -
     return GemmShape(batch, max(sq, kv), min(sq, kv), hd), GemmShape(batch, max(sq, v_dim), min(sq, v_dim), kv)
 
 
+def unfused_scores(node: Node, graph: Graph, work: int) -> float:
+    """Elements of one device's share of an unfused attention's score matrix (every query-key pair
+    of every head; ``work``: the devices its work is split over)."""
+    q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    head_dim, kv_seq = attention_dims(node, q, k)
+    return q.numel / dict(q.dims)[head_dim] * dict(k.dims)[kv_seq] / work
+
+
 def unfused_score_bytes(node: Node, graph: Graph, work: int, activation_bytes: int) -> float:
     """Forward HBM traffic of the score matrix of one device's share of an unfused attention: QKᵀ
     writes it, the softmax reads it and writes the probabilities, PV reads them (4 passes); attention
-    dropout (``attrs.dropout`` > 0) reads and writes them once more and writes a one-byte mask."""
-    q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
-    head_dim, kv_seq = attention_dims(node, q, k)
-    scores = q.numel / dict(q.dims)[head_dim] * dict(k.dims)[kv_seq] / work
+    dropout (``attrs.dropout`` > 0) reads and writes them once more and writes a one-byte mask. Of
+    these, QKᵀ's write and PV's read are the GEMMs' own (:data:`GEMM_SCORE_PASSES`)."""
     dropout = float(node.attrs.get("dropout") or 0.0) > 0
-    return scores * ((6 if dropout else 4) * activation_bytes + (1 if dropout else 0))
+    return unfused_scores(node, graph, work) * ((6 if dropout else 4) * activation_bytes + (1 if dropout else 0))
+
+
+#: Passes over the score matrix that the unfused attention's GEMMs make themselves (QKᵀ writes it,
+#: PV reads the probabilities): they move while the GEMMs compute.
+GEMM_SCORE_PASSES = 2
 
 
 def efficiency_bound(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, dtype: str,

@@ -24,6 +24,7 @@ from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
 from parplan.solver.cost.kernels import (
+    GEMM_SCORE_PASSES,
     attention_efficiency,
     attention_kernel,
     gemm_ceiling,
@@ -31,6 +32,7 @@ from parplan.solver.cost.kernels import (
     gemm_shape,
     unfused_attention_gemms,
     unfused_score_bytes,
+    unfused_scores,
 )
 from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.op_layout import Mesh, OpStrategy, input_layout, loop_dims, output_layout, work_shards
@@ -119,14 +121,18 @@ def _unfused_attention_seconds(node: Node, graph: Graph, gpu: GpuSpec, prec: Pre
                                b_eff: float) -> tuple[float, float]:
     """(forward, backward) seconds of an attention without a fused kernel: QKᵀ and PV as batched
     GEMMs over every query-key pair (no K fill: their short K loops' output is the score matrix,
-    whose writes and reads are priced as traffic), then the score matrix's HBM traffic
-    (:func:`~parplan.solver.cost.kernels.unfused_score_bytes`); backward twice both."""
+    whose writes and reads are priced as traffic), a roofline over their arithmetic and what they
+    move (the operator's inputs and output, QKᵀ's write of the scores and PV's read of the
+    probabilities), then the softmax's and dropout's passes over the score matrix
+    (:func:`~parplan.solver.cost.kernels.unfused_score_bytes`, less the GEMMs' own); backward twice
+    both."""
     qk, pv = unfused_attention_gemms(node, graph, cuts)
     gemms = sum(roofline_seconds(2.0 * g.batch * g.m * g.n * g.k, 0.0, gpu, dt,
                                  gemm_efficiency(g, gpu, ceiling, dt, fill=False), b_eff) for g in (qk, pv))
     scores = unfused_score_bytes(node, graph, work, prec.activation_bytes)
-    io = roofline_seconds(0.0, traffic, gpu, dt, 1.0, b_eff)
-    fwd = max(gemms, io) + roofline_seconds(0.0, scores, gpu, dt, 1.0, b_eff)
+    own = GEMM_SCORE_PASSES * unfused_scores(node, graph, work) * prec.activation_bytes
+    io = roofline_seconds(0.0, traffic + own, gpu, dt, 1.0, b_eff)
+    fwd = max(gemms, io) + roofline_seconds(0.0, scores - own, gpu, dt, 1.0, b_eff)
     return fwd, 2 * fwd
 
 
