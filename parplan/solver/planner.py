@@ -447,9 +447,15 @@ def choose(req: PlanRequest, known: list[Known], searched_best: list[float] | No
     if req.alpha is not None:
         alpha = req.alpha * 2**30
         return min(fits, key=lambda k: (k.peak_bytes + alpha * k.step_seconds, k.step_seconds))
-    limit = min([k.step_seconds for k in fits] + list(searched_best or [])) * (1 + req.max_slowdown) * (1 + TIME_TIE)
-    return min((k for k in fits if k.step_seconds <= limit), key=lambda k: (k.peak_bytes, k.step_seconds),
-               default=None)
+    limit = _limit(req, known, searched_best or [])
+    return min((k for k in fits if limit is not None and k.step_seconds <= limit),
+               key=lambda k: (k.peak_bytes, k.step_seconds), default=None)
+
+
+def _limit(req: PlanRequest, known: list[Known], searched_best: list[float]) -> float | None:
+    """``min-memory``'s time limit: ``(1 + max_slowdown)`` times :func:`_fastest` (None: none fits)."""
+    fastest = _fastest(req, known, searched_best)
+    return None if fastest is None else fastest * (1 + req.max_slowdown) * (1 + TIME_TIE)
 
 
 def _least_memory_uniform(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
@@ -461,10 +467,9 @@ def _least_memory_uniform(req: PlanRequest, ev: UniformEvaluator, num_blocks: in
     micro-batch, say) can hold far less within the limit, and the answer must not be beaten by it.
     ``searched_best``: the searches' fastest step times (s), whose plans are not among ``known``
     (the ILP keeps only its min-memory answer); the limit counts from them too, as the searches' did."""
-    fastest = _fastest(req, known, searched_best)
-    if fastest is None:
+    limit = _limit(req, known, searched_best)
+    if limit is None:
         return []
-    limit = fastest * (1 + req.max_slowdown) * (1 + TIME_TIE)
     alpha = req.alpha * 2**30 if req.alpha is not None else None
     e = least_memory_member(ev, req.budget_bytes, num_blocks, limit, alpha, runs)
     if e is None:
