@@ -45,11 +45,16 @@ def dominated(doc: dict[str, Any], other: dict[str, Any]) -> bool:
     return om <= m and ot <= t and (om < m or ot < t * (1 - 1e-12))
 
 
-@pytest.mark.parametrize(("target", "objective"), list(itertools.product(UNIFORM, ["min-memory", "max-throughput"])))
-@pytest.mark.parametrize(("preset", "gpus"), [("llama-2-7b", 8), ("mixtral-8x7b", 16)])
+@pytest.mark.parametrize(("target", "objective", "preset", "gpus", "per_gpu"), [
+    *((t, o, p, g, 2) for t, o in itertools.product(UNIFORM, ["min-memory", "max-throughput"])
+      for p, g in [("llama-2-7b", 8), ("mixtral-8x7b", 16)]),
+    # the limit once counted from the documented plans only: torchtitan answered a plan 15% slower
+    # than the fastest it runs (the ZeRO-3 baseline, within 10% of its own min-memory answer)
+    (Target.TORCHTITAN, "min-memory", "mixtral-8x7b", 16, 4),
+])
 def test_the_answer_is_the_best_strategy_the_target_runs_by_brute_force(target: Target, objective: str, preset: str,
-                                                                        gpus: int) -> None:
-    b = body(preset, gpus, target.value, objective, gb=2 * gpus)
+                                                                        gpus: int, per_gpu: int) -> None:
+    b = body(preset, gpus, target.value, objective, gb=per_gpu * gpus)
     req = parse_plan_request(b)
     doc = solve(req)
     assert doc["solver"]["method"].startswith(("uniform", "baseline")), doc["solver"]
