@@ -75,8 +75,9 @@ def test_link_validation() -> None:
 
 
 def test_data_parallel_traffic_per_zero_stage() -> None:
-    """ZeRO 0: all-reduce the gradients; 1-2: reduce-scatter them and all-gather the weights;
-    3: also all-gather the weights in each micro-batch's forward and backward; one rank: nothing.
+    """ZeRO 0: all-reduce the gradients; 1-2: reduce-scatter them and all-gather the updated
+    weights; 3: reduce-scatter them, and all-gather the weights in each micro-batch's forward and
+    backward (the updated weights stay sharded: no gather after the step); one rank: nothing.
     In DDP's 25 MiB buckets of gradients (each bucket's weights gathered in one collective): a whole
     number of buckets costs as many collectives of one bucket; any buffer costs the same split in
     parts (the latency is spread over the bytes). ``collectives`` given: that many per pass."""
@@ -91,12 +92,13 @@ def test_data_parallel_traffic_per_zero_stage() -> None:
     assert data_parallel_seconds(4, g, w, 0, link, ddp(g)) == pytest.approx(
         (32 * all_reduce_seconds(4, DP_BUCKET_BYTES, link), 0.0))
     ag = 32 * all_gather_seconds(4, w / 32, link)
-    rs_ag = 32 * reduce_scatter_seconds(4, DP_BUCKET_BYTES, link) + ag
-    assert data_parallel_seconds(4, g, w, 2, link, ddp(g)) == pytest.approx((rs_ag, 0.0))
-    assert data_parallel_seconds(4, g, w, 3, link, ddp(g)) == pytest.approx((rs_ag, 2 * ag))
+    rs = 32 * reduce_scatter_seconds(4, DP_BUCKET_BYTES, link)
+    assert data_parallel_seconds(4, g, w, 2, link, ddp(g)) == pytest.approx((rs + ag, 0.0))
+    # ZeRO-3 keeps the updated weights sharded: no gather after the step, two in every micro-batch
+    assert data_parallel_seconds(4, g, w, 3, link, ddp(g)) == pytest.approx((rs, 2 * ag))
     assert data_parallel_seconds(1, g, w, 3, link, ddp(g)) == (0.0, 0.0)
     # one collective per pass (a unit's, under FSDP)
-    one = (reduce_scatter_seconds(4, g, link) + all_gather_seconds(4, w, link), 2 * all_gather_seconds(4, w, link))
+    one = (reduce_scatter_seconds(4, g, link), 2 * all_gather_seconds(4, w, link))
     assert data_parallel_seconds(4, g, w, 3, link, collectives=1.0) == pytest.approx(one)
     halves = [data_parallel_seconds(4, g / 2, w / 2, 3, link, collectives=0.5) for _ in range(2)]
     assert tuple(map(sum, zip(*halves, strict=True))) == pytest.approx(one)

@@ -119,14 +119,17 @@ def weight_all_gather_seconds(n: int, weight_bytes: float, link: Link, collectiv
 def data_parallel_seconds(n: int, grad_bytes: float, weight_bytes: float, zero: int,
                           link: Link, collectives: float) -> tuple[float, float]:
     """(once-per-step gradient sync, one micro-batch's weight gathers) of parameters replicated
-    over ``n`` data-parallel ranks: an all-reduce of the gradients (ZeRO 0) or a reduce-scatter and
-    an all-gather of the updated weights (ZeRO 1-3); ZeRO-3 also gathers the weights in every
-    micro-batch's forward and backward. ``collectives``: how many collectives of each pass these
-    parameters account for (:func:`parplan.solver.cost.rules.data_parallel_collectives`)."""
+    over ``n`` data-parallel ranks: an all-reduce of the gradients (ZeRO 0), a reduce-scatter and
+    an all-gather of the updated weights (ZeRO 1-2), a reduce-scatter alone (ZeRO-3, whose weights
+    stay sharded after the update); ZeRO-3 gathers the weights in every micro-batch's forward and
+    backward. ``collectives``: how many collectives of each pass these parameters account for
+    (:func:`parplan.solver.cost.rules.data_parallel_collectives`)."""
     if n == 1:
         return 0.0, 0.0
     if zero == 0:
         sync = _passes(n, grad_bytes, link, 2, collectives)
+    elif zero >= 3:
+        sync = _passes(n, grad_bytes, link, 1, collectives)
     else:
         sync = _passes(n, grad_bytes, link, 1, collectives) + weight_all_gather_seconds(n, weight_bytes, link,
                                                                                         collectives)

@@ -50,6 +50,7 @@ from parplan.solver.cost.rules import (
     optimizer_step_seconds,
     optimizer_temporary_bytes,
     parameter_states,
+    weight_gather_exposed_seconds,
 )
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
@@ -492,21 +493,24 @@ class PlanEvaluator:
             synced.update(p.id for p in params if p.shared)
             sync, gathers, param_gather = self.sync_seconds(plan, s, params, prec, c.param_numel)
             total += every * sync + m * gathers
+            reduce = sync - param_gather  # the gradients' reduction; ZeRO 1-2's weight gather follows the step
             if not plan.overlap_grad_reduce:
                 # Megatron-LM without --overlap-grad-reduce: the reduction (with the distributed
                 # optimizer, its weight all-gather too) runs after the backward, none of it hidden
                 exposed += every * (sync + exposed_seconds(0.0, gathers, op.forward_seconds, op.backward_seconds,
                                                            m // every))
-            elif plan.overlap_param_gather and param_gather:
-                # Megatron-LM's --overlap-param-gather: the updated weights' all-gather runs under the
-                # next step's forward (waited on per bucket before its first use); the gradient
-                # reduce-scatter under the last micro-batch's backward, as without the option
-                exposed += every * (exposed_seconds(sync - param_gather, gathers, op.forward_seconds,
-                                                    op.backward_seconds, m // every)
-                                    + max(0.0, param_gather - op.forward_seconds))
             else:
-                exposed += every * exposed_seconds(sync, gathers, op.forward_seconds, op.backward_seconds, m // every)
+                exposed += every * (exposed_seconds(reduce, gathers, op.forward_seconds, op.backward_seconds,
+                                                    m // every)
+                                    + weight_gather_exposed_seconds(param_gather, op.forward_seconds,
+                                                                    self.gathers_under_forward(plan, s)))
         return total, exposed
+
+    def gathers_under_forward(self, plan: LayerPlan, s: LayerStrategy) -> bool:
+        """Whether ZeRO 1-2's gather of the updated weights runs under the next forward: with
+        Megatron-LM's ``--overlap-param-gather``, and where the runtime gathers each unit's weights
+        before its forward (FSDP without resharding); else after the optimizer step."""
+        return plan.overlap_param_gather or plan.runtime.data_parallel(s.tp, s.data_ranks, s.zero).gathers
 
     def optimizer_seconds(self, states: MemoryBreakdown) -> float:
         return optimizer_step_seconds(states, self.cluster.gpu, self.calibration)

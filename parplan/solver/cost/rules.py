@@ -157,11 +157,25 @@ def parameter_states(elems: float, prec: Precision, zero: int, zero_ranks: int, 
 
 def exposed_seconds(sync_seconds: float, gather_seconds: float, forward_seconds: float, backward_seconds: float,
                     microbatches: int) -> float:
-    """Seconds per step that overlap does not hide: gradient synchronisation runs during one
-    micro-batch's backward of the same operators, ZeRO-3's weight gathers during each
-    micro-batch's forward and backward (prefetched), as DDP and FSDP overlap them."""
-    return (max(0.0, sync_seconds - backward_seconds)
-            + microbatches * max(0.0, gather_seconds - forward_seconds - backward_seconds))
+    """Seconds per step of data-parallel traffic that overlap does not hide, as DDP and FSDP overlap
+    it. ``gather_seconds``: ZeRO-3's weight gathers of one micro-batch, half before its forward and
+    half before its backward (each prefetched under the compute of that pass); ``sync_seconds``: the
+    gradient reduction, once per ``microbatches``, during the backward of the last micro-batch, whose
+    backward weight gather runs then too: the two share one backward's time (the same network
+    links). ``backward_seconds`` counts what the backward pass runs (a recomputed forward too)."""
+    half = gather_seconds / 2
+    return (microbatches * max(0.0, half - forward_seconds)
+            + (microbatches - 1) * max(0.0, half - backward_seconds)
+            + max(0.0, sync_seconds + half - backward_seconds))
+
+
+def weight_gather_exposed_seconds(gather_seconds: float, forward_seconds: float, under_forward: bool) -> float:
+    """Seconds per step of ZeRO 1-2's all-gather of the updated weights that overlap does not hide.
+    It waits for the optimizer step, so it runs whole after it, unless the runtime gathers the
+    weights under the next step's forward (``under_forward``: Megatron-LM's
+    ``--overlap-param-gather``, FSDP without resharding, which gathers each unit before its
+    forward)."""
+    return max(0.0, gather_seconds - forward_seconds) if under_forward else gather_seconds
 
 
 def optimizer_step_seconds(states: MemoryBreakdown, gpu: GpuSpec, calibration: Calibration) -> float:

@@ -75,7 +75,8 @@ class OwnedParam:
 
 @dataclass(frozen=True)
 class OwnerOp:
-    """An operator's forward and backward seconds (one micro-batch) and the parameters it owns."""
+    """An operator's forward and backward seconds (one micro-batch; the backward pass's, its
+    recomputed forward included) and the parameters it owns."""
 
     forward_seconds: float
     backward_seconds: float
@@ -372,7 +373,7 @@ class GraphCosts:
                                         p.numel / lay.shards(mesh), p.id in self.shared_params,
                                         replicated and op.assignment[0] is not None, float(p.numel)))
             if owned:
-                c.owners.append(OwnerOp(f, b, tuple(owned)))
+                c.owners.append(OwnerOp(f, b + r, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:
             c.tp_comm_seconds = self._tp_comm(unit, s, env.tp_link, act, env.cp_link)
         if s.ep > 1 and env.ep_link is not None:

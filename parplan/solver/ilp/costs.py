@@ -15,10 +15,12 @@ Time (seconds per training step of ``m`` micro-batches):
   gradient that comes out partial is reduced on its edge, see :mod:`.resharding`);
 - parameter gradients are partial along axes that split the work but not the parameter: once per
   step, the operator's parameters together (one bucket), an all-reduce (ZeRO 0) or a
-  reduce-scatter plus an all-gather of the updated weights (ZeRO 1-2), hidden behind the
-  operator's backward of one micro-batch as far as that lasts; ZeRO-3 also all-gathers the
-  weights in every micro-batch's forward and backward, hidden behind that micro-batch's compute
-  as far as it lasts (:func:`~parplan.solver.cost.rules.exposed_seconds`, as the evaluator);
+  reduce-scatter (ZeRO 1-3), hidden behind the operator's backward of one micro-batch (its
+  recomputed forward included) as far as that lasts; ZeRO-3 also all-gathers the weights in every
+  micro-batch's forward and backward, each hidden behind that pass (the backward's shares its time
+  with the reduction) (:func:`~parplan.solver.cost.rules.exposed_seconds`, as the evaluator); ZeRO
+  1-2 all-gather the updated weights after the optimizer step, exposed, or under the next forward
+  where the runtime gathers before it (:func:`~parplan.solver.cost.rules.weight_gather_exposed_seconds`);
 - the optimizer step: reading gradients and optimizer states, writing weights and states;
 - vocabulary-parallel cross entropy all-reduces three per-token statistics; expert-parallel
   dispatch and combine each do an all-to-all forward and backward.
@@ -38,6 +40,7 @@ from parplan.solver.cost.collectives import (
     all_reduce_seconds,
     all_to_all_seconds,
     data_parallel_seconds,
+    weight_all_gather_seconds,
 )
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.memory import MemoryBreakdown
@@ -49,6 +52,7 @@ from parplan.solver.cost.rules import (
     optimizer_step_seconds,
     parameter_states,
     unit_parameter_numel,
+    weight_gather_exposed_seconds,
 )
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import _freeze
@@ -169,8 +173,10 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
     fwd, bwd, rec = op_seconds(node, g, ctx.gpu, ctx.calibration, prec, s, mesh, ctx.recompute, ctx.flash_attention,
                                ctx.runtime)
     seconds += m * (fwd + bwd + rec)
-    sync = 0.0  # once-per-step gradient traffic, hidden behind one micro-batch's backward
-    gathers = 0.0  # ZeRO-3 weight gathers of one micro-batch, hidden behind its compute
+    sync = 0.0  # once-per-step gradient reduction, under the last micro-batch's backward
+    gathers = 0.0  # ZeRO-3 weight gathers of one micro-batch, under its forward and backward
+    weight_gather = 0.0  # ZeRO 1-2's once-per-step gather of the updated weights, after the optimizer step
+    under_forward = False  # ... or under the next forward, where the runtime gathers before it (FSDP)
 
     # --- parameters it owns
     buckets: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}  # (data axes, other axes) -> elements
@@ -200,11 +206,16 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
             count = data_parallel_collectives(ctx.runtime, ctx.group_size(mesh.names) // dp, dp, s.zero, local,
                                               prec.grad_bytes, share)
             step, micro = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
-            sync += step
+            after = weight_all_gather_seconds(dp, weights, ctx.group_link(dp_axes), count) if s.zero in (1, 2) else 0.0
+            sync += step - after
+            weight_gather += after
             gathers += micro
-    # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward, ZeRO-3's
-    # gathers are prefetched during compute; only what exceeds that compute is exposed.
-    seconds += exposed_seconds(sync, gathers, fwd, bwd, m)
+            under_forward = ctx.runtime.data_parallel(ctx.group_size(mesh.names) // dp, dp, s.zero).gathers
+    # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward (with its
+    # recomputed forward), ZeRO-3's gathers are prefetched during compute; only what exceeds that
+    # compute is exposed. ZeRO 1-2's weight gather follows the optimizer step.
+    seconds += exposed_seconds(sync, gathers, fwd, bwd + rec, m)
+    seconds += weight_gather_exposed_seconds(weight_gather, fwd, weight_gather > 0 and under_forward)
     seconds += optimizer_step_seconds(MemoryBreakdown(**held), ctx.gpu, ctx.calibration)
 
     # --- operator-specific collectives
