@@ -110,3 +110,14 @@ def test_a_recomputed_forward_runs_in_the_backward_and_hides_traffic_too() -> No
                   for r in (Recompute.NONE, Recompute.FULL))
     assert none.dp_comm_seconds == full.dp_comm_seconds
     assert 0 < none.dp_exposed_seconds - full.dp_exposed_seconds <= full.recompute_seconds
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_fp8_training_moves_the_weights_in_their_own_type(zero: int) -> None:
+    """FP8 training keeps bf16 weights and casts their FP8 copies on each rank: the gathers move
+    bf16, as without FP8 (the copies double the resident bytes a weight costs, not the traffic)."""
+    g = _graph(1)
+    cluster = make_cluster(16, 1, "H100-80GB")
+    bf16, fp8 = (plan_time(g, ParallelConfig(dp=16, zero=zero, precision=p), cluster).stages[0]
+                 for p in ("bf16", "fp8"))
+    assert fp8.dp_comm_seconds == pytest.approx(bf16.dp_comm_seconds)

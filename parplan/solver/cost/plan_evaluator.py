@@ -470,11 +470,12 @@ class PlanEvaluator:
                 count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, e, prec.grad_bytes,
                                                   numel[expert] / unit_numel if unit_numel else 0.0)
                 link = self.data_link(plan, s, expert)
-                step, micro = data_parallel_seconds(n, e * prec.grad_bytes, e * prec.param_bytes, s.zero, link, count)
+                weights = e * prec.weight_transfer_bytes
+                step, micro = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)
                 sync += step
                 gathers += micro
                 if s.zero in (1, 2):
-                    param_gather += weight_all_gather_seconds(n, e * prec.param_bytes, link, count)
+                    param_gather += weight_all_gather_seconds(n, weights, link, count)
         if tp_partial:
             sync += all_reduce_seconds(s.tp, tp_partial * prec.grad_bytes, self.mesh(plan, s).link("tp", self.cluster))
         return sync, gathers, param_gather

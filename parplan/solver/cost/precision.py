@@ -33,6 +33,14 @@ class Precision:
         return self.master_bytes + self.optimizer_bytes
 
     @property
+    def weight_transfer_bytes(self) -> int:
+        """Bytes per weight element that data-parallel gathers and weight re-layouts move: the
+        weight in its own type. The FP8 copies are cast on each rank from the gathered weight
+        (Megatron-LM's distributed optimizer gathers the bf16 weights; torchtitan's FP8 all-gather
+        for FSDP2, ``enable_fsdp_float8_all_gather``, is off by default)."""
+        return self.param_bytes - (FP8_WEIGHT_COPY_BYTES if self.matmul_dtype == "fp8" else 0)
+
+    @property
     def model_state_bytes(self) -> int:
         """Bytes per parameter of weights, gradients and optimizer states together."""
         return self.param_bytes + self.grad_bytes + self.optimizer_state_bytes

@@ -197,7 +197,7 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
             other = tuple(a for a in partial if a not in data)
             buckets[(dp_axes, other)] = buckets.get((dp_axes, other), 0.0) + local
     for (dp_axes, other), local in buckets.items():
-        grads, weights = local * prec.grad_bytes, local * prec.param_bytes
+        grads, weights = local * prec.grad_bytes, local * prec.weight_transfer_bytes
         if other:
             sync += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
         if dp_axes:

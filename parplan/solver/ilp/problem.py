@@ -250,7 +250,7 @@ def complete_problem(gp: GraphProblem) -> None:
         pclasses[pkey] = pclasses.get(pkey, 0) + 1
     for (owner, opos, user, upos), count in pclasses.items():
         param = graph.node(graph.node(owner).inputs[opos])
-        total = param.numel * precision.param_bytes
+        total = param.numel * precision.weight_transfer_bytes
         owner_layouts = [input_layout(graph.node(owner), opos, graph, s, mesh) for s in strategies[owner]]
         user_layouts = [input_layout(graph.node(user), upos, graph, t, mesh) for t in strategies[user]]
         owner_classes, owner_reps = _classes(owner_layouts)

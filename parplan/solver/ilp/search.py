@@ -145,7 +145,7 @@ def certify(gp: GraphProblem, choice: dict[str, int]) -> Certificate:
         param = graph.node(owner_node.inputs[opos])
         src_layout = input_layout(owner_node, opos, graph, gp.strategy_of(owner, choice), mesh)
         dst_layout = input_layout(user_node, upos, graph, gp.strategy_of(user, choice), mesh)
-        seconds += ctx.microbatches * reshard_seconds(param.numel * ctx.precision.param_bytes, src_layout,
+        seconds += ctx.microbatches * reshard_seconds(param.numel * ctx.precision.weight_transfer_bytes, src_layout,
                                                       dst_layout, sizes, ctx.links)
     return Certificate(held, redundant, seconds, 0.0, 0.0)
 
