@@ -64,8 +64,15 @@ MIP_REL_GAP = 2e-3
 #: The feasibility-jump heuristic is off: on issue 10's cases it never gave the answer (the root LP
 #: of a time solve is integral; memory solves get their incumbents from rounding and sub-MIPs) and it
 #: took about 0.6 s of every t5-11b solve before the first LP.
+#: RINS and RENS are off: their sub-MIPs run HiGHS's presolve, whose inequality strengthening
+#: (``HPresolve::strengthenInequalities``, HiGHS 1.16) can loop without end and without looking at
+#: the time limit. A memory solve of gpt-3.6b on 8 A100s (batch 64, the time limit at 1.1x
+#: Megatron-LM's step) hung there, in RENS inside RINS's sub-MIP, for over ten minutes under a
+#: 20 s limit, and ``cancelSolve`` did not stop it (tests/data/highs_presolve_hang.mps.gz; HiGHS's
+#: own issue 2226 reports a like loop). With them off and presolve off, no presolve runs at all.
 HIGHS_OPTIONS: dict[str, str | bool] = {"presolve": "off", "mip_allow_restart": False,
-                                         "mip_heuristic_run_feasibility_jump": False}
+                                         "mip_heuristic_run_feasibility_jump": False,
+                                         "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
 
 
 @dataclass
@@ -532,17 +539,31 @@ def _run(f: _Formulation, timeout_seconds: float, backend: str, warm: bool = Fal
     return _run_cbc(f, timeout_seconds)
 
 
-def _run_highs(f: _Formulation, timeout_seconds: float, warm: bool) -> tuple[
-        Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
-    import highspy
-    import numpy as np
-
+def configured_highs(timeout_seconds: float) -> Any:
+    """A silent HiGHS instance with parplan's settings: the time limit (seconds), one thread, the
+    relative gap :data:`MIP_REL_GAP` and :data:`HIGHS_OPTIONS`."""
     h = _new_highs()
     h.setOptionValue("time_limit", float(timeout_seconds))
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
     for option, value in HIGHS_OPTIONS.items():
-        h.setOptionValue(option, value)
+        if h.setOptionValue(option, value) != _highs_ok():
+            raise SolverError(f"HiGHS refused its option {option}={value!r}")
+    return h
+
+
+def _highs_ok() -> Any:
+    import highspy
+
+    return highspy.HighsStatus.kOk
+
+
+def _run_highs(f: _Formulation, timeout_seconds: float, warm: bool) -> tuple[
+        Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
+    import highspy
+    import numpy as np
+
+    h = configured_highs(timeout_seconds)
     inf = h.getInfinity()
     n = len(f.names)
 
