@@ -52,10 +52,15 @@ UNDER = 0.02
 #: once inside the full suite at 0dde9ec (2026-11-24), the processes sharing 2 cores with nothing
 #: else of the matrix's: the peak depended on timing. Not reproduced since: 8 runs of this spec alone
 #: on 2026-11-24 (14:57-15:03 UTC, load average 6-18 from other test suites) all measured +0.39%,
-#: every rank the same bytes. Not diagnosed; an under-prediction until it is.
+#: every rank the same bytes. Not diagnosed; an under-prediction until it is. The Llama spec has it
+#: too: +4.8% on rank 0 in the full suite at 8199c36 (2026-11-25); alone +0.6% (2 runs); with three
+#: busy loops on the 2 cores, 1 run of 3 measured rank 0 at +1,472,000 bytes (+4.84%), the other
+#: ranks and runs +0.6%.
 KNOWN_GAPS: dict[str, tuple[float, str]] = {
     "gpt-tiny/zero3-dp4/none": (0.045, "G15: FSDP2 ZeRO-3's measured peak varies with timing (+0.4% to +3.9% "
                                        "seen); not diagnosed"),
+    "llama-tiny/zero3-dp4/none": (0.06, "G15: FSDP2 ZeRO-3's measured peak varies with timing (+0.6% to +4.8% "
+                                        "seen); not diagnosed"),
 }
 
 FULL = os.environ.get("PARPLAN_AGENT_MATRIX", "") == "full"
