@@ -51,7 +51,7 @@ UNDER = 0.02
 #: backend, not of FSDP2's schedule. Seen now and then with the 2 cores loaded (gpt +3.9% in the full
 #: suite at 0dde9ec, llama +4.8% on rank 0 at 8199c36; alone +0.4% / +0.6%, every rank the same
 #: bytes). gloo's worker thread drops a finished collective's work, and the tensors it references,
-#: only when it is next scheduled: of 300 synchronous all-gathers per rank on 4 ranks, 13-19% of the
+#: only when it is next scheduled: of 300 synchronous all-gathers per rank on 4 ranks, 12-19% of the
 #: outputs outlived the call and Python's last reference (bench/gloo_held_gathers.py). FSDP2's
 #: all-gather input is a slice of its output, so a held work keeps a whole gathered block alive
 #: after FSDP2 frees it. Holding each all-gather's tensors until the next one returns (the emulation
