@@ -90,21 +90,23 @@ def test_data_parallel_traffic_per_zero_stage() -> None:
         return grad_bytes / DP_BUCKET_BYTES
 
     assert data_parallel_seconds(4, g, w, 0, link, ddp(g)) == pytest.approx(
-        (32 * all_reduce_seconds(4, DP_BUCKET_BYTES, link), 0.0))
+        (32 * all_reduce_seconds(4, DP_BUCKET_BYTES, link), 0.0, 0.0))
     ag = 32 * all_gather_seconds(4, w / 32, link)
     rs = 32 * reduce_scatter_seconds(4, DP_BUCKET_BYTES, link)
-    assert data_parallel_seconds(4, g, w, 2, link, ddp(g)) == pytest.approx((rs + ag, 0.0))
+    zero2 = data_parallel_seconds(4, g, w, 2, link, ddp(g))
+    assert zero2 == pytest.approx((rs, ag, 0.0))  # the weights' gather follows the optimizer step
+    assert zero2.sync == pytest.approx(rs + ag)
     # ZeRO-3 keeps the updated weights sharded: no gather after the step, two in every micro-batch
-    assert data_parallel_seconds(4, g, w, 3, link, ddp(g)) == pytest.approx((rs, 2 * ag))
-    assert data_parallel_seconds(1, g, w, 3, link, ddp(g)) == (0.0, 0.0)
+    assert data_parallel_seconds(4, g, w, 3, link, ddp(g)) == pytest.approx((rs, 0.0, 2 * ag))
+    assert data_parallel_seconds(1, g, w, 3, link, ddp(g)) == (0.0, 0.0, 0.0)
     # one collective per pass (a unit's, under FSDP)
-    one = (reduce_scatter_seconds(4, g, link), 2 * all_gather_seconds(4, w, link))
+    one = (reduce_scatter_seconds(4, g, link), 0.0, 2 * all_gather_seconds(4, w, link))
     assert data_parallel_seconds(4, g, w, 3, link, collectives=1.0) == pytest.approx(one)
     halves = [data_parallel_seconds(4, g / 2, w / 2, 3, link, collectives=0.5) for _ in range(2)]
     assert tuple(map(sum, zip(*halves, strict=True))) == pytest.approx(one)
-    parts = [data_parallel_seconds(4, x, x / 2, 1, link, ddp(x))[0] for x in (1e5, 3e6, 7e7)]
+    parts = [data_parallel_seconds(4, x, x / 2, 1, link, ddp(x)).sync for x in (1e5, 3e6, 7e7)]
     total = 1e5 + 3e6 + 7e7
-    assert sum(parts) == pytest.approx(data_parallel_seconds(4, total, total / 2, 1, link, ddp(total))[0])
+    assert sum(parts) == pytest.approx(data_parallel_seconds(4, total, total / 2, 1, link, ddp(total)).sync)
 
 
 @pytest.mark.parametrize(("gpus", "per_node", "shape"), [(16, 8, (2, 8)), (16, 8, (8, 2)), (32, 8, (16, 2)),

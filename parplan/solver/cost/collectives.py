@@ -22,6 +22,7 @@ With this model all-reduce = reduce-scatter + all-gather of the same ``S`` exact
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from parplan.solver.cluster import Link
 from parplan.solver.errors import ConfigError
@@ -111,27 +112,41 @@ def _passes(n: int, size_bytes: float, link: Link, passes: int, collectives: flo
 
 
 def weight_all_gather_seconds(n: int, weight_bytes: float, link: Link, collectives: float) -> float:
-    """Of :func:`data_parallel_seconds`' once-per-step sync under ZeRO 1-2, the all-gather of the
-    updated weights (``weight_bytes``: their whole size) over ``n`` ranks."""
+    """The all-gather of ``weight_bytes`` of weights (their whole size) over ``n`` ranks, sent as
+    ``collectives`` collectives."""
     return 0.0 if n == 1 else _passes(n, weight_bytes, link, 1, collectives)
 
 
+class DataParallelTraffic(NamedTuple):
+    """Seconds of one group of parameters' data-parallel traffic, by when it runs: ``reduce`` the
+    gradients' reduction once a step, ``weight_gather`` ZeRO 1-2's all-gather of the updated weights
+    after the optimizer step, ``gathers`` one micro-batch's ZeRO-3 weight gathers (forward and
+    backward)."""
+
+    reduce: float
+    weight_gather: float
+    gathers: float
+
+    @property
+    def sync(self) -> float:
+        """The once-per-step traffic: the reduction and the weight gather after the step."""
+        return self.reduce + self.weight_gather
+
+
 def data_parallel_seconds(n: int, grad_bytes: float, weight_bytes: float, zero: int,
-                          link: Link, collectives: float) -> tuple[float, float]:
-    """(once-per-step gradient sync, one micro-batch's weight gathers) of parameters replicated
-    over ``n`` data-parallel ranks: an all-reduce of the gradients (ZeRO 0), a reduce-scatter and
-    an all-gather of the updated weights (ZeRO 1-2), a reduce-scatter alone (ZeRO-3, whose weights
-    stay sharded after the update); ZeRO-3 gathers the weights in every micro-batch's forward and
-    backward. ``collectives``: how many collectives of each pass these parameters account for
+                          link: Link, collectives: float) -> DataParallelTraffic:
+    """The traffic of parameters replicated over ``n`` data-parallel ranks: an all-reduce of the
+    gradients (ZeRO 0), a reduce-scatter and an all-gather of the updated weights (ZeRO 1-2), a
+    reduce-scatter alone (ZeRO-3, whose weights stay sharded after the update); ZeRO-3 gathers the
+    weights in every micro-batch's forward and backward. ``collectives``: how many collectives of
+    each pass these parameters account for
     (:func:`parplan.solver.cost.rules.data_parallel_collectives`)."""
     if n == 1:
-        return 0.0, 0.0
+        return DataParallelTraffic(0.0, 0.0, 0.0)
     if zero == 0:
-        sync = _passes(n, grad_bytes, link, 2, collectives)
-    elif zero >= 3:
-        sync = _passes(n, grad_bytes, link, 1, collectives)
-    else:
-        sync = _passes(n, grad_bytes, link, 1, collectives) + weight_all_gather_seconds(n, weight_bytes, link,
-                                                                                        collectives)
-    gathers = 2 * weight_all_gather_seconds(n, weight_bytes, link, collectives) if zero >= 3 else 0.0
-    return sync, gathers
+        return DataParallelTraffic(_passes(n, grad_bytes, link, 2, collectives), 0.0, 0.0)
+    reduce = _passes(n, grad_bytes, link, 1, collectives)
+    gather = weight_all_gather_seconds(n, weight_bytes, link, collectives)
+    if zero >= 3:
+        return DataParallelTraffic(reduce, 0.0, 2 * gather)
+    return DataParallelTraffic(reduce, gather, 0.0)

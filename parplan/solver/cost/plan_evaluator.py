@@ -38,7 +38,6 @@ from parplan.solver.cost.collectives import (
     all_to_all_seconds,
     data_parallel_seconds,
     p2p_seconds,
-    weight_all_gather_seconds,
 )
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
@@ -449,9 +448,9 @@ class PlanEvaluator:
 
     def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam],
                      prec: Precision, unit_numel: float) -> tuple[float, float, float]:
-        """(once-per-step gradient sync, one micro-batch's ZeRO-3 weight gathers, of the sync the
-        all-gather of updated weights under ZeRO 1-2) of one operator's
-        parameters, synchronised together: over their data-parallel group (dense: ``dp x cp`` ranks,
+        """(once-per-step gradient reduction, one micro-batch's ZeRO-3 weight gathers, ZeRO 1-2's
+        all-gather of the updated weights after the step) of one operator's parameters,
+        synchronised together: over their data-parallel group (dense: ``dp x cp`` ranks,
         experts: ``dp x cp / ep``), in the collectives the runtime groups them into
         (:func:`data_parallel_collectives`; ``unit_numel``: the elements of the parameters the unit
         reads, whose one collective the operator shares), and those TP replicates while the
@@ -463,7 +462,7 @@ class PlanEvaluator:
             elems[p.group.expert] += p.elems
             numel[p.group.expert] += p.numel
             tp_partial += p.elems if p.tp_partial else 0.0
-        sync = gathers = param_gather = 0.0
+        reduce = gathers = param_gather = 0.0
         for expert, e in elems.items():
             n = s.data_ranks // s.ep if expert else s.data_ranks
             if n > 1 and e:
@@ -471,14 +470,14 @@ class PlanEvaluator:
                                                   numel[expert] / unit_numel if unit_numel else 0.0)
                 link = self.data_link(plan, s, expert)
                 weights = e * prec.weight_transfer_bytes
-                step, micro = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)
-                sync += step
-                gathers += micro
-                if s.zero in (1, 2):
-                    param_gather += weight_all_gather_seconds(n, weights, link, count)
+                traffic = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)
+                reduce += traffic.reduce
+                param_gather += traffic.weight_gather
+                gathers += traffic.gathers
         if tp_partial:
-            sync += all_reduce_seconds(s.tp, tp_partial * prec.grad_bytes, self.mesh(plan, s).link("tp", self.cluster))
-        return sync, gathers, param_gather
+            tp_link = self.mesh(plan, s).link("tp", self.cluster)
+            reduce += all_reduce_seconds(s.tp, tp_partial * prec.grad_bytes, tp_link)
+        return reduce, gathers, param_gather
 
     def once_per_step(self, plan: LayerPlan, c: UnitCost, s: LayerStrategy, prec: Precision,
                       synced: set[str], own: bool = True, shared: bool = True) -> tuple[float, float]:
@@ -492,14 +491,13 @@ class PlanEvaluator:
         for op in c.owners:
             params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
             synced.update(p.id for p in params if p.shared)
-            sync, gathers, param_gather = self.sync_seconds(plan, s, params, prec, c.param_numel)
-            total += every * sync + m * gathers
-            reduce = sync - param_gather  # the gradients' reduction; ZeRO 1-2's weight gather follows the step
+            reduce, gathers, param_gather = self.sync_seconds(plan, s, params, prec, c.param_numel)
+            total += every * (reduce + param_gather) + m * gathers
             if not plan.overlap_grad_reduce:
                 # Megatron-LM without --overlap-grad-reduce: the reduction (with the distributed
                 # optimizer, its weight all-gather too) runs after the backward, none of it hidden
-                exposed += every * (sync + exposed_seconds(0.0, gathers, op.forward_seconds, op.backward_seconds,
-                                                           m // every))
+                exposed += every * (reduce + param_gather + exposed_seconds(0.0, gathers, op.forward_seconds,
+                                                                            op.backward_seconds, m // every))
             else:
                 exposed += every * (exposed_seconds(reduce, gathers, op.forward_seconds, op.backward_seconds,
                                                     m // every)

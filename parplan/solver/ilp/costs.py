@@ -40,7 +40,6 @@ from parplan.solver.cost.collectives import (
     all_reduce_seconds,
     all_to_all_seconds,
     data_parallel_seconds,
-    weight_all_gather_seconds,
 )
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.memory import MemoryBreakdown
@@ -205,17 +204,16 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
             share = 1.0 if ctx.zero3_per_operator else _unit_share(node, ctx)
             count = data_parallel_collectives(ctx.runtime, ctx.group_size(mesh.names) // dp, dp, s.zero, local,
                                               prec.grad_bytes, share)
-            step, micro = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
-            after = weight_all_gather_seconds(dp, weights, ctx.group_link(dp_axes), count) if s.zero in (1, 2) else 0.0
-            sync += step - after
-            weight_gather += after
-            gathers += micro
+            traffic = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
+            sync += traffic.reduce
+            weight_gather += traffic.weight_gather
+            gathers += traffic.gathers
             under_forward = ctx.runtime.data_parallel(ctx.group_size(mesh.names) // dp, dp, s.zero).gathers
     # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward (with its
     # recomputed forward), ZeRO-3's gathers are prefetched during compute; only what exceeds that
     # compute is exposed. ZeRO 1-2's weight gather follows the optimizer step.
     seconds += exposed_seconds(sync, gathers, fwd, bwd + rec, m)
-    seconds += weight_gather_exposed_seconds(weight_gather, fwd, weight_gather > 0 and under_forward)
+    seconds += weight_gather_exposed_seconds(weight_gather, fwd, under_forward)
     seconds += optimizer_step_seconds(MemoryBreakdown(**held), ctx.gpu, ctx.calibration)
 
     # --- operator-specific collectives
