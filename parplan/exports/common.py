@@ -65,7 +65,7 @@ class UniformPlan:
     cp: int = 1  # context-parallel degree (the sequence split over cp ranks)
     cp_comm: str = "p2p"  # attention's exchange under CP: the ring (p2p) or all-to-alls (a2a)
     tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap (set only by `parplan memory`)
-    overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather (likewise)
+    overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather (also set by the uniform search)
     overlap_grad_reduce: bool = True  # Megatron-LM's --overlap-grad-reduce (false only from `parplan memory`)
 
     @property

@@ -117,10 +117,15 @@ class UniformEvaluator:
         return self._costs[micro_batch]
 
     def config(self, c: Candidate) -> ParallelConfig:
+        """The candidate as a strategy. Under Megatron-LM's buffers the distributed optimizer (ZeRO-1
+        over more than one rank) runs with ``--overlap-param-gather``: it costs no memory and hides
+        the updated weights' all-gather under the next forward, so a plan without it is never the
+        better one (the export passes the flag on)."""
         return ParallelConfig(tp=c.tp, pp=c.pp, dp=c.dp, zero=c.zero, sequence_parallel=c.sp, recompute=c.recompute,
                               micro_batch=c.micro_batch, num_microbatches=self.global_batch // (c.micro_batch * c.dp),
                               precision=self.precision, runtime=self.runtime, schedule=c.schedule,
-                              virtual_stages=c.virtual, expert_parallel=c.ep)
+                              virtual_stages=c.virtual, expert_parallel=c.ep,
+                              overlap_param_gather=self.runtime is Runtime.MEGATRON and c.zero == 1 and c.dp > 1)
 
     def evaluate(self, c: Candidate) -> Evaluation | None:
         """The evaluation, or None when the strategy does not apply to the model (e.g. TP > heads)."""

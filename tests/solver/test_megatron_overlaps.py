@@ -85,3 +85,41 @@ def test_a_layer_plan_whose_blocks_cannot_use_its_overlap_is_refused() -> None:
     assert evaluator.time(plan).step_seconds > 0
     with pytest.raises(StrategyError, match="sequence parallelism"):
         evaluator.time(bad)
+
+
+def test_planned_megatron_plans_gather_the_optimizers_weights_under_the_next_forward() -> None:
+    """The uniform search and the baselines run Megatron-LM's distributed optimizer (ZeRO-1 over
+    more than one rank) with ``--overlap-param-gather``: the same bytes as without it, the weight
+    gather hidden (the step shorter by exactly that), and the export passes the flag on."""
+    from parplan.exports import export_plan
+    from parplan.solver.baselines import Candidate, UniformEvaluator
+    from parplan.solver.cost.activations import Recompute
+    from parplan.solver.cost.plan_memory import plan_memory
+    from parplan.solver.planner import parse_plan_request, solve
+    from parplan.solver.strategy import Schedule
+
+    req = parse_plan_request({"model": {"preset": "llama-3-8b"},
+                              "cluster": {"gpus": 16, "gpus_per_node": 8, "gpu": "H100-80GB"},
+                              "training": {"global_batch": 64, "seq_len": 4096}, "target": "megatron"})
+    doc = solve(req)
+    s = doc["strategy"]
+    assert (s["zero"], s["overlap_param_gather"]) == (1, True) and s["dp"] > 1
+    assert doc["baselines"]["megatron"]["strategy"]["overlap_param_gather"] is (
+        doc["baselines"]["megatron"]["strategy"]["zero"] == 1)
+    ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration)
+    c = Candidate(s["tp"], s["pp"], s["dp"], s["zero"], s["sequence_parallel"], Recompute(s["recompute"]),
+                  s["micro_batch"], Schedule(s["schedule"]), s["virtual_stages"], s["expert_parallel"])
+    over = ev.config(c)
+    plain = dataclasses.replace(over, overlap_param_gather=False)
+    g, costs = ev.graph(c.micro_batch), ev.costs(c.micro_batch)
+    t_over, t_plain = plan_time(g, over, req.cluster, req.calibration, costs), plan_time(g, plain, req.cluster,
+                                                                                          req.calibration, costs)
+    assert doc["time"]["step_seconds"] == pytest.approx(t_over.step_seconds, rel=1e-12)
+    assert plan_memory(g, over, costs).peak_bytes == plan_memory(g, plain, costs).peak_bytes
+    hidden = t_plain.stages[0].dp_exposed_seconds - t_over.stages[0].dp_exposed_seconds
+    assert hidden > 0 and t_plain.step_seconds - t_over.step_seconds == pytest.approx(hidden)
+    assert "--overlap-param-gather" in export_plan(doc, "megatron").files["megatron_args.txt"].splitlines()
+    # only the distributed optimizer over several ranks, and only Megatron-LM's
+    assert not ev.config(dataclasses.replace(c, zero=0)).overlap_param_gather
+    assert not UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len,
+                                runtime=Runtime.DEEPSPEED).config(c).overlap_param_gather
