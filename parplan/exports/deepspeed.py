@@ -79,5 +79,13 @@ def export_deepspeed(doc: Mapping[str, Any]) -> Export:
     if plan.recompute == "full":
         notes.append("full recomputation: wrap each transformer block's forward in "
                      "deepspeed.checkpointing.checkpoint")
+    runtime = doc["strategy"].get("runtime")
+    if runtime and runtime != TARGET:
+        notes.append(f"the plan was priced for runtime {runtime}; plan with --target deepspeed for DeepSpeed's "
+                     "buffers")
+    if plan.overlap_param_gather:
+        notes.append("the step time counts Megatron-LM's --overlap-param-gather (the updated weights' all-gather "
+                     "under the next forward); DeepSpeed gathers them after the optimizer step, so its step is "
+                     "longer than the plan's by up to that all-gather")
     text = json.dumps(cfg, indent=2) + "\n"
     return Export(TARGET, DEEPSPEED_VERSION, {"ds_config.json": text}, [launch], notes)

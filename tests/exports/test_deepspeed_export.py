@@ -126,3 +126,15 @@ def test_the_exported_buckets_are_what_the_deepspeed_runtime_prices() -> None:
         fixed = DEEPSPEED_BUCKET_BYTES + 2 * CUBLAS_WORKSPACE_BYTES
         assert ds.memory.bytes.temporary >= mega.memory.bytes.temporary + fixed
         assert ds.peak_bytes >= mega.peak_bytes + fixed
+
+
+def test_a_plan_priced_for_another_runtime_says_so() -> None:
+    """A target-any plan (Megatron-LM's buffers; its ZeRO-1 uniform plans run with
+    --overlap-param-gather) is exported with notes saying what DeepSpeed runs differently."""
+    s = {"tp": 1, "pp": 1, "dp": 8, "zero": 1, "num_microbatches": 2}
+    own = export_plan(doc_for("llama-2-7b", 8, s | {"runtime": "deepspeed"}), "deepspeed").notes
+    other = export_plan(doc_for("llama-2-7b", 8, s | {"runtime": "megatron", "overlap_param_gather": True}),
+                        "deepspeed").notes
+    assert not any("runtime" in n or "overlap-param-gather" in n for n in own)
+    assert any("priced for runtime megatron" in n for n in other)
+    assert any("--overlap-param-gather" in n for n in other)
