@@ -41,7 +41,7 @@ from parplan.solver.evaluate import evaluate
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig, Schedule
-from parplan.solver.time_accuracy import ACCURACY_FILE
+from parplan.solver.time_accuracy import ACCURACY_FILE, gpu_generation
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "published_runs.json")
 
@@ -209,7 +209,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
             "layout": strategy.describe() + (" fp8" if fp8 else ""), "published_s": published,
             "published_kind": "printed" if r.get("step_seconds") else "derived",
             "predicted_s": e.time.step_seconds, "ratio": e.time.step_seconds / published,
-            "assumed": ", ".join(assumed), "remark": remark, "stand_in": stand_in}
+            "assumed": ", ".join(assumed), "remark": remark, "stand_in": stand_in, "runtime": runtime.value}
 
 
 def measure() -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
@@ -246,15 +246,24 @@ def _table(rows: list[dict[str, Any]]) -> None:
               f"{x['assumed']} | {x['remark']} |")
 
 
+def _figures(ratios: list[float]) -> dict[str, Any]:
+    geo = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
+    return {"rows": len(ratios), "geometric_mean_ratio": round(geo, 3), "min_ratio": round(min(ratios), 3),
+            "max_ratio": round(max(ratios), 3), "within_10_percent": sum(1 for q in ratios if abs(q - 1) <= 0.10)}
+
+
 def summary(rows: list[dict[str, Any]], not_counted: int = 0) -> dict[str, Any]:
     """What a plan shows beside its time (parplan/solver/time_accuracy.json), over the counted rows
-    (``not_counted``: how many more were priced on a stand-in GPU)."""
-    ratios = [x["ratio"] for x in rows]
-    geo = math.exp(sum(math.log(q) for q in ratios) / len(ratios))
-    return {"rows": len(ratios), "sources": len({x["source"] for x in rows}),
-            "geometric_mean_ratio": round(geo, 3), "min_ratio": round(min(ratios), 3),
-            "max_ratio": round(max(ratios), 3), "within_10_percent": sum(1 for q in ratios if abs(q - 1) <= 0.10),
-            "not_counted": not_counted, "measured_by": "bench/time_model_accuracy.py"}
+    (``not_counted``: how many more were priced on a stand-in GPU), and ``by_kind``: the same
+    figures over the rows of each runtime on each GPU generation."""
+    kinds: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for x in rows:
+        kinds[(gpu_generation(x["gpu"]), x["runtime"])].append(x["ratio"])
+    whole = _figures([x["ratio"] for x in rows])
+    return {"rows": whole["rows"], "sources": len({x["source"] for x in rows}),
+            **{k: v for k, v in whole.items() if k != "rows"},
+            "not_counted": not_counted, "measured_by": "bench/time_model_accuracy.py",
+            "by_kind": [{"generation": g, "runtime": rt, **_figures(qs)} for (g, rt), qs in sorted(kinds.items())]}
 
 
 def main() -> None:
@@ -276,6 +285,11 @@ def main() -> None:
     for src, qs in sorted(by_source.items()):
         g = math.exp(sum(math.log(q) for q in qs) / len(qs))
         print(f"- {src}: {len(qs)} rows, geometric mean {g:.3f}, {min(qs):.2f} to {max(qs):.2f}")
+    print("\nby runtime and GPU generation (what a plan of that kind shows beside its time):")
+    for k in s["by_kind"]:
+        print(f"- runtime {k['runtime']} on {k['generation']}: {k['rows']} rows, geometric mean "
+              f"{k['geometric_mean_ratio']:.3f}, {k['min_ratio']:.2f} to {k['max_ratio']:.2f}, "
+              f"within 10%: {k['within_10_percent']}")
     if stand_in:
         qs = [x["ratio"] for x in stand_in]
         g = math.exp(sum(math.log(q) for q in qs) / len(qs))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,7 +121,7 @@ def _memory_table(doc: dict[str, Any]) -> str:
     lines += ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
               f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
     if t.get("accuracy"):
-        lines.append(f"           {t['accuracy']['note']}")
+        lines += textwrap.wrap(t["accuracy"]["note"], 100, initial_indent=" " * 11, subsequent_indent=" " * 11)
     return "\n".join(lines)
 
 
@@ -225,7 +226,7 @@ def _layer_table(doc: dict[str, Any]) -> str:
     lines += ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
               f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
     if t.get("accuracy"):
-        lines.append(f"           {t['accuracy']['note']}")
+        lines += textwrap.wrap(t["accuracy"]["note"], 100, initial_indent=" " * 11, subsequent_indent=" " * 11)
     return "\n".join(lines)
 
 

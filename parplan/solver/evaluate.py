@@ -79,7 +79,7 @@ class Evaluation:
                 "samples_per_second": s.global_batch / self.time.step_seconds if self.time.step_seconds else 0.0,
                 "bubble_fraction": self.time.bubble_fraction,
                 "calibration": self.calibration.source,
-                "accuracy": time_accuracy(self.calibration),
+                "accuracy": time_accuracy(self.calibration, self.cluster.gpu.name, s.runtime.value),
                 "stages": [{
                     "stage": t.stage, "forward_seconds": t.forward_seconds, "backward_seconds": t.backward_seconds,
                     "recompute_seconds": t.recompute_seconds, "tp_comm_seconds": t.tp_comm_seconds,

@@ -654,7 +654,7 @@ def per_layer_document(plan: Any, ev: Any, cluster: Cluster, calibration: Calibr
         "time": {"step_seconds": t.step_seconds, "tokens_per_second": t.tokens_per_second,
                  "samples_per_second": plan.global_batch / t.step_seconds if t.step_seconds else 0.0,
                  "bubble_fraction": t.bubble_fraction, "calibration": calibration.source,
-                 "accuracy": time_accuracy(calibration)},
+                 "accuracy": time_accuracy(calibration, cluster.gpu.name, plan.runtime.value)},
     }
 
 

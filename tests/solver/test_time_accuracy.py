@@ -46,3 +46,38 @@ def test_a_measured_calibration_was_never_compared_with_published_runs() -> None
     assert acc["published_runs"] is None
     assert "never compared" in acc["note"]
     assert time_accuracy(DEFAULT_CALIBRATION)["published_runs"] is not None
+
+
+def _kind(stored: dict[str, object], generation: str, runtime: str) -> object:
+    return next(k for k in stored["by_kind"] if k["generation"] == generation and k["runtime"] == runtime)  # type: ignore[attr-defined, index]
+
+
+def test_a_plan_shows_the_error_on_runs_of_its_runtime_and_gpu_generation() -> None:
+    """The whole benchmark's figure hides how the error varies by kind; a plan also shows its own
+    kind's (the H200 shares the H100's Hopper generation), or says there is none."""
+    from parplan.solver.cost.runtime import Runtime
+
+    stored = json.loads(ACCURACY_FILE.read_text())
+    a100 = evaluate(resolve_model("gpt-1.7b"), make_cluster(8, 8, "A100-80GB"), ParallelConfig(dp=8))
+    acc = a100.to_dict()["time"]["accuracy"]
+    assert acc["similar_runs"] == _kind(stored, "Ampere", "megatron")
+    assert f"the {acc['similar_runs']['rows']} of runtime megatron on Ampere GPUs" in acc["note"]
+    h200 = evaluate(resolve_model("llama-3-8b"), make_cluster(8, 8, "H200-141GB"),
+                    ParallelConfig(dp=8, zero=3, runtime=Runtime.TORCHTITAN))
+    assert h200.to_dict()["time"]["accuracy"]["similar_runs"] == _kind(stored, "Hopper", "torchtitan")
+    l4 = evaluate(resolve_model("gpt-1.7b"), make_cluster(8, 8, "L4"), ParallelConfig(dp=8, zero=3))
+    acc = l4.to_dict()["time"]["accuracy"]
+    assert acc["similar_runs"] is None and "none of runtime megatron on L4 GPUs" in acc["note"]
+    assert time_accuracy(DEFAULT_CALIBRATION)["similar_runs"] is None  # no plan: no kind
+
+
+def test_every_search_documents_its_times_accuracy() -> None:
+    from parplan.solver.planner import parse_plan_request, solve
+
+    stored = json.loads(ACCURACY_FILE.read_text())
+    for search in ("ilp", "dp"):
+        doc = solve(parse_plan_request({"model": {"preset": "gpt-1.7b"},
+                                        "cluster": {"gpus": 4, "gpus_per_node": 4, "gpu": "A100-80GB"},
+                                        "training": {"global_batch": 8}, "search": search}))
+        acc = doc["time"]["accuracy"]
+        assert acc["published_runs"] == stored and acc["similar_runs"] == _kind(stored, "Ampere", "megatron"), search

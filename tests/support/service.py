@@ -129,10 +129,22 @@ def redis_available(url: str = REDIS_URL) -> str | None:
         return f"{e.__class__.__name__}: {e}"
 
 
-def truncate_all(engine: Engine) -> None:
+def truncate_all(engine: Engine, attempts: int = 5) -> None:
+    """Empty every table. A process a test started may still be finishing a transaction (a worker
+    resumed after SIGSTOP, a solver child in its own session); PostgreSQL then may pick the
+    TRUNCATE as a deadlock's victim (seen once after test_hung_worker), so it is tried again."""
+    from sqlalchemy.exc import OperationalError
+
     names = ", ".join(t.name for t in Base.metadata.sorted_tables)
-    with engine.begin() as c:
-        c.execute(text(f"TRUNCATE {names} CASCADE"))
+    for attempt in range(attempts):
+        try:
+            with engine.begin() as c:
+                c.execute(text(f"TRUNCATE {names} CASCADE"))
+            return
+        except OperationalError as e:
+            if "deadlock" not in str(e).lower() or attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 @contextlib.contextmanager

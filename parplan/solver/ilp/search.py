@@ -59,6 +59,7 @@ from parplan.solver.ilp.problem import (
 from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes, partial_gradient_axes
 from parplan.solver.ir import Graph
 from parplan.solver.progress import ProgressFn
+from parplan.solver.time_accuracy import time_accuracy
 
 #: Candidates per operator kept on 3-D meshes (1-D and 2-D meshes keep all: exact).
 MAX_STRATEGIES_3D = 16
@@ -431,7 +432,8 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
             "breakdown": breakdown.as_dict(), "redundant": cert.redundant.as_dict(),
         },
         "time": {"step_seconds": step, "tokens_per_second": tokens / step if step else 0.0,
-                 "samples_per_second": b * m / step if step else 0.0},
+                 "samples_per_second": b * m / step if step else 0.0, "calibration": gp.ctx.calibration.source,
+                 "accuracy": time_accuracy(gp.ctx.calibration, cluster.gpu.name, gp.ctx.runtime.value)},
         "solver": {
             "method": "ilp", "status": status, "seconds": seconds, "gap": r.gap, "backend": r.backend,
             "objective": objective, "ilp_objective": r.objective, "best_time_seconds": best_time,
