@@ -37,6 +37,7 @@ def plan_table(doc: dict[str, Any], pareto: bool = False) -> str:
             lines.append(f"  {cat:<22s} {gib(mem['breakdown'][cat])}  {gib(mem['redundant'][cat])}")
         lines.append(f"  {'peak':<22s} {gib(mem['peak_bytes'])}")
         lines.append(f"step time {doc['time']['step_seconds']:.3f} s, {doc['time']['tokens_per_second']:,.0f} tokens/s")
+        lines += _accuracy_line(doc["time"].get("accuracy"))
     lines += ["", "baselines            peak GiB   step s   memory ratio  throughput ratio   strategy"]
     for name, b in doc["baselines"].items():
         if b is None:
@@ -80,3 +81,17 @@ def write_export(exported: dict[str, Any], out: Path) -> list[str]:
     return sorted(exported["files"])
 
 
+
+
+def _accuracy_line(acc: dict[str, Any] | None) -> list[str]:
+    """How far the time model was from published runs of the plan's kind (``time.accuracy``)."""
+    if not acc:
+        return []
+    sim = acc.get("similar_runs")
+    if sim:
+        return [f"          on {sim['rows']} published runs of runtime {sim['runtime']} on {sim['generation']}: "
+                f"predicted / published {sim['geometric_mean_ratio']:.2f} ({sim['min_ratio']:.2f}-"
+                f"{sim['max_ratio']:.2f})"]
+    if acc.get("published_runs") is None:
+        return [f"          calibration {acc.get('calibration')}: never compared with published runs"]
+    return ["          no published run of this runtime on this GPU generation to compare with"]

@@ -227,3 +227,21 @@ def test_ilp_plan_json_is_not_corrupted_by_the_solver_banner() -> None:
                        capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["strategy"]["kind"] == "intra-operator"
+
+
+def test_plan_and_memory_print_the_time_models_error_on_runs_of_their_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under the step time: the published runs of the plan's runtime on its GPU generation (from
+    ``time.accuracy.similar_runs``), or that there are none."""
+    stored = json.loads((Path(__file__).parents[2] / "parplan" / "solver" / "time_accuracy.json").read_text())
+    ampere = next(k for k in stored["by_kind"] if (k["generation"], k["runtime"]) == ("Ampere", "megatron"))
+    assert main(["plan", "--model", "gpt-1.7b", "--gpus", "8", "--gpu", "A100-80GB", "--global-batch", "16",
+                 "--target", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert (f"on {ampere['rows']} published runs of runtime megatron on Ampere: predicted / published "
+            f"{ampere['geometric_mean_ratio']:.2f}") in out
+    assert main(["plan", "--model", "gpt-1.7b", "--gpus", "8", "--gpu", "L4", "--global-batch", "16",
+                 "--target", "deepspeed"]) == 0
+    assert "no published run of this runtime on this GPU generation" in capsys.readouterr().out
+    assert main(["memory", "--model", "gpt-1.7b", "--gpus", "8", "--gpu", "L4", "--tp", "1", "--pp", "1",
+                 "--zero", "3"]) == 0
+    assert "none of runtime megatron on L4 GPUs" in " ".join(capsys.readouterr().out.split())
