@@ -136,6 +136,11 @@ _IB_NDR = Link(bandwidth_bytes_per_s=50e9, latency_seconds=8e-6)
 _ETH_25G = Link(bandwidth_bytes_per_s=3.125e9, latency_seconds=15e-6)
 
 
+def gpu_family(name: str) -> str:
+    """A GPU preset's name without its memory size (``H100-80GB`` -> ``H100``; ``L4`` -> ``L4``)."""
+    return name.rsplit("-", 1)[0] if name.endswith("GB") else name
+
+
 def _v100(memory_gib: int) -> GpuSpec:
     # NVIDIA Tesla V100 datasheet (SXM2): FP32 15.7 TFLOPS, tensor (FP16) 125 TFLOPS, HBM2 900 GB/s.
     # No bf16 / tf32 / fp8 math.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from parplan.solver.calibration import Calibration
+from parplan.solver.cluster import gpu_family
 
 ACCURACY_FILE = Path(__file__).with_name("time_accuracy.json")
 
@@ -40,7 +41,7 @@ GENERATIONS = {"A100": "Ampere", "H100": "Hopper", "H200": "Hopper"}
 def gpu_generation(gpu: str) -> str:
     """The generation of a GPU preset's name (``H100-80GB`` -> ``Hopper``); a family without one
     (``V100``) is its own."""
-    family = gpu.rsplit("-", 1)[0] if gpu.endswith("GB") else gpu
+    family = gpu_family(gpu)
     return GENERATIONS.get(family, family)
 
 

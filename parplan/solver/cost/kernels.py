@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from parplan.solver.calibration import Calibration
-from parplan.solver.cluster import GpuSpec
+from parplan.solver.cluster import GpuSpec, gpu_family
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.ir import Graph, Node, OpKind, attention_dims, parse_equation
 
@@ -112,8 +112,7 @@ KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
 
 def kernel_spec(gpu: GpuSpec) -> KernelSpec | None:
     """The :data:`KERNELS` entry of ``gpu``'s family (None for a GPU parplan has no figures for)."""
-    family = gpu.name.rsplit("-", 1)[0] if gpu.name[-2:] == "GB" else gpu.name
-    return KERNELS.get(family)
+    return KERNELS.get(gpu_family(gpu.name))
 
 
 def attention_kernel(runtime: Runtime) -> str:
