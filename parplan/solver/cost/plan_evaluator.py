@@ -34,6 +34,7 @@ from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.collectives import (
+    DataParallelTraffic,
     all_reduce_seconds,
     all_to_all_seconds,
     data_parallel_seconds,
@@ -447,9 +448,8 @@ class PlanEvaluator:
         return gc.unit_cost(u, s.unit(plan.flash_attention, plan.runtime), prec, env)
 
     def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam],
-                     prec: Precision, unit_numel: float) -> tuple[float, float, float]:
-        """(once-per-step gradient reduction, one micro-batch's ZeRO-3 weight gathers, ZeRO 1-2's
-        all-gather of the updated weights after the step) of one operator's parameters,
+                     prec: Precision, unit_numel: float) -> DataParallelTraffic:
+        """The data-parallel traffic (:class:`DataParallelTraffic`) of one operator's parameters,
         synchronised together: over their data-parallel group (dense: ``dp x cp`` ranks,
         experts: ``dp x cp / ep``), in the collectives the runtime groups them into
         (:func:`data_parallel_collectives`; ``unit_numel``: the elements of the parameters the unit
@@ -462,7 +462,7 @@ class PlanEvaluator:
             elems[p.group.expert] += p.elems
             numel[p.group.expert] += p.numel
             tp_partial += p.elems if p.tp_partial else 0.0
-        reduce = gathers = param_gather = 0.0
+        reduce = weight_gather = gathers = 0.0
         for expert, e in elems.items():
             n = s.data_ranks // s.ep if expert else s.data_ranks
             if n > 1 and e:
@@ -472,12 +472,12 @@ class PlanEvaluator:
                 weights = e * prec.weight_transfer_bytes
                 traffic = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)
                 reduce += traffic.reduce
-                param_gather += traffic.weight_gather
+                weight_gather += traffic.weight_gather
                 gathers += traffic.gathers
         if tp_partial:
             tp_link = self.mesh(plan, s).link("tp", self.cluster)
             reduce += all_reduce_seconds(s.tp, tp_partial * prec.grad_bytes, tp_link)
-        return reduce, gathers, param_gather
+        return DataParallelTraffic(reduce, weight_gather, gathers)
 
     def once_per_step(self, plan: LayerPlan, c: UnitCost, s: LayerStrategy, prec: Precision,
                       synced: set[str], own: bool = True, shared: bool = True) -> tuple[float, float]:
@@ -491,17 +491,17 @@ class PlanEvaluator:
         for op in c.owners:
             params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
             synced.update(p.id for p in params if p.shared)
-            reduce, gathers, param_gather = self.sync_seconds(plan, s, params, prec, c.param_numel)
-            total += every * (reduce + param_gather) + m * gathers
+            t = self.sync_seconds(plan, s, params, prec, c.param_numel)
+            total += every * t.sync + m * t.gathers
             if not plan.overlap_grad_reduce:
                 # Megatron-LM without --overlap-grad-reduce: the reduction (with the distributed
                 # optimizer, its weight all-gather too) runs after the backward, none of it hidden
-                exposed += every * (reduce + param_gather + exposed_seconds(0.0, gathers, op.forward_seconds,
-                                                                            op.backward_seconds, m // every))
+                exposed += every * (t.sync + exposed_seconds(0.0, t.gathers, op.forward_seconds,
+                                                             op.backward_seconds, m // every))
             else:
-                exposed += every * (exposed_seconds(reduce, gathers, op.forward_seconds, op.backward_seconds,
+                exposed += every * (exposed_seconds(t.reduce, t.gathers, op.forward_seconds, op.backward_seconds,
                                                     m // every)
-                                    + weight_gather_exposed_seconds(param_gather, op.forward_seconds,
+                                    + weight_gather_exposed_seconds(t.weight_gather, op.forward_seconds,
                                                                     self.gathers_under_forward(plan, s)))
         return total, exposed
 
