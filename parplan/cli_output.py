@@ -81,8 +81,6 @@ def write_export(exported: dict[str, Any], out: Path) -> list[str]:
     return sorted(exported["files"])
 
 
-
-
 def _accuracy_line(acc: dict[str, Any] | None) -> list[str]:
     """How far the time model was from published runs of the plan's kind (``time.accuracy``)."""
     if not acc:

@@ -58,7 +58,7 @@ UNDER = 0.02
 #: in that script) measures the llama spec at 36,415,656 bytes, +1,472,000 over the usual peak: the
 #: figure of the failing CI run to the byte; the gpt spec +4.35%. How long gloo holds a work is a
 #: matter of scheduling, so no rule of the model bounds it; the cost model keeps FSDP2's own
-#: schedule (runtime ``torch-cpu`` = ``torch``'s rules), and the bound below is the emulated worst
+#: schedule (runtime ``torch-cpu`` holds FSDP2's buffers as ``torch`` does), and the bound below is the emulated worst
 #: case plus a margin. NCCL is not known to do this (FSDP2 on a GPU frees its buffers on the
 #: caller's thread, stream-ordered); unmeasured: no multi-GPU machine yet.
 KNOWN_GAPS: dict[str, tuple[float, str]] = {

@@ -29,6 +29,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -133,8 +134,6 @@ def truncate_all(engine: Engine, attempts: int = 5) -> None:
     """Empty every table. A process a test started may still be finishing a transaction (a worker
     resumed after SIGSTOP, a solver child in its own session); PostgreSQL then may pick the
     TRUNCATE as a deadlock's victim (seen once after test_hung_worker), so it is tried again."""
-    from sqlalchemy.exc import OperationalError
-
     names = ", ".join(t.name for t in Base.metadata.sorted_tables)
     for attempt in range(attempts):
         try:
