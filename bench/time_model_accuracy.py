@@ -260,9 +260,7 @@ def summary(rows: list[dict[str, Any]], not_counted: int = 0) -> dict[str, Any]:
     kinds: dict[tuple[str, str], list[float]] = defaultdict(list)
     for x in rows:
         kinds[(gpu_generation(x["gpu"]), x["runtime"])].append(x["ratio"])
-    whole = _figures([x["ratio"] for x in rows])
-    return {"rows": whole["rows"], "sources": len({x["source"] for x in rows}),
-            **{k: v for k, v in whole.items() if k != "rows"},
+    return {**_figures([x["ratio"] for x in rows]), "sources": len({x["source"] for x in rows}),
             "not_counted": not_counted, "measured_by": "bench/time_model_accuracy.py",
             "by_kind": [{"generation": g, "runtime": rt, **_figures(qs)} for (g, rt), qs in sorted(kinds.items())]}
 
