@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.collectives import (
     DataParallelTraffic,
     all_reduce_seconds,
@@ -52,7 +53,7 @@ from parplan.solver.cost.rules import (
     parameter_states,
     weight_gather_exposed_seconds,
 )
-from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.runtime import DataParallelBuffers, Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, OwnedParam, ParamGroup, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
@@ -135,7 +136,9 @@ class LayerPlan:
 CostsFor = Callable[[int], GraphCosts]
 
 
-def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_block: bool) -> float:
+def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_block: bool,
+                         profile: BackwardProfile | None = None, forward_transient: float = 0.0,
+                         dp: DataParallelBuffers | None = None) -> float:
     """Buffers one unit adds at its own peak, on top of the stage's resident memory.
 
     Backward materialises a weight's gradient and its input's gradient before accumulating them
@@ -146,13 +149,26 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     :mod:`.peak`). A sequence-parallel gather counts with the workspace (backward gathers a column-
     parallel linear's input again while it makes the gradients: the walk has both at once, found by
     ``tests/solver/test_dp_bound.py`` on gpt-1.7b at tp 2 with sequence parallelism); the logits'
-    gradient and the context-parallel buffers are peaks of their own.
+    gradient and the context-parallel buffers are peaks of their own. ``profile``: the unit's
+    backward as the walk follows it, whose busiest moment (its saved tensors not yet freed and the
+    running operator's gradients) may hold more than its saved tensors and the largest workspace
+    (an operator's incoming gradient besides its own; found by the same test on gpt-1.7b at dp 2,
+    selective recomputation, 18 MiB above); ``forward_transient``: what its forward holds at once
+    beyond what it saves. A block that gathers its weights (``dp``) holds at that moment its own
+    copy, the next block's prefetched (unless blocks keep theirs from forward), the reduce buffers
+    and its unsharded gradients (part of ``profile``'s ``peak_unsharded``), and under full
+    recomputation the rebuilt block too (3% above at ZeRO-3 in the same test).
     """
     workspace = c.grad_workspace_bytes + c.sp_gather_bytes
     peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
-               c.logits_grad_bytes, c.cp_buffer_bytes)
+               c.logits_grad_bytes, c.cp_buffer_bytes, forward_transient,
+               profile.peak - c.act_bytes if profile is not None else 0.0)
     if s.zero >= 3 and is_block:
         peak = max(peak, c.param_elems_all * (prec.param_bytes + 3 * prec.grad_bytes) + workspace)
+    if is_block and dp is not None and dp.gathers and profile is not None:
+        copies = 1 if dp.kept_from_forward else 2
+        peak = max(peak, c.param_elems_all * (copies * prec.param_bytes + dp.reduce_buffers * prec.grad_bytes)
+                   + profile.peak_unsharded - c.act_bytes)
     return peak
 
 

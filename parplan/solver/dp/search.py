@@ -84,6 +84,8 @@ class UnitRow:
     root: np.ndarray  # parameter elements outside the blocks (ZeRO-3 keeps them gathered)
     largest: np.ndarray  # the largest parameter tensor's elements
     microbatch: np.ndarray  # of ``time``: seconds of one micro-batch (forward, backward, recompute, TP)
+    #: a block's all-gather output buffer that stays until the forward ends (FSDP2), bytes
+    gather_buffer: np.ndarray
 
 
 @dataclass
@@ -184,7 +186,7 @@ class DpSearch:
             return cached
         plan = self.probe_plan(pp, m)
         n = len(strats)
-        r = UnitRow(*(np.zeros(n) for _ in range(8)))
+        r = UnitRow(*(np.zeros(n) for _ in range(9)))
         for j, s in enumerate(strats):
             c = self.ev.unit_cost(plan, unit, s, self.prec, timed=True)
             states = model_states(c.params, s, self.prec)
@@ -195,7 +197,13 @@ class DpSearch:
             r.microbatch[j] = mb
             r.states[j] = states.bytes.total
             r.act[j] = c.act_bytes
-            r.temp[j] = unit_temporary_bytes(c, s, self.prec, unit in self._block_set)
+            gc, us = self.costs_for(plan.local_batch(s)), s.unit(self.flash, plan.runtime)
+            dp = plan.runtime.data_parallel(s.tp, s.data_ranks, s.zero)
+            r.temp[j] = unit_temporary_bytes(c, s, self.prec, unit in self._block_set,
+                                             gc.backward_profile(unit, us, self.prec),
+                                             gc.forward_transient(unit, us, self.prec), dp)
+            if unit in self._block_set and dp.gathers and dp.gather_buffer:
+                r.gather_buffer[j] = c.param_elems_all * self.prec.param_bytes
             r.root[j] = 0.0 if unit in self._block_set else c.param_elems_all
             r.largest[j] = c.largest_param_elems
             if unit in self._block_set:
@@ -236,13 +244,16 @@ class DpSearch:
         current = 0
         root = np.zeros(n_s)
         largest = np.zeros(n_s)
+        buffer = np.zeros(n_s)  # the last block's gather buffer, alive through the forward of the units after it
         for u in units:  # non-block units are priced with the block before them (or the first)
             current = row_of.get(u, current)
             r = self.row(pp, m, u, strats)
             t[current] += r.time
             per_mb[current] += r.microbatch
             mem[current] += r.states + r.act * flight
-            temp[current] = np.maximum(temp[current], r.temp)
+            temp[current] = np.maximum(temp[current], r.temp if u in row_of else r.temp + buffer)
+            if u in row_of:
+                buffer = r.gather_buffer
             root += r.root
             largest = np.maximum(largest, r.largest)
         pieces: dict[tuple[int, UnitStrategy], tuple[dict[ParamGroup, float], float, float, float]] = {}
