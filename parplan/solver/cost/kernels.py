@@ -62,10 +62,14 @@ class KernelSpec:
     sms: int
     gemm: Mapping[str, float]
     attention: Mapping[str, float]
+    #: thread blocks (CTAs) one NCCL ring collective's kernel runs, each holding an SM to itself
+    #: while the collective runs (None: not known for this generation)
+    collective_ctas: int | None = None
 
 
-def _spec(sms: int, gemm: dict[str, float], attention: dict[str, float]) -> KernelSpec:
-    return KernelSpec(sms, MappingProxyType(gemm), MappingProxyType(attention))
+def _spec(sms: int, gemm: dict[str, float], attention: dict[str, float],
+          collective_ctas: int | None = None) -> KernelSpec:
+    return KernelSpec(sms, MappingProxyType(gemm), MappingProxyType(attention), collective_ctas)
 
 
 #: Dtypes the tensor cores run: the tile model applies to them. fp32 runs on the CUDA cores, whose
@@ -99,10 +103,17 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   less backward (Dao 2023).
 #: - V100, L4, RTX 4090: no measurement used; the calibration's efficiencies are the ceiling (the
 #:   tile model still applies).
+#: - Collective CTAs 24 on A100 and H100/H200: NCCL runs a ring collective as one kernel of one CTA
+#:   per channel, and a CTA of NCCL does not share its SM with a compute kernel (NCCL's maintainers,
+#:   NVIDIA/nccl issue #1656). Traces published with their CTA counts: an all-reduce on a DGX A100
+#:   runs 24 CTAs (NVIDIA/nccl issue #1225); FSDP's all-gather on an H100 runs 24 blocks, which pushed
+#:   a 132-tile GEMM into a second wave (NVIDIA developer forum, "Compute-Communication Overlap Causes
+#:   Severe GEMM Performance Degradation because of Tail Effect", 2025). Not measured here (the lent
+#:   machines had one GPU). Other GPUs: unknown, no slowdown priced.
 KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
-    "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": 0.60, "sdpa": 0.60}),
-    "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60}, {"fused": 0.60, "sdpa": 0.37}),
-    "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60}, {"fused": 0.60, "sdpa": 0.37}),
+    "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": 0.60, "sdpa": 0.60}, 24),
+    "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60}, {"fused": 0.60, "sdpa": 0.37}, 24),
+    "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60}, {"fused": 0.60, "sdpa": 0.37}, 24),
     "MI300X": _spec(304, {"bf16": 0.60, "fp16": 0.60}, {}),
     "V100": _spec(80, {}, {}),
     "L4": _spec(58, {}, {}),
@@ -113,6 +124,17 @@ KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
 def kernel_spec(gpu: GpuSpec) -> KernelSpec | None:
     """The :data:`KERNELS` entry of ``gpu``'s family (None for a GPU parplan has no figures for)."""
     return KERNELS.get(gpu_family(gpu.name))
+
+
+def collective_sm_share(gpu: GpuSpec) -> float:
+    """The share of ``gpu``'s SMs a data-parallel collective's kernel holds while it runs (its CTAs
+    over the SMs, :data:`KERNELS`), which the compute it overlaps runs without; 0 where unknown.
+    A lower bound of the slowdown: a GEMM whose tiles filled every SM in whole waves loses a wave's
+    tail besides."""
+    spec = kernel_spec(gpu)
+    if spec is None or spec.collective_ctas is None:
+        return 0.0
+    return spec.collective_ctas / spec.sms
 
 
 def attention_kernel(runtime: Runtime) -> str:

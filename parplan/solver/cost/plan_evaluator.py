@@ -41,6 +41,7 @@ from parplan.solver.cost.collectives import (
     data_parallel_seconds,
     p2p_seconds,
 )
+from parplan.solver.cost.kernels import collective_sm_share
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
 from parplan.solver.cost.pipeline import in_flight_microbatches, interleaved_rank_order, stage_of_units
@@ -342,6 +343,12 @@ class PlanEvaluator:
             raise StrategyError("a cluster is needed to price time")
         return self._cluster
 
+    @property
+    def collective_slowdown(self) -> float:
+        """The share of the compute lost while data-parallel traffic runs under it
+        (:func:`~parplan.solver.cost.kernels.collective_sm_share`)."""
+        return collective_sm_share(self.cluster.gpu)
+
     # ---------------------------------------------------------------- structure
     def units(self, plan: LayerPlan) -> tuple[dict[str, int], list[list[str]]]:
         """Every unit's pipeline stage (device), and each stage's units in forward order (kept per
@@ -504,6 +511,7 @@ class PlanEvaluator:
         m = plan.num_microbatches
         # gradient syncs per step
         every = m if plan.sync_every_microbatch or plan.runtime.reduces_every_microbatch(plan.pp > 1) else 1
+        slowdown = self.collective_slowdown
         for op in c.owners:
             params = [p for p in op.params if (shared and p.shared and p.id not in synced) or (own and not p.shared)]
             synced.update(p.id for p in params if p.shared)
@@ -513,12 +521,12 @@ class PlanEvaluator:
                 # Megatron-LM without --overlap-grad-reduce: the reduction (with the distributed
                 # optimizer, its weight all-gather too) runs after the backward, none of it hidden
                 exposed += every * (t.sync + exposed_seconds(0.0, t.gathers, op.forward_seconds,
-                                                             op.backward_seconds, m // every))
+                                                             op.backward_seconds, m // every, slowdown))
             else:
                 exposed += every * (exposed_seconds(t.reduce, t.gathers, op.forward_seconds, op.backward_seconds,
-                                                    m // every)
+                                                    m // every, slowdown)
                                     + weight_gather_exposed_seconds(t.weight_gather, op.forward_seconds,
-                                                                    self.gathers_under_forward(plan, s)))
+                                                                    self.gathers_under_forward(plan, s), slowdown))
         return total, exposed
 
     def gathers_under_forward(self, plan: LayerPlan, s: LayerStrategy) -> bool:

@@ -155,27 +155,42 @@ def parameter_states(elems: float, prec: Precision, zero: int, zero_ranks: int, 
     return MemoryBreakdown(**held), MemoryBreakdown(**redundant)
 
 
+def hidden_traffic_seconds(traffic_seconds: float, compute_seconds: float, slowdown: float) -> float:
+    """Seconds of ``traffic_seconds`` of communication run under ``compute_seconds`` of compute that
+    the pair adds to the compute: the traffic beyond the compute, and at least ``slowdown`` of the
+    traffic (the share of the GPU's SMs its collective's kernels hold, :func:`~parplan.solver.cost.
+    kernels.collective_sm_share`: the compute runs on the rest while both run).
+
+    With the compute at ``1 − slowdown`` of its speed while the traffic runs, the pair takes
+    ``max(traffic, compute + slowdown · traffic)``; this returns that less the compute."""
+    if traffic_seconds <= 0:
+        return 0.0
+    return max(traffic_seconds - compute_seconds, slowdown * traffic_seconds)
+
+
 def exposed_seconds(sync_seconds: float, gather_seconds: float, forward_seconds: float, backward_seconds: float,
-                    microbatches: int) -> float:
+                    microbatches: int, slowdown: float = 0.0) -> float:
     """Seconds per step of data-parallel traffic that overlap does not hide, as DDP and FSDP overlap
     it. ``gather_seconds``: ZeRO-3's weight gathers of one micro-batch, half before its forward and
     half before its backward (each prefetched under the compute of that pass); ``sync_seconds``: the
     gradient reduction, once per ``microbatches``, during the backward of the last micro-batch, whose
     backward weight gather runs then too: the two share one backward's time (the same network
-    links). ``backward_seconds`` counts what the backward pass runs (a recomputed forward too)."""
+    links). ``backward_seconds`` counts what the backward pass runs (a recomputed forward too).
+    ``slowdown``: the compute lost while the traffic runs (:func:`hidden_traffic_seconds`)."""
     half = gather_seconds / 2
-    return (microbatches * max(0.0, half - forward_seconds)
-            + (microbatches - 1) * max(0.0, half - backward_seconds)
-            + max(0.0, sync_seconds + half - backward_seconds))
+    return (microbatches * hidden_traffic_seconds(half, forward_seconds, slowdown)
+            + (microbatches - 1) * hidden_traffic_seconds(half, backward_seconds, slowdown)
+            + hidden_traffic_seconds(sync_seconds + half, backward_seconds, slowdown))
 
 
-def weight_gather_exposed_seconds(gather_seconds: float, forward_seconds: float, under_forward: bool) -> float:
+def weight_gather_exposed_seconds(gather_seconds: float, forward_seconds: float, under_forward: bool,
+                                  slowdown: float = 0.0) -> float:
     """Seconds per step of ZeRO 1-2's all-gather of the updated weights that overlap does not hide.
     It waits for the optimizer step, so it runs whole after it, unless the runtime gathers the
     weights under the next step's forward (``under_forward``: Megatron-LM's
     ``--overlap-param-gather``, FSDP without resharding, which gathers each unit before its
-    forward)."""
-    return max(0.0, gather_seconds - forward_seconds) if under_forward else gather_seconds
+    forward); ``slowdown`` as in :func:`hidden_traffic_seconds`."""
+    return hidden_traffic_seconds(gather_seconds, forward_seconds, slowdown) if under_forward else gather_seconds
 
 
 def optimizer_step_seconds(states: MemoryBreakdown, gpu: GpuSpec, calibration: Calibration) -> float:

@@ -21,6 +21,8 @@ Time (seconds per training step of ``m`` micro-batches):
   with the reduction) (:func:`~parplan.solver.cost.rules.exposed_seconds`, as the evaluator); ZeRO
   1-2 all-gather the updated weights after the optimizer step, exposed, or under the next forward
   where the runtime gathers before it (:func:`~parplan.solver.cost.rules.weight_gather_exposed_seconds`);
+  the compute that hides traffic runs without the SMs the collective holds
+  (:func:`~parplan.solver.cost.kernels.collective_sm_share`);
 - the optimizer step: reading gradients and optimizer states, writing weights and states;
 - vocabulary-parallel cross entropy all-reduces three per-token statistics; expert-parallel
   dispatch and combine each do an all-to-all forward and backward.
@@ -41,6 +43,7 @@ from parplan.solver.cost.collectives import (
     all_to_all_seconds,
     data_parallel_seconds,
 )
+from parplan.solver.cost.kernels import collective_sm_share
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.precision import Precision
@@ -212,8 +215,9 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
     # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward (with its
     # recomputed forward), ZeRO-3's gathers are prefetched during compute; only what exceeds that
     # compute is exposed. ZeRO 1-2's weight gather follows the optimizer step.
-    seconds += exposed_seconds(sync, gathers, fwd, bwd + rec, m)
-    seconds += weight_gather_exposed_seconds(weight_gather, fwd, under_forward)
+    slowdown = collective_sm_share(ctx.gpu)
+    seconds += exposed_seconds(sync, gathers, fwd, bwd + rec, m, slowdown)
+    seconds += weight_gather_exposed_seconds(weight_gather, fwd, under_forward, slowdown)
     seconds += optimizer_step_seconds(MemoryBreakdown(**held), ctx.gpu, ctx.calibration)
 
     # --- operator-specific collectives
