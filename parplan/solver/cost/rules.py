@@ -158,8 +158,9 @@ def parameter_states(elems: float, prec: Precision, zero: int, zero_ranks: int, 
 def hidden_traffic_seconds(traffic_seconds: float, compute_seconds: float, slowdown: float) -> float:
     """Seconds of ``traffic_seconds`` of communication run under ``compute_seconds`` of compute that
     the pair adds to the compute: the traffic beyond the compute, and at least ``slowdown`` of the
-    traffic (the share of the GPU's SMs its collective's kernels hold, :func:`~parplan.solver.cost.
-    kernels.collective_sm_share`: the compute runs on the rest while both run).
+    traffic (the share of the GPU's SMs its collective's kernels hold,
+    :func:`~parplan.solver.cost.kernels.collective_sm_share`: the compute runs on the rest while
+    both run).
 
     With the compute at ``1 − slowdown`` of its speed while the traffic runs, the pair takes
     ``max(traffic, compute + slowdown · traffic)``; this returns that less the compute."""
