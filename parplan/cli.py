@@ -87,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _step_time_lines(t: dict[str, Any]) -> list[str]:
+    """The step time line of ``parplan memory``'s table and, wrapped under it, the time model's
+    error on published runs (``time.accuracy``)."""
+    lines = ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
+             f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
+    if t.get("accuracy"):
+        lines += textwrap.wrap(t["accuracy"]["note"], 100, initial_indent=" " * 11, subsequent_indent=" " * 11)
+    return lines
+
+
 def _memory_table(doc: dict[str, Any]) -> str:
     mem, t, s = doc["memory"], doc["time"], doc["strategy"]
     lines = [
@@ -118,11 +128,7 @@ def _memory_table(doc: dict[str, Any]) -> str:
                 f"{b['optimizer_states'] / GIB:7.2f} {b['activations'] / GIB:8.2f} {b['temporary'] / GIB:7.2f} "
                 f"{st['peak_bytes'] / GIB:8.2f}   {st['in_flight_microbatches']:6.1f}    "
                 f"{st['first_unit']}..{st['last_unit']}")
-    lines += ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
-              f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
-    if t.get("accuracy"):
-        lines += textwrap.wrap(t["accuracy"]["note"], 100, initial_indent=" " * 11, subsequent_indent=" " * 11)
-    return "\n".join(lines)
+    return "\n".join(lines + _step_time_lines(t))
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -223,11 +229,7 @@ def _layer_table(doc: dict[str, Any]) -> str:
     for cat in CATEGORIES:
         lines.append(f"  {cat:<18s}          {gib(mem['breakdown'][cat])}  {gib(mem['redundant'][cat])}")
     lines.append(f"  {'peak':<18s}          {gib(mem['peak_bytes'])}  ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
-    lines += ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
-              f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
-    if t.get("accuracy"):
-        lines += textwrap.wrap(t["accuracy"]["note"], 100, initial_indent=" " * 11, subsequent_indent=" " * 11)
-    return "\n".join(lines)
+    return "\n".join(lines + _step_time_lines(t))
 
 
 def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:
