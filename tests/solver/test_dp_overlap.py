@@ -45,19 +45,19 @@ def test_backward_shares_its_time_between_the_reduction_and_the_weight_gather() 
     shows 0.2 s; the backward's gather and the reduction, 2.2 s of traffic, 0.2 s more. Each alone
     would fit under the backward, which is what a model that lets each use the whole backward says
     (0 s)."""
-    assert exposed_seconds(1.0, 2.4, 1.0, 2.0, 1) == pytest.approx(0.4)
+    assert exposed_seconds(1.0, 2.4, 1.0, 2.0, 1, slowdown=0.0) == pytest.approx(0.4)
     # three micro-batches, one reduction: every forward shows 0.2 s, the last backward 0.2 s
-    assert exposed_seconds(1.0, 2.4, 1.0, 2.0, 3) == pytest.approx(0.8)
+    assert exposed_seconds(1.0, 2.4, 1.0, 2.0, 3, slowdown=0.0) == pytest.approx(0.8)
     # a backward long enough for both hides them
-    assert exposed_seconds(1.0, 2.4, 1.2, 2.2, 2) == pytest.approx(0.0)
+    assert exposed_seconds(1.0, 2.4, 1.2, 2.2, 2, slowdown=0.0) == pytest.approx(0.0)
     # without ZeRO-3's gathers: the reduction alone under the backward
-    assert exposed_seconds(2.5, 0.0, 1.0, 2.0, 4) == pytest.approx(0.5)
+    assert exposed_seconds(2.5, 0.0, 1.0, 2.0, 4, slowdown=0.0) == pytest.approx(0.5)
 
 
 def test_the_updated_weights_gather_waits_for_the_optimizer_step() -> None:
-    assert weight_gather_exposed_seconds(0.3, 1.0, under_forward=False) == 0.3
-    assert weight_gather_exposed_seconds(0.3, 1.0, under_forward=True) == 0.0
-    assert weight_gather_exposed_seconds(1.3, 1.0, under_forward=True) == pytest.approx(0.3)
+    assert weight_gather_exposed_seconds(0.3, 1.0, under_forward=False, slowdown=0.0) == 0.3
+    assert weight_gather_exposed_seconds(0.3, 1.0, under_forward=True, slowdown=0.0) == 0.0
+    assert weight_gather_exposed_seconds(1.3, 1.0, under_forward=True, slowdown=0.0) == pytest.approx(0.3)
 
 
 def test_compute_under_traffic_runs_without_the_collectives_sms() -> None:

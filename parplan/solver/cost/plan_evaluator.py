@@ -524,12 +524,13 @@ class PlanEvaluator:
                 # Megatron-LM without --overlap-grad-reduce: the reduction (with the distributed
                 # optimizer, its weight all-gather too) runs after the backward, none of it hidden
                 exposed += every * (t.sync + exposed_seconds(0.0, t.gathers, op.forward_seconds,
-                                                             op.backward_seconds, m // every, slowdown))
+                                                             op.backward_seconds, m // every, slowdown=slowdown))
             else:
                 exposed += every * (exposed_seconds(t.reduce, t.gathers, op.forward_seconds, op.backward_seconds,
-                                                    m // every, slowdown)
+                                                    m // every, slowdown=slowdown)
                                     + weight_gather_exposed_seconds(t.weight_gather, op.forward_seconds,
-                                                                    self.gathers_under_forward(plan, s), slowdown))
+                                                                    self.gathers_under_forward(plan, s),
+                                                                    slowdown=slowdown))
         return total, exposed
 
     def gathers_under_forward(self, plan: LayerPlan, s: LayerStrategy) -> bool:

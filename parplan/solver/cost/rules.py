@@ -170,7 +170,7 @@ def hidden_traffic_seconds(traffic_seconds: float, compute_seconds: float, slowd
 
 
 def exposed_seconds(sync_seconds: float, gather_seconds: float, forward_seconds: float, backward_seconds: float,
-                    microbatches: int, slowdown: float = 0.0) -> float:
+                    microbatches: int, *, slowdown: float) -> float:
     """Seconds per step of data-parallel traffic that overlap does not hide, as DDP and FSDP overlap
     it. ``gather_seconds``: ZeRO-3's weight gathers of one micro-batch, half before its forward and
     half before its backward (each prefetched under the compute of that pass); ``sync_seconds``: the
@@ -184,8 +184,8 @@ def exposed_seconds(sync_seconds: float, gather_seconds: float, forward_seconds:
             + hidden_traffic_seconds(sync_seconds + half, backward_seconds, slowdown))
 
 
-def weight_gather_exposed_seconds(gather_seconds: float, forward_seconds: float, under_forward: bool,
-                                  slowdown: float = 0.0) -> float:
+def weight_gather_exposed_seconds(gather_seconds: float, forward_seconds: float, under_forward: bool, *,
+                                  slowdown: float) -> float:
     """Seconds per step of ZeRO 1-2's all-gather of the updated weights that overlap does not hide.
     It waits for the optimizer step, so it runs whole after it, unless the runtime gathers the
     weights under the next step's forward (``under_forward``: Megatron-LM's

@@ -216,8 +216,8 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
     # recomputed forward), ZeRO-3's gathers are prefetched during compute; only what exceeds that
     # compute is exposed. ZeRO 1-2's weight gather follows the optimizer step.
     slowdown = collective_sm_share(ctx.gpu)
-    seconds += exposed_seconds(sync, gathers, fwd, bwd + rec, m, slowdown)
-    seconds += weight_gather_exposed_seconds(weight_gather, fwd, under_forward, slowdown)
+    seconds += exposed_seconds(sync, gathers, fwd, bwd + rec, m, slowdown=slowdown)
+    seconds += weight_gather_exposed_seconds(weight_gather, fwd, under_forward, slowdown=slowdown)
     seconds += optimizer_step_seconds(MemoryBreakdown(**held), ctx.gpu, ctx.calibration)
 
     # --- operator-specific collectives
