@@ -167,7 +167,8 @@ class UniformEvaluator:
             for n in g.nodes:
                 if n.is_leaf:
                     continue
-                flops = forward_flops(n, g) * (2 if recomputed(n, c.recompute, flash) else 1) + backward_flops(n, g)
+                again = recomputed(n, c.recompute, flash, self.runtime)
+                flops = forward_flops(n, g) * (2 if again else 1) + backward_flops(n, g)
                 if flops:
                     dt = compute_dtype(n, prec, g)
                     seconds += flops / (math_peak(gpu, dt) * efficiency_bound(n, g, gpu, cal, dt, self.runtime))

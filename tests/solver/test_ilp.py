@@ -258,6 +258,7 @@ def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_a
     dim takes; every candidate of every operator on meshes of several shapes gets what pricing it
     afresh gives."""
     from parplan.solver.cost.rules import _op_seconds, op_seconds, recomputed
+    from parplan.solver.cost.runtime import Runtime
 
     cfg = get_preset("mixtral-8x7b").with_(layers=2, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=512,
                                            seq_len=64)
@@ -282,7 +283,7 @@ def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_a
                                             "fused" if n.kind is OpKind.ATTENTION else "")
                         fwd, bwd, rec = op_seconds(n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh, rc, flash)
                         assert (fwd, bwd) == fresh
-                        assert rec == (fwd if recomputed(n, rc, flash) else 0.0)
+                        assert rec == (fwd if recomputed(n, rc, flash, Runtime.MEGATRON) else 0.0)
                         checked += 1
     assert checked > 1000 and len(graph.memo["op_seconds"]) < checked
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 from parplan.solver.cluster import make_cluster, ring_link
+from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.collectives import all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from parplan.solver.cost.compute import forward_flops
+from parplan.solver.cost.kernels import kernel_spec
 from parplan.solver.cost.plan_time import plan_time
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.strategy import ParallelConfig, Schedule
@@ -100,3 +103,29 @@ def test_more_devices_more_throughput_for_a_fixed_batch() -> None:
     eight = plan_time(g, ParallelConfig(dp=8, num_microbatches=1), make_cluster(8, 8, "H100-80GB"))
     assert one.tokens_per_step == eight.tokens_per_step
     assert eight.tokens_per_second > 4 * one.tokens_per_second
+
+
+@pytest.mark.parametrize(("runtime", "kernel", "rebuilt"), [
+    (Runtime.MEGATRON, "fused", True),  # Megatron-Core checkpoints core attention whatever its backend
+    (Runtime.TORCH, "sdpa", True),  # the agent's model checkpoints its attention core alike
+    (Runtime.TORCHTITAN, "sdpa", False),  # torchtitan's export runs selective as no checkpointing
+    (Runtime.DEEPSPEED, "sdpa", False),  # DeepSpeed leaves checkpointing to the user's model
+])
+def test_selective_recomputation_reruns_a_flash_core_where_the_runtime_checkpoints_it(
+        runtime: Runtime, kernel: str, rebuilt: bool) -> None:
+    """Selective recomputation with flash attention costs, per micro-batch, the causal attention
+    core's forward once more per layer, ``2·b·s²·h`` FLOPs (QKᵀ and PV over half the pairs) at the
+    kernel's fraction of the H100's dense bf16 peak, in the runtimes that checkpoint the core; none
+    in the others. (s = 4096, h = 1024: the kernel is far from its memory bound.)"""
+    b, s, h, layers = 1, 4096, 1024, 2
+    g = build_graph(TransformerConfig("gpt", "t", layers, h, 8, 4 * h, 4096, s), batch=b)
+    cluster = make_cluster(1, 1, "H100-80GB")
+    spec = kernel_spec(cluster.gpu)
+    assert spec is not None
+
+    def step(recompute: Recompute) -> float:
+        return plan_time(g, ParallelConfig(recompute=recompute, runtime=runtime), cluster).step_seconds
+
+    expected = layers * 2 * b * s * s * h / (cluster.gpu.peak_flops["bf16"] * spec.attention[kernel])
+    assert step(Recompute.SELECTIVE) - step(Recompute.NONE) == pytest.approx(expected if rebuilt else 0.0,
+                                                                              rel=1e-9, abs=1e-12)

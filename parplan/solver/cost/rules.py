@@ -53,12 +53,14 @@ def compute_dtype(node: Node, prec: Precision, graph: Graph | None = None) -> st
     return prec.compute_dtype
 
 
-def recomputed(node: Node, recompute: Recompute, flash_attention: bool) -> bool:
+def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime: Runtime) -> bool:
     """Whether backward runs ``node``'s forward again: every operator of a block under full
-    recomputation; the attention core under selective recomputation without flash attention."""
+    recomputation; the attention core under selective recomputation, without flash attention or
+    in a runtime that checkpoints a flash core too (:attr:`Runtime.recomputes_flash_core`)."""
     if recompute is Recompute.FULL:
         return block_of(node) is not None
-    return recompute is Recompute.SELECTIVE and not flash_attention and node.kind is OpKind.ATTENTION
+    return (recompute is Recompute.SELECTIVE and node.kind is OpKind.ATTENTION
+            and (not flash_attention or runtime.recomputes_flash_core))
 
 
 def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
@@ -88,7 +90,7 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
         if graph.owns(node):
             cache[key] = hit
     fwd, bwd = hit
-    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention) else 0.0
+    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention, runtime) else 0.0
 
 
 def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,

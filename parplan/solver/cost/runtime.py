@@ -201,6 +201,17 @@ class Runtime(StrEnum):
         return self.library_workspace_bytes + buckets
 
     @property
+    def recomputes_flash_core(self) -> bool:
+        """Whether selective recomputation runs a flash attention core's forward again in backward.
+        Megatron-Core checkpoints the core attention under ``--recompute-granularity selective``
+        whatever kernel runs it (``checkpoint_core_attention``: Transformer Engine's flash and cuDNN
+        attention too), and the agent's model checkpoints its attention core the same way
+        (``parplan/agent/model.py``). torchtitan's export turns selective into no checkpointing,
+        DeepSpeed's engine leaves checkpointing to the user's model, and the agent's per-operator
+        interpreter checkpoints no core: with a flash kernel, which keeps no scores, they run none."""
+        return self in (Runtime.MEGATRON, Runtime.TORCH, Runtime.TORCH_CPU)
+
+    @property
     def repeats_kv_heads(self) -> bool:
         """Whether grouped-query attention repeats K and V to every query head before the kernel
         (torchtitan's Llama and Hugging Face's SDPA path do; the repeated copies are what the
