@@ -154,7 +154,7 @@ def _read(text: str, model: ModelSource | None, gpus: int | None, seq_len: int |
         dp = per_stage // t
         zero = (3 if s else (2 if default == "zero2" else 0)) if dp > 1 else 0
         layers[b] = LayerStrategy(tp=t, dp=dp, zero=zero, sp=sp and t > 1,
-                                  recompute=Recompute.FULL if c else Recompute.SELECTIVE, tp_inner=bool(o))
+                                  recompute=Recompute.FULL if c else Recompute.NONE, tp_inner=bool(o))
     gb, m = _positive_int(cfg, "global_bsz", 0), _positive_int(cfg, "chunks", 1)
     for flag, value in (("--global_train_batch_size", gb), ("--chunks", m)):
         if isinstance(flags.get(flag), str) and str(flags[flag]) != str(value):

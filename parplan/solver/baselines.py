@@ -24,7 +24,7 @@ from parplan.solver.cost.kernels import efficiency_bound
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.precision import get_precision
-from parplan.solver.cost.rules import compute_dtype, recomputed
+from parplan.solver.cost.rules import compute_dtype, recomputed, search_recomputes
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
@@ -319,16 +319,19 @@ def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget
     return ev.evaluation(every[best[2]], best[3], best[4])
 
 
-def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int) -> Iterator[Candidate]:
+def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int, runtime: Runtime) -> Iterator[Candidate]:
+    rcs = search_recomputes(runtime, ParallelConfig.flash_attention)  # (the baselines price the default kernel)
     if name == "megatron":
         # TP inside a node (always with sequence parallelism), PP and DP for the rest.
-        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1)):
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs):
             if cluster.gpus_per_node % c.tp == 0 and (c.tp > 1) == c.sp:
                 yield c
     elif name == "zero3":
-        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(3,))
+        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(3,),
+                                     recomputes=rcs)
     elif name == "dp":
-        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(0,))
+        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(0,),
+                                     recomputes=rcs)
     else:
         raise SolverError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
 
@@ -342,7 +345,7 @@ def least_memory_member(ev: UniformEvaluator, budget_bytes: float, num_blocks: i
     seen: set[Candidate] = set()
     members: list[Candidate] = []
     for name in BASELINES:
-        for c in _family(name, ev.cluster, ev.global_batch, num_blocks):
+        for c in _family(name, ev.cluster, ev.global_batch, num_blocks, ev.runtime):
             if c not in seen and (runnable is None or c in runnable):
                 seen.add(c)
                 members.append(c)
@@ -353,5 +356,5 @@ def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: i
              runnable: Container[Candidate] | None = None) -> Evaluation | None:
     """The baseline ``name``: the fastest of its family that fits (or the smallest if none does);
     with ``runnable``, of those members only (a target's own baseline: what its trainer runs)."""
-    family = _family(name, ev.cluster, ev.global_batch, num_blocks)
+    family = _family(name, ev.cluster, ev.global_batch, num_blocks, ev.runtime)
     return fastest_fitting(ev, (c for c in family if runnable is None or c in runnable), budget_bytes)

@@ -3,8 +3,10 @@
 - ``any``: every plan either search finds (the default);
 - ``megatron``: Megatron-LM's uniform strategies: TP inside a node (with or without sequence
   parallelism), PP (1F1B, or interleaved with 2 or 4 chunks per device), DP with or without the
-  distributed optimizer (ZeRO-1), expert parallelism for MoE models, selective or full
-  recomputation; priced with Megatron-LM's buffers;
+  distributed optimizer (ZeRO-1), expert parallelism for MoE models, no or full recomputation
+  (selective without flash attention: with it, Megatron-LM's selective recomputation keeps the same
+  buffers as none and reruns the attention core, :func:`~parplan.solver.cost.rules.search_recomputes`);
+  priced with Megatron-LM's buffers;
 - ``torchtitan``: FSDP2 (ZeRO-3, or ZeRO-2 without resharding after forward) or replicated data
   parallelism (FSDP2's replicate), TP with or without sequence parallelism, PP (1F1B or
   interleaved); priced with the ``torchtitan`` runtime (PyTorch-native buffers, fp32 weights as
@@ -31,10 +33,11 @@ from enum import StrEnum
 from parplan.solver.baselines import Candidate, enumerate_uniform
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.pipeline import blocks_of
+from parplan.solver.cost.rules import search_recomputes
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.ir import Graph
-from parplan.solver.strategy import Schedule
+from parplan.solver.strategy import ParallelConfig, Schedule
 
 
 class Target(StrEnum):
@@ -81,20 +84,21 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
     """Every uniform strategy the target runs on the cluster at this global batch (``experts``: the
     model's experts per MoE layer, 0 for a dense model)."""
     node = cluster.gpus_per_node
+    rcs = search_recomputes(SPECS[target].runtime, ParallelConfig.flash_attention)
     if target is Target.MEGATRON:
-        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1)):
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs):
             # pipeline stages of equal layer counts (the even split Megatron-LM makes; parplan's uneven
             # split of other counts is not one it runs)
             if node % c.tp == 0 and num_blocks % c.pp == 0:
                 yield from _with_schedules_and_experts(c, global_batch, num_blocks, experts)
     elif target is Target.TORCHTITAN:
-        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3)):
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3), recomputes=rcs):
             # ZeRO-0 is torchtitan's replicate (FSDP2 over a shard group of one), as the torchtitan
             # runtime prices it
             if node % c.tp == 0:
                 yield from _with_schedules_and_experts(c, global_batch, num_blocks, 0)
     elif target is Target.DEEPSPEED:
-        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,))
+        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), recomputes=rcs)
     else:
         raise SolverError(f"target {target.value} is not searched over uniform strategies")
 

@@ -29,8 +29,8 @@ def test_lazy_baselines_equal_every_configuration_priced(model: str, gpus: int, 
     for name in BASELINES:
         got = baseline(name, ev, budget_gib * GIB, blocks)
         oracle = UniformEvaluator(source, cluster, batch, None)
-        want = best_of((e for c in _family(name, cluster, batch, blocks) if (e := oracle.evaluate(c)) is not None),
-                       budget_gib * GIB)
+        family = _family(name, cluster, batch, blocks, ev.runtime)
+        want = best_of((e for c in family if (e := oracle.evaluate(c)) is not None), budget_gib * GIB)
         if want is None:
             assert got is None
             continue
@@ -38,7 +38,7 @@ def test_lazy_baselines_equal_every_configuration_priced(model: str, gpus: int, 
         assert got.strategy == want.strategy, name
         assert (got.memory, got.time) == (want.memory, want.time)
     if budget_gib == 80.0:  # every family has a configuration that fits: few memories are priced
-        family = {c for name in BASELINES for c in _family(name, cluster, batch, blocks)}
+        family = {c for name in BASELINES for c in _family(name, cluster, batch, blocks, ev.runtime)}
         assert ev.memory_evaluations * 4 < len(family)
         assert ev.evaluations < len(family)  # and not every step time (the least possible time rules some out)
 

@@ -190,7 +190,9 @@ def test_dp_search_with_cp_equals_brute_force_over_per_layer_assignments() -> No
     blocks = [f"layers.{i}" for i in range(2)]
     plans = []
     for cp in context_degrees(4, 4096, opts):
-        strats = [s for s in layer_strategies(4, opts, cp=cp) if s.dp == 1]
+        # selective recomputation too, which the search replaces by none (same buffers, less time)
+        strats = [s for light in (Recompute.NONE, Recompute.SELECTIVE)
+                  for s in layer_strategies(4, opts, cp=cp, light=light) if s.dp == 1]
         for combo in itertools.product(strats, repeat=2):
             plans.append(LayerPlan(pp=1, num_microbatches=2, global_batch=2,
                                    layers=dict(zip(blocks, combo, strict=True))))

@@ -113,7 +113,7 @@ def _least_member_within(req: Any, limit: float) -> float | None:
     ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration)
     blocks = len(blocks_of(ev.graph(1)))
     peaks = []
-    for c in {c for name in BASELINES for c in _family(name, req.cluster, req.global_batch, blocks)}:
+    for c in {c for name in BASELINES for c in _family(name, req.cluster, req.global_batch, blocks, ev.runtime)}:
         t, m = ev.time_of(c), ev.memory_of(c)
         if t is not None and m is not None and t.step_seconds <= limit and m.peak_bytes <= req.budget_bytes:
             peaks.append(m.peak_bytes)

@@ -129,3 +129,31 @@ def test_selective_recomputation_reruns_a_flash_core_where_the_runtime_checkpoin
     expected = layers * 2 * b * s * s * h / (cluster.gpu.peak_flops["bf16"] * spec.attention[kernel])
     assert step(Recompute.SELECTIVE) - step(Recompute.NONE) == pytest.approx(expected if rebuilt else 0.0,
                                                                               rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("preset", ["gpt-1.7b", "llama-3-8b", "mixtral-8x7b"])
+@pytest.mark.parametrize(("tp", "sp", "zero"), [(1, False, 0), (2, True, 1), (2, False, 3)])
+def test_the_searches_offer_no_recomputation_where_selective_saves_nothing(preset: str, tp: int, sp: bool,
+                                                                         zero: int) -> None:
+    """Megatron-LM with flash attention: selective recomputation keeps exactly the buffers no
+    recomputation keeps (a flash kernel keeps no scores) and only adds the core's forward, so the
+    searches offer none in its place; without flash, or in the torch runtime, whose repeated K and V
+    selective recomputation drops, they still offer selective."""
+    from parplan.solver.cost.plan_memory import plan_memory
+    from parplan.solver.cost.rules import search_recomputes
+    from parplan.solver.frontends.presets import get_preset
+
+    cfg = get_preset(preset).with_(layers=2, seq_len=1024)
+    g = build_graph(cfg, batch=1)
+    cluster = make_cluster(4, 4, "H100-80GB")
+
+    def priced(rc: Recompute) -> tuple[list[float], float]:
+        par = ParallelConfig(tp=tp, dp=4 // tp, zero=zero, sequence_parallel=sp, recompute=rc)
+        return ([s.peak_bytes for s in plan_memory(g, par).stages],
+                plan_time(g, par, cluster).step_seconds)
+
+    (none_mem, none_t), (sel_mem, sel_t) = priced(Recompute.NONE), priced(Recompute.SELECTIVE)
+    assert none_mem == sel_mem and none_t < sel_t
+    assert search_recomputes(Runtime.MEGATRON, True) == (Recompute.NONE, Recompute.FULL)
+    assert search_recomputes(Runtime.MEGATRON, False, full=False) == (Recompute.SELECTIVE,)
+    assert search_recomputes(Runtime.TORCH, True)[0] is Recompute.SELECTIVE

@@ -63,6 +63,17 @@ def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime:
             and (not flash_attention or runtime.recomputes_flash_core))
 
 
+def search_recomputes(runtime: Runtime, flash_attention: bool, full: bool = True) -> tuple[Recompute, ...]:
+    """The recomputations a search offers a block, the lighter first, then full recomputation
+    (``full``). The lighter is selective recomputation, or none where selective would keep the same
+    buffers and still run the attention core again: a flash kernel (it keeps no scores) in a runtime
+    that keeps K and V as they are and checkpoints the core (:attr:`Runtime.recomputes_flash_core`:
+    Megatron-LM). There selective only adds time, so a plan with it is never the better one."""
+    light = (Recompute.NONE if flash_attention and runtime.recomputes_flash_core and not runtime.repeats_kv_heads
+             else Recompute.SELECTIVE)
+    return (light, Recompute.FULL) if full else (light,)
+
+
 def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
                mesh: Mesh, recompute: Recompute, flash_attention: bool,
                runtime: Runtime = Runtime.MEGATRON) -> tuple[float, float, float]:

@@ -45,6 +45,8 @@ from parplan.solver.cost.plan_evaluator import (
     unit_temporary_bytes,
 )
 from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.rules import search_recomputes
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, ParamGroup
 from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
@@ -113,6 +115,8 @@ class DpSearch:
         self.options = options or SpaceOptions(max_tp=cluster.gpus_per_node)
         self.prec = get_precision(precision)
         self.flash = flash_attention
+        #: the lighter recomputation offered (the probe plans' runtime, Megatron-LM's)
+        self.light = search_recomputes(Runtime.MEGATRON, flash_attention)[0]
         self.ev = PlanEvaluator(self.costs_for, cluster, calibration)
         probe = self.costs_for(1)
         self.blocks = blocks_of(probe.graph)
@@ -160,7 +164,7 @@ class DpSearch:
             eps = tuple(e for e in degrees(n // cp) if self.experts % e == 0)
             opts = dataclasses.replace(opts, expert_parallel=eps)
         out = []
-        for s in layer_strategies(n, opts, moe=self.moe, cp=cp):
+        for s in layer_strategies(n, opts, moe=self.moe, cp=cp, light=self.light):
             if self.B % (m * s.dp) or (s.cp_comm != "p2p" and not self.allows(s)):
                 continue
             out.append(s)

@@ -29,7 +29,7 @@ from parplan.solver.cost.plan_evaluator import LayerStrategy
 @dataclass(frozen=True)
 class SpaceOptions:
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
-    checkpointing: bool = True  # offer full recomputation next to selective
+    checkpointing: bool = True  # offer full recomputation next to the lighter one (none or selective)
     sequence_parallel: str = "always"  # "always" with TP, "choice" (both), or "never"
     both_orders: bool = True
     expert_parallel: tuple[int, ...] = (1,)
@@ -61,10 +61,13 @@ def context_degrees(n: int, seq_len: int, opts: SpaceOptions) -> list[int]:
     return out
 
 
-def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False, cp: int = 1) -> list[LayerStrategy]:
-    """Every distinct strategy of one block on a stage of ``n`` devices with context-parallel degree ``cp``."""
+def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False, cp: int = 1,
+                     light: Recompute = Recompute.SELECTIVE) -> list[LayerStrategy]:
+    """Every distinct strategy of one block on a stage of ``n`` devices with context-parallel degree
+    ``cp``; its recomputation ``light`` (:func:`~parplan.solver.cost.rules.search_recomputes`) or, with
+    ``opts.checkpointing``, full."""
     out: list[LayerStrategy] = []
-    recomputes = (Recompute.SELECTIVE, Recompute.FULL) if opts.checkpointing else (Recompute.SELECTIVE,)
+    recomputes = (light, Recompute.FULL) if opts.checkpointing else (light,)
     if n % cp:
         return out
     n //= cp

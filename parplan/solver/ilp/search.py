@@ -37,11 +37,11 @@ from typing import Any
 
 from parplan.solver.calibration import apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link, MeshLinks
-from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.resharding import edge_seconds, reshard_seconds
+from parplan.solver.cost.rules import search_recomputes
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
@@ -271,7 +271,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             remaining()
         return c.gp.problem.memory_lower_bound()
 
-    for recompute in (Recompute.SELECTIVE, Recompute.FULL):
+    for recompute in search_recomputes(runtime, flash_attention):
         problems = []
         combos = [(mesh, b) for mesh in meshes for b in sizes]
         floor = {b: least_bytes(graphs[b], cl.num_devices, prec, recompute, flash_attention, runtime) for b in sizes}
