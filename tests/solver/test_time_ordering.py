@@ -1,13 +1,16 @@
 """The step-time model ranks plans the way the hardware does, on cases whose answer is known
 whatever the constants: communication over a slower link takes longer, a deeper pipeline with the
-same micro-batches idles longer, interleaving shortens the idle time, ZeRO-3 moves more bytes."""
+same micro-batches idles longer, interleaving shortens the idle time, ZeRO-3 moves more bytes,
+recomputing more takes longer."""
 
 from __future__ import annotations
 
 import pytest
 
 from parplan.solver.cluster import make_cluster
+from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.plan_time import plan_time
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.ir import Graph
@@ -72,3 +75,19 @@ def test_more_microbatches_amortise_the_bubble() -> None:
     cluster = make_cluster(4, 8, "H100-80GB")
     bubbles = [plan_time(g, ParallelConfig(pp=4, num_microbatches=m), cluster).bubble_fraction for m in (4, 8, 32)]
     assert bubbles[0] > bubbles[1] > bubbles[2]
+
+
+@pytest.mark.parametrize("runtime", [Runtime.MEGATRON, Runtime.TORCH, Runtime.TORCHTITAN, Runtime.DEEPSPEED])
+@pytest.mark.parametrize("flash", [True, False])
+def test_more_recomputation_is_never_faster(runtime: Runtime, flash: bool) -> None:
+    """No recomputation runs no forward twice, selective recomputation at most the attention cores,
+    full recomputation every block: none <= selective < full, in every runtime, with or without
+    flash attention (and none < selective without it, whose scores are rebuilt in every runtime)."""
+    g = _graph(layers=4)
+    cluster = make_cluster(8, 8, "H100-80GB")
+    t = {rc: plan_time(g, ParallelConfig(tp=2, dp=4, zero=1, sequence_parallel=True, recompute=rc, runtime=runtime,
+                                          flash_attention=flash), cluster).step_seconds
+         for rc in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)}
+    assert t[Recompute.NONE] <= t[Recompute.SELECTIVE] < t[Recompute.FULL]
+    if not flash:
+        assert t[Recompute.NONE] < t[Recompute.SELECTIVE]
