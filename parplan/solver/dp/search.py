@@ -46,7 +46,6 @@ from parplan.solver.cost.plan_evaluator import (
 )
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.rules import search_recomputes
-from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, ParamGroup
 from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
@@ -115,9 +114,9 @@ class DpSearch:
         self.options = options or SpaceOptions(max_tp=cluster.gpus_per_node)
         self.prec = get_precision(precision)
         self.flash = flash_attention
-        #: the lighter recomputation offered (the probe plans' runtime, Megatron-LM's)
-        self.light = search_recomputes(Runtime.MEGATRON, flash_attention)[0]
         self.ev = PlanEvaluator(self.costs_for, cluster, calibration)
+        #: the lighter recomputation offered, for the runtime that prices the probe plans
+        self.light = search_recomputes(self.probe_plan(1, 1).runtime, flash_attention)[0]
         probe = self.costs_for(1)
         self.blocks = blocks_of(probe.graph)
         self.units = units_of(probe.graph)
