@@ -46,6 +46,14 @@ Objective = Literal["weighted", "time", "memory"]
 #: Memory unit inside the model (bytes per unit).
 _MEM = float(2**30)
 
+#: A MIP solver accepts a choice that breaks a row by up to its feasibility tolerance, in the row's
+#: own units (HiGHS's ``mip_feasibility_tolerance`` is 1e-6, CBC's primal tolerance 1e-7). A step
+#: time limit written in seconds could then be exceeded by a microsecond, 0.1 % of a 1 ms step: a
+#: min-memory answer found 5e-5 above its limit, and the planner, which checks the limit exactly,
+#: fell back to a plan 12.5 % slower than the fastest known (tests/solver/test_never_dominated.py).
+#: Under a time limit, time is written in units of the limit, and the row stops this far below 1.
+ROW_TOLERANCE = 1e-6
+
 #: A solve stops once its answer is proven within this fraction of the optimum (HiGHS's and CBC's
 #: relative MIP gap; HiGHS's own default is 1e-4). Memory answers are then at most 0.2% above the
 #: least; the plan reports the gap it reached. At 1e-3, t5-11b's memory solve spent four fifths of
@@ -353,6 +361,8 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
               cutoff: float | None = None) -> tuple[_Formulation, dict[str, list[int]]]:
     """The model of ``problem`` for ``objective``: (formulation, columns of each node's ``X``)."""
     f = _Formulation()
+    # seconds per unit of the model's time: the limit's, so that the row's tolerance is relative
+    unit = time_limit if time_limit else 1.0
     X: dict[str, list[int]] = {}
     mem_terms: list[tuple[int, float]] = []
     sec_terms: list[tuple[int, float]] = []
@@ -365,7 +375,7 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
         f.row(f"one_strategy__{_safe(k)}", [(x, 1.0) for x in X[k]], 1.0, 1.0)
         for s, x in enumerate(X[k]):
             mem_terms.append((x, node.count * node.memory[s] / _MEM))
-            sec_terms.append((x, node.count * node.seconds[s]))
+            sec_terms.append((x, node.count * node.seconds[s] / unit))
     grouped = {ei for g in problem.shared for ei in g}
     in_peaks = {ei for t in problem.peaks for ei in t.edges}
     edge_vars: dict[int, list[list[int]]] = {}
@@ -389,17 +399,17 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
         for s in range(ns):
             for t in range(nt):
                 if e.seconds[s][t] and ei not in grouped:
-                    sec_terms.append((B[s][t], e.count * e.seconds[s][t]))
+                    sec_terms.append((B[s][t], e.count * e.seconds[s][t] / unit))
                 if e.memory is not None and e.memory[s][t]:
                     mem_terms.append((B[s][t], e.count * e.memory[s][t] / _MEM))
     for gi, group in enumerate(problem.shared):
         Z = f.col(f"Z_shared_{gi}", 0.0, math.inf)
         if start is not None:
-            values.append(max(problem.edges[ei].seconds_of(start) for ei in group))
+            values.append(max(problem.edges[ei].seconds_of(start) for ei in group) / unit)
         sec_terms.append((Z, 1.0))
         for ei in group:
             e = problem.edges[ei]
-            expr = [(edge_vars[ei][s][t], e.count * e.seconds[s][t]) for s in range(len(e.seconds))
+            expr = [(edge_vars[ei][s][t], e.count * e.seconds[s][t] / unit) for s in range(len(e.seconds))
                     for t in range(len(e.seconds[0])) if e.seconds[s][t]] if ei in edge_vars else []
             if expr:
                 # readers of one tensor share its conversion: the group costs its costliest edge
@@ -447,7 +457,7 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
                 f.row(f"peak__{pi}", [*held, (T, -1.0)], -math.inf, 0.0)
     if objective == "weighted":
         # (5) memory + alpha * time (alpha given in bytes per second)
-        obj = mem_terms + [(j, (alpha / _MEM) * v) for j, v in sec_terms]
+        obj = mem_terms + [(j, (alpha / _MEM) * unit * v) for j, v in sec_terms]
     elif objective == "time":
         obj = sec_terms
     else:
@@ -458,13 +468,13 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
         # memory per device within the budget
         f.row("memory_budget", mem_terms, -math.inf, (budget - problem.fixed_bytes) / _MEM)
     if time_limit is not None:
-        # step time within (1 + epsilon) of the best
-        f.row("time_limit", sec_terms, -math.inf, time_limit)
+        # step time within the limit (in its units), below it by twice the tolerance a solver allows
+        f.row("time_limit", sec_terms, -math.inf, 1.0 - 2 * ROW_TOLERANCE)
     if cutoff is not None:
         # only a choice better than one already known is of interest
         # (the objective's memory leaves out the fixed bytes)
         better = cutoff * (1 - MIP_REL_GAP)  # better by more than the gap at which a solve stops
-        bound = better if objective == "time" else (better - problem.fixed_bytes) / _MEM
+        bound = better / unit if objective == "time" else (better - problem.fixed_bytes) / _MEM
         f.row("better_than_known", obj, -math.inf, bound)
     if start is not None:
         f.start = values

@@ -45,7 +45,7 @@ from parplan.solver.cost.rules import search_recomputes
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
-from parplan.solver.ilp.model import MIP_REL_GAP, IlpResult, InfeasibleError, kept_peaks, solve_aux
+from parplan.solver.ilp.model import MIP_REL_GAP, ROW_TOLERANCE, IlpResult, InfeasibleError, kept_peaks, solve_aux
 from parplan.solver.ilp.moments import walk_peak
 from parplan.solver.ilp.problem import (
     GraphProblem,
@@ -334,8 +334,11 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         # every candidate that can meet the time limit (solved within it, or not solved and not
         # ruled out by its least possible time), smallest micro-steps (fewest activations) first;
         # each later solve only looks for a plan better than the best so far
-        within = sorted((c for c in problems if c.fits and (c.res.seconds <= limit if c.result is not None else
-                                                            c.gp.problem.seconds_lower_bound() <= limit)),
+        # (a memory solve holds its step below the limit by the solver's tolerance, ROW_TOLERANCE:
+        # a time-solved candidate closer to the limit than that has no plan for it)
+        solved_limit = limit * (1 - 2 * ROW_TOLERANCE)
+        within = sorted((c for c in problems if c.fits and (c.res.seconds <= solved_limit if c.result is not None
+                                                            else c.gp.problem.seconds_lower_bound() <= limit)),
                         key=lambda c: (c.b, c.gp.problem.memory_lower_bound()))
         # the best-time plans within the limit are plans of this objective too: their memory is the
         # first cutoff, so every memory solve looks only for a plan that holds less (gpt-7.5b on 8
