@@ -4,7 +4,9 @@ The oracle is a measurement: the GEMMs and scaled_dot_product_attention calls th
 ``kernels`` part timed with CUDA events on the H100 lent on 2026-11-23 (bench/out/gpu-2026-11-23/kernels.json).
 For each GEMM, predicted over measured time, with the shape model and with the default calibration's
 flat efficiency that every matmul got before (0.55 bf16, 0.5 tf32 and fp32); for each attention call,
-the efficiency measured (forward and backward) against the model's figure.
+each pass's efficiency measured (FLOPs counted as parplan counts them: the backward twice the forward)
+against the model's curve (predicted / measured time), and the one figure that priced both passes
+before 2026-11-25.
 Run: python bench/kernel_model_accuracy.py [KERNELS_JSON]
 """
 
@@ -60,12 +62,19 @@ def main() -> None:
                 print(f"| {dtype}, {label} | {model} | {len(rs)} | {statistics.median(rs):.3f} | "
                       f"{min(rs):.2f} to {max(rs):.2f} | {sum(1 for r in rs if abs(r - 1) <= 0.10)} |")
     sdpa = KERNELS["H100"].attention["sdpa"]
-    print(f"\n| SDPA bf16 causal | measured efficiency, forward and backward | model ({sdpa}) / measured time |")
-    print("|---|---:|---:|")
+    print("\n| SDPA bf16 causal | forward: measured efficiency | model / measured time | backward: measured "
+          "efficiency | model / measured time | both: one figure (0.37, before 2026-11-25) / measured time |")
+    print("|---|---:|---:|---:|---:|---:|")
     for a in result["attention"]:
-        eff = a["forward_backward_flops_per_s"] / H100.peak("bf16")
-        print(f"| head dim {a['head_dim']}, {a['seq']} tokens, batch {a['batch']} | {eff:.3f} | {eff / sdpa:.2f} |")
-
+        flops = a["forward_flops_per_s"] * a["forward_seconds"]  # the forward's, causal
+        bwd_s = a["forward_backward_seconds"] - a["forward_seconds"]
+        fwd_eff = flops / a["forward_seconds"] / H100.peak("bf16")
+        bwd_eff = 2 * flops / bwd_s / H100.peak("bf16")  # parplan's convention: backward = 2 forwards
+        model_f = sdpa.efficiency(False, a["head_dim"], a["seq"])
+        model_b = sdpa.efficiency(True, a["head_dim"], a["seq"])
+        flat = 3 * flops / (H100.peak("bf16") * 0.37) / a["forward_backward_seconds"]
+        print(f"| head dim {a['head_dim']}, {a['seq']} tokens, batch {a['batch']} | {fwd_eff:.3f} | "
+              f"{fwd_eff / model_f:.3f} | {bwd_eff:.3f} | {bwd_eff / model_b:.3f} | {flat:.2f} |")
 
 if __name__ == "__main__":
     main()

@@ -23,9 +23,19 @@ larger side) or ``N``. Sizes are one device's: each dim divided by how much the 
 **Attention.** A fused (flash) attention kernel reaches its own fraction of the peak, which depends
 on the kernel the runtime calls (:data:`KERNELS`' ``attention``: Transformer Engine's fused
 attention for Megatron-LM, PyTorch's ``scaled_dot_product_attention`` FlashAttention-2 path for the
-PyTorch runtimes). Without flash attention the scores are materialised: QKᵀ and PV are batched GEMMs
-(priced as above, over every query-key pair: an unfused kernel skips no masked block) and the score
-matrix moves through HBM (:func:`unfused_score_bytes`).
+PyTorch runtimes), on the pass, and where it was measured on the shape (:class:`AttentionCurve`)::
+
+    ceiling(pass, head dim) × L / (L + fill(pass))
+
+with ``L`` the keys one query loops over on a device (the local key length, or the window). Each
+thread block of a flash kernel owns a block of queries and loops over the keys; its fixed work
+(loading the queries, the softmax's last rescale, writing the output; backward also the dO·O
+pass and the dQ atomics) and the masked half of the diagonal blocks cost about ``fill`` keys of
+that loop. Efficiencies are in parplan's FLOP convention: the backward does twice the forward's
+FLOPs (a flash backward really multiplies 2.5 times as much, since it recomputes QKᵀ; that extra
+work is inside the backward's efficiency). Without flash attention the scores are materialised: QKᵀ
+and PV are batched GEMMs (priced as above, over every query-key pair: an unfused kernel skips no
+masked block) and the score matrix moves through HBM (:func:`unfused_score_bytes`).
 """
 
 from __future__ import annotations
@@ -53,23 +63,66 @@ K_FILL = 256
 
 
 @dataclass(frozen=True)
+class AttentionCurve:
+    """One flash-attention kernel's fraction of the dense peak by pass and shape (module docstring):
+    ``forward`` / ``backward`` ceilings by head dim (linear between the head dims listed, the
+    nearest one's outside them), and the fixed work of one block of queries in keys of its loop,
+    ``fill_forward`` / ``fill_backward`` (0: the ceiling whatever the length)."""
+
+    forward: Mapping[int, float]
+    backward: Mapping[int, float]
+    fill_forward: float = 0.0
+    fill_backward: float = 0.0
+
+    def efficiency(self, backward: bool, head_dim: int, keys: int) -> float:
+        """Fraction of the peak of one pass over ``keys`` keys per query at ``head_dim``."""
+        ceilings, fill = (self.backward, self.fill_backward) if backward else (self.forward, self.fill_forward)
+        dims = sorted(ceilings)
+        d = min(max(head_dim, dims[0]), dims[-1])
+        hi = next(x for x in dims if x >= d)
+        lo = max(x for x in dims if x <= d)
+        c = ceilings[lo] if hi == lo else ceilings[lo] + (ceilings[hi] - ceilings[lo]) * (d - lo) / (hi - lo)
+        return c * keys / (keys + fill) if fill > 0 and keys > 0 else c
+
+    @property
+    def best(self) -> float:
+        """The most any pass and shape reaches (a bound for time floors)."""
+        return max(*self.forward.values(), *self.backward.values())
+
+
+def flat_attention(efficiency: float) -> AttentionCurve:
+    """A kernel known by one figure: both passes at ``efficiency`` whatever the shape."""
+    return AttentionCurve(MappingProxyType({0: efficiency}), MappingProxyType({0: efficiency}))
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     """Kernel figures of one GPU generation: SMs (compute units), GEMM ceilings by dtype, and the
-    attention kernels' efficiencies by kernel (``fused``: Transformer Engine / cuDNN; ``sdpa``:
+    attention kernels' curves by kernel (``fused``: Transformer Engine / cuDNN; ``sdpa``:
     PyTorch's FlashAttention-2 path). A dtype or kernel not listed uses the calibration's
     matmul efficiency."""
 
     sms: int
     gemm: Mapping[str, float]
-    attention: Mapping[str, float]
+    attention: Mapping[str, AttentionCurve]
     #: thread blocks (CTAs) one NCCL ring collective's kernel runs, each holding an SM to itself
     #: while the collective runs (None: not known for this generation)
     collective_ctas: int | None = None
 
 
-def _spec(sms: int, gemm: dict[str, float], attention: dict[str, float],
+def _spec(sms: int, gemm: dict[str, float], attention: dict[str, AttentionCurve],
           collective_ctas: int | None = None) -> KernelSpec:
     return KernelSpec(sms, MappingProxyType(gemm), MappingProxyType(attention), collective_ctas)
+
+
+#: PyTorch's scaled_dot_product_attention (FlashAttention-2 path) on an H100, bf16, causal, fitted
+#: to the 8 calls measured on the H100 lent on 2026-11-23 (bench/out/gpu-2026-11-23/kernels.json:
+#: head dims 64 and 128, 1,024 to 8,192 tokens; bench/kernel_model_accuracy.py) for the least
+#: largest error at two decimals and fills in steps of 50 tokens: every forward within 2.4 %, every
+#: backward within 4.3 % of its measured time. Non-causal attention (no masked half blocks) is
+#: faster than this curve says; not measured.
+H100_SDPA = AttentionCurve(MappingProxyType({64: 0.49, 128: 0.67}), MappingProxyType({64: 0.37, 128: 0.44}),
+                           fill_forward=600.0, fill_backward=1500.0)
 
 
 #: Dtypes the tensor cores run: the tile model applies to them. fp32 runs on the CUDA cores, whose
@@ -94,13 +147,15 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #: - A100 16-bit 0.86: the largest matmul throughput measured on an A100 SXM, 267.9 of 312 TFLOP/s
 #:   (85.9 %, S. Bekman's "Maximum Achievable Matmul FLOPS" table, ml-engineering, CUDA 12.1).
 #:   MI300X 0.60: the same table, 781.9 of 1,300 TFLOP/s (ROCm 6.2).
-#: - Attention, H100, PyTorch's ``scaled_dot_product_attention`` (``sdpa``) 0.37: measured on the
-#:   lent H100 (forward and backward, bf16, causal, 16,384 tokens): 0.21 to 0.49 of the peak from
-#:   1,024 to 8,192 tokens, 0.37 at head dim 128 and 2,048 tokens. Transformer Engine's fused
-#:   attention (cuDNN; ``fused``) 0.60: FlashAttention-3 and cuDNN reach up to 75 % forward on H100,
-#:   less backward (Shah et al. 2024, FlashAttention-3); not measured here.
-#: - Attention, A100, both kernels 0.60: FlashAttention-2 reaches 50-73 % of the A100 peak forward,
-#:   less backward (Dao 2023).
+#: - Attention, H100 and H200, PyTorch's ``scaled_dot_product_attention`` (``sdpa``):
+#:   :data:`H100_SDPA`, measured on the lent H100 by pass and shape. (Before 2026-11-25 one figure,
+#:   0.37, stood for both passes; it had been read off a measurement that counted the backward as
+#:   2.5 forwards, where parplan counts 2, so attention was priced 3.0/3.5 of its measured time.)
+#:   Transformer Engine's fused attention (cuDNN; ``fused``) 0.60 for both passes:
+#:   FlashAttention-3 and cuDNN reach up to 75 % forward on H100, less backward (Shah et al. 2024,
+#:   FlashAttention-3); not measured here.
+#: - Attention, A100, both kernels 0.60 for both passes: FlashAttention-2 reaches 50-73 % of the
+#:   A100 peak forward, less backward (Dao 2023); not measured here.
 #: - V100, L4, RTX 4090: no measurement used; the calibration's efficiencies are the ceiling (the
 #:   tile model still applies).
 #: - Collective CTAs 24 on A100 and H100/H200: NCCL runs a ring collective as one kernel of one CTA
@@ -111,9 +166,11 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   Severe GEMM Performance Degradation because of Tail Effect", 2025). Not measured here (the lent
 #:   machines had one GPU). Other GPUs: unknown, no slowdown priced.
 KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
-    "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": 0.60, "sdpa": 0.60}, 24),
-    "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60}, {"fused": 0.60, "sdpa": 0.37}, 24),
-    "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60}, {"fused": 0.60, "sdpa": 0.37}, 24),
+    "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": flat_attention(0.60), "sdpa": flat_attention(0.60)}, 24),
+    "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60},
+                  {"fused": flat_attention(0.60), "sdpa": H100_SDPA}, 24),
+    "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60},
+                  {"fused": flat_attention(0.60), "sdpa": H100_SDPA}, 24),
     "MI300X": _spec(304, {"bf16": 0.60, "fp16": 0.60}, {}),
     "V100": _spec(80, {}, {}),
     "L4": _spec(58, {}, {}),
@@ -207,14 +264,35 @@ def gemm_efficiency(shape: GemmShape, gpu: GpuSpec, ceiling: float, dtype: str, 
     return ceiling * shape_factor(shape, spec.sms, fill)
 
 
-def attention_efficiency(gpu: GpuSpec, kernel: str, dtype: str, calibrated: float) -> float:
-    """Fraction of the dense peak ``kernel`` (``fused`` / ``sdpa``) reaches on ``gpu`` in ``dtype``
-    (``calibrated``, the calibration's matmul efficiency, where :data:`KERNELS` has no figure or
-    the dtype is not one the flash kernels run)."""
+def attention_curve(gpu: GpuSpec, kernel: str, dtype: str) -> AttentionCurve | None:
+    """``kernel``'s (``fused`` / ``sdpa``) curve on ``gpu`` in ``dtype``; None where :data:`KERNELS`
+    has none or the dtype is not one the flash kernels run (the calibration's matmul efficiency
+    then stands for both passes)."""
     spec = kernel_spec(gpu)
     if spec is None or dtype not in ATTENTION_DTYPES:
-        return calibrated
-    return spec.attention.get(kernel, calibrated)
+        return None
+    return spec.attention.get(kernel)
+
+
+def attention_efficiency(gpu: GpuSpec, kernel: str, dtype: str, calibrated: float, *, backward: bool = False,
+                         head_dim: int = 128, keys: int = 0) -> float:
+    """Fraction of the dense peak ``kernel`` reaches on ``gpu`` in ``dtype`` in one pass
+    (``backward``) over ``keys`` keys per query at ``head_dim`` (:class:`AttentionCurve`;
+    ``calibrated`` where there is no curve, :func:`attention_curve`)."""
+    curve = attention_curve(gpu, kernel, dtype)
+    return calibrated if curve is None else curve.efficiency(backward, head_dim, keys)
+
+
+def flash_attention_shape(node: Node, graph: Graph, cuts: Mapping[str, int]) -> tuple[int, int]:
+    """(head dim, keys one query loops over) of one device's share of a flash attention: the key
+    length divided by its cut, no more than the window of a sliding-window attention."""
+    q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    head_dim, kv_seq = attention_dims(node, q, k)
+    keys = -(-dict(k.dims)[kv_seq] // cuts.get(kv_seq, 1))
+    window = node.attrs.get("window")
+    if isinstance(window, int) and 0 < window < keys:
+        keys = window
+    return dict(q.dims)[head_dim], keys
 
 
 def unfused_attention_gemms(node: Node, graph: Graph, cuts: Mapping[str, int]) -> tuple[GemmShape, GemmShape]:
@@ -263,8 +341,9 @@ def efficiency_bound(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibr
                      runtime: Runtime) -> float:
     """The most of the ``dtype`` peak ``node``'s kernel reaches however the operator is split (a
     bound for time floors): a GEMM its ceiling times the K fill of its whole contraction (a split
-    K only shortens it; tiles and waves only lose), flash attention its kernel's figure, anything
-    else the calibration's matmul efficiency (as :func:`~parplan.solver.cost.rules.op_seconds`)."""
+    K only shortens it; tiles and waves only lose), flash attention the best of its kernel's curve
+    (either pass, any length), anything else the calibration's matmul efficiency (as
+    :func:`~parplan.solver.cost.rules.op_seconds`)."""
     calibrated = calibration.matmul_efficiency_for(dtype)
     shape = gemm_shape(node, graph, {})
     if shape is not None:
@@ -273,5 +352,6 @@ def efficiency_bound(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibr
             return ceiling
         return ceiling * shape.k / (shape.k + K_FILL)
     if node.kind is OpKind.ATTENTION:
-        return attention_efficiency(gpu, attention_kernel(runtime), dtype, calibrated)
+        curve = attention_curve(gpu, attention_kernel(runtime), dtype)
+        return calibrated if curve is None else curve.best
     return calibrated

@@ -27,6 +27,7 @@ from parplan.solver.cost.kernels import (
     GEMM_SCORE_PASSES,
     attention_efficiency,
     attention_kernel,
+    flash_attention_shape,
     gemm_ceiling,
     gemm_efficiency,
     gemm_shape,
@@ -119,13 +120,15 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
                                           gemm_ceiling(gpu, dt, calibration), b_eff)
     shape = gemm_shape(node, graph, cuts)
     if shape is not None:
-        m_eff = gemm_efficiency(shape, gpu, gemm_ceiling(gpu, dt, calibration), dt)
+        m_eff = b_m_eff = gemm_efficiency(shape, gpu, gemm_ceiling(gpu, dt, calibration), dt)
     elif node.kind is OpKind.ATTENTION:
-        m_eff = attention_efficiency(gpu, kernel, dt, calibrated)
+        head_dim, keys = flash_attention_shape(node, graph, cuts)
+        m_eff = attention_efficiency(gpu, kernel, dt, calibrated, head_dim=head_dim, keys=keys)
+        b_m_eff = attention_efficiency(gpu, kernel, dt, calibrated, backward=True, head_dim=head_dim, keys=keys)
     else:
-        m_eff = calibrated
+        m_eff = b_m_eff = calibrated
     fwd = roofline_seconds(forward_flops(node, graph) / work, traffic, gpu, dt, m_eff, b_eff)
-    bwd = roofline_seconds(backward_flops(node, graph) / work, 2 * traffic, gpu, dt, m_eff, b_eff)
+    bwd = roofline_seconds(backward_flops(node, graph) / work, 2 * traffic, gpu, dt, b_m_eff, b_eff)
     return fwd, bwd
 
 
