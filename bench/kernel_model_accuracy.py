@@ -6,7 +6,8 @@ For each GEMM, predicted over measured time, with the shape model and with the d
 flat efficiency that every matmul got before (0.55 bf16, 0.5 tf32 and fp32); for each attention call,
 each pass's efficiency measured (FLOPs counted as parplan counts them: the backward twice the forward)
 against the model's curve (predicted / measured time), and the one figure that priced both passes
-before 2026-11-25.
+before 2026-11-25; for each memory-bound kernel of 256 MiB or more, the fraction of the HBM peak
+measured against the model's.
 Run: python bench/kernel_model_accuracy.py [KERNELS_JSON]
 """
 
@@ -22,7 +23,7 @@ from _common import header
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import gpu_preset
-from parplan.solver.cost.kernels import KERNELS, GemmShape, gemm_ceiling, gemm_efficiency
+from parplan.solver.cost.kernels import KERNELS, GemmShape, gemm_ceiling, gemm_efficiency, memory_efficiency
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "gpu-2026-11-23", "kernels.json")
 H100 = gpu_preset("H100-80GB")
@@ -75,6 +76,17 @@ def main() -> None:
         flat = 3 * flops / (H100.peak("bf16") * 0.37) / a["forward_backward_seconds"]
         print(f"| head dim {a['head_dim']}, {a['seq']} tokens, batch {a['batch']} | {fwd_eff:.3f} | "
               f"{fwd_eff / model_f:.3f} | {bwd_eff:.3f} | {bwd_eff / model_b:.3f} | {flat:.2f} |")
+    print("\n| memory-bound, bf16 (PyTorch) | tensor MiB | measured fraction of the HBM peak | model's fraction | "
+          "model / measured time |")
+    print("|---|---:|---:|---:|---:|")
+    kinds = {"copy": "elementwise", "add": "elementwise", "gelu": "elementwise", "layer_norm": "layernorm",
+             "softmax": "softmax"}
+    for x in result["memory_bound"]:
+        if x["tensor_bytes"] < 256 * 2**20:
+            continue  # shorter kernels measure their launch more than their bytes
+        measured = x["bytes_per_s"] / H100.hbm_bandwidth_bytes_per_s
+        model = memory_efficiency(H100, kinds[x["op"]], DEFAULT_CALIBRATION, "torch")
+        print(f"| {x['op']} | {x['tensor_bytes'] // 2**20} | {measured:.3f} | {model:.2f} | {measured / model:.2f} |")
 
 if __name__ == "__main__":
     main()

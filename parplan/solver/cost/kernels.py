@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from parplan.solver.calibration import Calibration
@@ -108,11 +108,16 @@ class KernelSpec:
     #: thread blocks (CTAs) one NCCL ring collective's kernel runs, each holding an SM to itself
     #: while the collective runs (None: not known for this generation)
     collective_ctas: int | None = None
+    #: by kernel library (:func:`memory_library`), the fraction of the HBM peak its operators of these
+    #: kinds (``OpKind`` values) reach, where it was measured below a copy's (a kind or library not
+    #: listed: the calibration's memory efficiency)
+    memory: Mapping[str, Mapping[str, float]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def _spec(sms: int, gemm: dict[str, float], attention: dict[str, AttentionCurve],
-          collective_ctas: int | None = None) -> KernelSpec:
-    return KernelSpec(sms, MappingProxyType(gemm), MappingProxyType(attention), collective_ctas)
+          collective_ctas: int | None = None, memory: dict[str, dict[str, float]] | None = None) -> KernelSpec:
+    return KernelSpec(sms, MappingProxyType(gemm), MappingProxyType(attention), collective_ctas,
+                      MappingProxyType({k: MappingProxyType(v) for k, v in (memory or {}).items()}))
 
 
 #: PyTorch's scaled_dot_product_attention (FlashAttention-2 path) on an H100, bf16, causal, fitted
@@ -158,6 +163,13 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   A100 peak forward, less backward (Dao 2023); not measured here.
 #: - V100, L4, RTX 4090: no measurement used; the calibration's efficiencies are the ceiling (the
 #:   tile model still applies).
+#: - Memory-bound kernels, H100, PyTorch's (``torch``): measured on the lent H100
+#:   (bench/out/gpu-2026-11-23/kernels.json, bf16, rows of 4,096, tensors of 256 MiB and 2 GiB): a
+#:   copy, an add and GELU move 0.80-0.91 of the HBM peak (the default calibration's 0.8 stands for
+#:   them), layer_norm 0.58-0.61 and softmax 0.37-0.39; the lower of each, rounded down. Backward passes
+#:   are not measured; they are priced at the forward's fraction. H200 (the same chip, faster HBM):
+#:   not measured, the H100's fractions. Megatron-LM's (Transformer Engine's normalisations, its
+#:   fused scale-mask-softmax): not measured, the calibration's.
 #: - Collective CTAs 24 on A100 and H100/H200: NCCL runs a ring collective as one kernel of one CTA
 #:   per channel, and a CTA of NCCL does not share its SM with a compute kernel (NCCL's maintainers,
 #:   NVIDIA/nccl issue #1656). Traces published with their CTA counts: an all-reduce on a DGX A100
@@ -165,12 +177,13 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   a 132-tile GEMM into a second wave (NVIDIA developer forum, "Compute-Communication Overlap Causes
 #:   Severe GEMM Performance Degradation because of Tail Effect", 2025). Not measured here (the lent
 #:   machines had one GPU). Other GPUs: unknown, no slowdown priced.
+_H100_TORCH_MEMORY = {"torch": {"layernorm": 0.58, "softmax": 0.36}}
 KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
     "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": flat_attention(0.60), "sdpa": flat_attention(0.60)}, 24),
     "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60},
-                  {"fused": flat_attention(0.60), "sdpa": H100_SDPA}, 24),
+                  {"fused": flat_attention(0.60), "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
     "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60},
-                  {"fused": flat_attention(0.60), "sdpa": H100_SDPA}, 24),
+                  {"fused": flat_attention(0.60), "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
     "MI300X": _spec(304, {"bf16": 0.60, "fp16": 0.60}, {}),
     "V100": _spec(80, {}, {}),
     "L4": _spec(58, {}, {}),
@@ -192,6 +205,22 @@ def collective_sm_share(gpu: GpuSpec) -> float:
     if spec is None or spec.collective_ctas is None:
         return 0.0
     return spec.collective_ctas / spec.sms
+
+
+def memory_library(runtime: Runtime) -> str:
+    """Whose memory-bound kernels a runtime runs: ``te`` (Megatron-LM: Transformer Engine's
+    normalisations, Megatron's fused softmax) or ``torch`` (PyTorch's)."""
+    return "te" if runtime is Runtime.MEGATRON else "torch"
+
+
+def memory_efficiency(gpu: GpuSpec, kind: str, calibration: Calibration, library: str) -> float:
+    """The fraction of ``gpu``'s HBM peak an operator of ``kind`` (an ``OpKind`` value) of
+    ``library``'s kernels reaches: the calibration's memory efficiency, or the kind's measured figure
+    (:data:`KERNELS`' ``memory``) where that is lower (a calibration measures a copy, which no
+    normalisation reaches)."""
+    spec = kernel_spec(gpu)
+    figure = spec.memory.get(library, {}).get(kind) if spec is not None else None
+    return calibration.memory_efficiency if figure is None else min(calibration.memory_efficiency, figure)
 
 
 def attention_kernel(runtime: Runtime) -> str:
@@ -335,6 +364,8 @@ def unfused_score_bytes(node: Node, graph: Graph, work: int, activation_bytes: i
 #: Passes over the score matrix that the unfused attention's GEMMs make themselves (QKᵀ writes it,
 #: PV reads the probabilities): they move while the GEMMs compute.
 GEMM_SCORE_PASSES = 2
+#: The softmax's passes over it (it reads the scores and writes the probabilities).
+SOFTMAX_SCORE_PASSES = 2
 
 
 def efficiency_bound(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, dtype: str,

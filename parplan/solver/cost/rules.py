@@ -25,12 +25,15 @@ from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flo
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
 from parplan.solver.cost.kernels import (
     GEMM_SCORE_PASSES,
+    SOFTMAX_SCORE_PASSES,
     attention_efficiency,
     attention_kernel,
     flash_attention_shape,
     gemm_ceiling,
     gemm_efficiency,
     gemm_shape,
+    memory_efficiency,
+    memory_library,
     unfused_attention_gemms,
     unfused_score_bytes,
     unfused_scores,
@@ -94,19 +97,25 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
             factors[d] = factors.get(d, 1) * size
     kernel = attention_kernel(runtime) if node.kind is OpKind.ATTENTION else ""
     flash = flash_attention or node.kind is not OpKind.ATTENTION
+    # whose normalisation and softmax kernels run (an unfused attention's softmax too)
+    library = memory_library(runtime) if node.kind in _LIBRARY_KINDS or not flash else ""
     cache = graph.memo.setdefault("op_seconds", {})
-    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec, flash, kernel)
+    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec, flash, kernel, library)
     hit = cache.get(key) if graph.owns(node) else None
     if hit is None:
-        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh, factors, flash, kernel)
+        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh, factors, flash, kernel, library)
         if graph.owns(node):
             cache[key] = hit
     fwd, bwd = hit
     return fwd, bwd, fwd if recomputed(node, recompute, flash_attention, runtime) else 0.0
 
 
+#: Operator kinds whose memory-bound kernel depends on the runtime's library (:func:`memory_library`).
+_LIBRARY_KINDS = frozenset({OpKind.LAYERNORM, OpKind.RMSNORM, OpKind.SOFTMAX})
+
+
 def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
-                mesh: Mesh, cuts: dict[str, int], flash: bool, kernel: str) -> tuple[float, float]:
+                mesh: Mesh, cuts: dict[str, int], flash: bool, kernel: str, library: str) -> tuple[float, float]:
     """(forward, backward) seconds of :func:`op_seconds`, priced afresh."""
     dt = compute_dtype(node, prec, graph)
     work = work_shards(s, mesh)
@@ -114,10 +123,12 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
     partial = loop_dims(node, graph)[1]
     ins = [input_layout(node, pos, graph, s, mesh).shards(sizes) for pos in range(len(node.inputs))]
     traffic = bytes_moved(node, graph, prec.activation_bytes, ins, output_layout(node, s, mesh, partial).shards(sizes))
-    calibrated, b_eff = calibration.matmul_efficiency_for(dt), calibration.memory_efficiency
+    calibrated = calibration.matmul_efficiency_for(dt)
+    b_eff = memory_efficiency(gpu, node.kind.value, calibration, library)
     if node.kind is OpKind.ATTENTION and not flash:
         return _unfused_attention_seconds(node, graph, gpu, prec, dt, cuts, work, traffic,
-                                          gemm_ceiling(gpu, dt, calibration), b_eff)
+                                          gemm_ceiling(gpu, dt, calibration), b_eff,
+                                          memory_efficiency(gpu, OpKind.SOFTMAX.value, calibration, library))
     shape = gemm_shape(node, graph, cuts)
     if shape is not None:
         m_eff = b_m_eff = gemm_efficiency(shape, gpu, gemm_ceiling(gpu, dt, calibration), dt)
@@ -134,12 +145,13 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
 
 def _unfused_attention_seconds(node: Node, graph: Graph, gpu: GpuSpec, prec: Precision, dt: str,
                                cuts: dict[str, int], work: int, traffic: float, ceiling: float,
-                               b_eff: float) -> tuple[float, float]:
+                               b_eff: float, softmax_eff: float) -> tuple[float, float]:
     """(forward, backward) seconds of an attention without a fused kernel: QKᵀ and PV as batched
     GEMMs over every query-key pair (no K fill: their short K loops' output is the score matrix,
     whose writes and reads are priced as traffic), a roofline over their arithmetic and what they
     move (the operator's inputs and output, QKᵀ's write of the scores and PV's read of the
-    probabilities), then the softmax's and dropout's passes over the score matrix
+    probabilities), then the softmax's passes over the score matrix (its read and write, at the
+    fraction of the HBM peak a softmax reaches, ``softmax_eff``) and dropout's
     (:func:`~parplan.solver.cost.kernels.unfused_score_bytes`, less the GEMMs' own); backward twice
     both."""
     qk, pv = unfused_attention_gemms(node, graph, cuts)
@@ -147,8 +159,10 @@ def _unfused_attention_seconds(node: Node, graph: Graph, gpu: GpuSpec, prec: Pre
                                  gemm_efficiency(g, gpu, ceiling, dt, fill=False), b_eff) for g in (qk, pv))
     scores = unfused_score_bytes(node, graph, work, prec.activation_bytes)
     own = GEMM_SCORE_PASSES * unfused_scores(node, graph, work) * prec.activation_bytes
+    softmax = SOFTMAX_SCORE_PASSES * unfused_scores(node, graph, work) * prec.activation_bytes
     io = roofline_seconds(0.0, traffic + own, gpu, dt, 1.0, b_eff)
-    fwd = max(gemms, io) + roofline_seconds(0.0, scores - own, gpu, dt, 1.0, b_eff)
+    fwd = (max(gemms, io) + roofline_seconds(0.0, softmax, gpu, dt, 1.0, softmax_eff)
+           + roofline_seconds(0.0, scores - own - softmax, gpu, dt, 1.0, b_eff))
     return fwd, 2 * fwd
 
 
