@@ -262,14 +262,19 @@ def test_certificate_prices_every_choice_of_an_encoder_decoder_as_the_ilp_does()
 def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_afresh() -> None:
     """``rules.op_seconds`` keeps its answers on the graph by the product of the axis sizes each
     dim takes; every candidate of every operator on meshes of several shapes gets what pricing it
-    afresh gives."""
-    from parplan.solver.cost.rules import _op_seconds, op_seconds, recomputed
+    afresh gives (Megatron-LM on A100s; on H100s PyTorch's kernels and Megatron-LM's, which price
+    norms, softmax and attention differently)."""
+    import itertools
+
+    from parplan.solver.cost.kernels import attention_kernel, memory_library
+    from parplan.solver.cost.rules import _LIBRARY_KINDS, _op_seconds, op_seconds, recomputed
     from parplan.solver.cost.runtime import Runtime
 
     cfg = get_preset("mixtral-8x7b").with_(layers=2, hidden=256, heads=8, kv_heads=4, ffn=512, vocab=512,
                                            seq_len=64)
     graph = build_graph(cfg, batch=8)
     cl = make_cluster(8, 8, "A100-80GB")
+    h100 = make_cluster(8, 8, "H100-80GB").gpu  # PyTorch's norms and softmax, the attention curve
     prec = get_precision("bf16")
     checked = 0
     for mesh in (Mesh((("m0", 8),)), Mesh((("m0", 4), ("m1", 2))), Mesh((("m0", 2), ("m1", 4))),
@@ -282,15 +287,17 @@ def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_a
                 for (_, size), d in zip(mesh.axes, s.assignment, strict=True):
                     if d is not None:
                         cuts[d] = cuts.get(d, 1) * size
-                for rc in (Recompute.SELECTIVE, Recompute.FULL):
-                    for flash in (False, True):
-                        fresh = _op_seconds(n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh, cuts,
-                                            flash or n.kind is not OpKind.ATTENTION,
-                                            "fused" if n.kind is OpKind.ATTENTION else "")
-                        fwd, bwd, rec = op_seconds(n, graph, cl.gpu, DEFAULT_CALIBRATION, prec, s, mesh, rc, flash)
-                        assert (fwd, bwd) == fresh
-                        assert rec == (fwd if recomputed(n, rc, flash, Runtime.MEGATRON) else 0.0)
-                        checked += 1
+                for rc, flash, (gpu, runtime) in itertools.product(
+                        (Recompute.SELECTIVE, Recompute.FULL), (False, True),
+                        ((cl.gpu, Runtime.MEGATRON), (h100, Runtime.TORCH), (h100, Runtime.MEGATRON))):
+                    unfused = n.kind is OpKind.ATTENTION and not flash
+                    library = memory_library(runtime) if n.kind in _LIBRARY_KINDS or unfused else ""
+                    fresh = _op_seconds(n, graph, gpu, DEFAULT_CALIBRATION, prec, s, mesh, cuts, not unfused,
+                                        attention_kernel(runtime) if n.kind is OpKind.ATTENTION else "", library)
+                    fwd, bwd, rec = op_seconds(n, graph, gpu, DEFAULT_CALIBRATION, prec, s, mesh, rc, flash, runtime)
+                    assert (fwd, bwd) == fresh
+                    assert rec == (fwd if recomputed(n, rc, flash, runtime) else 0.0)
+                    checked += 1
     assert checked > 1000 and len(graph.memo["op_seconds"]) < checked
 
 

@@ -149,9 +149,9 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   chip and clocks, not measured.
 #: - H100 fp32 GEMM ceiling 0.77 (the CUDA cores; no tile model): measured on the same H100, the
 #:   median efficiency of the 28 fp32 GEMMs that ran 1 ms or more (0.62 to 0.78). A tile model with
-#:   the CUDA cores' smaller tiles fits them little better (best mean deviation 3.4 % against 4.8 %
-#:   flat). Before 2026-11-25 fp32 took the default calibration's 0.5, which priced these GEMMs 1.53x
-#:   their measured time. H200: not measured, as above.
+#:   the CUDA cores' smaller tiles fits them little better (over the 35 of 100 µs or more, the best
+#:   mean deviation 3.4 % against 4.8 % flat). Before 2026-11-25 fp32 took the default calibration's
+#:   0.5, which priced these GEMMs 1.53x their measured time. H200: not measured, as above.
 #: - H100/H200 FP8 0.60: *fitted*, not measured: Megatron-Bridge's FP8 H100 runs in
 #:   bench/time_model_accuracy.py are priced within 10 % at it. Replace it by a calibration.
 #: - A100 16-bit 0.86: the largest matmul throughput measured on an A100 SXM, 267.9 of 312 TFLOP/s
