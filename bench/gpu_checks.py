@@ -16,12 +16,20 @@ stop the others):
   a 128,256-word vocabulary);
 - ``probe``: which collectives gloo runs on CUDA tensors (what ``shared`` relies on);
 - ``workspace``: what the CUDA allocator holds for cuBLAS after a first matmul and a first backward;
+- ``breakdown``: bf16 training steps of GPT and Llama models on one GPU (shapes of the published
+  H100 runs' layers: MPT-1b/GPT-1.3B, Llama-3.2-1B, slices of MPT-7b and Llama-3-8B), each kernel
+  timed by ``torch.profiler`` and sorted by phase and category
+  (:mod:`parplan.agent.step_profile`), for ``bench/step_breakdown.py`` to set beside the time
+  model's prediction of each category;
+- ``sustained``: a large bf16 GEMM run back to back for 30 s, its throughput second by second
+  with the SM clock, power and throttle reasons ``nvidia-smi`` reports meanwhile (the ``kernels``
+  part times bursts of 10: a whole training step may run at a lower clock);
 - ``shared``: the validation matrix's multi-rank strategies (TP, FSDP / ZeRO, SP; no pipelines, as
   gloo cannot send CUDA tensors) on GPT and Llama models of about 100 M parameters, with all
   ranks on the machine's GPUs (more ranks than GPUs: they share them and talk through gloo):
   per-rank memory only, the step times of shared GPUs are no measurement.
 
-    python bench/gpu_checks.py --out DIR [--parts env,profile,kernels,single,shared]
+    python bench/gpu_checks.py --out DIR [--parts env,profile,kernels,single,breakdown,sustained,shared]
 
 Measures only; the tables in bench/RESULTS.md are written from these files.
 """
@@ -42,7 +50,7 @@ from typing import Any
 
 import torch
 
-PARTS = ("env", "profile", "kernels", "single", "large", "probe", "workspace", "shared")
+PARTS = ("env", "profile", "kernels", "single", "large", "breakdown", "sustained", "probe", "workspace", "shared")
 
 
 def _events_seconds(fn: Callable[[], Any], repeats: int = 10, warmup: int = 3) -> float:
@@ -259,6 +267,75 @@ def part_shared() -> list[dict[str, Any]]:
     return _run_each(specs, _gpu_preset(), chunk=4)
 
 
+def breakdown_specs() -> list[tuple[str, Any, int, str]]:
+    """(label, model, micro-batch, recomputation) of the ``breakdown`` part: the layers of the
+    published H100 runs' models (fewer of them where the whole model would not fit one GPU)."""
+    from parplan.solver.frontends.presets import get_preset
+
+    gpt = get_preset("gpt-1.7b").with_(name="gpt-1.3b", layers=24, hidden=2048, heads=16, ffn=8192, seq_len=2048)
+    mpt7 = gpt.with_(name="gpt-7b-8layers", layers=8, hidden=4096, heads=32, ffn=16384, vocab=50432)
+    llama = get_preset("llama-2-70b").with_(name="llama-1b", layers=16, hidden=2048, heads=32, kv_heads=8,
+                                            ffn=8192, vocab=128256, seq_len=2048, tied_embeddings=True)
+    llama8 = get_preset("llama-2-70b").with_(name="llama-8b-4layers", layers=4, hidden=4096, heads=32, kv_heads=8,
+                                             ffn=14336, vocab=128256, seq_len=8192)
+    return [("gpt-1.3b/mb8/none", gpt, 8, "none"), ("gpt-1.3b/mb8/full", gpt, 8, "full"),
+            ("gpt-7b-8layers/mb6/none", mpt7, 6, "none"), ("llama-1b/mb4/none", llama, 4, "none"),
+            ("llama-1b/mb4/selective", llama, 4, "selective"), ("llama-8b-4layers/mb1/none", llama8, 1, "none")]
+
+
+def part_breakdown() -> list[dict[str, Any]]:
+    from parplan.agent.step_profile import profile_run
+
+    out = []
+    for label, cfg, mb, rec in breakdown_specs():
+        t0 = time.perf_counter()
+        try:
+            res = {"label": label, "ok": True, "gpu": _gpu_preset(), "model": asdict(cfg), **profile_run(cfg, mb, rec)}
+        except Exception as e:  # one failed run is a row, not the end of the part
+            res = {"label": label, "ok": False, "error": f"{type(e).__name__}: {e}"[-3000:]}
+        res["wall_seconds"] = time.perf_counter() - t0
+        print(f"  {label}: " + (f"step {res['step_seconds']['median']:.4f} s" if res["ok"] else res["error"][-300:]),
+              flush=True)
+        out.append(res)
+        torch.cuda.empty_cache()
+    return out
+
+
+_SMI_FIELDS = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+
+
+def part_sustained(seconds: float = 30.0, size: int = 8192) -> dict[str, Any]:
+    """A ``size``-cubed bf16 GEMM back to back for ``seconds``: TFLOP/s per second of running, and
+    what ``nvidia-smi`` samples every 200 ms meanwhile."""
+    dev = torch.device("cuda", 0)
+    a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    c = torch.empty(size, size, device=dev, dtype=torch.bfloat16)
+    flops = 2 * size**3
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader", "-lms", "200"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    windows = []
+    try:
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            t0, e0, e1 = time.perf_counter(), torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            n = 0
+            while time.perf_counter() - t0 < 1.0:
+                for _ in range(10):
+                    torch.matmul(a, b, out=c)
+                n += 10
+                e1.record()
+                e1.synchronize()
+            windows.append({"at_seconds": t0 - start, "gemms": n,
+                            "flops_per_s": n * flops / (e0.elapsed_time(e1) / 1e3)})
+    finally:
+        smi.terminate()
+        samples, _ = smi.communicate(timeout=10)
+    return {"gemm": [size, size, size], "dtype": "bf16", "windows": windows, "fields": _SMI_FIELDS,
+            "nvidia_smi": samples.strip().splitlines()}
+
+
 def part_workspace() -> dict[str, Any]:
     """Bytes the CUDA caching allocator holds for libraries after a first matmul on this thread and
     after a first backward (PyTorch's autograd runs it on a thread of its own)."""
@@ -328,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     funcs: dict[str, Callable[[], Any]] = {
         "env": part_env, "profile": part_profile, "kernels": part_kernels, "single": part_single,
-        "large": part_large, "probe": part_probe, "workspace": part_workspace, "shared": part_shared}
+        "large": part_large, "breakdown": part_breakdown, "sustained": part_sustained, "probe": part_probe,
+        "workspace": part_workspace, "shared": part_shared}
     status = 0
     for part in args.parts.split(","):
         t0 = time.perf_counter()

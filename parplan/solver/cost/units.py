@@ -14,9 +14,9 @@ Everything here is a rearrangement of the per-operator models in :mod:`.activati
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
@@ -32,7 +32,14 @@ from parplan.solver.cost.collectives import all_reduce_seconds, all_to_all_secon
 from parplan.solver.cost.context_parallel import AttentionBytes, cp_buffer_bytes, cp_exchange
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.loss_loop import LossLoop, loss_loop
-from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout, partial_gradient_axes, renaming
+from parplan.solver.cost.op_layout import (
+    OpStrategy,
+    input_layout,
+    loop_dims,
+    output_layout,
+    partial_gradient_axes,
+    renaming,
+)
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.resharding import edge_seconds
@@ -119,6 +126,16 @@ class TimeEnv:
     cp_link: Link | None = None  # the context-parallel ring's slowest hop (cp > 1)
     cp_group_link: Link | None = None  # the context-parallel group's link for its all-to-alls
     ep_link: Link | None = None  # the expert-parallel group's link for its all-to-alls (ep > 1)
+
+
+class OperatorSeconds(NamedTuple):
+    """One operator's strategy and its seconds of one micro-batch on one device."""
+
+    node: Node
+    strategy: OpStrategy
+    forward: float
+    backward: float
+    recompute: float
 
 
 class GraphCosts:
@@ -340,18 +357,24 @@ class GraphCosts:
                 redundant += local * (1 - 1 / s.tp)
         return held, redundant
 
+    def operator_seconds(self, unit: str, s: UnitStrategy, env: TimeEnv) -> Iterator[OperatorSeconds]:
+        """Each operator of ``unit`` with its strategy and its (forward, backward, recomputed
+        forward) seconds of one micro-batch on one device: the terms :meth:`unit_cost` adds up."""
+        for n in self.nodes[unit]:
+            if n.kind is OpKind.INPUT:
+                continue
+            op = uniform_strategy(n, self.graph, s)
+            f, b, r = op_seconds(n, self.graph, env.gpu, env.calibration, env.precision, op, op_mesh(s),
+                                 s.recompute, s.flash_attention, s.runtime)
+            yield OperatorSeconds(n, op, f, b, r)
+
     def _price_time(self, unit: str, s: UnitStrategy, env: TimeEnv, c: UnitCost) -> None:
         mesh = mesh_sizes(s)
         prec = env.precision
         act = prec.activation_bytes
         graph = self.graph
         seen: set[str] = set()
-        for n in self.nodes[unit]:
-            if n.kind is OpKind.INPUT:
-                continue
-            op = uniform_strategy(n, graph, s)
-            f, b, r = op_seconds(n, graph, env.gpu, env.calibration, prec, op, op_mesh(s), s.recompute,
-                                 s.flash_attention, s.runtime)
+        for n, op, f, b, r in self.operator_seconds(unit, s, env):
             c.forward_seconds += f
             c.backward_seconds += b
             c.recompute_seconds += r
