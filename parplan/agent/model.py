@@ -280,7 +280,8 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.lm(self.norm(x))
-        loss: torch.Tensor = nnf.cross_entropy(logits.flatten(0, 1), labels.flatten(0, 1))
+        # in fp32, as torchtitan's and Hugging Face's losses compute it (a no-op for fp32 logits)
+        loss: torch.Tensor = nnf.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
         return loss
 
 

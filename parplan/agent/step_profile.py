@@ -199,7 +199,9 @@ def profile_run(cfg: TransformerConfig, micro_batch: int, recompute: str, device
     selective or full) on ``device`` in ``dtype``: the wall seconds of ``timed_steps`` whole steps,
     then :func:`summarize` of ``profiled_steps`` profiled ones."""
     dev = torch.device(device)
-    model = build_model(cfg, seed).to(device=dev, dtype=dtype)
+    with dev:  # built and initialised where it runs (a billion weights initialise slowly on a host)
+        model = build_model(cfg, seed)
+    model = model.to(device=dev, dtype=dtype)
     set_recompute(model, recompute)
     model.train()
     gen = torch.Generator().manual_seed(seed)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
-from parplan.solver.cost.activations import Recompute, block_of, is_float
+from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, is_float
 from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
@@ -111,7 +111,31 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
 
 
 #: Operator kinds whose memory-bound kernel depends on the runtime's library (:func:`memory_library`).
-_LIBRARY_KINDS = frozenset({OpKind.LAYERNORM, OpKind.RMSNORM, OpKind.SOFTMAX})
+_LIBRARY_KINDS = frozenset({OpKind.LAYERNORM, OpKind.RMSNORM, OpKind.SOFTMAX, OpKind.CROSS_ENTROPY})
+
+
+def cross_entropy_passes(library: str, activation_bytes: int) -> tuple[float, float, float, float]:
+    """HBM bytes per logit element (one device's) of a runtime's cross entropy, which computes in
+    fp32 (:data:`~parplan.solver.cost.activations.LOSS_BYTES`, as the memory model keeps its
+    probabilities): (forward, forward softmax, backward, backward softmax), the softmax ones moved by
+    a softmax kernel (at the fraction of the HBM peak a softmax reaches), the others by elementwise
+    and row-reduction kernels. A 16-bit logit is cast up first and its gradient cast back down.
+
+    - ``te`` (Megatron-LM's vocabulary-parallel cross entropy, unfused, as its
+      ``VocabParallelCrossEntropy`` runs it): forward the cast, the row max (a read), the in-place
+      subtraction of it, the in-place exponential (a read and a write each), the row sum (a read)
+      and the in-place division (a read and a write); backward the in-place product with the
+      output gradient (the target's entry aside);
+    - ``torch`` (PyTorch's ``cross_entropy``, ``log_softmax`` then ``nll_loss``, on logits cast to
+      fp32 as torchtitan's and Hugging Face's losses do): forward the cast and ``log_softmax`` (a
+      softmax kernel: a read and a write); backward ``nll_loss``'s zeroed gradient (a write) and
+      ``log_softmax``'s backward (two reads and a write, a softmax kernel)."""
+    f = LOSS_BYTES
+    cast_up = activation_bytes + f if activation_bytes != f else 0.0
+    cast_down = f + activation_bytes if activation_bytes != f else 0.0
+    if library == "te":
+        return cast_up + 8 * f, 0.0, 2 * f + cast_down, 0.0
+    return cast_up, 2 * f, f + cast_down, 3 * f
 
 
 def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
@@ -129,6 +153,18 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
         return _unfused_attention_seconds(node, graph, gpu, prec, dt, cuts, work, traffic,
                                           gemm_ceiling(gpu, dt, calibration), b_eff,
                                           memory_efficiency(gpu, OpKind.SOFTMAX.value, calibration, library))
+    if node.kind is OpKind.CROSS_ENTROPY:
+        logits = graph.node(node.inputs[0]).numel / ins[0]
+        fwd_bytes, fwd_softmax, bwd_bytes, bwd_softmax = cross_entropy_passes(library, prec.activation_bytes)
+        softmax_eff = memory_efficiency(gpu, OpKind.SOFTMAX.value, calibration, library)
+        flops = forward_flops(node, graph) / work
+        fwd = max(roofline_seconds(flops, 0.0, gpu, dt, calibrated, b_eff),
+                  roofline_seconds(0.0, logits * fwd_bytes, gpu, dt, calibrated, b_eff)
+                  + roofline_seconds(0.0, logits * fwd_softmax, gpu, dt, calibrated, softmax_eff))
+        bwd = max(roofline_seconds(2 * flops, 0.0, gpu, dt, calibrated, b_eff),
+                  roofline_seconds(0.0, logits * bwd_bytes, gpu, dt, calibrated, b_eff)
+                  + roofline_seconds(0.0, logits * bwd_softmax, gpu, dt, calibrated, softmax_eff))
+        return fwd, bwd
     shape = gemm_shape(node, graph, cuts)
     if shape is not None:
         m_eff = b_m_eff = gemm_efficiency(shape, gpu, gemm_ceiling(gpu, dt, calibration), dt)
