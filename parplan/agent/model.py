@@ -159,9 +159,9 @@ class Attention(nn.Module):
         return out
 
 
-def attention_kernel(device: torch.device, dropout: float) -> str:
-    """Which attention core :class:`Attention` runs: ``unfused`` (scores materialised) or the
-    name of the fused ``scaled_dot_product_attention`` kernel the dispatcher picks."""
+def attention_kernel(device: torch.device, dropout: float, dtype: torch.dtype = torch.float32) -> str:
+    """Which attention core :class:`Attention` runs on ``dtype`` tensors: ``unfused`` (scores
+    materialised) or the name of the fused ``scaled_dot_product_attention`` kernel the dispatcher picks."""
     if dropout > 0 and device.type == "cpu":
         return "unfused"
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -173,7 +173,7 @@ def attention_kernel(device: torch.device, dropout: float) -> str:
             seen.append(str(func))
             return func(*args, **(kwargs or {}))
 
-    q = torch.zeros(1, 2, 8, 16, device=device)
+    q = torch.zeros(1, 2, 8, 16, device=device, dtype=dtype)
     with _Names():  # type: ignore[no-untyped-call]
         nnf.scaled_dot_product_attention(q, q, q, dropout_p=dropout, is_causal=True)
     fused = [n for n in seen if "scaled_dot_product" in n]

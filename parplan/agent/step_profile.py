@@ -214,5 +214,5 @@ def profile_run(cfg: TransformerConfig, micro_batch: int, recompute: str, device
     out = summarize(prof.events(), dev.type, profiled_steps)
     return {"micro_batch": micro_batch, "seq_len": cfg.seq_len, "recompute": recompute,
             "dtype": str(dtype).removeprefix("torch."), "device": dev.type,
-            "attention_kernel": attention_kernel(dev, GPT_DROPOUT if cfg.family == "gpt" else 0.0),
+            "attention_kernel": attention_kernel(dev, GPT_DROPOUT if cfg.family == "gpt" else 0.0, dtype),
             "step_seconds": {"median": statistics.median(walls), "all": walls}, **out}

@@ -110,17 +110,43 @@ def reduced_layout(produced: TensorLayout, needed: TensorLayout) -> TensorLayout
     return TensorLayout.of(split)
 
 
-def reshard_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLayout, mesh: Mapping[str, int]) -> float:
-    """Bytes of the new buffer a conversion materialises on each device: the tensor in the
-    consumer's layout when some axis gathers (split → replicated) or exchanges (split → split');
-    slicing and in-place reductions need none."""
+def conversion_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLayout, mesh: Mapping[str, int],
+                            leading_dim: str) -> tuple[float, float]:
+    """(bytes of the buffers converting ``src`` to ``dst`` makes on each device before the last one,
+    bytes of the last one: the tensor as the consumer receives it), axis after axis in
+    :func:`reshard_seconds`' order, as DTensor's redistribution makes them (functional collectives,
+    which write new buffers): an all-reduce a buffer of the tensor as held, a reduce-scatter one of
+    its share, an all-gather one of the gathered tensor and, gathering a dim other than the
+    ``leading_dim`` (DTensor gathers along the first dim, then concatenates the pieces along the
+    split one), its concatenation too; an all-to-all a buffer of the share and its rearrangement;
+    a slice a copy of the share. All are alive together while the consumer runs: each holds the
+    one before it until the redistribution returns. (0, 0) for a tensor received as produced."""
+    made: list[float] = []
+    current = {d: list(axes) for d, axes in src.split}
+    partial = set(src.partial)
     for axis, n in mesh.items():
         if n == 1:
             continue
         a, b = _axis_state(src, axis), _axis_state(dst, axis)
-        if a not in (None, "#partial") and a != b:
-            return total_bytes / dst.shards(mesh)
-    return 0.0
+        if a == b:
+            continue
+        held = total_bytes / math.prod(mesh[x] for axes in current.values() for x in axes)
+        if a == "#partial":
+            partial.discard(axis)
+            made.append(held if b is None else held / n)
+        elif a is None:
+            made.append(held / n)  # replicated -> split: a copy of the share
+        elif b is None:
+            made.extend([held * n] * (1 if a == leading_dim else 2))
+        else:
+            made.extend([held, held])  # split -> split': all-to-all and rearrangement
+        if a not in (None, "#partial"):
+            current[a].remove(axis)
+        if b not in (None, "#partial"):
+            current.setdefault(b, []).append(axis)
+    if not made:
+        return 0.0, 0.0
+    return sum(made[:-1]), made[-1]
 
 
 def edge_seconds(total_bytes: float, produced: TensorLayout, needed: TensorLayout, partial_axes: frozenset[str],

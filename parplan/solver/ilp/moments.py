@@ -37,6 +37,7 @@ from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import OpStrategy, input_layout, output_layout
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
+from parplan.solver.cost.resharding import conversion_buffer_bytes
 from parplan.solver.cost.rules import optimizer_temporary_bytes
 from parplan.solver.cost.runtime import FSDP, IN_PLACE
 from parplan.solver.ilp.costs import signature
@@ -262,6 +263,27 @@ class _Terms:
                                          ("kept", kept)))
         return out
 
+    def received(self, n: Node) -> Lin:
+        """Buffers converting ``n``'s inputs to the layouts it reads them in, alive while ``n`` runs
+        forward (:func:`~parplan.solver.cost.resharding.conversion_buffer_bytes`); the last one
+        not where ``n`` keeps it for backward (:meth:`kept_copies` counts it then)."""
+        from parplan.solver.ilp.problem import consumer_saves
+
+        out = Lin()
+        for edge in self.edges_into.get(n.id, ()):
+            src = self.graph.node(self._origin(edge[0]))
+            total = src.numel * tensor_bytes(src, self.act)
+            lead = src.dims[0][0] if src.dims else ""
+            kept = consumer_saves(self.gp, n.id, edge[2]) > 0
+
+            def fn(o: TensorLayout, i: TensorLayout, total: float = total, lead: str = lead,
+                   kept: bool = kept) -> float:
+                before, last = conversion_buffer_bytes(total, o, i, self.sizes, lead)
+                return before + (0.0 if kept else last)
+
+            out = out.add(self._edge(edge, fn, ("received", total, lead, kept)))
+        return out
+
     def _edge(self, edge: tuple[str, str, int], fn: object, what: Hashable) -> Lin:
         """A term of an original edge's class, by the pair of layouts it joins: ``fn(producer's
         layout, consumer's)``, the same for every edge of the class given ``what`` (computed once)."""
@@ -401,7 +423,7 @@ class _Terms:
                     * tensor_bytes(n, self.act))
             now = _sum(live.values())
             if not n.is_leaf:
-                now = now.add(self.converted_weights(n))
+                now = now.add(self.converted_weights(n)).add(self.received(n))
             if self.gp.ctx.zero3_per_operator and not n.is_leaf:  # the operator's weights, gathered for it
                 now = now.add(self.gathered(n, self.prec.param_bytes, force=True))
             out.append(now)
