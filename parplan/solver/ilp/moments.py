@@ -8,8 +8,9 @@ saved as its reader received it), with the per-operator rules of :mod:`parplan.s
 So every moment is a linear expression of the choice, and the peak is ``T ≥ moment`` for each:
 
 - forward, at every operator: the saved tensors of the units before, the unit's own, the
-  operator's unsaved outputs still to be read, the gathered weights (ZeRO-3: the unit's own and
-  the all-gather buffer; parameters outside the blocks for the whole step);
+  operator's unsaved outputs still to be read, the buffers converting its inputs to the layouts it
+  reads them in, the gathered weights (ZeRO-3: the unit's own and the all-gather buffer; parameters
+  outside the blocks for the whole step);
 - a ZeRO-3 block's all-gather: its output buffer and the previous one's, besides the copy;
 - backward, at every operator (last unit first): the saved tensors not freed yet, the operator's
   gradients, under ZeRO-3 the unit's unsharded weight gradients so far, the unit's and the
