@@ -177,6 +177,16 @@ class Runtime(StrEnum):
         return self._pytorch_native
 
     @property
+    def materialises_conversions(self) -> bool:
+        """Whether converting an operator's input to the layout it reads it in makes new buffers
+        (:func:`~parplan.solver.cost.resharding.conversion_buffer_bytes`), which the ILP's forward
+        moments count: the agent's per-operator plan interpreter converts with DTensor's
+        functional collectives. The other runtimes run uniform layouts whose conversions the
+        evaluator prices as they run them (a sequence-parallel gather, in-place reductions), and the
+        ILP prices a uniform strategy as the evaluator does."""
+        return self is Runtime.INTERPRETER_CPU
+
+    @property
     def full_embedding_gradient(self) -> bool:
         """Whether a vocabulary-split embedding's backward makes the whole table's gradient before
         keeping its own rows (DTensor's embedding does; the plan interpreter's looks up its own rows

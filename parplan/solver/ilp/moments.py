@@ -9,8 +9,8 @@ So every moment is a linear expression of the choice, and the peak is ``T ≥ mo
 
 - forward, at every operator: the saved tensors of the units before, the unit's own, the
   operator's unsaved outputs still to be read, the buffers converting its inputs to the layouts it
-  reads them in, the gathered weights (ZeRO-3: the unit's own and the all-gather buffer; parameters
-  outside the blocks for the whole step);
+  reads them in (the agent's plan interpreter), the gathered weights (ZeRO-3: the unit's own and
+  the all-gather buffer; parameters outside the blocks for the whole step);
 - a ZeRO-3 block's all-gather: its output buffer and the previous one's, besides the copy;
 - backward, at every operator (last unit first): the saved tensors not freed yet, the operator's
   gradients, under ZeRO-3 the unit's unsharded weight gradients so far, the unit's and the
@@ -266,11 +266,14 @@ class _Terms:
 
     def received(self, n: Node) -> Lin:
         """Buffers converting ``n``'s inputs to the layouts it reads them in, alive while ``n`` runs
-        forward (:func:`~parplan.solver.cost.resharding.conversion_buffer_bytes`); the last one
-        not where ``n`` keeps it for backward (:meth:`kept_copies` counts it then)."""
+        forward (:func:`~parplan.solver.cost.resharding.conversion_buffer_bytes`), in a runtime that
+        makes them (:attr:`~parplan.solver.cost.runtime.Runtime.materialises_conversions`); the last
+        one not where ``n`` keeps it for backward (:meth:`kept_copies` counts it then)."""
         from parplan.solver.ilp.problem import consumer_saves
 
         out = Lin()
+        if not self.gp.ctx.runtime.materialises_conversions:
+            return out
         for edge in self.edges_into.get(n.id, ()):
             src = self.graph.node(self._origin(edge[0]))
             total = src.numel * tensor_bytes(src, self.act)
