@@ -21,6 +21,7 @@ back), as mixed-precision trainers do.
 from __future__ import annotations
 
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -117,8 +118,6 @@ def _sync(device: torch.device) -> None:
 
 def _step_seconds(step: MixedPrecisionStep, device: torch.device, repeats: int) -> list[float]:
     """Wall seconds of ``repeats`` whole steps (no synchronisation between phases)."""
-    import time
-
     out = []
     for _ in range(repeats):
         _sync(device)

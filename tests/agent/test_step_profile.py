@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -126,7 +127,7 @@ def test_bf16_step_keeps_fp32_masters_and_the_bench_table_reads_it(tmp_path: Pat
     run = profile_run(cfg, 2, "none", device="cpu", dtype=torch.bfloat16, warmup=1, timed_steps=1, profiled_steps=1)
     assert run["dtype"] == "bfloat16"
     doc = {"part": "breakdown", "result": [{"label": "gpt-tiny/mb2/none", "ok": True, "gpu": "H100-80GB",
-                                            "model": cfg.__dict__, **run},
+                                            "model": asdict(cfg), **run},
                                            {"label": "broken", "ok": False, "error": "OutOfMemoryError"}]}
     path = tmp_path / "breakdown.json"
     path.write_text(json.dumps(doc, default=str))

@@ -123,7 +123,6 @@ def conversion_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLa
     one before it until the redistribution returns. (0, 0) for a tensor received as produced."""
     made: list[float] = []
     current = {d: list(axes) for d, axes in src.split}
-    partial = set(src.partial)
     for axis, n in mesh.items():
         if n == 1:
             continue
@@ -132,7 +131,6 @@ def conversion_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLa
             continue
         held = total_bytes / math.prod(mesh[x] for axes in current.values() for x in axes)
         if a == "#partial":
-            partial.discard(axis)
             made.append(held if b is None else held / n)
         elif a is None:
             made.append(held / n)  # replicated -> split: a copy of the share

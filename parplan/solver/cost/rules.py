@@ -157,11 +157,10 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
         logits = graph.node(node.inputs[0]).numel / ins[0]
         fwd_bytes, fwd_softmax, bwd_bytes, bwd_softmax = cross_entropy_passes(library, prec.activation_bytes)
         softmax_eff = memory_efficiency(gpu, OpKind.SOFTMAX.value, calibration, library)
-        flops = forward_flops(node, graph) / work
-        fwd = max(roofline_seconds(flops, 0.0, gpu, dt, calibrated, b_eff),
+        fwd = max(roofline_seconds(forward_flops(node, graph) / work, 0.0, gpu, dt, calibrated, b_eff),
                   roofline_seconds(0.0, logits * fwd_bytes, gpu, dt, calibrated, b_eff)
                   + roofline_seconds(0.0, logits * fwd_softmax, gpu, dt, calibrated, softmax_eff))
-        bwd = max(roofline_seconds(2 * flops, 0.0, gpu, dt, calibrated, b_eff),
+        bwd = max(roofline_seconds(backward_flops(node, graph) / work, 0.0, gpu, dt, calibrated, b_eff),
                   roofline_seconds(0.0, logits * bwd_bytes, gpu, dt, calibrated, b_eff)
                   + roofline_seconds(0.0, logits * bwd_softmax, gpu, dt, calibrated, softmax_eff))
         return fwd, bwd

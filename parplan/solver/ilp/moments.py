@@ -43,7 +43,7 @@ from parplan.solver.cost.rules import optimizer_temporary_bytes
 from parplan.solver.cost.runtime import FSDP, IN_PLACE
 from parplan.solver.ilp.costs import signature
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
-from parplan.solver.ilp.problem import GraphProblem, partial_saved_bytes, resharded_copy_bytes
+from parplan.solver.ilp.problem import GraphProblem, consumer_saves, partial_saved_bytes, resharded_copy_bytes
 from parplan.solver.ir import Node, OpKind
 from parplan.solver.strategy import SEQ_DIMS
 
@@ -254,8 +254,6 @@ class _Terms:
 
     def kept_copies(self, saver: Node) -> Lin:
         """Copies ``saver`` keeps of inputs it received in another layout (PyTorch's runtime)."""
-        from parplan.solver.ilp.problem import consumer_saves
-
         out = Lin()
         for edge in self.edges_into.get(saver.id, ()):
             kept = consumer_saves(self.gp, saver.id, edge[2])
@@ -269,8 +267,6 @@ class _Terms:
         forward (:func:`~parplan.solver.cost.resharding.conversion_buffer_bytes`), in a runtime that
         makes them (:attr:`~parplan.solver.cost.runtime.Runtime.materialises_conversions`); the last
         one not where ``n`` keeps it for backward (:meth:`kept_copies` counts it then)."""
-        from parplan.solver.ilp.problem import consumer_saves
-
         out = Lin()
         if not self.gp.ctx.runtime.materialises_conversions:
             return out
