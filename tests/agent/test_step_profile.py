@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from parplan.agent.step_profile import busy_seconds, kernel_category, profile_run
+from parplan.agent.model import build_model
+from parplan.agent.step_profile import MixedPrecisionStep, busy_seconds, kernel_category, profile_run
 from parplan.solver.cost.breakdown import CATEGORIES, PHASES
 from parplan.solver.frontends.presets import get_preset
 
@@ -124,6 +125,15 @@ def test_bf16_step_keeps_fp32_masters_and_the_bench_table_reads_it(tmp_path: Pat
     """A bf16 step (GPT, with dropout) runs with fp32 master weights; bench/step_breakdown.py sets
     the part's file beside the model's prediction, a row per phase and category."""
     cfg = _tiny("gpt")
+    model = build_model(cfg).to(dtype=torch.bfloat16)
+    tokens = torch.randint(0, cfg.vocab, (2, cfg.seq_len))
+    step = MixedPrecisionStep(model, tokens, tokens)
+    assert {m.dtype for m in step.masters} == {torch.float32} and {p.dtype for p in step.params} == {torch.bfloat16}
+    before = [m.detach().clone() for m in step.masters]
+    for fn in step.phases().values():
+        fn()
+    assert all(not torch.equal(m, b) for m, b in zip(step.masters, before, strict=True))  # Adam moved every master
+    assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(step.params, step.masters, strict=True))
     run = profile_run(cfg, 2, "none", device="cpu", dtype=torch.bfloat16, warmup=1, timed_steps=1, profiled_steps=1)
     assert run["dtype"] == "bfloat16"
     doc = {"part": "breakdown", "result": [{"label": "gpt-tiny/mb2/none", "ok": True, "gpu": "H100-80GB",
