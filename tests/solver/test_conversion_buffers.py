@@ -1,5 +1,6 @@
 """The buffers a re-layout makes while its consumer runs (``conversion_buffer_bytes``), which the
-ILP's forward moments count (parplan/solver/ilp/moments.py, ``received``).
+ILP's forward moments count (parplan/solver/ilp/moments.py, ``received``), and those converting the
+gradient back in backward (``gradient_conversion_buffer_bytes``, ``gradient_conversions``).
 
 Measured: a llama-tiny ILP plan on a 2x2 mesh (bench/ilp_plan_accuracy.py, 2026-11-28) computed the
 LM head with its contraction split over one axis (partial sums) and the vocabulary over the other,
@@ -11,7 +12,7 @@ the ILP counted 1.5, the peak 7.5% above the prediction. The rule gives those bu
 from __future__ import annotations
 
 from parplan.solver.cost.layout import TensorLayout
-from parplan.solver.cost.resharding import conversion_buffer_bytes
+from parplan.solver.cost.resharding import conversion_buffer_bytes, gradient_conversion_buffer_bytes
 
 MIB = 2**20
 MESH = {"m0": 2, "m1": 2}
@@ -40,3 +41,30 @@ def test_reductions_slices_and_exchanges() -> None:
     other = TensorLayout(split=(("vocab", ("m0",)),))
     assert conversion_buffer_bytes(LOGITS, to_split, other, MESH, "batch") == (LOGITS / 2, LOGITS / 2)
     assert conversion_buffer_bytes(LOGITS, to_split, to_split, MESH, "batch") == (0.0, 0.0)
+
+
+def test_the_measured_gradient_conversion_in_backward() -> None:
+    """A tiny Llama's per-operator plan (tests/agent/test_validate_plan_file.py, 2026-11-28): the LM head
+    leaves its logits partial over m1 (contraction split), the loss reads them split by sequence over
+    m1. In backward DTensor brings the loss's gradient (0.5 MiB of 2 MiB) back to the head's layout,
+    the partial axis replicated: an all-gather along the sequence (1 MiB) and its concatenation
+    (1 MiB), measured at the step's peak with the gradient itself."""
+    produced = TensorLayout(split=(("batch", ("m0",)),), partial=("m1",))
+    needed = TensorLayout(split=(("batch", ("m0",)), ("seq", ("m1",))))
+    assert gradient_conversion_buffer_bytes(LOGITS, produced, needed, (), MESH, "batch") == (1 * MIB, 1 * MIB)
+    # the forward conversion (a reduce-scatter) makes one buffer, of the share
+    assert conversion_buffer_bytes(LOGITS, produced, needed, MESH, "batch") == (0.0, LOGITS / 4)
+
+
+def test_a_gradient_left_partial_is_reduced_into_the_producers_layout() -> None:
+    """A column-parallel reader of a replicated input leaves its gradient partial over the axis it
+    splits: all-reduced into a replicated producer (a new buffer), reduce-scattered into a split one."""
+    whole = TensorLayout()
+    assert gradient_conversion_buffer_bytes(LOGITS, whole, whole, ("m0",), MESH, "batch") == (0.0, LOGITS)
+    split = TensorLayout(split=(("seq", ("m0",)),))
+    assert gradient_conversion_buffer_bytes(LOGITS, split, whole, ("m0",), MESH, "batch") == (0.0, LOGITS / 2)
+    # a gradient partial where the producer's output was partial too stays partial: nothing to do
+    partial = TensorLayout(partial=("m0",))
+    assert gradient_conversion_buffer_bytes(LOGITS, partial, whole, ("m0",), MESH, "batch") == (0.0, 0.0)
+    # received as produced, no partial sums: no conversion either way
+    assert gradient_conversion_buffer_bytes(LOGITS, split, split, (), MESH, "batch") == (0.0, 0.0)

@@ -167,15 +167,7 @@ def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_byt
     """Gradients alive while ``n``'s backward runs: its output's, its activation inputs', its
     weights' (a sequence-parallel norm's gathered output too)."""
     out = sizes.output(n) * tensor_bytes(n, act) if is_float(n) else 0.0
-    ins = 0.0
-    rep = kv_repeat(n, graph.node(n.inputs[0]), graph.node(n.inputs[1])) \
-        if n.kind is OpKind.ATTENTION and runtime.repeats_kv_heads else 1
-    for pos, i in enumerate(n.inputs):
-        src = graph.node(i)
-        if src.is_parameter or src.kind is OpKind.INPUT or not is_float(src):
-            continue
-        # (repeated K and V: the kernel's gradients are at every query head, summed afterwards)
-        ins += sizes.input(n, pos) * act * (rep if pos in (1, 2) else 1)
+    ins = op_input_gradient_bytes(n, graph, sizes, act, runtime)
     if n.kind is OpKind.CROSS_ENTROPY:  # the runtime's loss buffers, in the logits' layout
         ins += sizes.input(n, 0) * LOSS_BYTES * runtime.loss_gradient_buffers(sizes.class_shards(n) > 1)
     gather = sizes.sp_gather(n) * act + sizes.recomputed_bytes(n)
@@ -186,6 +178,21 @@ def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_byt
         whole = sum(p.numel for p in map(graph.node, n.inputs) if p.is_parameter) * grad_bytes
         return max(out + ins + whole, weights) + gather
     return out + ins + weights + gather
+
+
+def op_input_gradient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, runtime: Runtime) -> float:
+    """Per-device bytes of the gradients of ``n``'s activation inputs its backward makes, in the
+    layouts ``n`` reads them in (an attention's K and V at every query head where the runtime
+    repeats them: the kernel's gradients, summed afterwards)."""
+    ins = 0.0
+    rep = kv_repeat(n, graph.node(n.inputs[0]), graph.node(n.inputs[1])) \
+        if n.kind is OpKind.ATTENTION and runtime.repeats_kv_heads else 1
+    for pos, i in enumerate(n.inputs):
+        src = graph.node(i)
+        if src.is_parameter or src.kind is OpKind.INPUT or not is_float(src):
+            continue
+        ins += sizes.input(n, pos) * act * (rep if pos in (1, 2) else 1)
+    return ins
 
 
 def op_weight_grad_bytes(n: Node, graph: Graph, sizes: OpSizes, grad_bytes: int) -> float:

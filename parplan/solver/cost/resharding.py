@@ -147,6 +147,19 @@ def conversion_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLa
     return sum(made[:-1]), made[-1]
 
 
+def gradient_conversion_buffer_bytes(total_bytes: float, produced: TensorLayout, needed: TensorLayout,
+                                     partial_axes: Iterable[str], mesh: Mapping[str, int],
+                                     leading_dim: str) -> tuple[float, float]:
+    """:func:`conversion_buffer_bytes` of the backward of converting ``produced`` to ``needed``: the
+    consumer's gradient of the tensor, in the consumer's layout and partial over ``partial_axes``,
+    converted back to the producer's layout, as DTensor's redistribution does in backward (an axis
+    the producer left partial comes back replicated, or stays partial where the gradient is)."""
+    partial = frozenset(partial_axes)
+    grad = TensorLayout(needed.split, tuple(a for a in mesh if a in partial))
+    target = TensorLayout(produced.split, tuple(a for a in produced.partial if a in partial))
+    return conversion_buffer_bytes(total_bytes, grad, target, mesh, leading_dim)
+
+
 def edge_seconds(total_bytes: float, produced: TensorLayout, needed: TensorLayout, partial_axes: frozenset[str],
                  sizes: Mapping[str, int], links: Mapping[str, Link], axes: Collection[str] | None = None) -> float:
     """One micro-batch's forward + backward seconds of an edge: converting the tensor to the layout

@@ -14,8 +14,10 @@ So every moment is a linear expression of the choice, and the peak is ``T ≥ mo
 - a ZeRO-3 block's all-gather: its output buffer and the previous one's, besides the copy;
 - backward, at every operator (last unit first): the saved tensors not freed yet, the operator's
   gradients, under ZeRO-3 the unit's unsharded weight gradients so far, the unit's and the
-  prefetched unit's gathered weights, the previous block's reduce-scatter buffer; when a ZeRO-3
-  block ends, its gradients copied into that buffer;
+  prefetched unit's gathered weights, the previous block's reduce-scatter buffer; once an
+  operator's backward has run, its input gradients and the buffers converting them back to their
+  producers' layouts (the agent's plan interpreter); when a ZeRO-3 block ends, its gradients
+  copied into that buffer;
 - the tied embedding's gradients at the embedding's backward, and Adam's update.
 
 Alike blocks share variables and hold the same terms apart from the activations of the units
@@ -32,13 +34,26 @@ from typing import TypeVar
 
 import numpy as np
 
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of, op_saved_items, saved_items, tensor_bytes
-from parplan.solver.cost.backward import BackwardProfile, op_transient_bytes, selective_rebuilt_items
+from parplan.solver.cost.activations import (
+    Recompute,
+    SavedItem,
+    block_of,
+    is_float,
+    op_saved_items,
+    saved_items,
+    tensor_bytes,
+)
+from parplan.solver.cost.backward import (
+    BackwardProfile,
+    op_input_gradient_bytes,
+    op_transient_bytes,
+    selective_rebuilt_items,
+)
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import OpStrategy, input_layout, output_layout
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
-from parplan.solver.cost.resharding import conversion_buffer_bytes
+from parplan.solver.cost.resharding import conversion_buffer_bytes, gradient_conversion_buffer_bytes
 from parplan.solver.cost.rules import optimizer_temporary_bytes
 from parplan.solver.cost.runtime import FSDP, IN_PLACE
 from parplan.solver.ilp.costs import signature
@@ -284,9 +299,42 @@ class _Terms:
             out = out.add(self._edge(edge, fn, ("received", total, lead, kept)))
         return out
 
-    def _edge(self, edge: tuple[str, str, int], fn: object, what: Hashable) -> Lin:
+    def gradient_conversions(self, n: Node) -> Lin:
+        """Buffers converting the gradients of ``n``'s inputs back to their producers' layouts once
+        ``n``'s backward has made them (:func:`~parplan.solver.cost.resharding.gradient_conversion_buffer_bytes`:
+        DTensor's redistribution in backward, the gradient as the producer receives it included), in
+        a runtime that makes them (:attr:`~parplan.solver.cost.runtime.Runtime.materialises_conversions`)."""
+        out = Lin()
+        if not self.gp.ctx.runtime.materialises_conversions:
+            return out
+        for edge in self.edges_into.get(n.id, ()):
+            src = self.graph.node(self._origin(edge[0]))
+            if not is_float(src):
+                continue
+            total = src.numel * tensor_bytes(src, self.act)
+            lead = src.dims[0][0] if src.dims else ""
+
+            def fn(o: TensorLayout, i: TensorLayout, p: frozenset[str], total: float = total,
+                   lead: str = lead) -> float:
+                return sum(gradient_conversion_buffer_bytes(total, o, i, p, self.sizes, lead))
+
+            out = out.add(self._edge(edge, fn, ("gradient_conversion", total, lead), partials=True))
+        return out
+
+    def input_gradients(self, n: Node) -> Lin:
+        """The gradients of ``n``'s activation inputs as its backward makes them, in its layouts."""
+        runtime = self.gp.ctx.runtime
+
+        def fn(s: OpStrategy, o: Node) -> float:
+            return op_input_gradient_bytes(n, self.graph, _IlpSizes(self.gp, s, o), self.act, runtime)
+
+        return self._per_candidate_alike(n.id, "input_gradients", fn)
+
+    def _edge(self, edge: tuple[str, str, int], fn: object, what: Hashable, partials: bool = False) -> Lin:
         """A term of an original edge's class, by the pair of layouts it joins: ``fn(producer's
-        layout, consumer's)``, the same for every edge of the class given ``what`` (computed once)."""
+        layout, consumer's)`` (with ``partials``, ``fn(producer's, consumer's, the axes the consumer
+        leaves the gradient partial over)``), the same for every edge of the class given ``what``
+        (computed once)."""
         src, dst, pos = edge
         key = (self.gp.rep_of[src], self.gp.rep_of[dst], pos)
         ei = self.gp.edge_index[key]
@@ -294,8 +342,12 @@ class _Terms:
         matrix = cache.get((ei, what))
         if matrix is None:
             outs, ins = self.gp.edge_layouts[ei]
-            matrix = cache[(ei, what)] = np.array([[fn(o, i) for i in ins] for o in outs],  # type: ignore[operator]
-                                                  dtype=np.float64)
+            if partials:
+                pairs = list(zip(ins, self.gp.edge_partials[ei], strict=True))
+                rows = [[fn(o, i, p) for i, p in pairs] for o in outs]  # type: ignore[operator]
+            else:
+                rows = [[fn(o, i) for i in ins] for o in outs]  # type: ignore[operator]
+            matrix = cache[(ei, what)] = np.array(rows, dtype=np.float64)
         return Lin(edges={ei: matrix})
 
     # ---------------------------------------------------------------- one operator's backward
@@ -440,10 +492,12 @@ class _Detail:
     """A unit's per-operator figures (only the units whose moments are built, and the answer's walk,
     need them)."""
 
-    alive: list[Lin]  # per operator (forward order): its own saved tensors alive during its backward
+    # per operator (forward order), then per operator whose input gradients are converted back
+    # to their producers' layouts (:meth:`_Terms.gradient_conversions`), that conversion:
+    alive: list[Lin]  # saved tensors alive then
     rebuilt_alive: list[Lin]  # the part of them recomputation rebuilt (temporary)
     transient: list[Lin]
-    grads_after: list[Lin]  # ZeRO-3 weight gradients its backward has made before the operator's
+    grads_after: list[Lin]  # ZeRO-3 weight gradients its backward has made before then
     forward_live: list[Lin]
 
 
@@ -603,7 +657,18 @@ def _units(gp: GraphProblem, terms: _Terms) -> list[_Unit]:
             for k in reversed(range(len(nodes))):
                 grads_after[k] = made
                 made = made.add(terms.weight_grads(nodes[k], zero3_only=True))
-            return _Detail(alive, rebuilt_alive, [terms.transient(n) for n in nodes], grads_after,
+            transient = [terms.transient(n) for n in nodes]
+            # once an operator's backward has run (its saved tensors freed, its weight gradients
+            # made), the conversions of its input gradients back to their producers' layouts
+            for k, n in enumerate(nodes):
+                conv = terms.gradient_conversions(n)
+                if not any(m.any() for m in conv.edges.values()):
+                    continue
+                alive.append(alive[k - 1] if k else Lin())
+                rebuilt_alive.append(rebuilt_alive[k - 1] if k else Lin())
+                transient.append(terms.input_gradients(n).add(conv))
+                grads_after.append(grads_after[k].add(terms.weight_grads(n, zero3_only=True)))
+            return _Detail(alive, rebuilt_alive, transient, grads_after,
                            terms.forward_live(in_order.get(name, []), every_saved))
 
         out.append(_Unit(name, nodes, is_block, tuple(gp.rep_of[n.id] for n in nodes), unit_act, acc, untied,
@@ -693,7 +758,7 @@ def _moments(gp: GraphProblem, terms: _Terms, units: list[_Unit], shared: Lin,
         if want(i):
             fixed = root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending)
             d = u.detail
-            for k in range(len(u.nodes)):
+            for k in range(len(d.alive)):
                 own = d.alive[k].add(d.transient[k]).add(d.grads_after[k])
                 yield _Moment(held_before[i].add(fixed).add(own), i, "backward")
         if u.is_block:
@@ -742,7 +807,7 @@ def _temporaries(gp: GraphProblem, terms: _Terms, units: list[_Unit]) -> Iterabl
         weights = _weights_in_backward(units, blocks, i)
         fixed = root_params.add(root_grads).add(weights).add(reduce_buffer).add(pending)
         d = u.detail
-        for k in range(len(u.nodes)):
+        for k in range(len(d.alive)):
             yield fixed.add(d.rebuilt_alive[k]).add(d.transient[k]).add(d.grads_after[k])
         if u.is_block:
             reduce_buffer = u.grads

@@ -67,6 +67,8 @@ class GraphProblem:
     edge_index: dict[tuple[str, str, int], int] = field(default_factory=dict)
     #: per edge index: the layout of each producer class and of each consumer class
     edge_layouts: dict[int, tuple[list[TensorLayout], list[TensorLayout]]] = field(default_factory=dict)
+    #: per activation edge index: the mesh axes each consumer class leaves its input's gradient partial over
+    edge_partials: dict[int, list[frozenset[str]]] = field(default_factory=dict)
     #: parameter edge class (owner's representative, position, reader's representative, position) -> index
     param_edge_index: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     #: values computed once per problem (layouts, the moments' units), see :mod:`.moments`
@@ -242,6 +244,7 @@ def complete_problem(gp: GraphProblem) -> None:
         problem.edges.append(AuxEdge(origin, dst, secs, held_copies, count, out_classes, in_classes))
         gp.edge_index[(src, dst, pos)] = len(problem.edges) - 1
         gp.edge_layouts[len(problem.edges) - 1] = (out_reps, [lay for lay, _ in in_reps])
+        gp.edge_partials[len(problem.edges) - 1] = [p for _, p in in_reps]
         readers.setdefault(frozenset(tensors_read[(src, dst, pos)]), []).append(len(problem.edges) - 1)
     problem.shared = [group for group in readers.values() if len(group) > 1]
     pclasses: dict[tuple[str, int, str, int], int] = {}
