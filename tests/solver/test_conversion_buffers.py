@@ -12,7 +12,7 @@ the ILP counted 1.5, the peak 7.5% above the prediction. The rule gives those bu
 from __future__ import annotations
 
 from parplan.solver.cost.layout import TensorLayout
-from parplan.solver.cost.resharding import conversion_buffer_bytes, gradient_conversion_buffer_bytes
+from parplan.solver.cost.resharding import conversion_buffer_bytes, gradient_conversion_buffer_bytes, misordered_axes
 
 MIB = 2**20
 MESH = {"m0": 2, "m1": 2}
@@ -68,3 +68,23 @@ def test_a_gradient_left_partial_is_reduced_into_the_producers_layout() -> None:
     assert gradient_conversion_buffer_bytes(LOGITS, partial, whole, ("m0",), MESH, "batch") == (0.0, 0.0)
     # received as produced, no partial sums: no conversion either way
     assert gradient_conversion_buffer_bytes(LOGITS, split, split, (), MESH, "batch") == (0.0, 0.0)
+
+
+def test_a_dim_split_again_in_another_order_is_gathered_first() -> None:
+    """gpt-tiny's 2x2 min-memory ILP plan (bench/ilp_plan_accuracy.py, 2026-11-28): the LM head leaves
+    its logits (2 MiB) partial over m0 and split by batch over m1; the loss reads them split by batch
+    over m0 then m1. A device's quarter is not inside its half (the order of the axes indexes the
+    pieces), so DTensor all-gathered over m1 (2 MiB), reduce-scattered over m0 (1 MiB) and sliced
+    over m1 (0.5 MiB), all measured at the step's peak (+3.2% before this rule)."""
+    produced = TensorLayout(split=(("batch", ("m1",)),), partial=("m0",))
+    needed = TensorLayout(split=(("batch", ("m0", "m1")),))
+    assert misordered_axes(produced, needed) == ("m1",)
+    assert conversion_buffer_bytes(LOGITS, produced, needed, MESH, "batch") == (3 * MIB, MIB / 2)
+    # nested orders need no gather: a half split again is sliced
+    assert misordered_axes(TensorLayout(split=(("batch", ("m0",)),)), needed) == ()
+    assert conversion_buffer_bytes(LOGITS, TensorLayout(split=(("batch", ("m0",)),)), needed, MESH,
+                                   "batch") == (0.0, LOGITS / 4)
+    # off the leading dim the gather is concatenated too, then the whole is sliced over m0 and m1
+    seq = TensorLayout(split=(("seq", ("m1",)),))
+    assert conversion_buffer_bytes(LOGITS, seq, TensorLayout(split=(("seq", ("m0", "m1")),)), MESH,
+                                   "batch") == (2 * LOGITS + LOGITS / 2, LOGITS / 4)

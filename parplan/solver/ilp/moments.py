@@ -353,8 +353,13 @@ class _Terms:
     # ---------------------------------------------------------------- one operator's backward
     def converted_weights(self, n: Node) -> Lin:
         """Weights ``n`` reads that another operator owns (a tied table), converted to ``n``'s layout:
-        a copy alive while ``n`` runs, forward and backward."""
+        a copy alive while ``n`` runs, forward and backward; in a runtime that converts with new
+        buffers (:attr:`~parplan.solver.cost.runtime.Runtime.materialises_conversions`) the buffers
+        before the copy too (an all-gather's, whose copy is its concatenation): the plan interpreter
+        converts the table again in backward, and on gloo the all-gather's buffer was measured alive
+        during the reader's backward in 2 of 3 runs of gpt-tiny's 4-way min-memory plan (+1.7%)."""
         out = Lin()
+        every = self.gp.ctx.runtime.materialises_conversions
         for owner, opos, user, upos in self.gp.param_edges:
             if user != n.id:
                 continue
@@ -363,8 +368,17 @@ class _Terms:
             owners, users = self.gp.edge_layouts[ei]
             w = self.graph.node(n.inputs[upos])
             nbytes = w.numel * self.prec.param_bytes
-            out = out.add(Lin(edges={ei: np.array([[0.0 if o == i else nbytes / i.shards(self.sizes) for i in users]
-                                                   for o in owners], dtype=np.float64)}))
+            lead = w.dims[0][0] if w.dims else ""
+
+            def copies(o: TensorLayout, i: TensorLayout, nbytes: float = nbytes, lead: str = lead) -> float:
+                if o == i:
+                    return 0.0
+                if every:
+                    return sum(conversion_buffer_bytes(nbytes, o, i, self.sizes, lead))
+                return nbytes / i.shards(self.sizes)
+
+            out = out.add(Lin(edges={ei: np.array([[copies(o, i) for i in users] for o in owners],
+                                                  dtype=np.float64)}))
         return out
 
     def transient(self, n: Node) -> Lin:
