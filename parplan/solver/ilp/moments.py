@@ -356,8 +356,9 @@ class _Terms:
         a copy alive while ``n`` runs, forward and backward; in a runtime that converts with new
         buffers (:attr:`~parplan.solver.cost.runtime.Runtime.materialises_conversions`) the buffers
         before the copy too (an all-gather's, whose copy is its concatenation): the plan interpreter
-        converts the table again in backward, and on gloo the all-gather's buffer was measured alive
-        during the reader's backward in 2 of 3 runs of gpt-tiny's 4-way min-memory plan (+1.7%)."""
+        converts the table again in backward, and on gloo the all-gather's buffer is sometimes still
+        alive during the reader's backward (gpt-tiny's 4-way min-memory plan: +1.5% and +1.7% in two
+        bench runs, in a loop 1 of 28 rank-runs)."""
         out = Lin()
         every = self.gp.ctx.runtime.materialises_conversions
         for owner, opos, user, upos in self.gp.param_edges:
