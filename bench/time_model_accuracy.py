@@ -147,6 +147,11 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         runtime = Runtime.TORCHTITAN
     elif "zero-3" in zero_text and "deepspeed" in zero_text:
         runtime = Runtime.DEEPSPEED
+    elif "megatron fsdp" in zero_text:
+        # Megatron-Core's own FSDP (Megatron-FSDP): Megatron-LM's kernels and buffers, its gradients
+        # reduce-scattered into sharded main-gradient buffers every micro-batch (not PyTorch's FSDP2,
+        # which accumulates unsharded gradients between micro-batches)
+        assumed.append("Megatron-FSDP priced as Megatron-LM with ZeRO-3")
     elif "fsdp" in zero_text:
         runtime = Runtime.TORCH
     tp_overlap = "--tp-comm-overlap" in overlap and runtime is Runtime.MEGATRON
