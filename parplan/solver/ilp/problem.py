@@ -69,6 +69,8 @@ class GraphProblem:
     edge_layouts: dict[int, tuple[list[TensorLayout], list[TensorLayout]]] = field(default_factory=dict)
     #: per activation edge index: the mesh axes each consumer class leaves its input's gradient partial over
     edge_partials: dict[int, list[frozenset[str]]] = field(default_factory=dict)
+    #: per parameter edge index: whether each owner class shards the parameter with ZeRO-3 per operator
+    param_edge_sharded: dict[int, list[bool]] = field(default_factory=dict)
     #: parameter edge class (owner's representative, position, reader's representative, position) -> index
     param_edge_index: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     #: values computed once per problem (layouts, the moments' units), see :mod:`.moments`
@@ -254,14 +256,18 @@ def complete_problem(gp: GraphProblem) -> None:
     for (owner, opos, user, upos), count in pclasses.items():
         param = graph.node(graph.node(owner).inputs[opos])
         total = param.numel * precision.weight_transfer_bytes
-        owner_layouts = [input_layout(graph.node(owner), opos, graph, s, mesh) for s in strategies[owner]]
+        # the owner's side: its layout of the parameter and whether it shards it with ZeRO-3 per
+        # operator (the other reader then gathers it for itself, forward and backward)
+        owner_keys = [(input_layout(graph.node(owner), opos, graph, s, mesh), ctx.zero3_per_operator and s.zero >= 3)
+                      for s in strategies[owner]]
         user_layouts = [input_layout(graph.node(user), upos, graph, t, mesh) for t in strategies[user]]
-        owner_classes, owner_reps = _classes(owner_layouts)
+        owner_classes, owner_reps = _classes(owner_keys)
         user_classes, user_reps = _classes(user_layouts)
-        secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in user_reps] for o in owner_reps]
+        secs = [[microbatches * reshard_seconds(total, o, i, sizes, links) for i in user_reps] for o, _ in owner_reps]
         problem.edges.append(AuxEdge(owner, user, secs, None, count, owner_classes, user_classes))
         gp.param_edge_index[(owner, opos, user, upos)] = len(problem.edges) - 1
-        gp.edge_layouts[len(problem.edges) - 1] = (owner_reps, user_reps)
+        gp.edge_layouts[len(problem.edges) - 1] = ([o for o, _ in owner_reps], user_reps)
+        gp.param_edge_sharded[len(problem.edges) - 1] = [z for _, z in owner_reps]
     from parplan.solver.ilp.moments import add_moment_terms
 
     add_moment_terms(gp)
