@@ -11,8 +11,19 @@ the ILP counted 1.5, the peak 7.5% above the prediction. The rule gives those bu
 
 from __future__ import annotations
 
+from parplan.agent.matrix import GPT_TINY
+from parplan.solver.calibration import DEFAULT_CALIBRATION
+from parplan.solver.cluster import make_cluster
+from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.layout import TensorLayout
+from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.resharding import conversion_buffer_bytes, gradient_conversion_buffer_bytes, misordered_axes
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.frontends.builder import build_graph
+from parplan.solver.ilp import moments
+from parplan.solver.ilp.problem import build_problem
+from parplan.solver.ilp.search import mesh_links
+from parplan.solver.ilp.strategies import Mesh
 
 MIB = 2**20
 MESH = {"m0": 2, "m1": 2}
@@ -95,18 +106,6 @@ def test_a_tied_table_sharded_by_its_owner_is_gathered_by_the_other_reader() -> 
     per operator, the LM head (ZeRO-0, batch split) reads the same table replicated, so the plan
     interpreter all-gathers the whole table (1,024 x 256 fp32: 1 MiB) for the head, forward and
     backward. The ILP counted nothing there (the two layouts are alike): the peak +0.5% above it."""
-    from parplan.agent.matrix import GPT_TINY
-    from parplan.solver.calibration import DEFAULT_CALIBRATION
-    from parplan.solver.cluster import make_cluster
-    from parplan.solver.cost.activations import Recompute
-    from parplan.solver.cost.precision import get_precision
-    from parplan.solver.cost.runtime import Runtime
-    from parplan.solver.frontends.builder import build_graph
-    from parplan.solver.ilp import moments
-    from parplan.solver.ilp.problem import build_problem
-    from parplan.solver.ilp.search import mesh_links
-    from parplan.solver.ilp.strategies import Mesh
-
     graph = build_graph(GPT_TINY, batch=4, seq_len=128)
     mesh = Mesh((("m0", 4),))
     cluster = make_cluster(4, 4, "A100-80GB")

@@ -149,30 +149,31 @@ def conversion_buffer_bytes(total_bytes: float, src: TensorLayout, dst: TensorLa
     (0, 0) for a tensor received as produced."""
     made: list[float] = []
     current = {d: list(axes) for d, axes in src.split}
+
+    def held() -> float:
+        return total_bytes / math.prod(mesh[x] for axes in current.values() for x in axes)
+
+    def gather(axis: str, dim: str) -> None:  # an all-gather, concatenated off the leading dim
+        made.extend([held() * mesh[axis]] * (1 if dim == leading_dim else 2))
+        current[dim].remove(axis)
+
     mis = misordered_axes(src, dst)
-    for axis, n in mesh.items():  # gathered first, each with its concatenation off the leading dim
+    for axis, n in mesh.items():  # gathered first
         if axis in mis and n > 1:
-            d = _axis_state(src, axis)
-            held = total_bytes / math.prod(mesh[x] for axes in current.values() for x in axes)
-            made.extend([held * n] * (1 if d == leading_dim else 2))
-            current[str(d)].remove(axis)
+            gather(axis, str(_axis_state(src, axis)))
     src = _without(src, mis)
     for axis, n in mesh.items():
-        if n == 1:
-            continue
         a, b = _axis_state(src, axis), _axis_state(dst, axis)
-        if a == b:
+        if n == 1 or a == b:
             continue
-        held = total_bytes / math.prod(mesh[x] for axes in current.values() for x in axes)
         if a == "#partial":
-            made.append(held if b is None else held / n)
+            made.append(held() if b is None else held() / n)
         elif a is None:
-            made.append(held / n)  # replicated -> split: a copy of the share
+            made.append(held() / n)  # replicated -> split: a copy of the share
         elif b is None:
-            made.extend([held * n] * (1 if a == leading_dim else 2))
+            gather(axis, a)
         else:
-            made.extend([held, held])  # split -> split': all-to-all and rearrangement
-        if a not in (None, "#partial"):
+            made.extend([held(), held()])  # split -> split': all-to-all and rearrangement
             current[a].remove(axis)
         if b not in (None, "#partial"):
             current.setdefault(b, []).append(axis)

@@ -178,12 +178,12 @@ class Runtime(StrEnum):
 
     @property
     def materialises_conversions(self) -> bool:
-        """Whether converting an operator's input to the layout it reads it in makes new buffers
-        (:func:`~parplan.solver.cost.resharding.conversion_buffer_bytes`), which the ILP's forward
-        moments count: the agent's per-operator plan interpreter converts with DTensor's
-        functional collectives. The other runtimes run uniform layouts whose conversions the
-        evaluator prices as they run them (a sequence-parallel gather, in-place reductions), and the
-        ILP prices a uniform strategy as the evaluator does."""
+        """Whether converting an operator's input to the layout it reads it in (and its gradient
+        back) makes new buffers (:func:`~parplan.solver.cost.resharding.conversion_buffer_bytes`),
+        which the ILP's moments count, forward and backward: the agent's per-operator plan
+        interpreter converts with DTensor's functional collectives. The other runtimes run uniform
+        layouts whose conversions the evaluator prices as they run them (a sequence-parallel gather,
+        in-place reductions), and the ILP prices a uniform strategy as the evaluator does."""
         return self is Runtime.INTERPRETER_CPU
 
     @property

@@ -286,9 +286,7 @@ class _Terms:
         if not self.gp.ctx.runtime.materialises_conversions:
             return out
         for edge in self.edges_into.get(n.id, ()):
-            src = self.graph.node(self._origin(edge[0]))
-            total = src.numel * tensor_bytes(src, self.act)
-            lead = src.dims[0][0] if src.dims else ""
+            total, lead = self._edge_tensor(edge)
             kept = consumer_saves(self.gp, n.id, edge[2]) > 0
 
             def fn(o: TensorLayout, i: TensorLayout, total: float = total, lead: str = lead,
@@ -308,11 +306,9 @@ class _Terms:
         if not self.gp.ctx.runtime.materialises_conversions:
             return out
         for edge in self.edges_into.get(n.id, ()):
-            src = self.graph.node(self._origin(edge[0]))
-            if not is_float(src):
+            if not is_float(self.graph.node(self._origin(edge[0]))):
                 continue
-            total = src.numel * tensor_bytes(src, self.act)
-            lead = src.dims[0][0] if src.dims else ""
+            total, lead = self._edge_tensor(edge)
 
             def fn(o: TensorLayout, i: TensorLayout, p: frozenset[str], total: float = total,
                    lead: str = lead) -> float:
@@ -320,6 +316,11 @@ class _Terms:
 
             out = out.add(self._edge(edge, fn, ("gradient_conversion", total, lead), partials=True))
         return out
+
+    def _edge_tensor(self, edge: tuple[str, str, int]) -> tuple[float, str]:
+        """(whole bytes, leading dim) of the tensor an edge carries (its origin's output)."""
+        src = self.graph.node(self._origin(edge[0]))
+        return src.numel * tensor_bytes(src, self.act), src.dims[0][0] if src.dims else ""
 
     def input_gradients(self, n: Node) -> Lin:
         """The gradients of ``n``'s activation inputs as its backward makes them, in its layouts."""
@@ -376,15 +377,14 @@ class _Terms:
 
             def copies(o: TensorLayout, i: TensorLayout, gathered: bool, nbytes: float = nbytes,
                        lead: str = lead) -> float:
-                if o == i:
-                    return nbytes / i.shards(self.sizes) if gathered else 0.0
-                if every:
+                if o == i and not gathered:
+                    return 0.0
+                if every and o != i:
                     return sum(conversion_buffer_bytes(nbytes, o, i, self.sizes, lead))
                 return nbytes / i.shards(self.sizes)
 
-            out = out.add(Lin(edges={ei: np.array([[copies(o, i, z) for i in users] for o, z in zip(owners, sharded,
-                                                                                                   strict=True)],
-                                                  dtype=np.float64)}))
+            rows = [[copies(o, i, z) for i in users] for o, z in zip(owners, sharded, strict=True)]
+            out = out.add(Lin(edges={ei: np.array(rows, dtype=np.float64)}))
         return out
 
     def transient(self, n: Node) -> Lin:
