@@ -112,14 +112,18 @@ def test_megatron_zero_1_shows_its_whole_weight_gather_unless_overlapped() -> No
 def test_zero_2_weight_gather_by_runtime() -> None:
     """DeepSpeed's ZeRO-2 gathers the updated partitions at the end of its step; PyTorch's (FSDP
     without resharding after forward) gathers each unit before its forward, under the compute (which
-    runs without the SMs the gather holds meanwhile)."""
+    runs without the SMs the gather holds meanwhile). PyTorch's adds FSDP2's copies, on the HBM: the
+    gathered weights split out (bf16 read and written) and the gradients copied into the
+    reduce-scatter's input (bf16 read, fp32 written), 10 bytes a parameter at 0.8 of 3.35 TB/s."""
     g = _graph(32)
     cluster = make_cluster(16, 1, "H100-80GB")
     low, high = _weight_gather_bounds(g, 16)
     deepspeed, torch = (plan_time(g, ParallelConfig(dp=16, zero=2, runtime=r), cluster).stages[0]
                         for r in (Runtime.DEEPSPEED, Runtime.TORCH))
     assert deepspeed.dp_comm_seconds == pytest.approx(torch.dp_comm_seconds, rel=0.01)
-    assert 0.9 * (1 - H100_SHARE) * low <= deepspeed.dp_exposed_seconds - torch.dp_exposed_seconds <= high
+    copies = 10 * sum(x.numel for x in g.nodes if x.is_parameter) / (0.8 * 3.35e12)
+    hidden = deepspeed.dp_exposed_seconds - (torch.dp_exposed_seconds - copies)
+    assert 0.9 * (1 - H100_SHARE) * low <= hidden <= high
 
 
 def test_zero_3_moves_no_weights_after_the_step() -> None:

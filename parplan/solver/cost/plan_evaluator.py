@@ -54,6 +54,7 @@ from parplan.solver.cost.rules import (
     optimizer_step_seconds,
     optimizer_temporary_bytes,
     parameter_states,
+    sharded_copy_seconds,
     weight_gather_exposed_seconds,
 )
 from parplan.solver.cost.runtime import DataParallelBuffers, Runtime
@@ -243,8 +244,8 @@ class StageTime:
     recompute_seconds: float
     tp_comm_seconds: float
     p2p_seconds: float
-    dp_comm_seconds: float
-    dp_exposed_seconds: float
+    dp_comm_seconds: float  # data-parallel network traffic per step
+    dp_exposed_seconds: float  # what it adds to the step: the traffic compute does not hide, FSDP2's copies
     optimizer_seconds: float
     relayout_seconds: float = 0.0
     cp_comm_seconds: float = 0.0  # the context-parallel exchange (ring or all-to-all) compute does not hide
@@ -505,11 +506,24 @@ class PlanEvaluator:
             reduce += all_reduce_seconds(s.tp, tp_partial * prec.grad_bytes, tp_link)
         return DataParallelTraffic(reduce, weight_gather, gathers)
 
+    def copy_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam], prec: Precision,
+                     reductions: int) -> float:
+        """Seconds per step of the copies the runtime's sharded data parallelism makes around the
+        collectives of these parameters (:func:`sharded_copy_seconds`), ``reductions`` times a step."""
+        elems = {False: 0.0, True: 0.0}
+        for p in params:
+            elems[p.group.expert] += p.elems
+        return sum(sharded_copy_seconds(plan.runtime, s.tp, s.data_ranks // s.ep if expert else s.data_ranks,
+                                        s.zero, e, prec, self.cluster.gpu, self.calibration,
+                                        plan.num_microbatches, reductions)
+                   for expert, e in elems.items())
+
     def once_per_step(self, plan: LayerPlan, c: UnitCost, s: LayerStrategy, prec: Precision,
                       synced: set[str], own: bool = True, shared: bool = True) -> tuple[float, float]:
-        """(gradient traffic, of it what overlap does not hide) of the parameters ``c``'s operators
-        own, each operator's overlapped with its own backward; a shared parameter only the first time
-        (``synced`` collects them). ``own`` / ``shared``: which parameters to count."""
+        """(gradient traffic, of it what overlap does not hide, with the runtime's copies around the
+        collectives, :meth:`copy_seconds`) of the parameters ``c``'s operators own, each operator's
+        overlapped with its own backward; a shared parameter only the first time (``synced`` collects
+        them). ``own`` / ``shared``: which parameters to count."""
         total = exposed = 0.0
         m = plan.num_microbatches
         # gradient syncs per step
@@ -520,6 +534,7 @@ class PlanEvaluator:
             synced.update(p.id for p in params if p.shared)
             t = self.sync_seconds(plan, s, params, prec, c.param_numel)
             total += every * t.sync + m * t.gathers
+            exposed += self.copy_seconds(plan, s, params, prec, every)  # on the compute's HBM: never hidden
             if not plan.overlap_grad_reduce:
                 # Megatron-LM without --overlap-grad-reduce: the reduction (with the distributed
                 # optimizer, its weight all-gather too) runs after the backward, none of it hidden

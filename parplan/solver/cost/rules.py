@@ -11,6 +11,7 @@ strategy):
 - :func:`exposed_seconds`: the part of gradient synchronisation (once per step) and of ZeRO-3's
   weight gathers (every micro-batch) that the backward (and forward) compute does not hide;
 - :func:`optimizer_step_seconds`: Adam's memory-bound update of what a device holds;
+- :func:`sharded_copy_seconds`: FSDP2's copies around its all-gathers and reduce-scatters;
 - :func:`data_parallel_collectives`: how many data-parallel collectives an operator's parameters
   account for (their latency), from how the runtime groups parameters into collectives.
 """
@@ -257,6 +258,30 @@ def weight_gather_exposed_seconds(gather_seconds: float, forward_seconds: float,
     ``--overlap-param-gather``, FSDP without resharding, which gathers each unit before its
     forward); ``slowdown`` as in :func:`hidden_traffic_seconds`."""
     return hidden_traffic_seconds(gather_seconds, forward_seconds, slowdown) if under_forward else gather_seconds
+
+
+def sharded_copy_seconds(runtime: Runtime, tp: int, ranks: int, zero: int, elems: float, prec: Precision,
+                         gpu: GpuSpec, calibration: Calibration, microbatches: int, reductions: int) -> float:
+    """Seconds per step of the copies sharded data parallelism makes on the GPU around its
+    collectives (:attr:`~parplan.solver.cost.runtime.Runtime.copies_around_collectives`), for
+    ``elems`` local weight elements synchronised over ``ranks`` data-parallel ranks. Memory bound
+    and on the compute's HBM, so never hidden:
+
+    - each all-gather (every micro-batch's forward, and its backward again where the weights are
+      resharded after forward) reads its output and writes the unsharded weights: ``2 x elems x``
+      the bytes a weight travels in;
+    - each of the step's ``reductions`` reads the unsharded gradients (in the compute dtype) and
+      writes the reduce-scatter's input in the reduce dtype (``prec.grad_bytes``).
+
+    FSDP2 (PyTorch's ``fully_shard``) with ``tp`` x ``ranks`` devices; 0 for other runtimes, for
+    ZeRO 0-1, or over one rank."""
+    dp = runtime.data_parallel(tp, ranks, zero)
+    if ranks <= 1 or elems <= 0 or not runtime.copies_around_collectives or not (dp.shards_parameters and dp.gathers):
+        return 0.0
+    gathers = microbatches * (1 if dp.kept_from_forward else 2)
+    nbytes = gathers * 2 * elems * prec.weight_transfer_bytes + reductions * elems * (prec.activation_bytes
+                                                                                      + prec.grad_bytes)
+    return nbytes / (gpu.hbm_bandwidth_bytes_per_s * calibration.memory_efficiency)
 
 
 def optimizer_step_seconds(states: MemoryBreakdown, gpu: GpuSpec, calibration: Calibration) -> float:

@@ -253,6 +253,16 @@ class Runtime(StrEnum):
         sharded buffers every micro-batch, and so does torchtitan's trainer without pipelining)."""
         return self._pytorch_native and (pipelined or not self._torchtitan)
 
+    @property
+    def copies_around_collectives(self) -> bool:
+        """Whether sharded data parallelism copies on the GPU around its collectives (FSDP2: each
+        all-gather's output split into the unsharded weights, ``split_with_sizes_copy``; each
+        reduction's unsharded gradients copied into the reduce-scatter's input in the reduce dtype,
+        ``chunk_cat``). Megatron-LM gathers into and reduces from its contiguous buffers in place;
+        the plan interpreter's per-operator gathers are DTensor's (their buffers are the conversion
+        buffers of :mod:`~parplan.solver.cost.resharding`); DeepSpeed's copies are not modelled."""
+        return self._pytorch_native and self is not Runtime.INTERPRETER_CPU
+
     def reduces_every_microbatch(self, pipelined: bool) -> bool:
         """Whether gradients are reduced after every micro-batch's backward, not once a step (torchtitan
         without pipelining: its gradient accumulation keeps FSDP2's synchronisation on)."""

@@ -53,6 +53,7 @@ from parplan.solver.cost.rules import (
     op_seconds,
     optimizer_step_seconds,
     parameter_states,
+    sharded_copy_seconds,
     unit_parameter_numel,
     weight_gather_exposed_seconds,
 )
@@ -208,10 +209,12 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
             count = data_parallel_collectives(ctx.runtime, ctx.group_size(mesh.names) // dp, dp, s.zero, local,
                                               prec.grad_bytes, share)
             traffic = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
+            tp = ctx.group_size(mesh.names) // dp
+            seconds += sharded_copy_seconds(ctx.runtime, tp, dp, s.zero, local, prec, ctx.gpu, ctx.calibration, m, 1)
             sync += traffic.reduce
             weight_gather += traffic.weight_gather
             gathers += traffic.gathers
-            under_forward = ctx.runtime.data_parallel(ctx.group_size(mesh.names) // dp, dp, s.zero).gathers
+            under_forward = ctx.runtime.data_parallel(tp, dp, s.zero).gathers
     # Overlap, as the uniform model and DDP/FSDP do: gradient traffic runs during backward (with its
     # recomputed forward), ZeRO-3's gathers are prefetched during compute; only what exceeds that
     # compute is exposed. ZeRO 1-2's weight gather follows the optimizer step.
