@@ -171,7 +171,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     schedule = Schedule.INTERLEAVED if v > 1 and pp > 1 and m % pp == 0 else Schedule.ONE_F_ONE_B
     gpu, remark, stand_in = _gpu(str(r.get("gpu")))
     assert gpu is not None
-    if "compile" in str(r.get("techniques") or "").lower():
+    if "compile" in (str(r.get("techniques") or "") + str(r.get("quote") or "")).lower():
         remark = "; ".join(x for x in (remark, "torch.compile (parplan prices eager kernels)") if x)
     if tp_overlap and tp > 1:
         assumed.append("TP communication under the GEMMs (--tp-comm-overlap)")
@@ -208,6 +208,12 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
             e = evaluate(model, cluster, layout(Recompute.FULL), seq_len=seq)
     else:
         e = evaluate(model, cluster, layout(stated), seq_len=seq)
+    if runtime is Runtime.TORCHTITAN and e.strategy.recompute is Recompute.SELECTIVE:
+        # torchtitan's selective checkpointing (its Llama 3 configs' default) works per operator:
+        # every other matmul and the elementwise operators rerun in backward. parplan's selective is
+        # Megatron-LM's, which with flash attention reruns nothing.
+        assumed.append("torchtitan's per-operator selective checkpointing (reruns every other matmul) is not "
+                       "expressible: priced without recomputation")
     strategy = e.strategy
     published = float(r.get("step_seconds") or r["step_seconds_derived"])
     return {"source": r["source"], "params": r["params"], "gpus": gpus, "gpu": gpu,
