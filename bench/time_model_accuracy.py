@@ -107,9 +107,15 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         vocab = 51200
         assumed.append("vocab 51200")
     seq = int(r.get("seq_len") or 2048)
+    dropout = None  # the family's: Megatron-LM's 0.1 for GPT, none for Llama
+    if arch.startswith("mpt"):
+        # llm-foundry's MPTConfig defaults resid_pdrop, emb_pdrop and attn_pdrop to 0, and its
+        # benchmark yamls do not set them: no dropout kernels, no masks
+        dropout = 0.0
+        assumed.append("dropout 0 (MPTConfig's default)")
     cfg = TransformerConfig(family=family, name=f"{r['params']}", layers=layers, hidden=hidden, heads=heads,
                             ffn=int(ffn), vocab=int(vocab), seq_len=seq, kv_heads=r.get("kv_heads"),
-                            tied_embeddings=family == "gpt")
+                            tied_embeddings=family == "gpt", dropout=dropout)
     gpus = int(r["gpus"])
     tp, pp = int(r.get("tp") or 1), int(r.get("pp") or 1)
     mp = int(r.get("model_parallel_size") or 1)

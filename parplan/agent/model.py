@@ -7,11 +7,13 @@ shape for shape, the parameters of :func:`parplan.solver.frontends.builder.build
 parameter counts agree exactly and measured memory can be compared with the prediction:
 
 - ``gpt``: learned positions (a table of ``cfg.seq_len`` rows), LayerNorm with bias, separate
-  Q/K/V/O projections with bias, GELU MLP with biases, dropout 0.1 (embedding, attention
-  probabilities inside scaled-dot-product attention, after the attention output and after the
-  MLP), final LayerNorm, LM head tied to the token embedding (no bias), cross-entropy;
+  Q/K/V/O projections with bias, GELU MLP with biases, dropout (``cfg.dropout_p``, 0.1 unless set:
+  embedding, attention probabilities inside scaled-dot-product attention, after the attention
+  output and after the MLP), final LayerNorm, LM head tied to the token embedding (no bias),
+  cross-entropy;
 - ``llama``: RMSNorm (weight only), no biases, grouped-query attention with RoPE (no
-  parameters), SwiGLU MLP (gate/up/down), untied LM head, no dropout.
+  parameters), SwiGLU MLP (gate/up/down), untied LM head, no dropout unless ``cfg.dropout`` sets
+  one (at the same places as GPT's).
 
 The model is cut into ``embed``, ``layers.<i>`` and ``head`` like the graph's units, so a
 pipeline stage is simply a contiguous range of them (:class:`StageModule`). Everything runs
@@ -37,7 +39,6 @@ from parplan.solver.frontends.config import TransformerConfig, extra_features
 #: Families the executor can build.
 SUPPORTED_FAMILIES = ("gpt", "llama")
 
-GPT_DROPOUT = 0.1
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
 
@@ -50,6 +51,8 @@ def check_supported(cfg: TransformerConfig) -> None:
     extra = extra_features(asdict(cfg))
     if extra:
         raise ConfigError(f"the validation agent does not build {', '.join(extra)} yet ({cfg.name})")
+    if cfg.family != "gpt" and cfg.dropout_p > 0:
+        raise ConfigError(f"the validation agent builds dropout into GPT models only, not {cfg.family!r} ({cfg.name})")
     if cfg.qkv_bias or cfg.qk_norm:
         raise ConfigError(f"the validation agent does not build q/k/v biases or q/k norms (Qwen) yet ({cfg.name})")
 
@@ -86,7 +89,7 @@ class Embed(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab, cfg.hidden)
         self.positions = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.family == "gpt" else None
-        self.dropout = Dropout(GPT_DROPOUT) if cfg.family == "gpt" else None
+        self.dropout = Dropout(cfg.dropout_p) if cfg.dropout_p > 0 else None
         self.seq_rank = 0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -244,10 +247,10 @@ class Block(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         gpt = cfg.family == "gpt"
-        drop = GPT_DROPOUT if gpt else 0.0
+        drop = cfg.dropout_p
         self.ln1 = _norm(cfg)
         self.attn = Attention(cfg, bias=gpt, dropout=drop, rope=not gpt)
-        # Llama has no dropout: no module at all (an identity module confuses hook-based tracking).
+        # no dropout (Llama's): no module at all (an identity module confuses hook-based tracking)
         self.attn_dropout = Dropout(drop) if drop > 0 else None
         self.ln2 = _norm(cfg)
         self.mlp = MLP(cfg)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.profiler import DeviceType
 
-from parplan.agent.model import GPT_DROPOUT, attention_kernel, build_model, set_recompute
+from parplan.agent.model import attention_kernel, build_model, set_recompute
 from parplan.solver.cost.breakdown import CATEGORIES, PHASES
 from parplan.solver.frontends.config import TransformerConfig
 
@@ -213,5 +213,5 @@ def profile_run(cfg: TransformerConfig, micro_batch: int, recompute: str, device
     out = summarize(prof.events(), dev.type, profiled_steps)
     return {"micro_batch": micro_batch, "seq_len": cfg.seq_len, "recompute": recompute,
             "dtype": str(dtype).removeprefix("torch."), "device": dev.type,
-            "attention_kernel": attention_kernel(dev, GPT_DROPOUT if cfg.family == "gpt" else 0.0, dtype),
+            "attention_kernel": attention_kernel(dev, cfg.dropout_p, dtype),
             "step_seconds": {"median": statistics.median(walls), "all": walls}, **out}

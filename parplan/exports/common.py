@@ -118,13 +118,16 @@ WRITES_QWEN = frozenset({"megatron"})
 
 def unwritten_features(arch: Mapping[str, Any] | None, target: str) -> list[str]:
     """What of the model's architecture ``target``'s export does not write yet: Qwen's q/k/v biases
-    and q/k norms outside :data:`WRITES_QWEN`, and DeepSeek's, Gemma's and gpt-oss's features
+    and q/k norms and a dropout set in the architecture outside :data:`WRITES_QWEN`, and DeepSeek's,
+    Gemma's and gpt-oss's features
     (:func:`~parplan.solver.frontends.config.extra_features`) everywhere (a trainer launched without
     them would train another model)."""
     arch = arch or {}
     out = [f"the model's {feature} is not written by parplan's {target} export yet" for feature in extra_features(arch)]
     if target in WRITES_QWEN:
         return out
+    if arch.get("dropout") is not None:
+        out.append(f"the model's dropout ({arch['dropout']}) is not written by parplan's {target} export yet")
     if arch.get("qkv_bias"):
         out.append(f"the model's q/k/v biases (Qwen2) are not written by parplan's {target} export yet")
     if arch.get("qk_norm"):

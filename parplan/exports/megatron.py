@@ -33,6 +33,7 @@ from parplan.exports.common import (
     flag_lines,
     uniform_of,
 )
+from parplan.solver.frontends.config import architecture_dropout
 
 MEGATRON_VERSION = "core_v0.16.1"
 TARGET = "megatron"
@@ -96,6 +97,9 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
         "--num-attention-heads", str(heads), "--seq-length", str(ctx.seq_len),
         "--max-position-embeddings", str(max(ctx.seq_len, int(arch.get("seq_len") or 0))),
         "--vocab-size", str(arch["vocab"]),
+        # Megatron-LM's dropouts default to 0.1, which parplan's Llama-style models do not have (their
+        # masks would be memory the plan does not count): always the model's own
+        "--hidden-dropout", f"{architecture_dropout(arch):g}", "--attention-dropout", f"{architecture_dropout(arch):g}",
     ]
     if head_dim:
         args += ["--kv-channels", str(head_dim)]

@@ -4,8 +4,9 @@ The text may be one flag per line, a command line, or a ``torchrun ... pretrain_
 (its ``--nnodes`` and ``--nproc-per-node`` then give the GPU count). The model comes from the size
 flags (GPT: LayerNorm, GELU, biases; Llama: ``--swiglu``, RMSNorm, no biases, Qwen2's q/k/v biases
 with ``--add-qkv-bias`` and Qwen3's q/k norms with ``--qk-layernorm``; Mixtral: Llama with
-``--num-experts``); ``--vocab-size`` is needed because Megatron-LM otherwise reads it from the
-tokenizer. Flags for data, tokenizer, optimizer, logging and checkpoints do not change the
+``--num-experts``; the dropouts from ``--hidden-dropout`` and ``--attention-dropout``, 0.1 when not
+given, as Megatron-LM's defaults); ``--vocab-size`` is needed because Megatron-LM otherwise reads it
+from the tokenizer. Flags for data, tokenizer, optimizer, logging and checkpoints do not change the
 prediction and are listed in ``ignored``; a flag that changes memory or time and is not modelled is
 an error.
 """
@@ -18,11 +19,13 @@ from typing import Literal
 from parplan.imports.common import Imported, ImportProblemError, world_size
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.errors import SolverError
-from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.frontends.config import TransformerConfig, architecture_dropout
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import CP_COMM, ParallelConfig, Schedule
 
 KIND = "megatron-args"
+#: Megatron-LM's ``--hidden-dropout`` and ``--attention-dropout`` when not given
+MEGATRON_DROPOUT = 0.1
 
 #: flags that take a value (the others are switches)
 _VALUED = {
@@ -32,6 +35,7 @@ _VALUED = {
     "--pipeline-model-parallel-size", "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--context-parallel-size",
+    "--hidden-dropout", "--attention-dropout",
     "--expert-tensor-parallel-size", "--fp8-format", "--cp-comm-type",
 }
 _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--untie-embeddings-and-output-weights",
@@ -43,7 +47,7 @@ _IGNORED_VALUED = {
     "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-warmup-iters", "--lr-warmup-fraction",
     "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps", "--init-method-std",
     "--train-iters", "--train-samples", "--save", "--load", "--save-interval", "--log-interval", "--eval-iters",
-    "--eval-interval", "--seed", "--hidden-dropout", "--attention-dropout", "--norm-epsilon", "--rotary-base",
+    "--eval-interval", "--seed", "--norm-epsilon", "--rotary-base",
     "--make-vocab-size-divisible-by", "--tensorboard-dir", "--distributed-backend", "--ckpt-format",
     "--distributed-timeout-minutes", "--num-workers", "--exit-duration-in-mins", "--wandb-project",
     "--transformer-impl", "--attention-backend",  # flash attention is priced either way
@@ -187,13 +191,18 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     # a GPT's learned position table has --max-position-embeddings rows (parplan's config seq_len)
     positions = max(seq, _get(flags, "--max-position-embeddings", seq) or seq)
     kv = _get(flags, "--num-query-groups") if "--group-query-attention" in flags else None
+    # Megatron-LM's dropouts default to 0.1. parplan's model has one probability for both; a dropout
+    # keeps its mask whatever the probability, so the larger stands for both (a mask more, never one
+    # less, when they differ)
+    dropout = max(_probability(flags, "--hidden-dropout"), _probability(flags, "--attention-dropout"))
     try:
         cfg = TransformerConfig(
             family=family, name="megatron-args", layers=layers, hidden=hidden, heads=heads,
             ffn=_get(flags, "--ffn-hidden-size", 4 * hidden) or 4 * hidden, vocab=vocab, seq_len=positions, kv_heads=kv,
             head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
             num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2,
-            qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags)
+            qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags,
+            dropout=None if dropout == architecture_dropout({"family": family}) else dropout)
         pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
         cp = _get(flags, "--context-parallel-size", 1) or 1
         if world % (tp * pp * cp):
@@ -228,6 +237,20 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
         raise ImportProblemError(KIND, [str(e)]) from None
     return Imported(KIND, ModelSource(cfg.name, config=cfg), strategy, seq, world, per_node, "megatron", unknown,
                     ignored)
+
+
+def _probability(flags: dict[str, str | bool], name: str) -> float:
+    """A dropout flag's probability (Megatron-LM's default, 0.1, when absent)."""
+    v = flags.get(name)
+    if v is None:
+        return MEGATRON_DROPOUT
+    try:
+        p = float(str(v))
+    except ValueError:
+        raise ImportProblemError(KIND, [f"{name} needs a probability, got {v!r}"]) from None
+    if not 0.0 <= p < 1.0:
+        raise ImportProblemError(KIND, [f"{name} needs a probability in [0, 1), got {v!r}"])
+    return p
 
 
 def _partition(flags: dict[str, str | bool], layers: int, pp: int) -> tuple[int, ...] | None:

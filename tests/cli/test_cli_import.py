@@ -17,7 +17,7 @@ ARGS = """\
 --untie-embeddings-and-output-weights
 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel
 --use-distributed-optimizer --recompute-granularity selective
---micro-batch-size 1 --global-batch-size 32 --bf16
+--micro-batch-size 1 --global-batch-size 32 --bf16 --hidden-dropout 0.0 --attention-dropout 0.0
 --lr 3e-4 --data-path /data/x --my-own-flag 7
 """
 
@@ -47,6 +47,26 @@ def test_megatron_arguments_are_priced_and_what_was_not_used_is_listed(
     assert same["time"]["step_seconds"] == doc["time"]["step_seconds"]
     assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16"]) == 0
     assert "unknown in" in capsys.readouterr().out
+
+
+def test_megatron_lms_default_dropout_is_priced_when_the_arguments_leave_it_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Megatron-LM trains with dropout 0.1 unless told otherwise, a Llama too: its masks (one byte an
+    element, after the attention and after the MLP) are held for the backward, so leaving the flags
+    out prices more memory, never less."""
+    peaks = []
+    for text in (ARGS, ARGS.replace("--hidden-dropout 0.0 --attention-dropout 0.0", ""),
+                 ARGS.replace("--hidden-dropout 0.0", "--hidden-dropout 0.05")):
+        (tmp_path / "args.txt").write_text(text)
+        assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        peaks.append((doc["model"]["architecture"]["dropout"], doc["memory"]["peak_bytes"]))
+    (none, zero), (default, with_default), (larger, with_larger) = peaks
+    assert none is None and default == 0.1 and larger == 0.05
+    # a stage of 16 layers, 4,096 tokens split over TP 2 by sequence parallelism, 4,096 wide: at
+    # least its two masks a layer of the first micro-batch in flight
+    assert with_default - zero >= 16 * 2 * 4096 // 2 * 4096
+    assert with_larger == with_default
 
 
 def test_context_parallel_size_is_priced_as_memory_cp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -133,6 +133,10 @@ def test_megatron_core_accepts_the_exported_configuration(preset: str, gpus: int
         arch["layers"], arch["hidden"], arch["heads"], arch["ffn"])
     assert cfg.num_query_groups in (None, arch["kv_heads"] or arch["heads"]) or arch["kv_heads"] == arch["heads"]
     assert cfg.recompute_granularity == (None if s["recompute"] == "none" else s["recompute"])
+    # the model's dropout, not Megatron-LM's default of 0.1 (Llama-style models have none: their masks
+    # would be memory the plan does not count)
+    dropout = 0.1 if arch["family"] == "gpt" else 0.0
+    assert cfg.hidden_dropout == cfg.attention_dropout == dropout
     assert cfg.expert_model_parallel_size == s["expert_parallel"]
     assert cfg.context_parallel_size == s.get("cp", 1)
     assert cfg.cp_comm_type == (s.get("cp_comm", "p2p") if s.get("cp", 1) > 1 else None)

@@ -258,7 +258,8 @@ class Runtime(StrEnum):
         """Whether sharded data parallelism copies on the GPU around its collectives (FSDP2: each
         all-gather's output split into the unsharded weights, ``split_with_sizes_copy``; each
         reduction's unsharded gradients copied into the reduce-scatter's input in the reduce dtype,
-        ``chunk_cat``). Megatron-LM gathers into and reduces from its contiguous buffers in place;
+        ``chunk_cat``). DDP as the agent runs it (``gradient_as_bucket_view``) reduces the gradients
+        in their buckets, and Megatron-LM gathers into and reduces from its contiguous buffers in place;
         the plan interpreter's per-operator gathers are DTensor's (their buffers are the conversion
         buffers of :mod:`~parplan.solver.cost.resharding`); DeepSpeed's copies are not modelled."""
         return self._pytorch_native and self is not Runtime.INTERPRETER_CPU

@@ -189,7 +189,7 @@ def _moe(b: _Builder, p: str, x: str, cfg: TransformerConfig, tokens: int) -> st
 
 def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> None:
     gpt = cfg.family == "gpt"
-    drop = 0.1 if gpt else 0.0
+    drop = cfg.dropout_p
     norm = "layernorm" if gpt else "rmsnorm"
     tokens = b.input("tokens", {"batch": batch, "seq": seq})
     wte = b.param("embed.tokens.weight", {"vocab": cfg.vocab, "hidden": cfg.hidden})
@@ -243,7 +243,7 @@ def _lm_head(b: _Builder, cfg: TransformerConfig, x: str, norm: str, wte: str, b
 
 
 def _bert(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> None:
-    drop = 0.1
+    drop = cfg.dropout_p
     tokens = b.input("tokens", {"batch": batch, "seq": seq})
     types = b.input("token_type_ids", {"batch": batch, "seq": seq})
     pos = b.input("position_ids", {"batch": batch, "seq": seq})
@@ -282,7 +282,7 @@ def _bert(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> None:
 
 
 def _t5(b: _Builder, cfg: TransformerConfig, batch: int, seq: int, tgt: int) -> None:
-    drop = 0.1
+    drop = cfg.dropout_p
     h = cfg.hidden
     act = "gelu" if cfg.gated_mlp else "relu"
     shared = b.param("embed.shared.weight", {"vocab": cfg.vocab, "hidden": h})

@@ -88,6 +88,10 @@ class TransformerConfig:
     kv_lora_rank: int = 0  # > 0: multi-head latent attention
     qk_rope_dim: int = 0  # MLA: rotary part of each head's query and key
     v_head_dim: int = 0  # MLA: each head's value width
+    #: dropout probability after the embeddings and the attention's and the MLP's outputs, and on the
+    #: attention probabilities (None: the family's usual, :attr:`dropout_p`); only whether it is 0
+    #: changes what is priced (a dropout keeps its mask, whatever the probability)
+    dropout: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "ffn"):
@@ -116,6 +120,10 @@ class TransformerConfig:
         if self.family != "mixtral" and any(getattr(self, f) for f in _MOE_ONLY):
             raise ConfigError(f"{self.name}: {', '.join(f for f in _MOE_ONLY if getattr(self, f))} apply to "
                               "mixtures of experts only")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"{self.name}: dropout must be in [0, 1), got {self.dropout}")
+        if self.dropout and self.family == "vit":
+            raise ConfigError(f"{self.name}: parplan's ViT has no dropout")
         if self.activation not in ("silu", "gelu"):
             raise ConfigError(f"{self.name}: activation must be silu or gelu, got {self.activation!r}")
         for f in ("sliding_window", "global_every", "shared_experts", "dense_layers", "dense_ffn", "q_lora_rank",
@@ -135,6 +143,12 @@ class TransformerConfig:
             raise ConfigError(f"{self.name}: q_lora_rank, qk_rope_dim and v_head_dim need kv_lora_rank > 0")
         if self.kv_lora_rank and (self.qkv_bias or self.attention_bias):
             raise ConfigError(f"{self.name}: multi-head latent attention has no q/k/v biases")
+
+    @property
+    def dropout_p(self) -> float:
+        """The dropout probability the model trains with: ``dropout``, else 0.1 for GPT, BERT and T5
+        (Megatron-LM's, Hugging Face's) and none for the Llama-style families and ViT."""
+        return architecture_dropout({"family": self.family, "dropout": self.dropout})
 
     def is_global_attention(self, layer: int) -> bool:
         """Whether block ``layer`` (from 0) attends to the whole sequence rather than a window."""
@@ -169,6 +183,15 @@ class TransformerConfig:
     def with_(self, **changes: object) -> TransformerConfig:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def architecture_dropout(arch: Mapping[str, Any]) -> float:
+    """The dropout probability of an architecture (a :class:`TransformerConfig`'s fields): its
+    ``dropout``, else 0.1 for GPT, BERT and T5 and none for the other families."""
+    p = arch.get("dropout")
+    if p is not None:
+        return float(p)
+    return 0.1 if arch.get("family") in ("gpt", "bert", "t5") else 0.0
 
 
 def extra_features(arch: Mapping[str, Any] | None) -> list[str]:
