@@ -124,15 +124,24 @@ def test_an_unfused_attentions_gemms_move_their_scores_while_they_compute(runtim
     output (q, k, v, o: 4 x 2048 x 2048 bf16) and 13 bytes per score of 16 heads x 2048 x 2048, of
     which the softmax's read and write (4 bytes) move at the fraction of the peak PyTorch's softmax
     reaches on an H100 (0.36, measured; Megatron-LM's fused softmax is not measured: the
-    calibration's 0.8), the rest at the calibration's."""
+    calibration's 0.8), the rest at the calibration's.
+
+    The backward, kernel by kernel: the four GEMMs (dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q;
+    still bound by their bytes) read and write the inputs' and outputs' gradients (twice the
+    forward's 4 x 2048 x 2048) and pass over the scores four times (dP's write, P's read, dS's two
+    reads: 8 bytes), dropout's backward reads dP and the mask and writes its gradient (5 bytes), the
+    softmax's reads the probabilities and their gradient and writes the scores' (6 bytes, at the
+    softmax's fraction): 19 bytes a score against the forward's 13, not twice them."""
     g = _attention_graph()
     core = next(n.id for n in g.nodes if n.kind is OpKind.ATTENTION)
     fwd, bwd, _ = _seconds(g, core, False, runtime)
     bandwidth = H100.hbm_bandwidth_bytes_per_s * DEFAULT_CALIBRATION.memory_efficiency
+    softmax_bandwidth = H100.hbm_bandwidth_bytes_per_s * softmax
     scores = 16 * 2048 * 2048
-    expected = (4 * 2048 * 2048 * 2 + scores * 9) / bandwidth + scores * 4 / (H100.hbm_bandwidth_bytes_per_s * softmax)
+    expected = (4 * 2048 * 2048 * 2 + scores * 9) / bandwidth + scores * 4 / softmax_bandwidth
     assert fwd == pytest.approx(expected, rel=1e-9)
-    assert bwd == pytest.approx(2 * fwd, rel=1e-12)
+    backward = (2 * 4 * 2048 * 2048 * 2 + scores * (8 + 5)) / bandwidth + scores * 6 / softmax_bandwidth
+    assert bwd == pytest.approx(backward, rel=1e-9)
 
 
 @pytest.mark.parametrize(("gpu", "runtime", "calibration", "efficiency"), [

@@ -188,18 +188,29 @@ def _unfused_attention_seconds(node: Node, graph: Graph, gpu: GpuSpec, prec: Pre
     move (the operator's inputs and output, QKᵀ's write of the scores and PV's read of the
     probabilities), then the softmax's passes over the score matrix (its read and write, at the
     fraction of the HBM peak a softmax reaches, ``softmax_eff``) and dropout's
-    (:func:`~parplan.solver.cost.kernels.unfused_score_bytes`, less the GEMMs' own); backward twice
-    both."""
+    (:func:`~parplan.solver.cost.kernels.unfused_score_bytes`, less the GEMMs' own).
+
+    The backward, kernel by kernel as Megatron-LM's core attention runs it: four GEMMs (dP = dO·Vᵀ
+    and dV = Pᵀ·dO, dQ = dS·K and dK = dSᵀ·Q: twice the forward's arithmetic, and their own four
+    passes over the score matrix, dP's write, P's read and dS's two reads, besides twice the
+    operator's traffic), dropout's backward (dP and the mask read, its gradient written), the
+    softmax's (the probabilities and their gradient read, the scores' gradient written: three
+    passes). Per score element in 16 bits, 19 bytes against the forward's 13."""
     qk, pv = unfused_attention_gemms(node, graph, cuts)
     gemms = sum(roofline_seconds(2.0 * g.batch * g.m * g.n * g.k, 0.0, gpu, dt,
                                  gemm_efficiency(g, gpu, ceiling, dt, fill=False), b_eff) for g in (qk, pv))
-    scores = unfused_score_bytes(node, graph, work, prec.activation_bytes)
-    own = GEMM_SCORE_PASSES * unfused_scores(node, graph, work) * prec.activation_bytes
-    softmax = SOFTMAX_SCORE_PASSES * unfused_scores(node, graph, work) * prec.activation_bytes
+    n, a = unfused_scores(node, graph, work), prec.activation_bytes
+    scores = unfused_score_bytes(node, graph, work, a)
+    own = GEMM_SCORE_PASSES * n * a
+    softmax = SOFTMAX_SCORE_PASSES * n * a
+    dropout = scores - own - softmax  # its read and write and its mask (0 without dropout)
     io = roofline_seconds(0.0, traffic + own, gpu, dt, 1.0, b_eff)
     fwd = (max(gemms, io) + roofline_seconds(0.0, softmax, gpu, dt, 1.0, softmax_eff)
-           + roofline_seconds(0.0, scores - own - softmax, gpu, dt, 1.0, b_eff))
-    return fwd, 2 * fwd
+           + roofline_seconds(0.0, dropout, gpu, dt, 1.0, b_eff))
+    io_back = roofline_seconds(0.0, 2 * traffic + 2 * own, gpu, dt, 1.0, b_eff)
+    bwd = (max(2 * gemms, io_back) + roofline_seconds(0.0, 1.5 * softmax, gpu, dt, 1.0, softmax_eff)
+           + roofline_seconds(0.0, dropout, gpu, dt, 1.0, b_eff))
+    return fwd, bwd
 
 
 def parameter_states(elems: float, prec: Precision, zero: int, zero_ranks: int, replicas: int,
