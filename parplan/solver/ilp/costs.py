@@ -53,7 +53,6 @@ from parplan.solver.cost.rules import (
     op_seconds,
     optimizer_step_seconds,
     parameter_states,
-    sharded_copy_seconds,
     unit_parameter_numel,
     weight_gather_exposed_seconds,
 )
@@ -210,7 +209,8 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
                                               prec.grad_bytes, share)
             traffic = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
             tp = ctx.group_size(mesh.names) // dp
-            seconds += sharded_copy_seconds(ctx.runtime, tp, dp, s.zero, local, prec, ctx.gpu, ctx.calibration, m, 1)
+            # no FSDP2 copies (rules.sharded_copy_seconds): the ILP's plans run under the agent's plan
+            # interpreter, whose data-parallel gathers are DTensor's, per operator, or Megatron-LM's
             sync += traffic.reduce
             weight_gather += traffic.weight_gather
             gathers += traffic.gathers
