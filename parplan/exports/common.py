@@ -112,7 +112,7 @@ def context_of(doc: Mapping[str, Any]) -> PlanContext:
 
 
 #: Targets whose exports write Qwen's q/k/v biases and q/k norms (Megatron-LM: --add-qkv-bias,
-#: --qk-layernorm).
+#: --qk-layernorm) and the architecture's own dropout (--hidden-dropout, --attention-dropout).
 WRITES_QWEN = frozenset({"megatron"})
 
 

@@ -92,6 +92,7 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
     if reasons:
         raise NotExpressible(TARGET, reasons)
     head_dim = arch.get("head_dim")
+    dropout = f"{architecture_dropout(arch):g}"
     args: list[str] = [
         "--num-layers", str(layers), "--hidden-size", str(arch["hidden"]), "--ffn-hidden-size", str(arch["ffn"]),
         "--num-attention-heads", str(heads), "--seq-length", str(ctx.seq_len),
@@ -99,7 +100,7 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
         "--vocab-size", str(arch["vocab"]),
         # Megatron-LM's dropouts default to 0.1, which parplan's Llama-style models do not have (their
         # masks would be memory the plan does not count): always the model's own
-        "--hidden-dropout", f"{architecture_dropout(arch):g}", "--attention-dropout", f"{architecture_dropout(arch):g}",
+        "--hidden-dropout", dropout, "--attention-dropout", dropout,
     ]
     if head_dim:
         args += ["--kv-channels", str(head_dim)]

@@ -200,7 +200,7 @@ def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Pre
     runtime decides, see :meth:`~parplan.solver.cost.runtime.Runtime.data_parallel`)."""
     total = Memory(MemoryBreakdown(), MemoryBreakdown())
     for group, elems in groups.items():
-        nz = s.data_ranks // s.ep if group.expert else s.data_ranks
+        nz = _group_ranks(s, group.expert)
         replicas = (s.tp if group.tp_replicated else 1) * nz
         total = total + Memory(*parameter_states(elems, prec, s.zero, nz, replicas, shards_parameters))
     return total
@@ -277,6 +277,11 @@ class PlanTime:
     def bubble_fraction(self) -> float:
         busy = max(s.microbatch_seconds for s in self.stages)
         return 0.0 if self.step_seconds <= 0 else max(0.0, 1 - busy * self.num_microbatches / self.step_seconds)
+
+
+def _group_ranks(s: LayerStrategy, expert: bool) -> int:
+    """Ranks a parameter's gradients are reduced over: ``dp x cp``, of an expert's ``/ ep``."""
+    return s.data_ranks // s.ep if expert else s.data_ranks
 
 
 def pipeline_seconds(per_microbatch: list[float], once: list[float], m: int, v: int) -> float:
@@ -491,7 +496,7 @@ class PlanEvaluator:
             tp_partial += p.elems if p.tp_partial else 0.0
         reduce = weight_gather = gathers = 0.0
         for expert, e in elems.items():
-            n = s.data_ranks // s.ep if expert else s.data_ranks
+            n = _group_ranks(s, expert)
             if n > 1 and e:
                 count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, e, prec.grad_bytes,
                                                   numel[expert] / unit_numel if unit_numel else 0.0)
@@ -513,9 +518,8 @@ class PlanEvaluator:
         elems = {False: 0.0, True: 0.0}
         for p in params:
             elems[p.group.expert] += p.elems
-        return sum(sharded_copy_seconds(plan.runtime, s.tp, s.data_ranks // s.ep if expert else s.data_ranks,
-                                        s.zero, e, prec, self.cluster.gpu, self.calibration,
-                                        plan.num_microbatches, reductions)
+        return sum(sharded_copy_seconds(plan.runtime, s.tp, _group_ranks(s, expert), s.zero, e, prec,
+                                        self.cluster.gpu, self.calibration, plan.num_microbatches, reductions)
                    for expert, e in elems.items())
 
     def once_per_step(self, plan: LayerPlan, c: UnitCost, s: LayerStrategy, prec: Precision,

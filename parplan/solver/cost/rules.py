@@ -286,8 +286,8 @@ def sharded_copy_seconds(runtime: Runtime, tp: int, ranks: int, zero: int, elems
 
     FSDP2 (PyTorch's ``fully_shard``) with ``tp`` x ``ranks`` devices; 0 for other runtimes, for
     ZeRO 0-1, or over one rank."""
-    dp = runtime.data_parallel(tp, ranks, zero)
-    if ranks <= 1 or elems <= 0 or not runtime.copies_around_collectives or not (dp.shards_parameters and dp.gathers):
+    dp = runtime.data_parallel(tp, ranks, zero)  # one rank: in place, nothing gathered
+    if elems <= 0 or not runtime.copies_around_collectives or not (dp.shards_parameters and dp.gathers):
         return 0.0
     gathers = microbatches * (1 if dp.kept_from_forward else 2)
     nbytes = gathers * 2 * elems * prec.weight_transfer_bytes + reductions * elems * (prec.activation_bytes

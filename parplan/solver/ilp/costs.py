@@ -205,12 +205,11 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
         if dp_axes:
             dp = ctx.group_size(dp_axes)
             share = 1.0 if ctx.zero3_per_operator else _unit_share(node, ctx)
-            count = data_parallel_collectives(ctx.runtime, ctx.group_size(mesh.names) // dp, dp, s.zero, local,
-                                              prec.grad_bytes, share)
-            traffic = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
             tp = ctx.group_size(mesh.names) // dp
+            count = data_parallel_collectives(ctx.runtime, tp, dp, s.zero, local, prec.grad_bytes, share)
             # no FSDP2 copies (rules.sharded_copy_seconds): the ILP's plans run under the agent's plan
             # interpreter, whose data-parallel gathers are DTensor's, per operator, or Megatron-LM's
+            traffic = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
             sync += traffic.reduce
             weight_gather += traffic.weight_gather
             gathers += traffic.gathers
