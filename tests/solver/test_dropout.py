@@ -50,6 +50,16 @@ def test_the_graph_has_a_dropout_only_where_the_model_does() -> None:
     assert dropouts("gpt", 0.0) == dropouts("llama", None) == 0
 
 
+@pytest.mark.parametrize("mla", [False, True])
+def test_the_attention_probabilities_drop_out_with_the_models_dropout(mla: bool) -> None:
+    """Multi-head latent attention's core too (DeepSeek-style, a latent of 64)."""
+    latent = {"kv_lora_rank": 64, "qk_rope_dim": 16, "v_head_dim": 64} if mla else {}
+    for p, expected in ((None, 0.0), (0.1, 0.1)):
+        cfg = TransformerConfig("llama", "t", LAYERS, HIDDEN, HEADS, 4 * HIDDEN, 512, SEQ, dropout=p, **latent)
+        cores = [n for n in build_graph(cfg).nodes if n.kind is OpKind.ATTENTION]
+        assert len(cores) == LAYERS and all(n.attrs["dropout"] == expected for n in cores)
+
+
 @pytest.mark.parametrize(("family", "p", "why"), [("gpt", 1.0, "in \\[0, 1\\)"), ("llama", -0.1, "in \\[0, 1\\)"),
                                                   ("vit", 0.1, "no dropout")])
 def test_an_impossible_dropout_is_refused(family: str, p: float, why: str) -> None:

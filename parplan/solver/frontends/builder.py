@@ -134,7 +134,7 @@ def _latent_attention(b: _Builder, p: str, x: str, cfg: TransformerConfig, **cor
     out = {**b.dims[q]}
     del out["head_dim"]
     out["v_head_dim"] = cfg.v_head_dim
-    ctx = b.add(f"{p}.core", OpKind.ATTENTION, [q, k, v], out, causal=True, dropout=0.0, head_dim="head_dim",
+    ctx = b.add(f"{p}.core", OpKind.ATTENTION, [q, k, v], out, causal=True, dropout=cfg.dropout_p, head_dim="head_dim",
                 **core)
     return b.linear(f"{p}.o", ctx, ["heads", "v_head_dim"], {"hidden": cfg.hidden}, bias=False)
 
