@@ -386,3 +386,41 @@ def test_qwen_architectures_hint_when_model_type_missing() -> None:
     cfg = fixture("qwen2")
     del cfg["model_type"]
     assert config_from_hf(cfg).qkv_bias
+
+
+def test_dropout_fields_are_read_the_largest_standing_for_all() -> None:
+    """A config's own dropout: without it a GPT-2 trained with none would be priced with masks, and
+    a Llama trained with attention dropout without them (an under-prediction)."""
+    gpt2 = fixture("gpt2")
+    assert config_from_hf(gpt2).dropout is None  # 0.1 everywhere: the family's usual
+    none = {**gpt2, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    assert config_from_hf(none).dropout == 0.0
+    assert config_from_hf({**none, "attn_pdrop": 0.2}).dropout == 0.2
+    llama = fixture("llama")
+    assert config_from_hf({**llama, "attention_dropout": 0.1}).dropout == 0.1
+    assert config_from_hf({**llama, "attention_dropout": 0.0}).dropout is None
+    with pytest.raises(ConfigError, match="ViT has no dropout"):  # refused, not priced without
+        config_from_hf({**fixture("vit"), "hidden_dropout_prob": 0.1})
+    assert config_from_hf({**fixture("t5"), "dropout_rate": 0.0}).dropout == 0.0
+    for bad in (1.0, -0.1, "0.1", True):
+        with pytest.raises(ConfigError, match="resid_pdrop"):
+            config_from_hf({**gpt2, "resid_pdrop": bad})
+
+
+def test_a_gpt2_without_dropout_prices_no_masks() -> None:
+    from parplan.solver.cluster import make_cluster
+    from parplan.solver.evaluate import evaluate
+    from parplan.solver.models import ModelSource
+    from parplan.solver.strategy import ParallelConfig
+
+    gpt2 = fixture("gpt2")
+    with_masks = config_from_hf(gpt2, seq_len=1024)
+    without = config_from_hf({**gpt2, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, seq_len=1024)
+    cluster, strategy = make_cluster(1, 1, "A100-80GB"), ParallelConfig(micro_batch=4)
+    a = evaluate(ModelSource(with_masks.name, config=with_masks), cluster, strategy).memory.stages[0]\
+        .activation_bytes_per_microbatch
+    b = evaluate(ModelSource(without.name, config=without), cluster, strategy).memory.stages[0]\
+        .activation_bytes_per_microbatch
+    # the embedding's dropout and each block's two (after attention, after the MLP) keep a one-byte
+    # mask of a hidden state per token (the attention's own dropout runs in the flash kernel: no mask)
+    assert a - b == (2 * with_masks.layers + 1) * 4 * 1024 * with_masks.hidden

@@ -489,17 +489,20 @@ class PlanEvaluator:
         operator's work is split all-reduced over TP."""
         elems = {False: 0.0, True: 0.0}
         numel = {False: 0.0, True: 0.0}
+        tensors: dict[bool, list[float]] = {False: [], True: []}
         tp_partial = 0.0
         for p in params:
             elems[p.group.expert] += p.elems
             numel[p.group.expert] += p.numel
+            tensors[p.group.expert].append(p.elems)
             tp_partial += p.elems if p.tp_partial else 0.0
         reduce = weight_gather = gathers = 0.0
         for expert, e in elems.items():
             n = _group_ranks(s, expert)
             if n > 1 and e:
                 count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, e, prec.grad_bytes,
-                                                  numel[expert] / unit_numel if unit_numel else 0.0)
+                                                  numel[expert] / unit_numel if unit_numel else 0.0,
+                                                  tensors[expert])
                 link = self.data_link(plan, s, expert)
                 weights = e * prec.weight_transfer_bytes
                 traffic = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)

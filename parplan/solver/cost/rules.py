@@ -18,6 +18,8 @@ strategy):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
 from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, is_float
@@ -315,17 +317,25 @@ MEGATRON_BUCKET_PER_RANK_ELEMS = 1_000_000
 
 
 def data_parallel_collectives(runtime: Runtime, tp: int, dp: int, zero: int, local_elems: float,
-                              grad_bytes: float, unit_share: float) -> float:
+                              grad_bytes: float, unit_share: float, tensors: Sequence[float] = ()) -> float:
     """How many collectives of each data-parallel pass (gradient reduction, weight all-gather) an
     operator's ``local_elems`` parameter elements account for, a fraction where they share one:
 
-    - a runtime that gathers each unit's weights (FSDP, DeepSpeed ZeRO-3, torchtitan's replicate)
-      sends one collective per unit: the operator's ``unit_share`` of its unit's parameters;
+    - DeepSpeed ZeRO-3: buckets of :data:`~parplan.solver.cost.runtime.DEEPSPEED_BUCKET_ELEMENTS`
+      (the size parplan's exports set for its prefetch and reduce buckets) that hold whole tensors.
+      Its parameter coordinator gathers the tensors queued for the next sub-modules until the
+      prefetch bucket is full and sends them as one coalesced all-gather; the reduction closes a
+      bucket before a tensor that would overflow it. A tensor as large as a bucket thus travels in a
+      collective of its own: each tensor of ``tensors`` (local elements of each parameter tensor;
+      ``local_elems`` as one tensor where not given) counts ``min(1, elements / bucket)``;
+    - another runtime that gathers each unit's weights (FSDP, torchtitan's replicate) sends one
+      collective per unit: the operator's ``unit_share`` of its unit's parameters;
     - Megatron-LM: buckets of ``max(40M, 1M · dp)`` parameters;
-    - DeepSpeed ZeRO 0-2: the buckets parplan's exports set
-      (:data:`~parplan.solver.cost.runtime.DEEPSPEED_BUCKET_ELEMENTS`);
+    - DeepSpeed ZeRO 0-2: buckets of that size;
     - DDP: buckets of :data:`~parplan.solver.cost.collectives.DP_BUCKET_BYTES` of gradients.
     """
+    if runtime is Runtime.DEEPSPEED and zero >= 3:
+        return sum(min(1.0, t / DEEPSPEED_BUCKET_ELEMENTS) for t in (tensors or (local_elems,)))
     if runtime.data_parallel(tp, dp, zero).gathers:
         return unit_share
     if runtime is Runtime.MEGATRON:

@@ -1,7 +1,12 @@
 """Import a Hugging Face ``config.json`` as a :class:`TransformerConfig`.
 
-Only shape fields are read; training-only settings (dropout, rope scaling, Mistral's and Qwen's
-sliding window, ...) are ignored. Qwen2 adds biases to q, k and v; Qwen3 normalises q and k per
+Shape fields are read, and the dropout probabilities (GPT-2's ``resid_pdrop`` / ``embd_pdrop`` /
+``attn_pdrop``, Llama-style ``attention_dropout``, BERT's and ViT's ``hidden_dropout_prob`` /
+``attention_probs_dropout_prob``, T5's ``dropout_rate``): parplan's model has one dropout for every
+position, so the largest of those given stands for all (any above 0 prices every dropout's kernels
+and masks: an upper bound where the config drops out in fewer places); none given: the family's
+usual (:meth:`TransformerConfig.dropout_p`). Other training-only settings (rope scaling, Mistral's
+and Qwen's sliding window, ...) are ignored. Qwen2 adds biases to q, k and v; Qwen3 normalises q and k per
 head (RMSNorm over the head dim). The sequence length defaults to the model's maximum positions.
 """
 
@@ -13,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from parplan.solver.errors import ConfigError
-from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.frontends.config import TransformerConfig, architecture_dropout
 
 _Mapper = Callable[[Mapping[str, Any], str, str, int | None], TransformerConfig]
 
@@ -46,6 +51,22 @@ def _bool(cfg: Mapping[str, Any], key: str, mt: str, default: bool) -> bool:
     return value
 
 
+def _dropout(cfg: Mapping[str, Any], mt: str, family: str, *keys: str) -> float | None:
+    """The largest of the dropout probabilities ``keys`` that ``cfg`` gives; None if it gives none
+    or that is the ``family``'s usual (so that a config equals its preset)."""
+    found: list[float] = []
+    for key in keys:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise ConfigError(f"HF config (model_type {mt!r}): field {key!r} must be a probability in [0, 1), "
+                              f"got {value!r}")
+        found.append(float(value))
+    p = max(found) if found else None
+    return None if p is None or p == architecture_dropout({"family": family}) else p
+
+
 def _head_dim(explicit: int | None, hidden: int, heads: int) -> int | None:
     """``None`` when the head dim is the default ``hidden // heads`` (so configs compare equal)."""
     if explicit == 0:
@@ -67,6 +88,7 @@ def _gpt2(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> Tr
         vocab=_int(cfg, "vocab_size", mt),
         seq_len=seq_len or _int(cfg, "n_positions", mt),
         tied_embeddings=_bool(cfg, "tie_word_embeddings", mt, True),
+        dropout=_dropout(cfg, mt, "gpt", "resid_pdrop", "embd_pdrop", "attn_pdrop"),
     )
 
 
@@ -93,6 +115,7 @@ def _llama(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> T
         top_k=_int(cfg, "num_experts_per_tok", mt) if moe else 2,
         qkv_bias=mt == "qwen2",  # transformers' Qwen2Attention always biases q, k and v (not o)
         qk_norm=mt == "qwen3",
+        dropout=_dropout(cfg, mt, "mixtral" if moe else "llama", "attention_dropout"),
     )
 
 
@@ -107,6 +130,7 @@ def _bert(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> Tr
         vocab=_int(cfg, "vocab_size", mt),
         seq_len=seq_len or _int(cfg, "max_position_embeddings", mt),
         type_vocab=_int(cfg, "type_vocab_size", mt),
+        dropout=_dropout(cfg, mt, "bert", "hidden_dropout_prob", "attention_probs_dropout_prob"),
     )
 
 
@@ -131,6 +155,7 @@ def _t5(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> Tran
         tied_embeddings=_bool(cfg, "tie_word_embeddings", mt, True),
         gated_mlp=proj.startswith("gated-"),
         relative_buckets=_int(cfg, "relative_attention_num_buckets", mt, default=32),
+        dropout=_dropout(cfg, mt, "t5", "dropout_rate"),
     )
 
 
@@ -153,6 +178,7 @@ def _vit(cfg: Mapping[str, Any], mt: str, name: str, seq_len: int | None) -> Tra
         patch_size=patch,
         channels=_int(cfg, "num_channels", mt, default=3),
         num_classes=_int(cfg, "num_labels", mt, default=classes),
+        dropout=_dropout(cfg, mt, "vit", "hidden_dropout_prob", "attention_probs_dropout_prob"),
     )
 
 
