@@ -92,6 +92,22 @@ def part_profile() -> dict[str, Any]:
 _GEMM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "tf32": torch.float32}
 
 
+def _queued_seconds(fn: Callable[[], Any], calls: int = 10, warmup: int = 3) -> float:
+    """Seconds of one of ``calls`` back-to-back calls of ``fn`` (CUDA events around them all): the
+    kernels queue up as in a training step, so the CPU's dispatch of each call is hidden, which
+    :func:`_events_seconds` (one synchronised call) includes."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / calls
+
+
 def _gemm_shapes(dtype: str) -> list[tuple[int, int, int]]:
     """(M, K, N): squares, and a transformer layer's matmuls (tokens x hidden -> 3h, h, 4h; 4h -> h)."""
     squares = [(n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192)] + ([(16384,) * 3] if dtype == "bf16" else [])
@@ -112,8 +128,9 @@ def part_kernels() -> dict[str, Any]:
             a = torch.randn(m, k, device=dev, dtype=dtype)
             b = torch.randn(k, n, device=dev, dtype=dtype)
             s = _events_seconds(lambda a=a, b=b: torch.matmul(a, b), repeats=5 if name == "fp32" else 10)
+            queued = _queued_seconds(lambda a=a, b=b: torch.matmul(a, b), calls=5 if name == "fp32" else 10)
             out["gemm"].append({"dtype": name, "m": m, "k": k, "n": n, "seconds": s,
-                                "flops_per_s": 2 * m * k * n / s})
+                                "flops_per_s": 2 * m * k * n / s, "seconds_queued": queued})
             del a, b
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.cuda.empty_cache()
