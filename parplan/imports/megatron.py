@@ -19,7 +19,7 @@ from typing import Literal
 from parplan.imports.common import Imported, ImportProblemError, world_size
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.errors import SolverError
-from parplan.solver.frontends.config import TransformerConfig, architecture_dropout
+from parplan.solver.frontends.config import TransformerConfig, dropout_field
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import CP_COMM, ParallelConfig, Schedule
 
@@ -202,7 +202,7 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
             head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
             num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2,
             qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags,
-            dropout=None if dropout == architecture_dropout({"family": family}) else dropout)
+            dropout=dropout_field(family, dropout))
         pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
         cp = _get(flags, "--context-parallel-size", 1) or 1
         if world % (tp * pp * cp):

@@ -19,12 +19,12 @@ from parplan.solver.strategy import ParallelConfig
 def test_a_tensor_as_large_as_a_bucket_is_one_collective_smaller_ones_share() -> None:
     b = DEEPSPEED_BUCKET_ELEMENTS
     tensors = [9 * b, b, b / 4, b / 4]
-    count = data_parallel_collectives(Runtime.DEEPSPEED, 1, 64, 3, sum(tensors), 4, 0.25, tensors)
+    count = data_parallel_collectives(Runtime.DEEPSPEED, 1, 64, 3, tensors, 4, 0.25)
     assert count == pytest.approx(1 + 1 + 0.25 + 0.25)
     # ZeRO 0-2 keep the bucket count of the elements; other gathering runtimes one per unit
-    assert data_parallel_collectives(Runtime.DEEPSPEED, 1, 64, 2, sum(tensors), 4, 0.25, tensors) == \
+    assert data_parallel_collectives(Runtime.DEEPSPEED, 1, 64, 2, tensors, 4, 0.25) == \
         pytest.approx(sum(tensors) / b)
-    assert data_parallel_collectives(Runtime.TORCH, 1, 64, 3, sum(tensors), 4, 0.25, tensors) == 0.25
+    assert data_parallel_collectives(Runtime.TORCH, 1, 64, 3, tensors, 4, 0.25) == 0.25
 
 
 def test_zero3_traffic_of_a_large_model_pays_a_ring_latency_per_tensor() -> None:

@@ -487,22 +487,19 @@ class PlanEvaluator:
         (:func:`data_parallel_collectives`; ``unit_numel``: the elements of the parameters the unit
         reads, whose one collective the operator shares), and those TP replicates while the
         operator's work is split all-reduced over TP."""
-        elems = {False: 0.0, True: 0.0}
+        tensors: dict[bool, list[float]] = {False: [], True: []}  # each parameter's local elements
         numel = {False: 0.0, True: 0.0}
-        tensors: dict[bool, list[float]] = {False: [], True: []}
         tp_partial = 0.0
         for p in params:
-            elems[p.group.expert] += p.elems
-            numel[p.group.expert] += p.numel
             tensors[p.group.expert].append(p.elems)
+            numel[p.group.expert] += p.numel
             tp_partial += p.elems if p.tp_partial else 0.0
         reduce = weight_gather = gathers = 0.0
-        for expert, e in elems.items():
-            n = _group_ranks(s, expert)
+        for expert, local in tensors.items():
+            n, e = _group_ranks(s, expert), sum(local)
             if n > 1 and e:
-                count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, e, prec.grad_bytes,
-                                                  numel[expert] / unit_numel if unit_numel else 0.0,
-                                                  tensors[expert])
+                count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, local, prec.grad_bytes,
+                                                  numel[expert] / unit_numel if unit_numel else 0.0)
                 link = self.data_link(plan, s, expert)
                 weights = e * prec.weight_transfer_bytes
                 traffic = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)

@@ -316,18 +316,18 @@ MEGATRON_BUCKET_FLOOR_ELEMS = 40_000_000
 MEGATRON_BUCKET_PER_RANK_ELEMS = 1_000_000
 
 
-def data_parallel_collectives(runtime: Runtime, tp: int, dp: int, zero: int, local_elems: float,
-                              grad_bytes: float, unit_share: float, tensors: Sequence[float] = ()) -> float:
+def data_parallel_collectives(runtime: Runtime, tp: int, dp: int, zero: int, tensors: Sequence[float],
+                              grad_bytes: float, unit_share: float) -> float:
     """How many collectives of each data-parallel pass (gradient reduction, weight all-gather) an
-    operator's ``local_elems`` parameter elements account for, a fraction where they share one:
+    operator's parameter ``tensors`` (each one's local elements) account for, a fraction where they
+    share one:
 
     - DeepSpeed ZeRO-3: buckets of :data:`~parplan.solver.cost.runtime.DEEPSPEED_BUCKET_ELEMENTS`
       (the size parplan's exports set for its prefetch and reduce buckets) that hold whole tensors.
       Its parameter coordinator gathers the tensors queued for the next sub-modules until the
       prefetch bucket is full and sends them as one coalesced all-gather; the reduction closes a
       bucket before a tensor that would overflow it. A tensor as large as a bucket thus travels in a
-      collective of its own: each tensor of ``tensors`` (local elements of each parameter tensor;
-      ``local_elems`` as one tensor where not given) counts ``min(1, elements / bucket)``;
+      collective of its own: each tensor counts ``min(1, elements / bucket)``;
     - another runtime that gathers each unit's weights (FSDP, torchtitan's replicate) sends one
       collective per unit: the operator's ``unit_share`` of its unit's parameters;
     - Megatron-LM: buckets of ``max(40M, 1M · dp)`` parameters;
@@ -335,7 +335,8 @@ def data_parallel_collectives(runtime: Runtime, tp: int, dp: int, zero: int, loc
     - DDP: buckets of :data:`~parplan.solver.cost.collectives.DP_BUCKET_BYTES` of gradients.
     """
     if runtime is Runtime.DEEPSPEED and zero >= 3:
-        return sum(min(1.0, t / DEEPSPEED_BUCKET_ELEMENTS) for t in (tensors or (local_elems,)))
+        return sum(min(1.0, t / DEEPSPEED_BUCKET_ELEMENTS) for t in tensors)
+    local_elems = sum(tensors)
     if runtime.data_parallel(tp, dp, zero).gathers:
         return unit_share
     if runtime is Runtime.MEGATRON:

@@ -194,6 +194,13 @@ def architecture_dropout(arch: Mapping[str, Any]) -> float:
     return 0.1 if arch.get("family") in ("gpt", "bert", "t5") else 0.0
 
 
+def dropout_field(family: str, p: float | None) -> float | None:
+    """A dropout probability ``p`` read from a trainer's or a model's config, as a
+    :class:`TransformerConfig`'s ``dropout``: None where it is absent or the ``family``'s usual, so
+    that a config with its family's dropout equals the preset."""
+    return None if p is None or p == architecture_dropout({"family": family}) else p
+
+
 def extra_features(arch: Mapping[str, Any] | None) -> list[str]:
     """What of :data:`EXTRA_FEATURES` an architecture (a :class:`TransformerConfig`'s fields, e.g. a
     plan document's ``model.architecture``) uses, described; GeGLU counts too."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from parplan.solver.errors import ConfigError
-from parplan.solver.frontends.config import TransformerConfig, architecture_dropout
+from parplan.solver.frontends.config import TransformerConfig, dropout_field
 
 _Mapper = Callable[[Mapping[str, Any], str, str, int | None], TransformerConfig]
 
@@ -63,8 +63,7 @@ def _dropout(cfg: Mapping[str, Any], mt: str, family: str, *keys: str) -> float 
             raise ConfigError(f"HF config (model_type {mt!r}): field {key!r} must be a probability in [0, 1), "
                               f"got {value!r}")
         found.append(float(value))
-    p = max(found) if found else None
-    return None if p is None or p == architecture_dropout({"family": family}) else p
+    return dropout_field(family, max(found) if found else None)
 
 
 def _head_dim(explicit: int | None, hidden: int, heads: int) -> int | None:

@@ -181,8 +181,8 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
     under_forward = False  # ... or under the next forward, where the runtime gathers before it (FSDP)
 
     # --- parameters it owns
-    buckets: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}  # (data axes, other axes) -> elements
-    tensors: dict[tuple[tuple[str, ...], tuple[str, ...]], list[float]] = {}  # ... -> each tensor's elements
+    # (data axes, other axes) -> each parameter's local elements, synchronised together
+    buckets: dict[tuple[tuple[str, ...], tuple[str, ...]], list[float]] = {}
     for pos in ctx.owned_params.get(node.id, ()):
         p = g.node(node.inputs[pos])
         lay = input_layout(node, pos, g, s, mesh)
@@ -198,9 +198,9 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
         if partial:  # the operator's parameters synchronise together, one collective per group of axes
             dp_axes = tuple(a for a in partial if a in data)
             other = tuple(a for a in partial if a not in data)
-            buckets[(dp_axes, other)] = buckets.get((dp_axes, other), 0.0) + local
-            tensors.setdefault((dp_axes, other), []).append(local)
-    for (dp_axes, other), local in buckets.items():
+            buckets.setdefault((dp_axes, other), []).append(local)
+    for (dp_axes, other), tensors in buckets.items():
+        local = sum(tensors)
         grads, weights = local * prec.grad_bytes, local * prec.weight_transfer_bytes
         if other:
             sync += all_reduce_seconds(ctx.group_size(other), grads, ctx.group_link(other))
@@ -208,8 +208,7 @@ def _work_cost(node: Node, s: OpStrategy, ctx: IlpContext) -> StrategyCost:
             dp = ctx.group_size(dp_axes)
             share = 1.0 if ctx.zero3_per_operator else _unit_share(node, ctx)
             tp = ctx.group_size(mesh.names) // dp
-            count = data_parallel_collectives(ctx.runtime, tp, dp, s.zero, local, prec.grad_bytes, share,
-                                              tensors[(dp_axes, other)])
+            count = data_parallel_collectives(ctx.runtime, tp, dp, s.zero, tensors, prec.grad_bytes, share)
             # no FSDP2 copies (rules.sharded_copy_seconds): the ILP's plans run under the agent's plan
             # interpreter, whose data-parallel gathers are DTensor's, per operator, or Megatron-LM's
             traffic = data_parallel_seconds(dp, grads, weights, s.zero, ctx.group_link(dp_axes), count)
