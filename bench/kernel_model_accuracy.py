@@ -8,6 +8,12 @@ each pass's efficiency measured (FLOPs counted as parplan counts them: the backw
 against the model's curve (predicted / measured time), and the one figure that priced both passes
 before 2026-11-25; for each memory-bound kernel of 256 MiB or more, the fraction of the HBM peak
 measured against the model's.
+A second, independent measurement: the H100 entries of OpenXLA's default matmul performance table
+(bench/data/xla_h100_matmul.json, 375 batched GEMMs of 256 to 4,096 on each side, kernel time without
+host dispatch). For those of 50 µs or more, predicted over measured time, and the ceiling each implies
+(measured efficiency / the shape factor, the figure :data:`KERNELS` holds as the ceiling) beside the
+lent H100's, each at the model's K fill and at other K fills (which K fill makes a data set's implied
+ceilings most alike).
 Run: python bench/kernel_model_accuracy.py [KERNELS_JSON]
 """
 
@@ -23,9 +29,18 @@ from _common import header
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import gpu_preset
-from parplan.solver.cost.kernels import KERNELS, GemmShape, gemm_ceiling, gemm_efficiency, memory_efficiency
+from parplan.solver.cost.kernels import (
+    K_FILL,
+    KERNELS,
+    GemmShape,
+    gemm_ceiling,
+    gemm_efficiency,
+    memory_efficiency,
+    shape_factor,
+)
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "gpu-2026-11-23", "kernels.json")
+XLA_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "xla_h100_matmul.json")
 H100 = gpu_preset("H100-80GB")
 
 
@@ -49,6 +64,64 @@ def gemm_ratios(gemms: list[dict[str, Any]], dtype: str, shortest: float, flat: 
             eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, dtype, DEFAULT_CALIBRATION), dtype)
         out.append(flops / (H100.peak(dtype) * eff) / _measured(g))
     return out
+
+
+def xla_gemms(path: str = XLA_TABLE) -> list[dict[str, Any]]:
+    """XLA's H100 bf16 GEMMs as the lent H100's ``kernels`` part records them (``batch``, ``m``, ``n``,
+    ``k``, ``seconds``; the batch is XLA's ``b``)."""
+    with open(path) as f:
+        entries = json.load(f)["entries"]
+    return [{"batch": e["b"], "m": e["m"], "n": e["n"], "k": e["k"], "dtype": "bf16",
+             "seconds": 2 * e["b"] * e["m"] * e["n"] * e["k"] / e["bf16_flop_per_s"]} for e in entries]
+
+
+def implied_ceilings(gemms: list[dict[str, Any]], shortest: float, k_fill: float) -> list[float]:
+    """For each bf16 GEMM of ``shortest`` seconds or more: its measured fraction of the H100's dense peak
+    over the tile model's shape factor with ``k_fill`` (the ceiling that GEMM implies)."""
+    out = []
+    sms = KERNELS["H100"].sms
+    for g in gemms:
+        s = _measured(g)
+        if g["dtype"] != "bf16" or s < shortest:
+            continue
+        b = int(g.get("batch", 1))
+        shape = GemmShape(b, max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
+        tiles = shape_factor(shape, sms, fill=False)
+        eff = 2 * b * g["m"] * g["n"] * g["k"] / s / H100.peak("bf16")
+        out.append(eff / (tiles * g["k"] / (g["k"] + k_fill)))
+    return out
+
+
+def _spread(xs: list[float]) -> float:
+    """Mean absolute deviation from the median, as a fraction of it."""
+    med = statistics.median(xs)
+    return statistics.mean(abs(x / med - 1) for x in xs)
+
+
+def xla_section(lent: list[dict[str, Any]]) -> None:
+    """The model against XLA's H100 table, and the two data sets' implied ceilings."""
+    xla = xla_gemms()
+    print(f"\n**A second measurement: XLA's H100 matmul table** ({os.path.relpath(XLA_TABLE)}, "
+          f"{len(xla)} bf16 GEMMs)\n")
+    print("| GEMMs | count | median predicted / measured | range | within 10% |")
+    print("|---|---:|---:|---:|---:|")
+    for shortest, label in ((50e-6, "50 µs or more"), (100e-6, "100 µs or more")):
+        rs = []
+        for g in xla:
+            if _measured(g) < shortest:
+                continue
+            shape = GemmShape(g["batch"], max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
+            eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, "bf16", DEFAULT_CALIBRATION), "bf16")
+            rs.append(2 * g["batch"] * g["m"] * g["n"] * g["k"] / (H100.peak("bf16") * eff) / _measured(g))
+        print(f"| XLA, {label} | {len(rs)} | {statistics.median(rs):.3f} | {min(rs):.2f} to {max(rs):.2f} | "
+              f"{sum(1 for r in rs if abs(r - 1) <= 0.10)} |")
+    print("\n| K fill (model: " f"{K_FILL}) | XLA >= 50 µs: median implied ceiling | mean deviation | "
+          "lent H100 >= 300 µs: median implied ceiling | mean deviation |")
+    print("|---:|---:|---:|---:|---:|")
+    for k_fill in (64, 128, 192, 256, 384):
+        a, b = implied_ceilings(xla, 50e-6, k_fill), implied_ceilings(lent, 300e-6, k_fill)
+        print(f"| {k_fill} | {statistics.median(a):.3f} | {_spread(a) * 100:.1f} % | {statistics.median(b):.3f} | "
+              f"{_spread(b) * 100:.1f} % |")
 
 
 def main() -> None:
@@ -93,6 +166,7 @@ def main() -> None:
         measured = x["bytes_per_s"] / H100.hbm_bandwidth_bytes_per_s
         model = memory_efficiency(H100, kinds[x["op"]], DEFAULT_CALIBRATION, "torch")
         print(f"| {x['op']} | {x['tensor_bytes'] // 2**20} | {measured:.3f} | {model:.2f} | {measured / model:.2f} |")
+    xla_section(result["gemm"])
 
 if __name__ == "__main__":
     main()
