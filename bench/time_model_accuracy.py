@@ -12,7 +12,8 @@ and listed in the row's ``assumed`` column: an unstated recomputation is selecti
 memory model fits it on the GPU, else full (always full for Megatron-LM of 2021, which had no other);
 the trainers of 2021-22 run without flash attention. FP8 rows are priced with parplan's FP8 precision (matmuls
 with a weight at the fp8 peak), context-parallel rows with their ``cp``; Megatron-LM rows that state
-``--tp-comm-overlap`` / ``--overlap-param-gather`` with those options. The rows left out, and why, are
+``--tp-comm-overlap`` / ``--overlap-param-gather`` with those options; Megatron-LM rows of 2021-22 with
+their gradients reduced after the backward (no ``--overlap-grad-reduce`` then). The rows left out, and why, are
 listed after the table: runs without a step time, or on a GPU without a preset. Runs on a GPU with no
 preset that a preset stands in for (torchtitan's 500 W HBM2e H100s, priced as the SXM H100) are
 priced and shown in a table of their own, not counted.
@@ -80,6 +81,11 @@ _BEFORE_FLASH = ("Narayanan et al. 2021", "Korthikanti et al. 2022", "BigScience
 #: Megatron-LM of 2021 recomputed whole layers or nothing: selective recomputation came with
 #: Korthikanti et al. 2022.
 _FULL_RECOMPUTE_ONLY = ("Narayanan et al. 2021",)
+#: Megatron-LM before September 2023 reduced the gradients after the backward, not under it: its
+#: default ``--DDP-impl local`` all-reduced them once the whole forward-backward had run
+#: (``train_step`` in megatron/training.py, as at 50a4b5fa02 of April 2021), ``--overlap-grad-reduce``
+#: came with commit 2d5220a424 of 2023-09-05, and Korthikanti et al. (§6.3) say so of their runs.
+_BEFORE_GRAD_OVERLAP = ("Narayanan et al. 2021", "Korthikanti et al. 2022")
 
 
 def _skip_reason(r: dict[str, Any]) -> str | None:
@@ -187,6 +193,9 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     flash = not str(r["source"]).startswith(_BEFORE_FLASH)
     if not flash:
         assumed.append("no flash attention (scores written to HBM)")
+    grad_overlap = not (runtime is Runtime.MEGATRON and dp > 1 and str(r["source"]).startswith(_BEFORE_GRAD_OVERLAP))
+    if not grad_overlap:
+        assumed.append("gradients reduced after the backward (Megatron-LM before --overlap-grad-reduce)")
 
     def layout(recompute: Recompute) -> ParallelConfig:
         return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
@@ -196,7 +205,8 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
                               virtual_stages=v if schedule is Schedule.INTERLEAVED else 1,
                               precision="fp8" if fp8 else "bf16", cp=cp, runtime=runtime,
                               tp_comm_overlap=tp_overlap and tp > 1,
-                              overlap_param_gather=param_overlap and dp > 1, flash_attention=flash)
+                              overlap_param_gather=param_overlap and dp > 1, flash_attention=flash,
+                              overlap_grad_reduce=grad_overlap)
 
     model, cluster = ModelSource(cfg.name, config=cfg), make_cluster(gpus, 8, gpu)
     stated = _recompute(r.get("recompute"), assumed)
