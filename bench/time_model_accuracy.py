@@ -13,7 +13,8 @@ memory model fits it on the GPU, else full (always full for Megatron-LM of 2021,
 the trainers of 2021-22 run without flash attention. FP8 rows are priced with parplan's FP8 precision (matmuls
 with a weight at the fp8 peak), context-parallel rows with their ``cp``; Megatron-LM rows that state
 ``--tp-comm-overlap`` / ``--overlap-param-gather`` with those options; Megatron-LM rows of 2021-22 with
-their gradients reduced after the backward (no ``--overlap-grad-reduce`` then). The rows left out, and why, are
+their gradients reduced after the backward (no ``--overlap-grad-reduce`` then; BLOOM's DeepSpeed pipeline
+alike). The rows left out, and why, are
 listed after the table: runs without a step time, or on a GPU without a preset. Runs on a GPU with no
 preset that a preset stands in for (torchtitan's 500 W HBM2e H100s, priced as the SXM H100) are
 priced and shown in a table of their own, not counted.
@@ -85,7 +86,10 @@ _FULL_RECOMPUTE_ONLY = ("Narayanan et al. 2021",)
 #: default ``--DDP-impl local`` all-reduced them once the whole forward-backward had run
 #: (``train_step`` in megatron/training.py, as at 50a4b5fa02 of April 2021), ``--overlap-grad-reduce``
 #: came with commit 2d5220a424 of 2023-09-05, and Korthikanti et al. (§6.3) say so of their runs.
-_BEFORE_GRAD_OVERLAP = ("Narayanan et al. 2021", "Korthikanti et al. 2022")
+#: BigScience's Megatron-DeepSpeed pipelines with DeepSpeed's PipelineEngine, whose TrainSchedule
+#: reduces the gradients (ReduceGrads) after the last micro-batch's backward (deepspeed/runtime/pipe/
+#: schedule.py, as at v0.6.0 of 2022).
+_BEFORE_GRAD_OVERLAP = ("Narayanan et al. 2021", "Korthikanti et al. 2022", "BigScience BLOOM")
 
 
 def _skip_reason(r: dict[str, Any]) -> str | None:
@@ -195,7 +199,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         assumed.append("no flash attention (scores written to HBM)")
     grad_overlap = not (runtime is Runtime.MEGATRON and dp > 1 and str(r["source"]).startswith(_BEFORE_GRAD_OVERLAP))
     if not grad_overlap:
-        assumed.append("gradients reduced after the backward (Megatron-LM before --overlap-grad-reduce)")
+        assumed.append("gradients reduced after the last backward (the trainer had no overlap then)")
 
     def layout(recompute: Recompute) -> ParallelConfig:
         return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
