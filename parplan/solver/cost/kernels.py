@@ -130,6 +130,17 @@ H100_SDPA = AttentionCurve(MappingProxyType({64: 0.49, 128: 0.67}), MappingProxy
                            fill_forward=600.0, fill_backward=1500.0)
 
 
+#: Transformer Engine's fused attention on Hopper (cuDNN's flash kernels), bf16, fitted to the cuDNN
+#: 9.1.1 figures Shah et al. publish (FlashAttention-3, 2024, Figures 5 (a), (c) and 6: an H100 SXM5
+#: at 1,830 MHz, the clock of the 989 TFLOP/s peak; head dims 64 and 128, 512 to 16,384 tokens,
+#: without a causal mask; their backward counted as 2.5 forwards, here as 2) for the least largest
+#: error at two decimals and fills in steps of 50 tokens: each of the 24 pass-shapes within 4.7 %
+#: of its published time. Causal kernels, which skip masked blocks and pay for the diagonal ones,
+#: run a little slower at short lengths: not priced. H200: the same chip, not measured.
+H100_CUDNN = AttentionCurve(MappingProxyType({64: 0.41, 128: 0.63}), MappingProxyType({64: 0.37, 128: 0.43}),
+                            fill_forward=100.0, fill_backward=350.0)
+
+
 #: Dtypes the tensor cores run: the tile model applies to them. fp32 runs on the CUDA cores, whose
 #: kernels use smaller tiles (on the lent H100 an fp32 GEMM of 2048 × 1024 × 1024 reached 0.58 of
 #: its peak, where the tile model allows 0.39): its matmuls take the ceiling alone.
@@ -161,9 +172,11 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   :data:`H100_SDPA`, measured on the lent H100 by pass and shape. (Before 2026-11-25 one figure,
 #:   0.37, stood for both passes; it had been read off a measurement that counted the backward as
 #:   2.5 forwards, where parplan counts 2, so attention was priced 3.0/3.5 of its measured time.)
-#:   Transformer Engine's fused attention (cuDNN; ``fused``) 0.60 for both passes:
-#:   FlashAttention-3 and cuDNN reach up to 75 % forward on H100, less backward (Shah et al. 2024,
-#:   FlashAttention-3); not measured here.
+#:   Transformer Engine's fused attention (cuDNN; ``fused``): :data:`H100_CUDNN`, cuDNN's published
+#:   figures by pass and shape (Shah et al. 2024); not measured here. (Before 2026-11-28 one figure,
+#:   0.60, stood for both passes: the forward's, where cuDNN's backward reaches 0.25-0.42 at head
+#:   dim 128 and its forward at head dim 64 0.34-0.42, so attention's backward was priced ~2/3 of
+#:   its time.)
 #: - Attention, A100, both kernels 0.60 for both passes: FlashAttention-2 reaches 50-73 % of the
 #:   A100 peak forward, less backward (Dao 2023); not measured here.
 #: - V100, L4, RTX 4090: no measurement used; the calibration's efficiencies are the ceiling (the
@@ -186,9 +199,9 @@ _H100_TORCH_MEMORY = {"torch": {"layernorm": 0.58, "softmax": 0.36}}
 KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
     "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": flat_attention(0.60), "sdpa": flat_attention(0.60)}, 24),
     "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60, "fp32": 0.77},
-                  {"fused": flat_attention(0.60), "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
+                  {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
     "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60, "fp32": 0.77},
-                  {"fused": flat_attention(0.60), "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
+                  {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
     "MI300X": _spec(304, {"bf16": 0.60, "fp16": 0.60}, {}),
     "V100": _spec(80, {}, {}),
     "L4": _spec(58, {}, {}),
