@@ -134,7 +134,10 @@ def test_all_to_all_saves_what_the_ring_saves_and_buffers_q_kv_and_out() -> None
 
 def test_compute_of_every_operator_is_split_over_cp() -> None:
     """Long sequences are compute bound: the forward and backward seconds of a stage are cp = 1's / cp,
-    up to the GEMMs' tile and wave quantisation on the shorter sequence (kernels.shape_factor)."""
+    up to the GEMMs' tile and wave quantisation on the shorter sequence (kernels.shape_factor) and the
+    flash kernel's fixed work per block of queries, which each ring step pays over 8,192 keys instead
+    of 32,768 (Transformer Engine's backward on Hopper: 0.916 of its ceiling instead of 0.978; here the
+    stage's backward 2.4 % over a quarter)."""
     cfg = get_preset("llama-3-8b").with_(layers=2)
     graph = build_graph(cfg, batch=1, seq_len=32768)
     cluster = make_cluster(8, 8, "H100-80GB")
@@ -142,7 +145,7 @@ def test_compute_of_every_operator_is_split_over_cp() -> None:
     one = plan_time(graph, ParallelConfig(tp=1, dp=8), cluster, costs=gc).stages[0]
     four = plan_time(graph, ParallelConfig(tp=1, dp=2, cp=4), cluster, costs=gc).stages[0]
     assert four.forward_seconds == pytest.approx(one.forward_seconds / 4, rel=0.02)
-    assert four.backward_seconds == pytest.approx(one.backward_seconds / 4, rel=0.02)
+    assert one.backward_seconds / 4 <= four.backward_seconds <= one.backward_seconds / 4 * 1.03
 
 
 def test_ring_buffers_are_temporaries_of_the_attention() -> None:

@@ -130,15 +130,16 @@ H100_SDPA = AttentionCurve(MappingProxyType({64: 0.49, 128: 0.67}), MappingProxy
                            fill_forward=600.0, fill_backward=1500.0)
 
 
-#: Transformer Engine's fused attention on Hopper (cuDNN's flash kernels), bf16, fitted to the cuDNN
-#: 9.1.1 figures Shah et al. publish (FlashAttention-3, 2024, Figures 5 (a), (c) and 6: an H100 SXM5
-#: at 1,830 MHz, the clock of the 989 TFLOP/s peak; head dims 64 and 128, 512 to 16,384 tokens,
-#: without a causal mask; their backward counted as 2.5 forwards, here as 2) for the least largest
-#: error at two decimals and fills in steps of 50 tokens: each of the 24 pass-shapes within 4.7 %
-#: of its published time. Causal kernels, which skip masked blocks and pay for the diagonal ones,
-#: run a little slower at short lengths: not priced. H200: the same chip, not measured.
-H100_CUDNN = AttentionCurve(MappingProxyType({64: 0.41, 128: 0.63}), MappingProxyType({64: 0.37, 128: 0.43}),
-                            fill_forward=100.0, fill_backward=350.0)
+#: Transformer Engine's fused attention on Hopper (cuDNN's flash kernels), bf16, causal, from the cuDNN
+#: 9.1.1 figures Shah et al. publish (FlashAttention-3, 2024: an H100 SXM5 at 1,830 MHz, the clock of
+#: the 989 TFLOP/s peak; head dims 64 and 128, 512 to 16,384 tokens). Forward: their causal figures
+#: (Fig. 5 (b), (d)). Backward: only without a causal mask is published (Fig. 6); it is taken at that
+#: figure times the forward's causal / non-causal ratio at the same head dim and length (0.63-0.94:
+#: the masked diagonal blocks and the shorter rows), an estimate. Their backward counts 2.5 forwards,
+#: parplan's 2. Fitted as :data:`H100_SDPA` was (least largest error at two decimals, fills in steps
+#: of 50 tokens): each of the 24 pass-shapes within 4.6 %. H200: the same chip, not measured.
+H100_CUDNN = AttentionCurve(MappingProxyType({64: 0.39, 128: 0.55}), MappingProxyType({64: 0.36, 128: 0.40}),
+                            fill_forward=350.0, fill_backward=750.0)
 
 
 #: Dtypes the tensor cores run: the tile model applies to them. fp32 runs on the CUDA cores, whose
@@ -174,9 +175,8 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   2.5 forwards, where parplan counts 2, so attention was priced 3.0/3.5 of its measured time.)
 #:   Transformer Engine's fused attention (cuDNN; ``fused``): :data:`H100_CUDNN`, cuDNN's published
 #:   figures by pass and shape (Shah et al. 2024); not measured here. (Before 2026-11-28 one figure,
-#:   0.60, stood for both passes: the forward's, where cuDNN's backward reaches 0.25-0.42 at head
-#:   dim 128 and its forward at head dim 64 0.34-0.42, so attention's backward was priced ~2/3 of
-#:   its time.)
+#:   0.60, stood for both passes, where causal cuDNN reaches 0.32-0.54 forward at head dim 128 and
+#:   0.23-0.39 at 64, and its backward less: attention was priced at ~1/2-3/4 of its time.)
 #: - Attention, A100, both kernels 0.60 for both passes: FlashAttention-2 reaches 50-73 % of the
 #:   A100 peak forward, less backward (Dao 2023); not measured here.
 #: - V100, L4, RTX 4090: no measurement used; the calibration's efficiencies are the ceiling (the
