@@ -115,7 +115,7 @@ def xla_section(lent: list[dict[str, Any]]) -> None:
             rs.append(2 * g["batch"] * g["m"] * g["n"] * g["k"] / (H100.peak("bf16") * eff) / _measured(g))
         print(f"| XLA, {label} | {len(rs)} | {statistics.median(rs):.3f} | {min(rs):.2f} to {max(rs):.2f} | "
               f"{sum(1 for r in rs if abs(r - 1) <= 0.10)} |")
-    print("\n| K fill (model: " f"{K_FILL}) | XLA >= 50 µs: median implied ceiling | mean deviation | "
+    print(f"\n| K fill (model: {K_FILL}) | XLA >= 50 µs: median implied ceiling | mean deviation | "
           "lent H100 >= 300 µs: median implied ceiling | mean deviation |")
     print("|---:|---:|---:|---:|---:|")
     for k_fill in (64, 128, 192, 256, 384):
