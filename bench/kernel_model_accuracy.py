@@ -51,16 +51,18 @@ def _measured(g: dict[str, Any]) -> float:
 
 
 def gemm_ratios(gemms: list[dict[str, Any]], dtype: str, shortest: float, flat: bool) -> list[float]:
-    """Predicted / measured seconds of the ``dtype`` GEMMs that ran ``shortest`` seconds or more."""
+    """Predicted / measured seconds of the ``dtype`` GEMMs that ran ``shortest`` seconds or more
+    (``batch`` independent products each, 1 where a GEMM has none)."""
     out = []
     for g in gemms:
         if g["dtype"] != dtype or _measured(g) < shortest:
             continue
-        flops = 2 * g["m"] * g["n"] * g["k"]
+        batch = int(g.get("batch", 1))
+        flops = 2 * batch * g["m"] * g["n"] * g["k"]
         if flat:
             eff = DEFAULT_CALIBRATION.matmul_efficiency_for(dtype)  # what every matmul got before
         else:
-            shape = GemmShape(1, max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
+            shape = GemmShape(batch, max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
             eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, dtype, DEFAULT_CALIBRATION), dtype)
         out.append(flops / (H100.peak(dtype) * eff) / _measured(g))
     return out
@@ -106,13 +108,7 @@ def xla_section(lent: list[dict[str, Any]]) -> None:
     print("| GEMMs | count | median predicted / measured | range | within 10% |")
     print("|---|---:|---:|---:|---:|")
     for shortest, label in ((50e-6, "50 µs or more"), (100e-6, "100 µs or more")):
-        rs = []
-        for g in xla:
-            if _measured(g) < shortest:
-                continue
-            shape = GemmShape(g["batch"], max(g["m"], g["n"]), min(g["m"], g["n"]), g["k"])
-            eff = gemm_efficiency(shape, H100, gemm_ceiling(H100, "bf16", DEFAULT_CALIBRATION), "bf16")
-            rs.append(2 * g["batch"] * g["m"] * g["n"] * g["k"] / (H100.peak("bf16") * eff) / _measured(g))
+        rs = gemm_ratios(xla, "bf16", shortest, flat=False)
         print(f"| XLA, {label} | {len(rs)} | {statistics.median(rs):.3f} | {min(rs):.2f} to {max(rs):.2f} | "
               f"{sum(1 for r in rs if abs(r - 1) <= 0.10)} |")
     print(f"\n| K fill (model: {K_FILL}) | XLA >= 50 µs: median implied ceiling | mean deviation | "
