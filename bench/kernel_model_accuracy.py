@@ -32,6 +32,7 @@ from parplan.solver.cluster import gpu_preset
 from parplan.solver.cost.kernels import (
     K_FILL,
     KERNELS,
+    XLA_TO_SUSTAINED,
     GemmShape,
     gemm_ceiling,
     gemm_efficiency,
@@ -41,7 +42,10 @@ from parplan.solver.cost.kernels import (
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "gpu-2026-11-23", "kernels.json")
 XLA_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "xla_h100_matmul.json")
-H100 = gpu_preset("H100-80GB")
+XLA_B200_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "xla_b200_matmul.json")
+H100, B200 = gpu_preset("H100-80GB"), gpu_preset("B200-180GB")
+#: XLA's B200 rates by parplan dtype (FP8: e4m3 inputs, Transformer Engine's forward format)
+B200_RATES = {"bf16": "bf16_flop_per_s", "fp8": "fp8_e4m3_e4m3_flop_per_s"}
 
 
 def _measured(g: dict[str, Any]) -> float:
@@ -160,9 +164,38 @@ def main() -> None:
         if x["tensor_bytes"] < 256 * 2**20:
             continue  # shorter kernels measure their launch more than their bytes
         measured = x["bytes_per_s"] / H100.hbm_bandwidth_bytes_per_s
-        model = memory_efficiency(H100, kinds[x["op"]], DEFAULT_CALIBRATION, "torch")
-        print(f"| {x['op']} | {x['tensor_bytes'] // 2**20} | {measured:.3f} | {model:.2f} | {measured / model:.2f} |")
+        fraction = memory_efficiency(H100, kinds[x["op"]], DEFAULT_CALIBRATION, "torch")
+        print(f"| {x['op']} | {x['tensor_bytes'] // 2**20} | {measured:.3f} | {fraction:.2f} | {measured / fraction:.2f} |")
     xla_section(result["gemm"])
+    xla_b200_section()
+
+
+def xla_b200_section() -> None:
+    """The B200 (sm_100) entries of XLA's table: the ceilings they imply over the tile model's shape
+    factor on 148 SMs, on the GEMMs that take 50 µs or more in bf16 (the same shapes for FP8), and
+    parplan's B200 prediction of them (its ceilings are these times :data:`XLA_TO_SUSTAINED`)."""
+    with open(XLA_B200_TABLE) as f:
+        entries = json.load(f)["entries"]
+    big = [e for e in entries if 2 * e["b"] * e["m"] * e["n"] * e["k"] / e["bf16_flop_per_s"] >= 50e-6]
+    sms = KERNELS["B200"].sms
+    print(f"\n**XLA's B200 matmul table** ({os.path.relpath(XLA_B200_TABLE)}, {len(entries)} GEMMs, "
+          f"{len(big)} of 50 µs or more in bf16; H100-to-sustained ratio {XLA_TO_SUSTAINED:.3f})\n")
+    print("| dtype | GEMMs | median implied ceiling | mean deviation | largest | model's ceiling | "
+          "median model / XLA time | range |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for dtype, key in B200_RATES.items():
+        implied, ratios = [], []
+        ceiling = gemm_ceiling(B200, dtype, DEFAULT_CALIBRATION)
+        for e in big:
+            shape = GemmShape(e["b"], max(e["m"], e["n"]), min(e["m"], e["n"]), e["k"])
+            eff = e[key] / B200.peak(dtype)
+            implied.append(eff / shape_factor(shape, sms))
+            ratios.append(eff / gemm_efficiency(shape, B200, ceiling, dtype))
+        med = statistics.median(implied)
+        largest = max(abs(x / med - 1) for x in implied)
+        print(f"| {dtype} | {len(big)} | {med:.3f} | {_spread(implied) * 100:.1f} % | {largest * 100:.0f} % | "
+              f"{ceiling:.2f} | {statistics.median(ratios):.3f} | {min(ratios):.2f} to {max(ratios):.2f} |")
+
 
 if __name__ == "__main__":
     main()

@@ -60,6 +60,8 @@ def _gpu(text: str) -> tuple[str | None, str, bool]:
         if "HBM2E" in t or "500W" in t:
             return "H100-80GB", "ran on a 500 W HBM2e H100; preset is SXM", True
         return "H100-80GB", "", False
+    if "B200" in t and "GB200" not in t:  # a GB200's NVLink domain of 72 GPUs is no 8-GPU node: no preset
+        return "B200-180GB", "", False
     return None, "", False
 
 

@@ -314,6 +314,25 @@ def test_the_gemm_model_against_the_gemms_measured_on_an_h100() -> None:
     assert abs(statistics.median(fp32) - 1) <= 0.03
 
 
+def _xla_implied(name: str, key: str, peak: float, sms: int, shapes_from: str = "bf16_flop_per_s"
+                 ) -> tuple[list[float], list[float]]:
+    """(measured efficiency, efficiency over :func:`shape_factor`) of the GEMMs of XLA's table
+    ``bench/data/<name>`` that run 50 µs or more in bf16, for the rates under ``key``."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "bench" / "data" / name
+    raw, implied = [], []
+    for e in json.loads(path.read_text())["entries"]:
+        flops = 2 * e["b"] * e["m"] * e["n"] * e["k"]
+        if flops / e[shapes_from] < 50e-6:
+            continue
+        eff = e[key] / peak
+        raw.append(eff)
+        implied.append(eff / shape_factor(GemmShape(e["b"], max(e["m"], e["n"]), min(e["m"], e["n"]), e["k"]), sms))
+    return raw, implied
+
+
 def test_the_shape_factor_explains_xlas_h100_gemms() -> None:
     """A second, independent oracle: the H100 entries of OpenXLA's matmul performance table
     (bench/data/xla_h100_matmul.json: batched bf16 GEMMs of 256 to 4,096 a side, kernel time). Their
@@ -321,19 +340,9 @@ def test_the_shape_factor_explains_xlas_h100_gemms() -> None:
     model: each GEMM of 50 µs or more, its measured efficiency over :func:`shape_factor`, lies within
     25 % of the median such figure, 5 % from it on average, closer than the efficiencies themselves
     (without the shape factor) lie to theirs."""
-    import json
     import statistics
-    from pathlib import Path
 
-    path = Path(__file__).parents[2] / "bench" / "data" / "xla_h100_matmul.json"
-    raw, implied = [], []
-    for e in json.loads(path.read_text())["entries"]:
-        flops = 2 * e["b"] * e["m"] * e["n"] * e["k"]
-        if flops / e["bf16_flop_per_s"] < 50e-6:
-            continue  # shorter kernels are mostly their fixed start-up
-        eff = e["bf16_flop_per_s"] / H100.peak("bf16")
-        raw.append(eff)
-        implied.append(eff / shape_factor(GemmShape(e["b"], max(e["m"], e["n"]), min(e["m"], e["n"]), e["k"]), 132))
+    raw, implied = _xla_implied("xla_h100_matmul.json", "bf16_flop_per_s", H100.peak("bf16"), 132)
 
     def spread(xs: list[float]) -> float:
         med = statistics.median(xs)
@@ -344,3 +353,33 @@ def test_the_shape_factor_explains_xlas_h100_gemms() -> None:
     assert all(0.75 <= x / med <= 1.25 for x in implied), sorted(x / med for x in implied)
     assert spread(implied) <= 0.05
     assert spread(implied) < spread(raw)
+
+
+def test_the_shape_factor_explains_xlas_b200_gemms_and_gives_its_ceilings() -> None:
+    """The B200 entries of OpenXLA's matmul table (bench/data/xla_b200_matmul.json, key sm_100): at
+    the tile model's constants (fitted on the H100) and the B200's 148 SMs, each bf16 GEMM of 50 µs
+    or more lies within 15 % of the median efficiency over the shape factor, 5 % from it on average,
+    closer than the raw efficiencies do; and :data:`KERNELS`' B200 ceilings are those medians (bf16,
+    and FP8 e4m3 on the same shapes) times the ratio the H100 showed between its sustained ceiling
+    and the one XLA's H100 entries imply, recomputed here from both tables."""
+    import statistics
+
+    from parplan.solver.cost.kernels import XLA_TO_SUSTAINED
+
+    b200 = gpu_preset("B200-180GB")
+    assert KERNELS["B200"].sms == 148
+    raw, implied = _xla_implied("xla_b200_matmul.json", "bf16_flop_per_s", b200.peak("bf16"), 148)
+    med = statistics.median(implied)
+    assert len(implied) >= 30
+    assert all(0.85 <= x / med <= 1.15 for x in implied), sorted(x / med for x in implied)
+    assert statistics.mean(abs(x / med - 1) for x in implied) <= 0.05
+    assert statistics.mean(abs(x / med - 1) for x in implied) < statistics.mean(
+        abs(x / statistics.median(raw) - 1) for x in raw)
+    _, fp8 = _xla_implied("xla_b200_matmul.json", "fp8_e4m3_e4m3_flop_per_s", b200.peak("fp8"), 148)
+    _, h100 = _xla_implied("xla_h100_matmul.json", "bf16_flop_per_s", H100.peak("bf16"), 132)
+    ratio = KERNELS["H100"].gemm["bf16"] / statistics.median(h100)
+    assert abs(XLA_TO_SUSTAINED - ratio) <= 0.002
+    assert KERNELS["B200"].gemm["bf16"] == pytest.approx(med * ratio, abs=0.006)
+    assert KERNELS["B200"].gemm["fp8"] == pytest.approx(statistics.median(fp8) * ratio, abs=0.006)
+    # both under the H100's, as XLA's own rates are: a B200 at these sizes fills less of its peak
+    assert KERNELS["B200"].gemm["bf16"] < KERNELS["H100"].gemm["bf16"]
