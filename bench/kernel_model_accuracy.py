@@ -165,7 +165,8 @@ def main() -> None:
             continue  # shorter kernels measure their launch more than their bytes
         measured = x["bytes_per_s"] / H100.hbm_bandwidth_bytes_per_s
         fraction = memory_efficiency(H100, kinds[x["op"]], DEFAULT_CALIBRATION, "torch")
-        print(f"| {x['op']} | {x['tensor_bytes'] // 2**20} | {measured:.3f} | {fraction:.2f} | {measured / fraction:.2f} |")
+        print(f"| {x['op']} | {x['tensor_bytes'] // 2**20} | {measured:.3f} | {fraction:.2f} | "
+              f"{measured / fraction:.2f} |")
     xla_section(result["gemm"])
     xla_b200_section()
 

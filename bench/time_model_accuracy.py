@@ -60,7 +60,9 @@ def _gpu(text: str) -> tuple[str | None, str, bool]:
         if "HBM2E" in t or "500W" in t:
             return "H100-80GB", "ran on a 500 W HBM2e H100; preset is SXM", True
         return "H100-80GB", "", False
-    if "B200" in t and "GB200" not in t:  # a GB200's NVLink domain of 72 GPUs is no 8-GPU node: no preset
+    if "GB200" in t:
+        return "GB200-186GB", "", False
+    if "B200" in t:
         return "B200-180GB", "", False
     return None, "", False
 
@@ -214,7 +216,12 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
                               overlap_param_gather=param_overlap and dp > 1, flash_attention=flash,
                               overlap_grad_reduce=grad_overlap)
 
-    model, cluster = ModelSource(cfg.name, config=cfg), make_cluster(gpus, 8, gpu)
+    # GPUs a node shares NVLink among: eight in every DGX/HGX server; a row says where its NVLink domain
+    # differs (GB200 NVL72 racks, of which Megatron-Bridge's scripts use 64 GPUs)
+    per_node = int(r.get("gpus_per_node") or 8)
+    model, cluster = ModelSource(cfg.name, config=cfg), make_cluster(gpus, per_node, gpu)
+    if r.get("cpu_offload"):
+        remark = "; ".join(x for x in (remark, f"CPU offload of {r['cpu_offload']} not priced") if x)
     stated = _recompute(r.get("recompute"), assumed)
     if stated is None and str(r["source"]).startswith(_FULL_RECOMPUTE_ONLY):
         stated = Recompute.FULL

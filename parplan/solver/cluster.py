@@ -118,7 +118,8 @@ _NVLINK2 = Link(bandwidth_bytes_per_s=150e9, latency_seconds=3e-6)
 _NVLINK3 = Link(bandwidth_bytes_per_s=300e9, latency_seconds=3e-6)
 #: H100 / H200 SXM: NVLink 4, 900 GB/s bidirectional per GPU (NVIDIA H100 and H200 datasheets).
 _NVLINK4 = Link(bandwidth_bytes_per_s=450e9, latency_seconds=3e-6)
-#: B200 (HGX / DGX B200): NVLink 5, 1.8 TB/s bidirectional per GPU (NVIDIA HGX B200 specifications).
+#: B200 (HGX / DGX B200) and GB200 NVL72: NVLink 5, 1.8 TB/s bidirectional per GPU (NVIDIA HGX B200
+#: and GB200 NVL72 specifications).
 _NVLINK5 = Link(bandwidth_bytes_per_s=900e9, latency_seconds=3e-6)
 #: MI300X: 7 Infinity Fabric links × 128 GB/s bidirectional = 896 GB/s (AMD Instinct MI300X datasheet).
 _XGMI_MI300X = Link(bandwidth_bytes_per_s=448e9, latency_seconds=3e-6)
@@ -131,7 +132,7 @@ _IB_EDR_DGX1 = Link(bandwidth_bytes_per_s=6.25e9, latency_seconds=8e-6)
 _IB_HDR = Link(bandwidth_bytes_per_s=25e9, latency_seconds=8e-6)
 #: DGX H100 / H200: 8 × 400 Gb/s NDR InfiniBand (ConnectX-7), one per GPU = 50 GB/s
 #: (NVIDIA DGX H100 datasheet); DGX B200 has the same eight single-port ConnectX-7 cards at 400 Gb/s
-#: (NVIDIA DGX B200 user guide).
+#: (NVIDIA DGX B200 user guide), DGX GB200 one per GPU as well (four per compute tray of four GPUs).
 #: MI300X platforms pair each GPU with a 400 Gb/s NIC as well (AMD Instinct MI300X platform brief).
 _IB_NDR = Link(bandwidth_bytes_per_s=50e9, latency_seconds=8e-6)
 #: PCIe inference / workstation servers (L4, RTX 4090): assume 200 Gb/s Ethernet per 8-GPU node,
@@ -189,13 +190,24 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
     # FP8 72 PFLOPS *with sparsity*, i.e. per GPU dense FP32 75 TFLOPS, TF32 1,125, BF16/FP16 2,250,
     # FP8 4,500 TFLOPS; HBM3e 8 TB/s (DGX B200: 64 TB/s for 8 GPUs). Memory: 180 GB per GPU on the
     # datasheets (DGX B200: 1,440 GB for 8); nvidia-smi reports 183,359 MiB on B200 systems (public
-    # logs), i.e. 179.06 GiB: the preset holds 179 GiB. The GB200 (Grace-Blackwell, 1,200 W, NVLink domains of 72 GPUs)
-    # has no preset: its rack-wide NVLink domain is not one of parplan's 8-GPU nodes.
+    # logs), i.e. 179.06 GiB: the preset holds 179 GiB.
     "B200-180GB": GpuSpec(
         name="B200-180GB", memory_bytes=179 * GIB,
         peak_flops={"fp32": 75e12, "tf32": 1125e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12},
         hbm_bandwidth_bytes_per_s=8e12, intra_node=_NVLINK5, inter_node=_IB_NDR,
         default_gpus_per_node=8),
+    # NVIDIA GB200 NVL72 specifications (72 Blackwell GPUs at 1,200 W in one NVLink domain): FP32 5,760
+    # TFLOPS; TF32 180, BF16/FP16 360, FP8 720 PFLOPS *with sparsity*, i.e. per GPU dense FP32 80 TFLOPS,
+    # TF32 1,250, BF16/FP16 2,500, FP8 5,000 TFLOPS; HBM3e 13.4 TB and 576 TB/s for 72 (186 GB, 8 TB/s a
+    # GPU); nvidia-smi reports 189,471 MiB (185.03 GiB, public logs): 185 GiB. A "node" is the rack's
+    # NVLink domain, 72 GPUs (NVLink 5 between any two); across racks each GPU has its own 400 Gb/s
+    # ConnectX-7 (DGX GB200 user guide: four per compute tray of four GPUs). Runs that use 64 GPUs of a
+    # rack (Megatron-Bridge's scripts do) say so with --gpus-per-node 64.
+    "GB200-186GB": GpuSpec(
+        name="GB200-186GB", memory_bytes=185 * GIB,
+        peak_flops={"fp32": 80e12, "tf32": 1250e12, "bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12},
+        hbm_bandwidth_bytes_per_s=8e12, intra_node=_NVLINK5, inter_node=_IB_NDR,
+        default_gpus_per_node=72),
     # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s; FP32 30.3 TFLOPS; TF32 120, BF16/FP16 242,
     # FP8 485 TFLOPS with sparsity → dense 60, 121, 242.5.
     "L4": GpuSpec(

@@ -35,7 +35,7 @@ def _published() -> dict[str, Any] | None:
 
 #: GPU generations the published runs are grouped by: the same chip at another memory size or
 #: clock (the H200 is an H100 with more and faster HBM) shares its kernels' efficiencies.
-GENERATIONS = {"A100": "Ampere", "H100": "Hopper", "H200": "Hopper", "B200": "Blackwell"}
+GENERATIONS = {"A100": "Ampere", "H100": "Hopper", "H200": "Hopper", "B200": "Blackwell", "GB200": "Blackwell"}
 
 
 def gpu_generation(gpu: str) -> str:

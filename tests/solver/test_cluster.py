@@ -24,14 +24,14 @@ from parplan.solver.cluster import (
 from parplan.solver.errors import ConfigError
 
 PRESET_NAMES = ["V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "B200-180GB",
-                "L4", "RTX-4090", "MI300X"]
+                "GB200-186GB", "L4", "RTX-4090", "MI300X"]
 
 
 # --- presets -------------------------------------------------------------------------------------
 
 def test_preset_names_and_memory() -> None:
     assert list(GPU_PRESETS) == PRESET_NAMES
-    gib = [16, 32, 40, 80, 80, 141, 179, 24, 24, 192]  # B200: 183,359 MiB as nvidia-smi reports it
+    gib = [16, 32, 40, 80, 80, 141, 179, 185, 24, 24, 192]  # B200, GB200: 183,359 and 189,471 MiB by nvidia-smi
     assert [GPU_PRESETS[n].memory_bytes for n in PRESET_NAMES] == [g * GIB for g in gib]
     for name, spec in GPU_PRESETS.items():
         assert spec.name == name
@@ -47,13 +47,18 @@ def test_preset_figures() -> None:
     b200 = gpu_preset("B200-180GB")  # HGX B200's 8-GPU figures with sparsity, halved, per GPU
     assert (b200.peak("bf16"), b200.peak("fp8"), b200.peak("tf32")) == (36e15 / 16, 72e15 / 16, 18e15 / 16)
     assert b200.intra_node.bandwidth_bytes_per_s == 1.8e12 / 2  # NVLink 5, one direction
+    gb200 = gpu_preset("GB200-186GB")  # GB200 NVL72's 72-GPU figures with sparsity, halved, per GPU
+    assert (gb200.peak("bf16"), gb200.peak("fp8")) == (360e15 / 144, 720e15 / 144)
+    assert gb200.default_gpus_per_node == 72  # a node is the rack's NVLink domain
+    assert make_cluster(144, gpu="GB200").nodes == 2
     with pytest.raises(ConfigError, match="fp8"):
         a100.peak("fp8")
 
 
 @pytest.mark.parametrize(("query", "name"), [
     ("a100-80gb", "A100-80GB"), ("A100_40GB", "A100-40GB"), (" h100-80GB ", "H100-80GB"),
-    ("h100", "H100-80GB"), ("H200", "H200-141GB"), ("b200", "B200-180GB"), ("l4", "L4"), ("rtx 4090", "RTX-4090"),
+    ("h100", "H100-80GB"), ("H200", "H200-141GB"), ("b200", "B200-180GB"),
+    ("gb200", "GB200-186GB"), ("l4", "L4"), ("rtx 4090", "RTX-4090"),
     ("mi300x", "MI300X"),
 ])
 def test_preset_lookup(query: str, name: str) -> None:

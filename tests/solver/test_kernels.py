@@ -383,3 +383,4 @@ def test_the_shape_factor_explains_xlas_b200_gemms_and_gives_its_ceilings() -> N
     assert KERNELS["B200"].gemm["fp8"] == pytest.approx(statistics.median(fp8) * ratio, abs=0.006)
     # both under the H100's, as XLA's own rates are: a B200 at these sizes fills less of its peak
     assert KERNELS["B200"].gemm["bf16"] < KERNELS["H100"].gemm["bf16"]
+    assert kernel_spec(gpu_preset("GB200-186GB")) is KERNELS["B200"]  # the same chip

@@ -153,7 +153,7 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:
 #: - SMs: the vendors' datasheets and whitepapers (A100 108, H100/H200 SXM 132, V100 80, L4 58,
 #:   RTX 4090 128; MI300X 304 compute units); B200 148 (two dies of 74 enabled SMs: Chips and Cheese,
-#:   "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025).
+#:   "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025), the GB200's the same chip.
 #: - H100 16-bit and tf32 GEMM ceiling 0.74: measured on the H100 lent on 2026-11-23
 #:   (bench/out/gpu-2026-11-23/kernels.json, bench/RESULTS.md): the median over the 23 bf16 GEMMs
 #:   that ran 1 ms or more of measured efficiency / :func:`shape_factor` is 0.740 (0.67 to 0.85),
@@ -167,7 +167,7 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   0.5, which priced these GEMMs 1.53x their measured time. H200: not measured, as above.
 #: - H100/H200 FP8 0.60: *fitted*, not measured: Megatron-Bridge's FP8 H100 runs in
 #:   bench/time_model_accuracy.py are priced within 10 % at it. Replace it by a calibration.
-#: - B200 16-bit 0.62 and FP8 0.61: *derived*, not measured on a B200 here. OpenXLA's published B200
+#: - B200 and GB200 16-bit 0.62 and FP8 0.61: *derived*, not measured on a B200 here. OpenXLA's published B200
 #:   matmul table (bench/data/xla_b200_matmul.json, key sm_100, kernel times) implies, over its 34
 #:   GEMMs of 50 µs or more in bf16, ceilings of 0.733 (bf16; each within 11 % of it, 3.7 % on
 #:   average) and 0.718 (FP8 e4m3 inputs, the same 34 shapes) of the dense peaks at the tile model's
@@ -186,7 +186,7 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   figures by pass and shape (Shah et al. 2024); not measured here. (Before 2026-11-28 one figure,
 #:   0.60, stood for both passes, where causal cuDNN reaches 0.32-0.54 forward at head dim 128 and
 #:   0.23-0.39 at 64, and its backward less: attention was priced at ~1/2-3/4 of its time.)
-#: - Attention and memory-bound kernels on the B200, and its NCCL CTAs: not known; the calibration's
+#: - Attention and memory-bound kernels on the B200 and GB200, and their NCCL CTAs: not known; the calibration's
 #:   efficiencies, no slowdown under collectives.
 #: - Attention, A100, both kernels 0.60 for both passes: FlashAttention-2 reaches 50-73 % of the
 #:   A100 peak forward, less backward (Dao 2023); not measured here.
@@ -211,13 +211,15 @@ _H100_TORCH_MEMORY = {"torch": {"layernorm": 0.58, "softmax": 0.36}}
 #: how much of XLA's profiled rate a GEMM keeps in training (B200 figures below).
 XLA_TO_SUSTAINED = 0.74 / 0.873
 _B200_XLA_CEILINGS = {"bf16": 0.733, "fp16": 0.733, "fp8": 0.718}  # bench/kernel_model_accuracy.py
+_B200 = _spec(148, {k: round(v * XLA_TO_SUSTAINED, 2) for k, v in _B200_XLA_CEILINGS.items()}, {})
 KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
     "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": flat_attention(0.60), "sdpa": flat_attention(0.60)}, 24),
     "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60, "fp32": 0.77},
                   {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
     "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60, "fp32": 0.77},
                   {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
-    "B200": _spec(148, {k: round(v * XLA_TO_SUSTAINED, 2) for k, v in _B200_XLA_CEILINGS.items()}, {}),
+    "B200": _B200,
+    "GB200": _B200,  # the same chip (sm_100), run at 1,200 W: its peaks are higher, the fractions the same
     "MI300X": _spec(304, {"bf16": 0.60, "fp16": 0.60}, {}),
     "V100": _spec(80, {}, {}),
     "L4": _spec(58, {}, {}),
