@@ -319,8 +319,10 @@ def make_cluster(gpus: int, gpus_per_node: int | None = None, gpu: str = "A100-8
     if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node <= 0:
         raise ConfigError(f"gpus_per_node must be a positive integer, got {per_node!r}")
     if gpus > per_node and gpus % per_node:
-        raise ConfigError(f"gpus ({gpus}) must be a multiple of gpus_per_node ({per_node}) "
-                          f"when the cluster spans several nodes")
+        default = ", the preset's default" if gpus_per_node is None else ""
+        raise ConfigError(f"gpus ({gpus}) must be a multiple of gpus_per_node ({per_node}{default}) "
+                          f"when the cluster spans several nodes; set gpus_per_node to the GPUs that share "
+                          f"a node's NVLink in the job (e.g. 64 of a 72-GPU GB200 rack)")
     nodes, per_node = (gpus // per_node, per_node) if gpus >= per_node else (1, gpus)
     memory: int | None = None
     if gpu_memory_gib is not None:
