@@ -174,7 +174,9 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   constants and 148 SMs. The same table's H100 entries imply 0.873 where the lent H100 sustained
 #:   0.74 (:data:`XLA_TO_SUSTAINED`: XLA's short, boost-clocked kernels against GEMMs under a
 #:   training-like power draw), so each B200 figure is XLA's times that ratio. tf32 / fp32: XLA's
-#:   f32 dots on sm_100 run as TF32 (9.8x the FP32 peak), no figure; the calibration's.
+#:   f32 dots on sm_100 run as TF32 (9.8x the FP32 peak), no figure; the calibration's. Unlike the
+#:   H100's fitted FP8 figure, which absorbed whatever Megatron-Bridge's runs spent around their FP8
+#:   GEMMs (Transformer Engine's casts of inputs and gradients), this is the GEMM's alone.
 #: - A100 16-bit 0.86: the largest matmul throughput measured on an A100 SXM, 267.9 of 312 TFLOP/s
 #:   (85.9 %, S. Bekman's "Maximum Achievable Matmul FLOPS" table, ml-engineering, CUDA 12.1).
 #:   MI300X 0.60: the same table, 781.9 of 1,300 TFLOP/s (ROCm 6.2).
