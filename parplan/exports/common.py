@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from parplan.solver.errors import SolverError
+from parplan.solver.cluster import gpu_preset
+from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.frontends.config import extra_features
 
 
@@ -89,14 +90,24 @@ class PlanContext:
     seq_len: int
     gpus: int
     gpus_per_node: int
+    #: GPUs one machine holds where fewer than a node's (its GPU preset's ``gpus_per_host``: a GB200
+    #: compute tray's 4 of a 72-GPU NVLink domain); None: a node is one machine
+    gpus_per_host: int | None = None
+
+    @property
+    def host_gpus(self) -> int:
+        """GPUs one launcher node (one machine) runs."""
+        return min(self.gpus_per_node, self.gpus_per_host or self.gpus_per_node)
 
     @property
     def nodes(self) -> int:
-        return max(1, -(-self.gpus // self.gpus_per_node))
+        """Launcher nodes (machines): ``--nnodes``."""
+        return max(1, -(-self.gpus // self.host_gpus))
 
     @property
     def procs_per_node(self) -> int:
-        return min(self.gpus, self.gpus_per_node)
+        """Processes one launcher node starts: ``--nproc-per-node``."""
+        return min(self.gpus, self.host_gpus)
 
 
 def context_of(doc: Mapping[str, Any]) -> PlanContext:
@@ -108,7 +119,16 @@ def context_of(doc: Mapping[str, Any]) -> PlanContext:
     arch = model.get("architecture")
     seq = model.get("seq_len") or (arch or {}).get("seq_len") or 0
     return PlanContext(str(model.get("name") or "model"), arch if isinstance(arch, Mapping) else None, int(seq),
-                       int(cluster["gpus"]), int(cluster.get("gpus_per_node") or cluster["gpus"]))
+                       int(cluster["gpus"]), int(cluster.get("gpus_per_node") or cluster["gpus"]),
+                       _gpus_per_host(cluster.get("gpu")))
+
+
+def _gpus_per_host(gpu: Any) -> int | None:
+    """The GPU preset's ``gpus_per_host`` for a plan's GPU name (None for an unknown name)."""
+    try:
+        return gpu_preset(str(gpu)).gpus_per_host if gpu else None
+    except ConfigError:
+        return None
 
 
 #: Targets whose exports write Qwen's q/k/v biases and q/k norms (Megatron-LM: --add-qkv-bias,

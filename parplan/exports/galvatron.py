@@ -191,8 +191,8 @@ def _check(blocks: list[Block], step: Step, ctx: PlanContext, reasons: list[str]
         expected = int(arch["layers"]) + (int(arch.get("decoder_layers") or 0) if arch.get("family") == "t5" else 0)
         if n != expected:
             reasons.append(f"the plan's layers cover {n} blocks, the model has {expected}")
-    if ctx.gpus > ctx.gpus_per_node and ctx.gpus % ctx.gpus_per_node:
-        reasons.append(f"{ctx.gpus} GPUs are not whole nodes of {ctx.gpus_per_node}; Galvatron's launcher starts "
+    if ctx.gpus > ctx.host_gpus and ctx.gpus % ctx.host_gpus:
+        reasons.append(f"{ctx.gpus} GPUs are not whole nodes of {ctx.host_gpus}; Galvatron's launcher starts "
                        "the same number of processes on every node")
     pp = step.pp
     if pp < 1 or ctx.gpus % pp:

@@ -258,7 +258,7 @@ def _check(plan: UniformPlan, ctx: PlanContext, flavor: Flavor | None, reasons: 
         reasons.append(f"the plan uses {plan.degrees} GPUs of the cluster's {ctx.gpus}; torchtitan "
                        "needs its degrees to multiply to the world size")
     if ctx.gpus != ctx.nodes * ctx.procs_per_node:
-        reasons.append(f"{ctx.gpus} GPUs are not whole nodes of {ctx.gpus_per_node}; torchrun starts the same "
+        reasons.append(f"{ctx.gpus} GPUs are not whole nodes of {ctx.host_gpus}; torchrun starts the same "
                        "number of processes on every node")
     if plan.dp > 1 and plan.zero == 1:
         reasons.append("ZeRO-1 (optimizer states sharded, weights and gradients whole): torchtitan shards "

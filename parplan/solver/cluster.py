@@ -81,6 +81,10 @@ class GpuSpec:
     intra_node: Link
     inter_node: Link
     default_gpus_per_node: int
+    #: GPUs one machine holds (a launcher's node: one torchrun / one hostfile entry), where that is
+    #: fewer than a node's NVLink domain: a GB200 compute tray holds 4 of its rack's 72. None: a node
+    #: is one machine.
+    gpus_per_host: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
@@ -202,12 +206,13 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
     # GPU); nvidia-smi reports 189,471 MiB (185.03 GiB, public logs): 185 GiB. A "node" is the rack's
     # NVLink domain, 72 GPUs (NVLink 5 between any two); across racks each GPU has its own 400 Gb/s
     # ConnectX-7 (DGX GB200 user guide: four per compute tray of four GPUs). Runs that use 64 GPUs of a
-    # rack (Megatron-Bridge's scripts do) say so with --gpus-per-node 64.
+    # rack (Megatron-Bridge's scripts do) say so with --gpus-per-node 64. Launchers start one process
+    # group per compute tray (4 GPUs, one machine): the exports' --nnodes / --nproc-per-node.
     "GB200-186GB": GpuSpec(
         name="GB200-186GB", memory_bytes=185 * GIB,
         peak_flops={"fp32": 80e12, "tf32": 1250e12, "bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12},
         hbm_bandwidth_bytes_per_s=8e12, intra_node=_NVLINK5, inter_node=_IB_NDR,
-        default_gpus_per_node=72),
+        default_gpus_per_node=72, gpus_per_host=4),
     # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s; FP32 30.3 TFLOPS; TF32 120, BF16/FP16 242,
     # FP8 485 TFLOPS with sparsity → dense 60, 121, 242.5.
     "L4": GpuSpec(

@@ -36,6 +36,9 @@ class GpuPreset(BaseModel):
     intra_node: LinkOut
     inter_node: LinkOut
     default_gpus_per_node: int
+    #: GPUs one machine holds where fewer than a node's NVLink domain (a GB200 compute tray's 4 of 72):
+    #: what trainers' launchers count as a node; null where a node is one machine
+    gpus_per_host: int | None = None
 
 
 class GpuList(BaseModel):

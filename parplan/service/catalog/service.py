@@ -29,5 +29,6 @@ def _link(link: Link) -> dict[str, float]:
 def gpu_presets() -> list[dict[str, Any]]:
     return [{"name": name, "memory_bytes": g.memory_bytes, "peak_flops": dict(g.peak_flops),
              "hbm_bandwidth_bytes_per_s": g.hbm_bandwidth_bytes_per_s, "intra_node": _link(g.intra_node),
-             "inter_node": _link(g.inter_node), "default_gpus_per_node": g.default_gpus_per_node}
+             "inter_node": _link(g.inter_node), "default_gpus_per_node": g.default_gpus_per_node,
+             "gpus_per_host": g.gpus_per_host}
             for name, g in GPU_PRESETS.items()]
