@@ -4,11 +4,10 @@ Galvatron's run one process group per compute tray of 4 GPUs (the preset's ``gpu
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import pytest
-from plan_docs import doc_for
+from plan_docs import doc_for, torchrun_namespace
 
 from parplan.exports import export_plan
 
@@ -20,11 +19,7 @@ def _gb200_doc(gpus: int, per_node: int, tp: int = 4) -> dict[str, Any]:
 
 
 def _torchrun_counts(line: str) -> tuple[str, str]:
-    from torch.distributed.run import get_args_parser
-
-    tokens = shlex.split(line.replace("$MASTER_ADDR", "10.0.0.1").replace("$MASTER_PORT", "29500"))
-    tokens = tokens[tokens.index("torchrun") + 1:]
-    ns = get_args_parser().parse_known_args(tokens)[0]
+    ns = torchrun_namespace(line)
     return ns.nnodes, ns.nproc_per_node
 
 

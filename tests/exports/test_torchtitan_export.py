@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plan_docs import torchrun_namespace
 
 from parplan.agent.torchtitan_exec import KERNELS, stand_in_kernels
 from parplan.exports.common import Export, NotExpressibleError
@@ -150,17 +151,6 @@ def check_config(config: Any, doc: dict[str, Any]) -> None:
         assert flat == ["tok_embeddings", *(f"layers.{i}" for i in range(arch["layers"])), "norm", "lm_head"]
         blocks = [sum(n.startswith("layers.") for n in part) for part in parts]
         assert blocks == list(s.get("partition") or even_partition(arch["layers"], pp * v))
-
-
-def torchrun_namespace(line: str) -> Any:
-    """A launch line read by torchrun's own argument parser (MASTER_ADDR/PORT as the shell sets them)."""
-    from torch.distributed.run import get_args_parser
-
-    tokens = shlex.split(line.replace("$MASTER_ADDR", "10.0.0.1").replace("$MASTER_PORT", "29500"))
-    while tokens[0] != "torchrun":
-        assert "=" in tokens[0], f"{tokens[0]} is neither an environment setting nor torchrun"
-        tokens.pop(0)
-    return get_args_parser().parse_args(tokens[1:])
 
 
 def check_launch(export: Export, doc: dict[str, Any]) -> None:
