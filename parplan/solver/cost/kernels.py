@@ -209,17 +209,19 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   Severe GEMM Performance Degradation because of Tail Effect", 2025). Not measured here (the lent
 #:   machines had one GPU). Other GPUs: unknown, no slowdown priced.
 _H100_TORCH_MEMORY = {"torch": {"layernorm": 0.58, "softmax": 0.36}}
+#: The H100's 16-bit GEMM ceiling, measured on the lent H100 (above).
+_H100_GEMM = 0.74
 #: The lent H100's sustained bf16 GEMM ceiling over the one XLA's H100 table implies (0.74 / 0.873):
 #: how much of XLA's profiled rate a GEMM keeps in training (B200 figures below).
-XLA_TO_SUSTAINED = 0.74 / 0.873
+XLA_TO_SUSTAINED = _H100_GEMM / 0.873
 _B200_XLA_CEILINGS = {"bf16": 0.733, "fp16": 0.733, "fp8": 0.718}  # bench/kernel_model_accuracy.py
+_HOPPER = _spec(132, {"bf16": _H100_GEMM, "fp16": _H100_GEMM, "tf32": _H100_GEMM, "fp8": 0.60, "fp32": 0.77},
+                {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY)
 _B200 = _spec(148, {k: round(v * XLA_TO_SUSTAINED, 2) for k, v in _B200_XLA_CEILINGS.items()}, {})
 KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
     "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": flat_attention(0.60), "sdpa": flat_attention(0.60)}, 24),
-    "H100": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60, "fp32": 0.77},
-                  {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
-    "H200": _spec(132, {"bf16": 0.74, "fp16": 0.74, "tf32": 0.74, "fp8": 0.60, "fp32": 0.77},
-                  {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY),
+    "H100": _HOPPER,
+    "H200": _HOPPER,  # the same chip and clocks, not measured
     "B200": _B200,
     "GB200": _B200,  # the same chip (sm_100), run at 1,200 W: its peaks are higher, the fractions the same
     "MI300X": _spec(304, {"bf16": 0.60, "fp16": 0.60}, {}),
