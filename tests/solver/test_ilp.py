@@ -293,7 +293,8 @@ def test_operator_seconds_remembered_by_how_much_each_dim_is_cut_equal_pricing_a
                     unfused = n.kind is OpKind.ATTENTION and not flash
                     library = memory_library(runtime) if n.kind in _LIBRARY_KINDS or unfused else ""
                     fresh = _op_seconds(n, graph, gpu, DEFAULT_CALIBRATION, prec, s, mesh, cuts, not unfused,
-                                        attention_kernel(runtime) if n.kind is OpKind.ATTENTION else "", library)
+                                        attention_kernel(runtime) if n.kind is OpKind.ATTENTION else "", library,
+                                        runtime.fuses_projections and "gemm_group" in n.attrs)
                     fwd, bwd, rec = op_seconds(n, graph, gpu, DEFAULT_CALIBRATION, prec, s, mesh, rc, flash, runtime)
                     assert (fwd, bwd) == fresh
                     assert rec == (fwd if recomputed(n, rc, flash, runtime) else 0.0)

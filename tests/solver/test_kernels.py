@@ -384,3 +384,31 @@ def test_the_shape_factor_explains_xlas_b200_gemms_and_gives_its_ceilings() -> N
     # both under the H100's, as XLA's own rates are: a B200 at these sizes fills less of its peak
     assert KERNELS["B200"].gemm["bf16"] < KERNELS["H100"].gemm["bf16"]
     assert kernel_spec(gpu_preset("GB200-186GB")) is KERNELS["B200"]  # the same chip
+
+
+def test_megatron_runs_q_k_v_and_gate_up_as_one_gemm_each_the_others_apart() -> None:
+    """Megatron-LM's ``linear_qkv`` and a gated MLP's ``linear_fc1`` are one GEMM each: each of q,
+    k and v (gate and up) is priced at the efficiency of the whole GEMM, its weights side by side.
+    PyTorch's runtimes run them apart. The shape factors are written out by hand: 2,048 tokens of a
+    Llama layer (hidden 4,096, 32 heads and 8 KV heads of 128, ffn 14,336) on an A100's 108 SMs
+    with 256 x 128 tiles; the K fill is 4,096 / (4,096 + 256)."""
+    cfg = TransformerConfig("llama", "t", 1, 4096, 32, 14336, 32000, 2048, kv_heads=8)
+    g = build_graph(cfg, batch=1)
+    peak = A100.peak("bf16") * KERNELS["A100"].gemm["bf16"] * 4096 / (4096 + 256)
+    q, kv, ffn = 2 * 2048 * 4096 * 4096, 2 * 2048 * 4096 * 1024, 2 * 2048 * 4096 * 14336
+    # q | k | v: 6,144 x 2,048 = 24 x 16 tiles = 384, four waves of 108
+    qkv_factor = 384 / 432
+    # gate | up: 28,672 x 2,048 = 112 x 16 tiles = 1,792, 17 waves
+    gate_up_factor = 1792 / 1836
+    fused = {"layers.0.attn.q": q / (peak * qkv_factor), "layers.0.attn.k": kv / (peak * qkv_factor),
+             "layers.0.mlp.gate": ffn / (peak * gate_up_factor)}
+    # apart: q 4,096 x 2,048 = 256 tiles (3 waves); k 2,048 x 1,024 = 64 tiles (one wave, 64 SMs);
+    # gate 14,336 x 2,048 = 896 tiles (9 waves)
+    apart = {"layers.0.attn.q": q / (peak * 256 / 324), "layers.0.attn.k": kv / (peak * 64 / 108),
+             "layers.0.mlp.gate": ffn / (peak * 896 / 972)}
+    for node, seconds in fused.items():
+        assert _seconds(g, node, True, gpu=A100)[0] == pytest.approx(seconds)
+        assert _seconds(g, node, True, Runtime.TORCH, gpu=A100)[0] == pytest.approx(apart[node])
+    # the output projection and the down projection have no partner
+    o = _seconds(g, "layers.0.attn.o", True, gpu=A100)[0]
+    assert o == pytest.approx(_seconds(g, "layers.0.attn.o", True, Runtime.TORCH, gpu=A100)[0])

@@ -282,6 +282,16 @@ class GemmShape:
 def gemm_shape(node: Node, graph: Graph, cuts: Mapping[str, int]) -> GemmShape | None:
     """The GEMM of a two-operand einsum on one device, each dim divided by ``cuts[dim]`` (rounded
     up); None for any other operator. M is the larger of the two free sides."""
+    sides = _gemm_sides(node, graph, cuts)
+    if sides is None:
+        return None
+    batch, rows, cols, k = sides
+    return GemmShape(batch, max(rows, cols), min(rows, cols), k)
+
+
+def _gemm_sides(node: Node, graph: Graph, cuts: Mapping[str, int]) -> tuple[int, int, int, int] | None:
+    """(batch, rows of the first operand, columns of the second, contraction) of a two-operand
+    einsum on one device (:func:`gemm_shape` before it orders the free sides)."""
     eq = node.attrs.get("equation")
     if node.kind is not OpKind.EINSUM or len(node.inputs) != 2 or not isinstance(eq, str):
         return None
@@ -294,8 +304,40 @@ def gemm_shape(node: Node, graph: Graph, cuts: Mapping[str, int]) -> GemmShape |
     def size(dims: set[str]) -> int:
         return math.prod(-(-sizes[d] // cuts.get(d, 1)) for d in dims if d in sizes)
 
-    rows, cols = size((a & o) - b), size((b & o) - a)
-    return GemmShape(size(a & b & o), max(rows, cols), min(rows, cols), size((a & b) - o))
+    return size(a & b & o), size((a & o) - b), size((b & o) - a), size((a & b) - o)
+
+
+def gemm_group(node: Node, graph: Graph) -> tuple[Node, ...]:
+    """The einsums that read ``node``'s input and share its ``gemm_group`` name (itself included;
+    itself alone without one): the projections of one input a trainer may run as one GEMM, the
+    weights side by side."""
+    name = node.attrs.get("gemm_group")
+    if not isinstance(name, str) or not node.inputs:
+        return (node,)
+    groups = graph.memo.get("gemm_groups")
+    if groups is None:
+        found: dict[tuple[str, str], list[Node]] = {}
+        for n in graph.nodes:
+            g = n.attrs.get("gemm_group")
+            if isinstance(g, str) and n.inputs:
+                found.setdefault((n.inputs[0], g), []).append(n)
+        groups = graph.memo["gemm_groups"] = {key: tuple(ns) for key, ns in found.items()}
+    members = groups.get((node.inputs[0], name), ())
+    return members if any(m is node for m in members) else (node,)
+
+
+def grouped_gemm_shape(node: Node, graph: Graph, cuts: Mapping[str, int]) -> GemmShape | None:
+    """The one GEMM ``node``'s group (:func:`gemm_group`) runs as: the members' common input by
+    their weights side by side, each cut as ``cuts`` cuts ``node`` (None for an operator that is no
+    GEMM; ``node``'s own shape where the members' batch, rows or contraction differ)."""
+    members = gemm_group(node, graph)
+    sides = [_gemm_sides(m, graph, cuts) for m in members]
+    first = sides[0] if sides else None
+    if first is None or any(s is None or s[0] != first[0] or s[1] != first[1] or s[3] != first[3] for s in sides):
+        return gemm_shape(node, graph, cuts)
+    batch, rows, _, k = first
+    cols = sum(s[2] for s in sides if s is not None)
+    return GemmShape(batch, max(rows, cols), min(rows, cols), k)
 
 
 def shape_factor(shape: GemmShape, sms: int, fill: bool = True) -> float:

@@ -35,6 +35,7 @@ from parplan.solver.cost.kernels import (
     gemm_ceiling,
     gemm_efficiency,
     gemm_shape,
+    grouped_gemm_shape,
     memory_efficiency,
     memory_library,
     unfused_attention_gemms,
@@ -102,11 +103,12 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
     flash = flash_attention or node.kind is not OpKind.ATTENTION
     # whose normalisation and softmax kernels run (an unfused attention's softmax too)
     library = memory_library(runtime) if node.kind in _LIBRARY_KINDS or not flash else ""
+    grouped = runtime.fuses_projections and "gemm_group" in node.attrs
     cache = graph.memo.setdefault("op_seconds", {})
-    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec, flash, kernel, library)
+    key = (node.id, tuple(sorted(factors.items())), gpu, calibration, prec, flash, kernel, library, grouped)
     hit = cache.get(key) if graph.owns(node) else None
     if hit is None:
-        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh, factors, flash, kernel, library)
+        hit = _op_seconds(node, graph, gpu, calibration, prec, s, mesh, factors, flash, kernel, library, grouped)
         if graph.owns(node):
             cache[key] = hit
     fwd, bwd = hit
@@ -142,8 +144,11 @@ def cross_entropy_passes(library: str, activation_bytes: int) -> tuple[float, fl
 
 
 def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
-                mesh: Mesh, cuts: dict[str, int], flash: bool, kernel: str, library: str) -> tuple[float, float]:
-    """(forward, backward) seconds of :func:`op_seconds`, priced afresh."""
+                mesh: Mesh, cuts: dict[str, int], flash: bool, kernel: str, library: str,
+                grouped: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of :func:`op_seconds`, priced afresh; ``grouped``: a GEMM at the
+    efficiency of the one GEMM its group runs as (:func:`grouped_gemm_shape`), its own share of
+    that GEMM's arithmetic."""
     dt = compute_dtype(node, prec, graph)
     work = work_shards(s, mesh)
     sizes = mesh.sizes
@@ -167,7 +172,7 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
                   roofline_seconds(0.0, logits * bwd_bytes, gpu, dt, calibrated, b_eff)
                   + roofline_seconds(0.0, logits * bwd_softmax, gpu, dt, calibrated, softmax_eff))
         return fwd, bwd
-    shape = gemm_shape(node, graph, cuts)
+    shape = grouped_gemm_shape(node, graph, cuts) if grouped else gemm_shape(node, graph, cuts)
     if shape is not None:
         m_eff = b_m_eff = gemm_efficiency(shape, gpu, gemm_ceiling(gpu, dt, calibration), dt)
     elif node.kind is OpKind.ATTENTION:

@@ -222,6 +222,14 @@ class Runtime(StrEnum):
         return self in (Runtime.MEGATRON, Runtime.TORCH, Runtime.TORCH_CPU)
 
     @property
+    def fuses_projections(self) -> bool:
+        """Whether the runtime's model code runs the projections of one input as one GEMM (a node's
+        ``gemm_group``): Megatron-LM's ``linear_qkv`` (q, k and v) and a gated MLP's ``linear_fc1``
+        (gate and up). torchtitan's Llama, Hugging Face's models (DeepSpeed's) and the agent's model
+        keep them apart (``wq``/``wk``/``wv``, ``w1``/``w3``; ``q_proj``..., ``gate_proj``/``up_proj``)."""
+        return self is Runtime.MEGATRON
+
+    @property
     def repeats_kv_heads(self) -> bool:
         """Whether grouped-query attention repeats K and V to every query head before the kernel
         (torchtitan's Llama and Hugging Face's SDPA path do; the repeated copies are what the

@@ -50,15 +50,18 @@ class _Builder:
         return self.add(nid, OpKind.INPUT, [], dims, dtype=dtype)
 
     def linear(self, nid: str, x: str, contract: list[str], out: DimMap, *, bias: bool,
-               weight: str | None = None) -> str:
-        """``x @ W (+ b)``: contracts the dims ``contract`` of x against a new (or given) weight."""
+               weight: str | None = None, group: str | None = None) -> str:
+        """``x @ W (+ b)``: contracts the dims ``contract`` of x against a new (or given) weight.
+        ``group``: a name the matmuls of one input that a trainer may run as one GEMM, their weights
+        side by side, share (``gemm_group``, :func:`~parplan.solver.cost.kernels.gemm_group`)."""
         xd = self.dims[x]
         w = weight or self.param(f"{nid}.weight", {**{c: xd[c] for c in contract}, **out})
         wd = self.dims[w]
         keep = {k: v for k, v in xd.items() if k not in contract}
         res = {**keep, **{k: v for k, v in wd.items() if k not in contract}}
         eq = f"{' '.join(xd)}, {' '.join(wd)} -> {' '.join(res)}"
-        y = self.add(f"{nid}.mm" if bias else nid, OpKind.EINSUM, [x, w], res, equation=eq)
+        attrs = {"gemm_group": group} if group else {}
+        y = self.add(f"{nid}.mm" if bias else nid, OpKind.EINSUM, [x, w], res, equation=eq, **attrs)
         if not bias:
             return y
         b = self.param(f"{nid}.bias", out)
@@ -92,10 +95,12 @@ def _attention(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, bias: boo
     a, g, d = cfg.heads, cfg.n_kv_heads, cfg.d_head
     kvh = "heads" if g == a else "kv_heads"
     in_bias = bias if qkv_bias is None else qkv_bias
-    q = b.linear(f"{p}.q", x, ["hidden"], {"heads": a, "head_dim": d}, bias=in_bias)
+    # Megatron-LM's linear_qkv (self-attention) or linear_kv (cross-attention): one GEMM
+    qkv = "qkv" if kv is None else None
+    q = b.linear(f"{p}.q", x, ["hidden"], {"heads": a, "head_dim": d}, bias=in_bias, group=qkv)
     src = kv or x
-    k = b.linear(f"{p}.k", src, ["hidden"], {kvh: g, "head_dim": d}, bias=in_bias)
-    v = b.linear(f"{p}.v", src, ["hidden"], {kvh: g, "head_dim": d}, bias=in_bias)
+    k = b.linear(f"{p}.k", src, ["hidden"], {kvh: g, "head_dim": d}, bias=in_bias, group=qkv or "kv")
+    v = b.linear(f"{p}.v", src, ["hidden"], {kvh: g, "head_dim": d}, bias=in_bias, group=qkv or "kv")
     if qk_norm:
         q = b.norm(f"{p}.q_norm", q, "rmsnorm", dim="head_dim")
         k = b.norm(f"{p}.k_norm", k, "rmsnorm", dim="head_dim")
@@ -143,20 +148,21 @@ def _mlp(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, act: str, gated
          ffn: int | None = None) -> str:
     f = {"ffn": ffn or cfg.ffn}
     if gated:
-        gate = b.linear(f"{p}.gate", x, ["hidden"], f, bias=bias)
-        up = b.linear(f"{p}.up", x, ["hidden"], f, bias=bias)
+        # Megatron-LM's linear_fc1 of a gated MLP: gate and up as one GEMM
+        gate = b.linear(f"{p}.gate", x, ["hidden"], f, bias=bias, group="gate_up")
+        up = b.linear(f"{p}.up", x, ["hidden"], f, bias=bias, group="gate_up")
         h = b.ew(f"{p}.mul", "mul", b.ew(f"{p}.act", act, gate), up)
     else:
         h = b.ew(f"{p}.act", act, b.linear(f"{p}.fc1", x, ["hidden"], f, bias=bias))
     return b.linear(f"{p}.fc2" if not gated else f"{p}.down", h, ["ffn"], {"hidden": cfg.hidden}, bias=bias)
 
 
-def _expert_linear(b: _Builder, nid: str, x: str, w: str, out: str, bias: bool) -> str:
+def _expert_linear(b: _Builder, nid: str, x: str, w: str, out: str, bias: bool, group: str | None = None) -> str:
     """Every expert's own matmul of its tokens by weight ``w`` (contracting what is not ``expert``
-    or ``out``), plus a per-expert bias over ``out``."""
+    or ``out``), plus a per-expert bias over ``out``; ``group`` as :meth:`_Builder.linear`'s."""
     wd = b.dims[w]
     y = b.linear(f"{nid}.mm" if bias else nid, x, [d for d in wd if d not in ("expert", out)], {}, bias=False,
-                 weight=w)
+                 weight=w, group=group)
     if not bias:
         return y
     return b.ew(nid, "add", y, b.param(f"{nid}.bias", {"expert": wd["expert"], out: wd[out]}))
@@ -176,8 +182,9 @@ def _moe(b: _Builder, p: str, x: str, cfg: TransformerConfig, tokens: int) -> st
     wg = b.param(f"{p}.experts.gate.weight", {"expert": e, "hidden": h, "ffn": f})
     wu = b.param(f"{p}.experts.up.weight", {"expert": e, "hidden": h, "ffn": f})
     wd = b.param(f"{p}.experts.down.weight", {"expert": e, "ffn": f, "hidden": h})
-    gate = _expert_linear(b, f"{p}.experts.gate", xe, wg, "ffn", bias)
-    up = _expert_linear(b, f"{p}.experts.up", xe, wu, "ffn", bias)
+    # Megatron-LM's experts run gate and up as one linear_fc1 too
+    gate = _expert_linear(b, f"{p}.experts.gate", xe, wg, "ffn", bias, group="gate_up")
+    up = _expert_linear(b, f"{p}.experts.up", xe, wu, "ffn", bias, group="gate_up")
     act = b.ew(f"{p}.experts.act", "silu", gate)
     y = _expert_linear(b, f"{p}.experts.down", b.ew(f"{p}.experts.mul", "mul", act, up), wd, "hidden", bias)
     routed = b.add(f"{p}.combine", OpKind.COMBINE, [y, gates], b.dims[x])
