@@ -220,6 +220,10 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     # differs (GB200 NVL72 racks, of which Megatron-Bridge's scripts use 64 GPUs)
     per_node = int(r.get("gpus_per_node") or 8)
     model, cluster = ModelSource(cfg.name, config=cfg), make_cluster(gpus, per_node, gpu)
+    if r.get("attention_impl") == "triton":
+        # llm-foundry's Triton flash-attention kernel, for which parplan has no figures
+        remark = "; ".join(x for x in (remark, "Triton flash attention (attn_impl triton) priced as PyTorch's "
+                                       "FlashAttention-2") if x)
     if r.get("cpu_offload"):
         remark = "; ".join(x for x in (remark, f"CPU offload of {r['cpu_offload']} not priced") if x)
     stated = _recompute(r.get("recompute"), assumed)
