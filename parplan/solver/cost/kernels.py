@@ -187,9 +187,16 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #:   Transformer Engine's fused attention (cuDNN; ``fused``): :data:`H100_CUDNN`, cuDNN's published
 #:   figures by pass and shape (Shah et al. 2024); not measured here. (Before 2026-11-28 one figure,
 #:   0.60, stood for both passes, where causal cuDNN reaches 0.32-0.54 forward at head dim 128 and
-#:   0.23-0.39 at 64, and its backward less: attention was priced at ~1/2-3/4 of its time.)
-#: - Attention and memory-bound kernels on the B200 and GB200, and their NCCL CTAs: not known; the calibration's
-#:   efficiencies, no slowdown under collectives.
+#:   0.23-0.39 at 64, and its backward less: attention was priced at ~1/2-3/4 of its time.) A later
+#:   cuDNN is faster: NVIDIA's published cuDNN 9.19 figures on an H200 (head dim 128, 2,048 to
+#:   32,768 tokens, bench/data/cudnn_sdpa_published.json) are 1.02-1.28x the curve's speed. The curve
+#:   is cuDNN 9.1.1's (2024, the software of most of the published Hopper runs) and stays: on today's
+#:   releases it prices attention slower than it runs, the safe side of a schedule.
+#: - Attention on the B200 and GB200, Transformer Engine's (``fused``): :data:`BLACKWELL_CUDNN`, NVIDIA's
+#:   published cuDNN 9.18 figures on a GB200; PyTorch's (``sdpa``): not known, the calibration's.
+#:   (Before 2026-11-28 both passes took the calibration's 0.55, where cuDNN's causal backward at
+#:   8,192 tokens reaches 0.41 in parplan's count.) Memory-bound kernels and NCCL CTAs on them: not
+#:   known; the calibration's efficiencies, no slowdown under collectives.
 #: - Attention, A100, both kernels 0.60 for both passes: FlashAttention-2 reaches 50-73 % of the
 #:   A100 peak forward, less backward (Dao 2023); not measured here.
 #: - V100, L4, RTX 4090: no measurement used; the calibration's efficiencies are the ceiling (the
@@ -217,7 +224,17 @@ XLA_TO_SUSTAINED = _H100_GEMM / 0.873
 _B200_XLA_CEILINGS = {"bf16": 0.733, "fp16": 0.733, "fp8": 0.718}  # bench/kernel_model_accuracy.py
 _HOPPER = _spec(132, {"bf16": _H100_GEMM, "fp16": _H100_GEMM, "tf32": _H100_GEMM, "fp8": 0.60, "fp32": 0.77},
                 {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY)
-_B200 = _spec(148, {k: round(v * XLA_TO_SUSTAINED, 2) for k, v in _B200_XLA_CEILINGS.items()}, {})
+#: Transformer Engine's fused attention on Blackwell (cuDNN's flash kernels), bf16, causal, from NVIDIA's
+#: published cuDNN 9.18 training benchmark on a GB200 (bench/data/cudnn_sdpa_published.json: head dim
+#: 128, 64 query and 8 KV heads, 2,048 to 32,768 tokens, kernel time), as fractions of the GB200's
+#: dense peak; the B200 is the same chip (sm_100) and takes the same fractions of its own. Their
+#: backward counts 2.5 forwards, parplan's 2. Fitted as :data:`H100_CUDNN` was (least largest error,
+#: two decimals, fills in steps of 50 tokens): each of the 10 pass-shapes within 2.7 %. Head dim 64
+#: is not published: the curve's one head dim stands for every head dim.
+BLACKWELL_CUDNN = AttentionCurve(MappingProxyType({128: 0.72}), MappingProxyType({128: 0.49}),
+                                 fill_forward=1500.0, fill_backward=1700.0)
+_B200 = _spec(148, {k: round(v * XLA_TO_SUSTAINED, 2) for k, v in _B200_XLA_CEILINGS.items()},
+              {"fused": BLACKWELL_CUDNN})
 KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
     "A100": _spec(108, {"bf16": 0.86, "fp16": 0.86}, {"fused": flat_attention(0.60), "sdpa": flat_attention(0.60)}, 24),
     "H100": _HOPPER,
