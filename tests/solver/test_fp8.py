@@ -16,6 +16,7 @@ from parplan.solver.cost.kernels import KERNELS, GemmShape, shape_factor
 from parplan.solver.cost.op_layout import Mesh, OpStrategy
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.rules import compute_dtype, op_seconds, parameter_states
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.evaluate import Evaluation, evaluate_graph
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.presets import get_preset
@@ -51,23 +52,58 @@ def test_which_operators_run_in_fp8() -> None:
     assert all(compute_dtype(n, get_precision("bf16"), g) == "bf16" for n in g.nodes if n.kind is OpKind.EINSUM)
 
 
-def test_a_compute_bound_matmul_runs_at_the_fp8_peak() -> None:
+def _matmul(m: int, k: int, n: int) -> Graph:
+    return Graph.of("mm", [make_node("x", "input", dims={"m": m, "k": k}, dtype="bf16"),
+                           make_node("w", "parameter", dims={"k": k, "n": n}),
+                           make_node("y", "einsum", ["x", "w"], {"m": m, "n": n}, equation="m k, k n -> m n")])
+
+
+def _passes(g: Graph, node: str, gpu: Any, precision: str, runtime: Runtime = Runtime.MEGATRON) -> tuple[float, float]:
+    f, b, _ = op_seconds(g.node(node), g, gpu, DEFAULT_CALIBRATION, get_precision(precision), OpStrategy((None,)),
+                         Mesh((("d", 1),)), Recompute.NONE, True, runtime)
+    return f, b
+
+
+def test_a_compute_bound_matmul_runs_at_the_fp8_peak_after_its_cast() -> None:
     """Forward time of a large weight matmul is its FLOPs at each dtype's peak times that dtype's GEMM
-    ceiling and the shape's tile and wave factor (parplan.solver.cost.kernels)."""
+    ceiling and the shape's tile and wave factor (parplan.solver.cost.kernels); in FP8 plus the cast
+    of its bf16 input, a kernel of its own: on an H100 4 bytes an element (the bf16 read, the FP8
+    write and its transposed copy) at the calibration's fraction of the HBM peak."""
     m = k = n = 8192
-    g = Graph.of("mm", [make_node("x", "input", dims={"m": m, "k": k}, dtype="bf16"),
-                        make_node("w", "parameter", dims={"k": k, "n": n}),
-                        make_node("y", "einsum", ["x", "w"], {"m": m, "n": n}, equation="m k, k n -> m n")])
-    mesh, s = Mesh((("d", 1),)), OpStrategy((None,))
-
-    def forward(precision: str) -> float:
-        return op_seconds(g.node("y"), g, H100, DEFAULT_CALIBRATION, get_precision(precision), s, mesh,
-                          Recompute.NONE, True)[0]
-
+    g = _matmul(m, k, n)
     factor = shape_factor(GemmShape(1, m, n, k), KERNELS["H100"].sms)
-    for dt in ("bf16", "fp8"):
-        assert forward(dt) == pytest.approx(2 * m * k * n / (H100.peak(dt) * KERNELS["H100"].gemm[dt] * factor))
-    assert forward("fp8") < forward("bf16")
+    gemm = {dt: 2 * m * k * n / (H100.peak(dt) * KERNELS["H100"].gemm[dt] * factor) for dt in ("bf16", "fp8")}
+    cast = m * k * 4 / (H100.hbm_bandwidth_bytes_per_s * DEFAULT_CALIBRATION.memory_efficiency)
+    assert _passes(g, "y", H100, "bf16")[0] == pytest.approx(gemm["bf16"])
+    assert _passes(g, "y", H100, "fp8")[0] == pytest.approx(gemm["fp8"] + cast)
+    assert _passes(g, "y", H100, "fp8")[0] < _passes(g, "y", H100, "bf16")[0]
+
+
+def test_fp8_casts_move_the_activation_before_and_the_output_gradient_after() -> None:
+    """Each FP8 GEMM pays its casts apart from its arithmetic: forward its bf16 input's, backward its
+    output gradient's, at 3 bytes an element on Blackwell (no transposed copies) and 4 on Hopper;
+    under Megatron-LM a fused group (q, k, v) casts its one input once, shared by its members, where
+    PyTorch's runtime casts it for each. bf16 pays none."""
+    b200 = gpu_preset("B200-180GB")
+    g = _matmul(4096, 2048, 1024)
+    for gpu, per_elem in ((H100, 4), (b200, 3)):
+        bw = gpu.hbm_bandwidth_bytes_per_s * DEFAULT_CALIBRATION.memory_efficiency
+        (f16, b16), (f8, b8) = _passes(g, "y", gpu, "bf16"), _passes(g, "y", gpu, "fp8")
+        gemm_f = f8 - 4096 * 2048 * per_elem / bw
+        gemm_b = b8 - 4096 * 1024 * per_elem / bw
+        # what is left is the GEMM at the FP8 peak: the bf16 GEMM's time times the rate ratio
+        ratio = (gpu.peak("bf16") * KERNELS[gpu.name.split("-")[0]].gemm["bf16"]) / (
+            gpu.peak("fp8") * KERNELS[gpu.name.split("-")[0]].gemm["fp8"])
+        assert gemm_f == pytest.approx(f16 * ratio)
+        assert gemm_b == pytest.approx(b16 * ratio)
+    layer = build_graph(get_preset("llama-3-8b").with_(layers=1), seq_len=2048)
+    cast = 2048 * 4096 * 3 / (b200.hbm_bandwidth_bytes_per_s * DEFAULT_CALIBRATION.memory_efficiency)
+    ratio = (b200.peak("bf16") * KERNELS["B200"].gemm["bf16"]) / (b200.peak("fp8") * KERNELS["B200"].gemm["fp8"])
+    for p in "qkv":
+        node = f"layers.0.attn.{p}"
+        for runtime, share in ((Runtime.MEGATRON, 1 / 3), (Runtime.TORCH, 1.0)):
+            bf16 = _passes(layer, node, b200, "bf16", runtime)[0]
+            assert _passes(layer, node, b200, "fp8", runtime)[0] == pytest.approx(bf16 * ratio + cast * share)
 
 
 def test_fp8_plan_memory_and_time_against_bf16() -> None:

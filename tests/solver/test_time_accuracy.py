@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import make_cluster
@@ -81,3 +82,41 @@ def test_every_search_documents_its_times_accuracy() -> None:
                                         "training": {"global_batch": 8}, "search": search}))
         acc = doc["time"]["accuracy"]
         assert acc["published_runs"] == stored and acc["similar_runs"] == _kind(stored, "Ampere", "megatron"), search
+
+
+def test_the_fitted_h100_fp8_ceiling_is_the_fit_its_docstring_describes() -> None:
+    """The H100's FP8 GEMM ceiling is fitted (parplan.solver.cost.kernels): of the two-decimal values,
+    the one with the least largest |log(predicted / published)| over Megatron-Bridge's five H100 FP8
+    runs. Checked against its neighbours: a change to the time model that moves the fit fails here."""
+    import dataclasses
+    import math
+    from types import MappingProxyType
+
+    import parplan.solver.cost.kernels as kernels
+
+    sys.path.insert(0, BENCH)
+    try:
+        import time_model_accuracy as bench
+    finally:
+        sys.path.remove(BENCH)
+    runs = json.loads((Path(BENCH) / "data" / "published_runs.json").read_text())["runs"]
+    rows = [r for r in runs if "Megatron-Bridge" in r["source"] and "H100" in str(r["gpu"])
+            and "FP8" in str(r.get("precision") or "").upper() and not bench._skip_reason(r)]
+    assert len(rows) == 5
+    fitted = kernels.KERNELS["H100"].gemm["fp8"]
+    original = kernels.KERNELS
+
+    def ratios(ceiling: float) -> list[float]:
+        spec = dataclasses.replace(original["H100"], gemm=MappingProxyType({**original["H100"].gemm, "fp8": ceiling}))
+        kernels.KERNELS = MappingProxyType({**original, "H100": spec, "H200": spec})
+        try:
+            return [bench.price(r)["ratio"] for r in rows]
+        finally:
+            kernels.KERNELS = original
+
+    def worst(ceiling: float) -> float:
+        return max(abs(math.log(x)) for x in ratios(ceiling))
+
+    at = worst(fitted)
+    assert at < worst(round(fitted - 0.01, 2)) and at < worst(round(fitted + 0.01, 2))
+    assert all(abs(x - 1) <= 0.1 for x in ratios(fitted))  # each of the five within 10 %
