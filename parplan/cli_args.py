@@ -91,7 +91,8 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                    help="attention materialises the s x s scores (adds Korthikanti's 5as/h term)")
     p.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
                    help="bf16 (default: fp32 grads + master + Adam, 18 B/param), bf16-grad16 (16 B/param), "
-                        "fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, 20 B/param)")
+                        "fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, 20 B/param), fp8-cs (the same "
+                        "with current scaling)")
     p.add_argument("--expert-parallel", type=positive, default=1, help="expert-parallel degree (MoE), divides dp")
     p.add_argument("--cp", type=positive, default=1,
                    help="context-parallel degree (ring attention, Megatron-LM's --context-parallel-size): the "
@@ -126,7 +127,7 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
                       help="samples per micro-batch of one data-parallel replica (default: searched)")
     plan.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
                       help="training precision, as for parplan memory (default bf16; fp8: Transformer Engine's FP8 "
-                           "recipe)")
+                           "recipe; fp8-cs: with current scaling)")
     plan.add_argument("--objective", choices=["min-memory", "max-throughput"], default="min-memory")
     plan.add_argument("--alpha", type=float, default=None,
                       help="min-memory as memory + alpha x time: GiB per device one second of step time is worth")

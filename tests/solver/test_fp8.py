@@ -144,3 +144,17 @@ def test_plan_searches_and_prices_baselines_in_fp8(capsys: pytest.CaptureFixture
     assert f["strategy"] == {**b["strategy"], "precision": "fp8"}
     assert f["memory"]["breakdown"]["parameters"] > b["memory"]["breakdown"]["parameters"]
     assert f["time"]["step_seconds"] < b["time"]["step_seconds"]
+
+
+def test_current_scaling_reads_each_cast_tensor_once_more_and_keeps_the_same_bytes() -> None:
+    """``fp8-cs`` (current scaling: the amax of each tensor before it is cast) prices each cast at 2
+    bytes an element more than ``fp8`` (delayed scaling), forward and backward; memory is the same."""
+    g = _matmul(4096, 2048, 1024)
+    bw = H100.hbm_bandwidth_bytes_per_s * DEFAULT_CALIBRATION.memory_efficiency
+    (f, b), (fcs, bcs) = _passes(g, "y", H100, "fp8"), _passes(g, "y", H100, "fp8-cs")
+    assert fcs - f == pytest.approx(4096 * 2048 * 2 / bw)
+    assert bcs - b == pytest.approx(4096 * 1024 * 2 / bw)
+    delayed, current = get_precision("fp8"), get_precision("fp8-cs")
+    assert (current.param_bytes, current.grad_bytes, current.optimizer_state_bytes, current.activation_bytes) == (
+        delayed.param_bytes, delayed.grad_bytes, delayed.optimizer_state_bytes, delayed.activation_bytes)
+    assert current.matmul_dtype == "fp8" and current.fp8_current_scaling and not delayed.fp8_current_scaling

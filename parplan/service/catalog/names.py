@@ -55,5 +55,5 @@ PresetName = Annotated[str, AfterValidator(_known_preset), WithJsonSchema(
     {"type": "string", "enum": list(PRESETS), "description": "A model preset (GET /v1/models)."})]
 PrecisionName = Annotated[str, AfterValidator(_known_precision), WithJsonSchema(
     {"type": "string", "enum": list(PRECISIONS), "default": "bf16", "description": "Training precision: bf16 "
-     "(Megatron-LM's default), bf16-grad16, fp16, fp16-grad16, fp32, or fp8 (Transformer Engine's FP8 recipe; "
-     "the GPU needs FP8 math)."})]
+     "(Megatron-LM's default), bf16-grad16, fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, "
+     "delayed scaling) or fp8-cs (the same with current scaling); FP8 needs a GPU with FP8 math."})]

@@ -26,6 +26,9 @@ class Precision:
     activation_bytes: int
     compute_dtype: str
     matmul_dtype: str | None = None
+    #: FP8 with current (per-tensor, just-in-time) scaling: each cast first reads its tensor for the
+    #: amax (Transformer Engine's ``Float8CurrentScaling``, Megatron-LM's ``--fp8-recipe tensorwise``)
+    fp8_current_scaling: bool = False
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -68,7 +71,9 @@ FP8_WEIGHT_COPY_BYTES = 2
 #: attention, costs on top; what the other FP8 inputs (the MLP's down projection's, ffn wide, above
 #: all) save is larger, so bf16's count stays above FP8's. The per-tensor scaling state (scale,
 #: inverse scale and an amax history of at most 1,024 fp32 values per GEMM operand: about 20 KB per
-#: linear layer) is far below the copies' over-count and not counted.
+#: linear layer) is far below the copies' over-count and not counted. ``fp8-cs`` is the same with
+#: current scaling (Megatron-LM's ``--fp8-recipe tensorwise``, the "FP8-CS" of NVIDIA's recipes): the
+#: same bytes, each cast reading its tensor once more for the amax (time only).
 PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "bf16": Precision("bf16", 2, 4, 4, 8, 2, "bf16"),
     "bf16-grad16": Precision("bf16-grad16", 2, 2, 4, 8, 2, "bf16"),
@@ -76,6 +81,8 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "fp16-grad16": Precision("fp16-grad16", 2, 2, 4, 8, 2, "fp16"),
     "fp32": Precision("fp32", 4, 4, 0, 8, 4, "fp32"),
     "fp8": Precision("fp8", 2 + FP8_WEIGHT_COPY_BYTES, 4, 4, 8, 2, "bf16", matmul_dtype="fp8"),
+    "fp8-cs": Precision("fp8-cs", 2 + FP8_WEIGHT_COPY_BYTES, 4, 4, 8, 2, "bf16", matmul_dtype="fp8",
+                        fp8_current_scaling=True),
 })
 
 

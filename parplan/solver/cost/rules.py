@@ -187,21 +187,22 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
     bwd = roofline_seconds(backward_flops(node, graph) / work, 2 * traffic, gpu, dt, b_m_eff, b_eff)
     if dt == "fp8" and shape is not None:
         out_shards = output_layout(node, s, mesh, partial).shards(sizes)
-        cast_in, cast_out = _fp8_cast_seconds(node, graph, gpu, ins, out_shards, b_eff, grouped)
+        cast_in, cast_out = _fp8_cast_seconds(node, graph, gpu, ins, out_shards, b_eff, grouped,
+                                              prec.fp8_current_scaling)
         fwd += cast_in
         bwd += cast_out
     return fwd, bwd
 
 
 def _fp8_cast_seconds(node: Node, graph: Graph, gpu: GpuSpec, in_shards: list[int], out_shards: int, b_eff: float,
-                      grouped: bool) -> tuple[float, float]:
+                      grouped: bool, current_scaling: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of an FP8 GEMM's casts, memory-bound kernels apart from it: its
     activation's before the forward (one cast for a group the runtime fuses, shared by its members)
     and its output gradient's before the backward's two GEMMs, each at :func:`fp8_cast_bytes` an
-    element of one device's share. The weight's cast, once a step, and a cast fused into the norm
-    before (Transformer Engine's LayerNormLinear) are not told apart: every activation is cast on
-    its own, an upper bound."""
-    per_elem = fp8_cast_bytes(gpu)
+    element of one device's share (``current_scaling``: with the amax read). The weight's cast, once
+    a step, and a cast fused into the norm before (Transformer Engine's LayerNormLinear) are not told
+    apart: every activation is cast on its own, an upper bound."""
+    per_elem = fp8_cast_bytes(gpu, current_scaling)
     bandwidth = gpu.hbm_bandwidth_bytes_per_s * b_eff
     pos = next((i for i, x in enumerate(node.inputs) if not graph.node(x).is_parameter), 0)
     share = 1 / len(gemm_group(node, graph)) if grouped else 1.0
