@@ -172,7 +172,7 @@ ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 #: - H100/H200 FP8 0.66: *fitted*, not measured: the two-decimal ceiling with the least largest
 #:   |log(predicted / published)| over Megatron-Bridge's five FP8 H100 runs in
 #:   bench/time_model_accuracy.py (0.91x to 1.11x at it), with the FP8 casts around each GEMM priced
-#:   as kernels of their own (:func:`fp8_cast_bytes`; three of the runs use current scaling). Before
+#:   as kernels of their own (:func:`fp8_cast_bytes`; all five runs use current scaling). Before
 #:   2026-11-28 the casts were priced nowhere and 0.60, fitted the same way, absorbed them. Replace
 #:   it by a calibration.
 #: - B200 and GB200 16-bit 0.62 and FP8 0.61: *derived*, not measured on a B200 here. OpenXLA's published B200
