@@ -145,14 +145,13 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
         mb = 1
         assumed.append("micro-batch 1")
     gb = int(r.get("global_batch") or mb * dp)
-    fp8 = any(w in str(r.get("precision") or "").lower() for w in ("fp8", "float8"))
-    fp8_name = "bf16"
+    label = str(r.get("precision") or "").lower()
+    fp8 = any(w in label for w in ("fp8", "float8"))
     # NVIDIA's "FP8-CS" (current scaling, Megatron-LM's --fp8-recipe tensorwise) and torchtitan's
     # tensorwise float8 (dynamic scaling) compute each tensor's amax before casting it
-    current = fp8 and (r.get("fp8_recipe") == "current scaling" or any(
-        w in str(r.get("precision") or "").lower() for w in ("fp8-cs", "tensorwise", "float8 linears")))
-    if fp8:
-        fp8_name = "fp8-cs" if current else "fp8"
+    current = r.get("fp8_recipe") == "current scaling" or any(w in label for w in ("fp8-cs", "tensorwise",
+                                                                                    "float8 linears"))
+    precision = ("fp8-cs" if current else "fp8") if fp8 else "bf16"
     m = max(1, gb // (int(mb) * dp))
     overlap = str(r.get("comm_overlap") or "")
     zero_text = str(r.get("distributed_optimizer_zero") or "").lower()
@@ -218,7 +217,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
                               recompute=recompute, micro_batch=int(mb),
                               num_microbatches=m, schedule=schedule,
                               virtual_stages=v if schedule is Schedule.INTERLEAVED else 1,
-                              precision=fp8_name, cp=cp, runtime=runtime,
+                              precision=precision, cp=cp, runtime=runtime,
                               tp_comm_overlap=tp_overlap and tp > 1,
                               overlap_param_gather=param_overlap and dp > 1, flash_attention=flash,
                               overlap_grad_reduce=grad_overlap)
@@ -257,7 +256,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     strategy = e.strategy
     published = float(r.get("step_seconds") or r["step_seconds_derived"])
     return {"source": r["source"], "params": r["params"], "gpus": gpus, "gpu": gpu,
-            "layout": strategy.describe() + (f" {fp8_name}" if fp8 else ""), "published_s": published,
+            "layout": strategy.describe() + (f" {precision}" if fp8 else ""), "published_s": published,
             "published_kind": "printed" if r.get("step_seconds") else "derived",
             "predicted_s": e.time.step_seconds, "ratio": e.time.step_seconds / published,
             "assumed": ", ".join(assumed), "remark": remark, "stand_in": stand_in, "runtime": runtime.value}
