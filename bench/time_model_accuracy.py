@@ -152,6 +152,10 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     current = r.get("fp8_recipe") == "current scaling" or any(w in label for w in ("fp8-cs", "tensorwise",
                                                                                     "float8 linears"))
     precision = ("fp8-cs" if current else "fp8") if fp8 else "bf16"
+    if "--fp16" in label:
+        # Megatron-LM of 2021 kept fp16 runs' gradients, and all-reduced them, in fp16 unless told
+        # otherwise (--accumulate-allreduce-grads-in-fp32); a row says which (grad_reduce_dtype)
+        precision = "fp16-grad16" if r.get("grad_reduce_dtype") == "fp16" else "fp16"
     m = max(1, gb // (int(mb) * dp))
     overlap = str(r.get("comm_overlap") or "")
     zero_text = str(r.get("distributed_optimizer_zero") or "").lower()
@@ -208,8 +212,18 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     if not flash:
         assumed.append("no flash attention (scores written to HBM)")
     grad_overlap = not (runtime is Runtime.MEGATRON and dp > 1 and str(r["source"]).startswith(_BEFORE_GRAD_OVERLAP))
+    if r.get("ddp_impl") == "torch" and dp > 1:
+        # --DDP-impl torch: PyTorch's DistributedDataParallel all-reduces its gradient buckets during
+        # the (last micro-batch's) backward
+        grad_overlap = True
+        assumed.append("gradients all-reduced during the backward (--DDP-impl torch)")
     if not grad_overlap:
         assumed.append("gradients reduced after the last backward (the trainer had no overlap then)")
+
+    # Megatron-LM of February 2021 to January 2023 split a hand-off over the TP ranks (its default then)
+    scatter_gather = bool(r.get("scatter_gather_optimization")) and runtime is Runtime.MEGATRON and pp > 1
+    if scatter_gather and tp > 1 and not sp:
+        assumed.append("pipeline hand-offs split over TP and all-gathered (Megatron-LM's scatter/gather of 2021-22)")
 
     def layout(recompute: Recompute) -> ParallelConfig:
         return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0,
@@ -220,7 +234,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
                               precision=precision, cp=cp, runtime=runtime,
                               tp_comm_overlap=tp_overlap and tp > 1,
                               overlap_param_gather=param_overlap and dp > 1, flash_attention=flash,
-                              overlap_grad_reduce=grad_overlap)
+                              overlap_grad_reduce=grad_overlap, pp_scatter_gather=scatter_gather)
 
     # GPUs a node shares NVLink among: eight in every DGX/HGX server; a row says where its NVLink domain
     # differs (GB200 NVL72 racks, of which Megatron-Bridge's scripts use 64 GPUs)

@@ -112,6 +112,10 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
     p.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="time only: Megatron-LM without --overlap-grad-reduce (runtime megatron): the gradient "
                         "reduction runs after the backward instead of under it")
+    p.add_argument("--pp-scatter-gather", action="store_true",
+                   help="time only: Megatron-LM's pipeline hand-offs of 2021-22 (its default from February 2021 "
+                        "until the move into Megatron-Core in January 2023; runtime megatron): without sequence "
+                        "parallelism each TP rank sends 1/tp of the activation, all-gathered over TP after")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -175,7 +179,8 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         sync_every_microbatch=args.sync_every_microbatch, cp=cp, cp_comm=getattr(args, "cp_comm", "p2p"),
         tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
-        overlap_grad_reduce=not getattr(args, "no_overlap_grad_reduce", False))
+        overlap_grad_reduce=not getattr(args, "no_overlap_grad_reduce", False),
+        pp_scatter_gather=getattr(args, "pp_scatter_gather", False))
     return model, cluster, strategy
 
 

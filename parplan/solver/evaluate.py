@@ -56,6 +56,7 @@ class Evaluation:
                 "expert_parallel": s.expert_parallel, "runtime": s.runtime.value,
                 "sync_every_microbatch": s.sync_every_microbatch, "tp_comm_overlap": s.tp_comm_overlap,
                 "overlap_param_gather": s.overlap_param_gather, "overlap_grad_reduce": s.overlap_grad_reduce,
+                "pp_scatter_gather": s.pp_scatter_gather,
                 "summary": s.describe(),
             },
             "memory": {

@@ -92,6 +92,10 @@ class ParallelConfig:
     #: gradients reduced under the backward, bucket by bucket (Megatron-LM's ``--overlap-grad-reduce``,
     #: and what every other runtime does); false: Megatron-LM without the flag, after the backward
     overlap_grad_reduce: bool = True
+    #: Megatron-LM's pipeline hand-offs of February 2021 to January 2023 (its default then; the
+    #: option left with the move into Megatron-Core): without sequence parallelism each TP rank
+    #: sends its 1/tp share of the activation to the next stage, which all-gathers it over TP
+    pp_scatter_gather: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel",
@@ -109,6 +113,8 @@ class ParallelConfig:
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce)
+        if self.pp_scatter_gather and self.runtime is not Runtime.MEGATRON:
+            raise StrategyError(f"pp_scatter_gather is a Megatron-LM setting; runtime is {self.runtime}")
         if self.schedule is Schedule.INTERLEAVED:
             if self.pp == 1:
                 raise StrategyError("the interleaved schedule needs pp > 1")
@@ -154,6 +160,8 @@ class ParallelConfig:
             parts.append("overlap-param-gather")
         if not self.overlap_grad_reduce:
             parts.append("no-overlap-grad-reduce")
+        if self.pp_scatter_gather:
+            parts.append("pp-scatter-gather")
         return " ".join(parts)
 
 

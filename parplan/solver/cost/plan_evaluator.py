@@ -38,6 +38,7 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.collectives import (
     DataParallelTraffic,
+    all_gather_seconds,
     all_reduce_seconds,
     all_to_all_seconds,
     data_parallel_seconds,
@@ -126,6 +127,7 @@ class LayerPlan:
     tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap: TP collectives under the unit's GEMMs
     overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather: weight all-gather under forward
     overlap_grad_reduce: bool = True  # gradients reduced under the backward (false: Megatron-LM without the flag)
+    pp_scatter_gather: bool = False  # Megatron-LM of 2021-22: hand-offs split over TP, all-gathered after
     _devices: int = field(default=0, compare=False)
 
     def local_batch(self, s: LayerStrategy) -> int:
@@ -311,7 +313,8 @@ def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
     priced the same)."""
     return (plan.pp, plan.num_microbatches, plan.global_batch, plan.partition, plan.schedule, plan.virtual_stages,
             plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
-            plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, tuple(plan.layers.items()))
+            plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, plan.pp_scatter_gather,
+            tuple(plan.layers.items()))
 
 
 class PlanEvaluator:
@@ -643,7 +646,8 @@ class PlanEvaluator:
         (as ``names``) and their strategies."""
         return (plan.pp, plan.num_microbatches, plan.global_batch, plan.schedule, plan.virtual_stages,
                 plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
-                plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, where, names,
+                plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, plan.pp_scatter_gather,
+                where, names,
                 tuple([(strat[u], u in plan.layers) for u in units]))
 
     def _stage_time_key(self, plan: LayerPlan, stage: int, units: list[str],
@@ -905,8 +909,17 @@ class PlanEvaluator:
             link = self.mesh(plan, first).hop_link("pp", self.cluster)
             boundary = gc.boundary_bytes(units, lambda x: unit_stage.get(x, 0), stage,
                                          first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
-            p2p = sum(2 * p2p_seconds(b, link) for b in boundary)
+            p2p = sum(2 * self._handoff_seconds(plan, first, b, link) for b in boundary)
         return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, cp_exposed, ep)
+
+    def _handoff_seconds(self, plan: LayerPlan, s: LayerStrategy, nbytes: float, link: Link) -> float:
+        """Seconds of one pipeline hand-off of ``nbytes`` per device over ``link``. Under
+        ``plan.pp_scatter_gather`` a tensor every TP rank holds whole (no sequence parallelism)
+        travels as ``tp`` shares, each rank sending its own, and is all-gathered over TP after."""
+        if not (plan.pp_scatter_gather and s.tp > 1 and not s.sp):
+            return p2p_seconds(nbytes, link)
+        tp_link = self.mesh(plan, s).group_link(("tp",), self.cluster)
+        return p2p_seconds(nbytes / s.tp, link) + all_gather_seconds(s.tp, nbytes, tp_link)
 
     def _unit_time_parts(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision,
                          synced: set[str]) -> tuple[float, float, float, float, float, float, float, float, float]:
