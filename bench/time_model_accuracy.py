@@ -14,7 +14,10 @@ the trainers of 2021-22 run without flash attention. FP8 rows are priced with pa
 with a weight at the fp8 peak), context-parallel rows with their ``cp``; Megatron-LM rows that state
 ``--tp-comm-overlap`` / ``--overlap-param-gather`` with those options; Megatron-LM rows of 2021-22 with
 their gradients reduced after the backward (no ``--overlap-grad-reduce`` then; BLOOM's DeepSpeed pipeline
-alike). The rows left out, and why, are
+alike) unless the row ran PyTorch's DDP (``ddp_impl`` torch), ``--fp16`` rows with their gradients in
+fp16 where the row says so (``grad_reduce_dtype``), and Megatron-LM's pipeline hand-offs of 2021-22
+split over the TP ranks where the row says so (``scatter_gather_optimization``: ``pp_scatter_gather``).
+The rows left out, and why, are
 listed after the table: runs without a step time, or on a GPU without a preset. Runs on a GPU with no
 preset that a preset stands in for (torchtitan's 500 W HBM2e H100s, priced as the SXM H100) are
 priced and shown in a table of their own, not counted.
