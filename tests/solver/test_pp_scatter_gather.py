@@ -5,11 +5,16 @@ The oracle is the α-β closed form written out by hand with the A100 preset's l
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from parplan.solver.cluster import make_cluster
+from parplan.solver.cost.plan_evaluator import shared_evaluator
+from parplan.solver.cost.plan_memory import layer_plan
 from parplan.solver.cost.plan_time import plan_time
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
@@ -46,3 +51,8 @@ def test_pp_scatter_gather_is_megatron_lms() -> None:
     with pytest.raises(StrategyError):
         ParallelConfig(tp=2, pp=2, pp_scatter_gather=True, runtime=Runtime.TORCH)
     assert "pp-scatter-gather" in ParallelConfig(tp=2, pp=2, pp_scatter_gather=True).describe()
+    # a per-layer plan, which the searches and the exports' importer build directly, is checked alike
+    g = build_graph(TransformerConfig("gpt", "t", 4, 256, 4, 1024, 1000, 128), batch=1)
+    plan = dataclasses.replace(layer_plan(g, ParallelConfig(tp=2, pp=2, runtime=Runtime.TORCH)), pp_scatter_gather=True)
+    with pytest.raises(StrategyError):
+        shared_evaluator(GraphCosts(g), make_cluster(4, 4, "A100-80GB")).time(plan)
