@@ -34,14 +34,17 @@ class Schedule(StrEnum):
 
 
 def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,
-                   zero: int, overlap_grad_reduce: bool = True) -> None:
+                   zero: int, overlap_grad_reduce: bool = True, pp_scatter_gather: bool = False) -> None:
     """StrategyError unless Megatron-LM would accept the overlap options: all are its own (runtime
-    ``megatron``; every other runtime reduces gradients under the backward); ``--tp-comm-overlap``
+    ``megatron``; every other runtime reduces gradients under the backward; ``pp_scatter_gather``, its
+    pipeline hand-offs of 2021-22, too); ``--tp-comm-overlap``
     needs sequence parallelism (Transformer Engine overlaps the all-gathers and reduce-scatters it
     brings), ``--overlap-param-gather`` the distributed optimizer (ZeRO-1 or 2: there is an
     all-gather of updated weights to overlap) and ``--overlap-grad-reduce``."""
     if (tp_comm_overlap or overlap_param_gather) and runtime is not Runtime.MEGATRON:
         raise StrategyError(f"tp_comm_overlap and overlap_param_gather are Megatron-LM options; runtime is {runtime}")
+    if pp_scatter_gather and runtime is not Runtime.MEGATRON:
+        raise StrategyError(f"pp_scatter_gather is a Megatron-LM setting; runtime is {runtime}")
     if not overlap_grad_reduce and runtime is not Runtime.MEGATRON:
         raise StrategyError(f"overlap_grad_reduce false is a Megatron-LM setting (no --overlap-grad-reduce); "
                             f"runtime {runtime} reduces gradients under the backward")
@@ -112,9 +115,7 @@ class ParallelConfig:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
-                       self.overlap_grad_reduce)
-        if self.pp_scatter_gather and self.runtime is not Runtime.MEGATRON:
-            raise StrategyError(f"pp_scatter_gather is a Megatron-LM setting; runtime is {self.runtime}")
+                       self.overlap_grad_reduce, self.pp_scatter_gather)
         if self.schedule is Schedule.INTERLEAVED:
             if self.pp == 1:
                 raise StrategyError("the interleaved schedule needs pp > 1")

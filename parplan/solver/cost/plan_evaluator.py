@@ -460,12 +460,11 @@ class PlanEvaluator:
         if self._cluster is not None and n != self._cluster.num_devices:
             with_cp = " x cp" if any(s.cp > 1 for s in plan.layers.values()) else ""
             raise StrategyError(f"tp{with_cp} x dp x pp = {n} does not match the {self._cluster.num_devices} devices")
-        if plan.pp_scatter_gather and plan.runtime is not Runtime.MEGATRON:
-            raise StrategyError(f"pp_scatter_gather is a Megatron-LM setting; runtime is {plan.runtime}")
-        overlaps = plan.tp_comm_overlap or plan.overlap_param_gather or not plan.overlap_grad_reduce
+        overlaps = (plan.tp_comm_overlap or plan.overlap_param_gather or not plan.overlap_grad_reduce
+                    or plan.pp_scatter_gather)
         for s in set(plan.layers.values()) if overlaps else ():
             check_overlaps(plan.runtime, plan.tp_comm_overlap, plan.overlap_param_gather, s.sp or s.tp == 1,
-                           s.zero if s.data_ranks > 1 else 1, plan.overlap_grad_reduce)
+                           s.zero if s.data_ranks > 1 else 1, plan.overlap_grad_reduce, plan.pp_scatter_gather)
         for u, s in plan.layers.items():
             if s.sp and s.tp == 1:
                 raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
