@@ -242,17 +242,20 @@ XLA_TO_SUSTAINED = _H100_GEMM / 0.873
 #: The lent H100's sustained bf16 GEMM ceiling over the same GPU's entry in Bekman's matmul table,
 #: 792.1 of 989 TFLOP/s (CUDA 12.1): how much of that table's burst rate a GEMM keeps in training.
 MAMF_TO_SUSTAINED = _H100_GEMM / (792.1 / 989)
-#: Bekman's table's burst fractions of the dense 16-bit peaks (A100 SXM, CUDA 12.1; MI300X, ROCm 6.2).
-_MAMF_CEILINGS = {"A100": 267.9 / 312, "MI300X": 781.9 / 1300}
-
-
-def _sustained(family: str) -> dict[str, float]:
-    """``family``'s 16-bit GEMM ceilings: Bekman's burst fraction times :data:`MAMF_TO_SUSTAINED`."""
-    c = round(_MAMF_CEILINGS[family] * MAMF_TO_SUSTAINED, 2)
-    return {"bf16": c, "fp16": c}
-
 
 _B200_XLA_CEILINGS = {"bf16": 0.733, "fp16": 0.733, "fp8": 0.718}  # bench/kernel_model_accuracy.py
+
+
+def _sustained(burst: Mapping[str, float], ratio: float) -> dict[str, float]:
+    """GEMM ceilings by dtype from a published table's burst ones: each times ``ratio`` (the share of
+    that table's H100 figure the lent H100 sustained), at two decimals."""
+    return {k: round(v * ratio, 2) for k, v in burst.items()}
+
+
+def _sixteen_bit(fraction: float) -> dict[str, float]:
+    """The same fraction for bf16 and fp16 (the same tensor-core rate)."""
+    return {"bf16": fraction, "fp16": fraction}
+
 _HOPPER = _spec(132, {"bf16": _H100_GEMM, "fp16": _H100_GEMM, "tf32": _H100_GEMM, "fp8": _H100_FP8, "fp32": 0.77},
                 {"fused": H100_CUDNN, "sdpa": H100_SDPA}, 24, _H100_TORCH_MEMORY, fp8_transposes=True)
 #: Transformer Engine's fused attention on Blackwell (cuDNN's flash kernels), bf16, causal, from NVIDIA's
@@ -264,15 +267,17 @@ _HOPPER = _spec(132, {"bf16": _H100_GEMM, "fp16": _H100_GEMM, "tf32": _H100_GEMM
 #: is not published: the curve's one head dim stands for every head dim.
 BLACKWELL_CUDNN = AttentionCurve(MappingProxyType({128: 0.72}), MappingProxyType({128: 0.49}),
                                  fill_forward=1500.0, fill_backward=1700.0)
-_B200 = _spec(148, {k: round(v * XLA_TO_SUSTAINED, 2) for k, v in _B200_XLA_CEILINGS.items()},
+_B200 = _spec(148, _sustained(_B200_XLA_CEILINGS, XLA_TO_SUSTAINED),
               {"fused": BLACKWELL_CUDNN})
 KERNELS: Mapping[str, KernelSpec] = MappingProxyType({
-    "A100": _spec(108, _sustained("A100"), {"fused": flat_attention(0.60), "sdpa": flat_attention(0.60)}, 24),
+    # Bekman's burst fractions of the dense 16-bit peaks (A100 SXM, CUDA 12.1; MI300X, ROCm 6.2)
+    "A100": _spec(108, _sustained(_sixteen_bit(267.9 / 312), MAMF_TO_SUSTAINED),
+                  {"fused": flat_attention(0.60), "sdpa": flat_attention(0.60)}, 24),
     "H100": _HOPPER,
     "H200": _HOPPER,  # the same chip and clocks, not measured
     "B200": _B200,
     "GB200": _B200,  # the same chip (sm_100), run at 1,200 W: its peaks are higher, the fractions the same
-    "MI300X": _spec(304, _sustained("MI300X"), {}),
+    "MI300X": _spec(304, _sustained(_sixteen_bit(781.9 / 1300), MAMF_TO_SUSTAINED), {}),
     "V100": _spec(80, {}, {}),
     "L4": _spec(58, {}, {}, fp8_transposes=True),
     "RTX-4090": _spec(128, {}, {}, fp8_transposes=True),
