@@ -273,7 +273,7 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     strategy = e.strategy
     published = float(r.get("step_seconds") or r["step_seconds_derived"])
     return {"source": r["source"], "params": r["params"], "gpus": gpus, "gpu": gpu,
-            "layout": strategy.describe() + (f" {precision}" if fp8 else ""), "published_s": published,
+            "layout": strategy.describe() + (f" {precision}" if precision != "bf16" else ""), "published_s": published,
             "published_kind": "printed" if r.get("step_seconds") else "derived",
             "predicted_s": e.time.step_seconds, "ratio": e.time.step_seconds / published,
             "assumed": ", ".join(assumed), "remark": remark, "stand_in": stand_in, "runtime": runtime.value}
