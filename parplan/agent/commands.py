@@ -81,19 +81,24 @@ def _device(kind: str | None) -> str:
     return kind
 
 
-def measure_validation(validation: dict[str, Any], device: str, max_procs: int, hardware_key: str) -> dict[str, Any]:
+def measure_validation(validation: dict[str, Any], device: str, max_procs: int, hardware_key: str,
+                       diagnose: bool = False) -> dict[str, Any]:
     """Run a validation's plan (per-operator plans as planned, uniform ones shrunk when they must
-    be) and return its ``measurement``: per rank measured and predicted memory, the worst error."""
+    be) and return its ``measurement``: per rank measured and predicted memory, the worst error;
+    with ``diagnose``, each rank's ``measured.contents`` too (what was alive at each category's peak)."""
     from parplan.agent.plans import spec_for_validation
     from parplan.agent.validate import measurement_of, run_and_compare
 
     if ((validation.get("plan") or {}).get("strategy") or {}).get("kind") == "intra-operator":
         from parplan.agent.ilp_validate import measurement_for_validation
 
-        return measurement_for_validation(validation, device, max_procs, hardware_key)
-    spec = spec_for_validation(validation, max_procs)
+        return measurement_for_validation(validation, device, max_procs, hardware_key, diagnose)
+    spec = spec_for_validation(validation, max_procs, diagnose)
     comparison = run_and_compare([spec], device)[0]
     out = measurement_of(comparison, hardware_key)
+    for rank, r in zip(out["ranks"], comparison["ranks"], strict=True):
+        if "contents" in r["measured"]:
+            rank["measured"]["contents"] = r["measured"]["contents"]
     out["config"]["shrunk_from"] = spec.extra["original_model"] if spec.extra.get("shrunk") else None
     out["config"]["notes"] = spec.extra.get("notes", [])
     out["config"]["requested"] = spec.extra.get("requested")
@@ -125,7 +130,7 @@ def _validate_plan_file(args: argparse.Namespace) -> int:
     device = _device(args.device)
     validation = {"id": Path(args.plan).name, "plan": doc, "request": {"model": {"architecture": arch}}}
     try:
-        m = measure_validation(validation, device, args.max_procs, hardware(device)["key"])
+        m = measure_validation(validation, device, args.max_procs, hardware(device)["key"], args.diagnose)
     except LaunchError as e:
         print(f"parplan validate: the run failed: {e}", file=sys.stderr)
         return 1
@@ -134,10 +139,22 @@ def _validate_plan_file(args: argparse.Namespace) -> int:
     else:
         print(f"plan      {doc['strategy'].get('summary', '')}  ({args.plan})")
         _print_peaks(m["ranks"], lambda r: r["relative_error"]["peak_bytes"], 2)
+        if args.diagnose:
+            _print_contents(m["ranks"])
         print(f"worst |error| {m['max_relative_error']:.1%}; results "
               + {True: "match a single-process run", False: "DO NOT match a single-process run",
                  None: "not checked"}[m.get("correct")])
     return 0 if m.get("correct") in (True, None) else 1
+
+
+def _print_contents(ranks: list[dict[str, Any]]) -> None:
+    """What the most loaded rank held at each category's peak (``--diagnose``): its largest storages
+    (MiB, the operator that made each)."""
+    r = max(ranks, key=lambda x: x["measured"]["peak_bytes"])
+    for category, summary in (r["measured"].get("contents") or {}).items():
+        print(f"rank {r['rank']} at its {category} peak:")
+        for row in summary.get("largest", []):
+            print(f"  {row[0] / MIB:9.3f} MiB  {row[1]}")
 
 
 def _print_peaks(ranks: list[dict[str, Any]], error_of: Callable[[dict[str, Any]], float], digits: int) -> None:

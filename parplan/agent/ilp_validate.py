@@ -145,7 +145,7 @@ def run_and_compare_spec(spec: IlpRunSpec, predicted: dict[str, Any], summary: s
 
 
 def measurement_for_validation(validation: dict[str, Any], device_kind: str, max_procs: int,
-                               hardware_key: str) -> dict[str, Any]:
+                               hardware_key: str, diagnose: bool = False) -> dict[str, Any]:
     """The ``measurement`` of a claimed validation whose plan is an ILP plan.
 
     ILP plans run as planned, not shrunk (their strategies are per operator and per shape): the
@@ -163,7 +163,7 @@ def measurement_for_validation(validation: dict[str, Any], device_kind: str, max
         raise StrategyError(f"the plan's mesh {mesh} needs more than the {max_procs} processes this agent runs")
     seq = int((plan.get("model") or {}).get("seq_len") or cfg.seq_len)
     result = run_and_compare_plan(cfg, plan, int(strategy["micro_step_batch"]), seq, device_kind,
-                                  label=f"validation {validation.get('id', '')}")
+                                  label=f"validation {validation.get('id', '')}", diagnose=diagnose)
     ranks = []
     for r in result["ranks"]:
         pred = r["predicted"]

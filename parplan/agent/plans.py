@@ -161,8 +161,9 @@ def strategy_of_plan(plan: dict[str, Any]) -> ParallelConfig:
         raise ConfigError(f"plan strategy is incomplete or invalid: {e}") from None
 
 
-def spec_for_validation(validation: dict[str, Any], max_procs: int) -> RunSpec:
-    """The run for a claimed validation (its ``plan``, ``request`` and ``shrink``)."""
+def spec_for_validation(validation: dict[str, Any], max_procs: int, diagnose: bool = False) -> RunSpec:
+    """The run for a claimed validation (its ``plan``, ``request`` and ``shrink``); ``diagnose``: also
+    record what is alive at each category's peak."""
     plan = validation.get("plan") or {}
     request = validation.get("request") or {}
     cfg = model_of_request(request)
@@ -174,4 +175,5 @@ def spec_for_validation(validation: dict[str, Any], max_procs: int) -> RunSpec:
     layers = (shrink or {}).get("layers")
     hidden = (shrink or {}).get("hidden")
     return spec_for(cfg, strategy, int(seq) if seq else None, shrink=do_shrink, shrink_layers=layers,
-                    shrink_hidden=hidden, max_procs=max_procs, label=f"validation {validation.get('id', '')}")
+                    shrink_hidden=hidden, max_procs=max_procs, label=f"validation {validation.get('id', '')}",
+                    diagnose=diagnose)
