@@ -177,7 +177,10 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
 
     # ----------------------------------------------------------------- peaks
     def _update_peak_stats(self, peak_state: Any) -> None:
-        if peak_state is not None:
+        # Per-module peaks (MemTracker's walk over every tracked module at every operator, an eighth
+        # of a tracked step's time) are read only by :meth:`module_peaks`, i.e. with ``diagnose``;
+        # the device's peak below is MemTracker's own rule either way.
+        if peak_state is not None and self._diagnose:
             super()._update_peak_stats(peak_state)
         else:
             for dev, snap in self._curr_mem_snap.items():
