@@ -60,12 +60,19 @@ UNDER = 0.02
 #: matter of scheduling, so no rule of the model bounds it; the cost model keeps FSDP2's own
 #: schedule (runtime ``torch-cpu`` holds FSDP2's buffers as ``torch`` does), and the bound below is the emulated worst
 #: case plus a margin. NCCL is not known to do this (FSDP2 on a GPU frees its buffers on the
-#: caller's thread, stream-ordered); unmeasured: no multi-GPU machine yet.
+#: caller's thread, stream-ordered); unmeasured: no multi-GPU machine yet. The same hold, with TP 2
+#: and ZeRO-3 over 2 (2026-11-29): ``llama-tiny/tp2-zero3-dp2-sp/none`` measured +3.48% in one CI run
+#: (+1.96% alone, every time); the emulation gives +3.48% (to the digit of the failing run) and
+#: +2.84% for the GPT spec (+0.27% alone).
 KNOWN_GAPS: dict[str, tuple[float, str]] = {
     "gpt-tiny/zero3-dp4/none": (0.05, "G15: gloo may hold a finished all-gather's output (a gathered "
                                        "block); +4.35% emulated (bench/gloo_held_gathers.py)"),
     "llama-tiny/zero3-dp4/none": (0.06, "G15: gloo may hold a finished all-gather's output (a gathered "
                                         "block); +4.84% emulated (bench/gloo_held_gathers.py)"),
+    "gpt-tiny/tp2-zero3-dp2-sp/none": (0.04, "G15: gloo may hold a finished all-gather's output (a gathered "
+                                             "block); +2.84% emulated (bench/gloo_held_gathers.py's emulation)"),
+    "llama-tiny/tp2-zero3-dp2-sp/none": (0.045, "G15: gloo may hold a finished all-gather's output (a gathered "
+                                                "block); +3.48% emulated (bench/gloo_held_gathers.py's emulation)"),
 }
 
 FULL = os.environ.get("PARPLAN_AGENT_MATRIX", "") == "full"
