@@ -70,9 +70,9 @@ KNOWN_GAPS: dict[str, tuple[float, str]] = {
     "llama-tiny/zero3-dp4/none": (0.06, "G15: gloo may hold a finished all-gather's output (a gathered "
                                         "block); +4.84% emulated (bench/gloo_held_gathers.py)"),
     "gpt-tiny/tp2-zero3-dp2-sp/none": (0.04, "G15: gloo may hold a finished all-gather's output (a gathered "
-                                             "block); +2.84% emulated (bench/gloo_held_gathers.py's emulation)"),
+                                             "block); +2.84% emulated (bench/gloo_held_gathers.py)"),
     "llama-tiny/tp2-zero3-dp2-sp/none": (0.045, "G15: gloo may hold a finished all-gather's output (a gathered "
-                                                "block); +3.48% emulated (bench/gloo_held_gathers.py's emulation)"),
+                                                "block); +3.48% emulated (bench/gloo_held_gathers.py)"),
 }
 
 FULL = os.environ.get("PARPLAN_AGENT_MATRIX", "") == "full"
