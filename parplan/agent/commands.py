@@ -96,9 +96,6 @@ def measure_validation(validation: dict[str, Any], device: str, max_procs: int, 
     spec = spec_for_validation(validation, max_procs, diagnose)
     comparison = run_and_compare([spec], device)[0]
     out = measurement_of(comparison, hardware_key)
-    for rank, r in zip(out["ranks"], comparison["ranks"], strict=True):
-        if "contents" in r["measured"]:
-            rank["measured"]["contents"] = r["measured"]["contents"]
     out["config"]["shrunk_from"] = spec.extra["original_model"] if spec.extra.get("shrunk") else None
     out["config"]["notes"] = spec.extra.get("notes", [])
     out["config"]["requested"] = spec.extra.get("requested")

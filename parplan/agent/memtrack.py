@@ -177,9 +177,9 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
 
     # ----------------------------------------------------------------- peaks
     def _update_peak_stats(self, peak_state: Any) -> None:
-        # Per-module peaks (MemTracker's walk over every tracked module at every operator, an eighth
-        # of a tracked step's time) are read only by :meth:`module_peaks`, i.e. with ``diagnose``;
-        # the device's peak below is MemTracker's own rule either way.
+        # Per-module peaks (MemTracker's walk over every tracked module at every operator: 8 matrix
+        # runs took 31.6 s with it, 24.6 s without) are read only by :meth:`module_peaks`, i.e. with
+        # ``diagnose``; the device's peak below is MemTracker's own rule either way.
         if peak_state is not None and self._diagnose:
             super()._update_peak_stats(peak_state)
         else:

@@ -226,13 +226,15 @@ def hardware(device_kind: str = "cpu") -> dict[str, Any]:
 
 
 def measurement_of(comparison: dict[str, Any], hardware_key: str) -> dict[str, Any]:
-    """The ``measurement`` of a ``POST /v1/validations/{id}/result`` body."""
+    """The ``measurement`` of a ``POST /v1/validations/{id}/result`` body (with each rank's
+    ``measured.contents`` where the run was diagnosed)."""
     return {
         "hardware_key": hardware_key,
         "ranks": [{"rank": r["rank"], "stage": r["stage"], "coords": r["coords"],
                    "measured": {"peak_bytes": r["measured"]["peak_bytes"],
                                 "breakdown": r["measured"]["breakdown"],
-                                "at_peak": r["measured"]["at_peak"]},
+                                "at_peak": r["measured"]["at_peak"],
+                                **({"contents": r["measured"]["contents"]} if "contents" in r["measured"] else {})},
                    "predicted": r["predicted"], "relative_error": r["relative_error"],
                    **({"check": r["check"]} if "check" in r else {})}
                   for r in comparison["ranks"]],
