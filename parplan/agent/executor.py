@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import os
 import statistics
 import time
@@ -225,6 +226,25 @@ class Reference:
     loss: float
     grads: dict[str, torch.Tensor]
     loss_after_step: float
+
+
+#: This process's references by model, seed and batch: a launch runs its specs one after another in
+#: the same processes, and specs of one model and batch (the matrix's strategies) share a reference.
+#: Kept on the CPU, so a CUDA run's measured memory never holds one.
+_REFERENCES: dict[tuple[str, int, bytes], Reference] = {}
+
+
+def reference_for(cfg: TransformerConfig, tokens: torch.Tensor, labels: torch.Tensor, seed: int) -> Reference:
+    """:func:`reference`, computed once per process for each model, seed and batch."""
+    digest = hashlib.sha256()
+    for t in (tokens, labels):
+        digest.update(repr((t.dtype, tuple(t.shape))).encode())
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    key = (repr(cfg), seed, digest.digest())
+    if key not in _REFERENCES:
+        ref = reference(cfg, tokens, labels, seed)
+        _REFERENCES[key] = Reference(ref.loss, {n: g.cpu() for n, g in ref.grads.items()}, ref.loss_after_step)
+    return _REFERENCES[key]
 
 
 def reference(cfg: TransformerConfig, tokens: torch.Tensor, labels: torch.Tensor, seed: int) -> Reference:
@@ -588,7 +608,7 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
         "attention_kernel": attention_kernel(device, 0.1 if runner.cfg.family == "gpt" else 0.0),
     }
     if spec.check:
-        ref = reference(runner.cfg, runner.global_tokens, runner.global_labels, spec.seed)
+        ref = reference_for(runner.cfg, runner.global_tokens, runner.global_labels, spec.seed)
         out["check"] = runner.check(ref)
         # the check ran the first steps: measure a fresh copy's, as a run that starts now runs them
         del runner, ref
