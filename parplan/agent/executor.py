@@ -230,7 +230,8 @@ class Reference:
 
 #: This process's references by model, seed and batch: a launch runs its specs one after another in
 #: the same processes, and specs of one model and batch (the matrix's strategies) share a reference.
-#: Kept on the CPU, so a CUDA run's measured memory never holds one.
+#: Kept on the CPU, so a CUDA run's measured memory never holds one; on the CPU the tracker counts
+#: only the registered states and what the tracked step makes, not a reference kept from before.
 _REFERENCES: dict[tuple[str, int, bytes], Reference] = {}
 
 
