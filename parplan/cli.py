@@ -1,4 +1,4 @@
-"""The ``parplan`` command line: ``memory``, ``plan``, ``export`` and ``models`` (DESIGN.md's CLI contract).
+"""The ``parplan`` command line: ``memory``, ``plan``, ``export`` and ``models`` (docs/design.md's CLI contract).
 
 Every command prints a readable table, or one JSON document on stdout with ``--json``. Bad
 arguments, unknown models and strategies that do not fit the devices exit with status 2 and a
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="whose buffers to count: megatron (default), torch (PyTorch-native DTensor/FSDP2 on "
                           "GPUs), torch-cpu (the same with CPU kernels), interpreter-cpu (the agent's per-operator "
                           "plan interpreter on CPUs), deepspeed, torchtitan (torchtitan's trainer) or "
-                          "torchtitan-cpu; see README")
+                          "torchtitan-cpu; see docs/concepts.md")
     mem.set_defaults(handler=cmd_memory)
     plan = sub.add_parser("plan", help="search for a parallelism plan", description="Search for the plan that fits "
                           "with the least redundant memory (or the fastest one), with baselines.")

@@ -148,7 +148,7 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
                            "both; slower: every candidate's budget ladder is walked)")
     plan.add_argument("--target", choices=[t.value for t in Target], default="any",
                       help="the trainer the plan is for: only what it runs, priced with its buffers, against its "
-                           "own baseline (default any; see README)")
+                           "own baseline (default any; see docs/plan-to-launch.md)")
     plan.add_argument("--export", metavar="DIR", default=None,
                       help="also write the plan for --target into DIR (its config files and launch lines)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
@@ -185,7 +185,7 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
 
 
 def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The HTTP request body (DESIGN.md's shape) equivalent to ``parplan plan`` arguments."""
+    """The HTTP request body (docs/design.md's shape) equivalent to ``parplan plan`` arguments."""
     return plan_request_and_model(args)[0]
 
 

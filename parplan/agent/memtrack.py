@@ -18,7 +18,7 @@ categories mean:
 - ``temporary``: every other storage created during the step (gradients of activations, gathered
   ZeRO-3 weights, communication buffers, recomputed activations, workspace), and the receive
   buffers ``torch.distributed.pipelining`` allocates once per micro-batch before the step
-  (communication buffers, DESIGN.md's definition of temporary; registered as resident, so a
+  (communication buffers, docs/design.md's definition of temporary; registered as resident, so a
   received activation that autograd saves stays there);
 - ``other``: resident storages that are none of the above (module buffers such as RoPE tables).
 

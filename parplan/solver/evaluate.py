@@ -1,7 +1,7 @@
 """Evaluate one uniform strategy: memory per stage and device, step time, as one report.
 
 This is what ``parplan memory`` prints and what the searches call for every candidate and
-baseline. The JSON keys are part of the public contract (DESIGN.md).
+baseline. The JSON keys are part of the public contract (docs/design.md).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Evaluation:
         return self.memory.peak_bytes <= self.cluster.device_memory_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-able data (keys per DESIGN.md's contract)."""
+        """The report as JSON-able data (keys per docs/design.md's contract)."""
         peak = self.memory.peak_stage
         s = self.strategy
         return {

@@ -1,9 +1,9 @@
 """Plan requests: parse and validate them (cheap, safe in a request path), and solve them.
 
-``parse_plan_request`` takes the HTTP body shape of DESIGN.md (also built by the CLI) and raises
+``parse_plan_request`` takes the HTTP body shape of docs/design.md (also built by the CLI) and raises
 :class:`~parplan.solver.errors.SolverError` subclasses with a ``field`` for anything invalid, so a
 service can answer 422 before a job exists. ``solve`` runs the search (seconds to minutes) and
-returns the plan document whose keys DESIGN.md fixes (the same as ``parplan plan --json``).
+returns the plan document whose keys docs/design.md fixes (the same as ``parplan plan --json``).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def model_from_spec(spec: Any) -> ModelSource:
 
 def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAULT_CALIBRATION, *,
                        model: ModelSource | None = None) -> PlanRequest:
-    """Validate a request body (DESIGN.md's shape) into a :class:`PlanRequest`. Raises RequestError.
+    """Validate a request body (docs/design.md's shape) into a :class:`PlanRequest`. Raises RequestError.
 
     ``model``, when given, is what ``body["model"]`` reads as, already read and validated (the CLI's
     traced graph): it is used instead of reading the body's copy again."""
@@ -617,7 +617,7 @@ def plan_summary(plan: Any) -> str:
 
 
 def layer_plan_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
-    """A per-layer plan as the plan document (DESIGN.md's keys)."""
+    """A per-layer plan as the plan document (docs/design.md's keys)."""
     return per_layer_document(plan, ev, req.cluster, req.calibration)
 
 

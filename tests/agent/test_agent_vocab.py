@@ -2,7 +2,7 @@
 
 The matrix's tiny models have a 1,024-word vocabulary, so the loss's logits-sized buffers are
 lost among the rest; PyTorch's ``cross_entropy`` (and DTensor's loss parallelism) holding more of
-them than the cost model counted went unseen until an H100 run (bench/RESULTS.md). Here the logits
+them than the cost model counted went unseen until an H100 run (docs/notes/h100.md). Here the logits
 are the largest tensors: a GPT with 51,200 words on one process and a Llama with 32,000 words
 under TP 2. The most loaded rank's measured peak must be within 3% of the prediction, and never
 above it by more than 2%.

@@ -60,7 +60,7 @@ def test_every_operator_of_every_layer_gets_its_representative_strategy() -> Non
 
 
 #: mesh, objective -> bound on |relative error| of the peak (measured at 3319a01: +0.5% and +2.3%, see
-#: bench/RESULTS.md, "ILP plans executed with DTensor"). The 2x2 plan's peak varies from run to run:
+#: docs/notes/ilp-plans-dtensor.md). The 2x2 plan's peak varies from run to run:
 #: in 1 of 5 runs one rank held one more collective buffer (+1.1 MiB, +5.8%), as asynchronous
 #: collectives finish at different moments; its bound covers that spread.
 PEAK_BOUNDS = {((4,), "max-throughput"): 0.05, ((2, 2), "min-memory"): 0.08}
@@ -119,7 +119,7 @@ def test_a_llama_min_memory_plan_counts_its_relayout_buffers() -> None:
     """llama-tiny's 2x2 min-memory plan. At dcd0808 the ILP chose one that converts the LM head's
     partial, vocabulary-split logits to whole ones for the loss (an all-reduce's buffer, an
     all-gather's and DTensor's concatenation of it: 5 MiB its forward moments did not count), which
-    measured 7.5-9.2% above its prediction (bench/RESULTS.md)."""
+    measured 7.5-9.2% above its prediction (docs/notes/ilp-plans-dtensor.md)."""
     plan = ilp_plan(LLAMA_TINY, (2, 2), batch=4, seq_len=128, objective="min-memory")
     result = run_and_compare_plan(LLAMA_TINY, plan, 4, 128)
     assert result["correct"] is True

@@ -4,7 +4,7 @@ measured against parplan's prediction for the same file.
 
 Oracles: the parameter count of torchtitan's debug model from its sizes (closed form), the sharded
 fp32 states FSDP2 must hold (closed form), and the measurement itself: never under-predicted, and at
-most 5% above it (issue 11; the recipe's chunked loss priced by ``cost.loss_loop``; bench/RESULTS.md).
+most 5% above it (issue 11; the recipe's chunked loss priced by ``cost.loss_loop``; docs/notes/torchtitan-run.md).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def test_a_plan_splitting_fc1s_contraction_is_over_predicted_not_under(
     on 2026-11-28, every rank's peak 8.4% below the prediction (activations 15% below; the plan
     before, fc1 split over ``ffn``: 4.6% and 7%). Taking the producer's copy back when its one saver
     converts it put this plan 1.1% and the ILP's tiny Llama plan 2.3% under their measurements
-    (2026-11-29; 4.7% for a Llama plan on 2026-11-28, bench/RESULTS.md), so it was not adopted.
+    (2026-11-29; 4.7% for a Llama plan on 2026-11-28, docs/notes/ilp-plans-dtensor.md), so it was not adopted.
 
     This checks the prediction stays on the safe side and within 10%, and, from ``--diagnose``, the
     mechanism: at the activations' peak the layer norms' live outputs are ln1's (replicated, 512 KiB

@@ -3,7 +3,7 @@ forward in 8 sequence chunks, so no logits are kept for backward and the loop's 
 end of forward. Oracles: the loop's sizes in closed form from the model's dimensions, and the stage
 peak's lower bound at the loop's moment (resident states but gradients, every saved tensor, the gathered
 output layer and the loop), computed here from the dimensions alone. The measurement behind the rule
-is ``tests/agent/test_torchtitan_run.py`` (bench/RESULTS.md)."""
+is ``tests/agent/test_torchtitan_run.py`` (docs/notes/torchtitan-run.md)."""
 
 from __future__ import annotations
 

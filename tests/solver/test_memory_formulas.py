@@ -265,7 +265,7 @@ def test_torch_sequence_parallel_saves_the_gathered_linear_inputs_plus_4sbh_time
 def test_cpu_rmsnorm_keeps_fp32_input_and_normalised_input_12sbh_per_layer(t: int) -> None:
     """Two RMSNorms per Llama layer. The CUDA kernel keeps the bf16 input (2sbh); the CPU composite
     computes in fp32 and keeps an fp32 copy of the input and the fp32 normalised input (8sbh,
-    measured on torchtitan's debug model: ``_to_copy`` and ``mul``, bench/RESULTS.md): 6sbh more a norm."""
+    measured on torchtitan's debug model: ``_to_copy`` and ``mul``, docs/notes/torchtitan-run.md): 6sbh more a norm."""
     cfg = get_preset("llama-2-7b").with_(layers=2, hidden=256, heads=8, kv_heads=None, ffn=688, vocab=512,
                                          seq_len=128)
     s, b, h = 128, 2, 256

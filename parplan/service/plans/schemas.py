@@ -1,4 +1,4 @@
-"""Wire shapes of plan requests and plans (DESIGN.md, "HTTP API")."""
+"""Wire shapes of plan requests and plans (docs/design.md, "HTTP API")."""
 
 from __future__ import annotations
 
