@@ -22,10 +22,10 @@ MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 #: Functions allowed past :data:`MAX_FUNCTION_LINES`, each with its reason.
 LONG_FUNCTIONS = {
-    # One block per variable family and per labelled constraint of the paper's ILP, read top to
-    # bottom against its equations; cut into pieces, the constraints lose the variables they share.
     ("parplan/solver/ilp/model.py", "formulate"):
-        "the ILP's formulation: its variables and labelled constraints read in one place",
+        "the ILP's formulation: one block per variable family and per labelled constraint of the "
+        "paper's model, read top to bottom against its equations; cut into pieces, the constraints "
+        "would lose the variables they share",
 }
 
 #: A calendar date (``2026-11-23``), unless it is part of a path or URL (``bench/out/gpu-2026-11-23/``).
