@@ -28,7 +28,8 @@ Runs inside every rank of a process group (see :mod:`parplan.agent.launch`). For
    :class:`~parplan.agent.memtrack.CategoryTracker` (and ``torch.cuda.max_memory_allocated`` of
    a further step on GPUs), then the median wall time of several steps.
 
-Per-operator (ILP) plans are executed by :mod:`parplan.agent.ilp_exec`.
+:mod:`.run_spec` holds the spec and what cannot run, :mod:`.parallelize` the tensor and data
+parallelism of a stage. Per-operator (ILP) plans are executed by :mod:`parplan.agent.ilp_exec`.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,136 +54,17 @@ from parplan.agent.model import (
     Transformer,
     attention_kernel,
     build_model,
-    check_supported,
     set_dropout,
     set_recompute,
     stage_layer_ranges,
 )
+from parplan.agent.parallelize import apply_dp, apply_tp
+from parplan.agent.run_spec import RunSpec as RunSpec  # the spec :func:`run_spec` runs, importable from here
 from parplan.solver.cost.pipeline import even_partition
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.config import TransformerConfig
 
 LEARNING_RATE = 1e-4
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One strategy to run: JSON-able, sent to every rank."""
-
-    model: dict[str, Any]  # TransformerConfig fields
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    zero: int = 0
-    sequence_parallel: bool = False
-    recompute: str = "none"
-    micro_batch: int = 1
-    num_microbatches: int = 1
-    schedule: str = "1f1b"
-    virtual_stages: int = 1
-    seq_len: int = 128
-    seed: int = 0
-    timing_steps: int = 3
-    check: bool = True
-    rtol: float = 1e-4
-    atol: float = 1e-6
-    diagnose: bool = False
-    label: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: blocks per pipeline stage (``pp`` entries, 1F1B or GPipe); None: the even split
-    partition: tuple[int, ...] | None = None
-    #: per block, its ZeRO stage (2 or 3: FSDP2 with or without resharding after forward); the
-    #: embedding and head (FSDP2's root) follow the first block; None: ``zero`` for every block
-    layer_zero: tuple[int, ...] | None = None
-    #: per block, its recomputation (none / selective / full); None: ``recompute`` for every block
-    layer_recompute: tuple[str, ...] | None = None
-    #: TP ranks are consecutive (mesh ``(pp, dp, tp)``); False: DP ranks are (mesh ``(pp, tp, dp)``)
-    tp_inner: bool = True
-    #: accumulation without pipelining under FSDP2: reduce-scatter every micro-batch (gradients stay
-    #: sharded) instead of only the last (unsharded gradients kept through the step)
-    fsdp_sync_every_microbatch: bool = False
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def per_layer(self) -> bool:
-        """Whether blocks differ in strategy (the prediction is then the whole-plan evaluator's)."""
-        return self.layer_zero is not None or self.layer_recompute is not None
-
-    def block_zero(self, i: int) -> int:
-        """ZeRO stage of block ``i``."""
-        return self.zero if self.layer_zero is None else self.layer_zero[i]
-
-    def block_recompute(self, i: int) -> str:
-        """Recomputation of block ``i``."""
-        return self.recompute if self.layer_recompute is None else self.layer_recompute[i]
-
-    @property
-    def sharded(self) -> bool:
-        """Whether data parallelism is FSDP2 (ZeRO-2/3 on some block)."""
-        zeros = self.layer_zero if self.layer_zero is not None else (self.zero,)
-        return self.dp > 1 and max(zeros) >= 2
-
-    def config(self) -> TransformerConfig:
-        return TransformerConfig(**self.model)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> RunSpec:
-        d = dict(d)
-        for key in ("partition", "layer_zero", "layer_recompute"):
-            if d.get(key) is not None:
-                d[key] = tuple(d[key])
-        return RunSpec(**d)
-
-    def validate(self) -> None:
-        """StrategyError for what the executor cannot run."""
-        cfg = self.config()
-        check_supported(cfg)
-        if self.zero == 1 and self.tp > 1:
-            raise StrategyError(
-                "zero=1 with tp > 1: ZeroRedundancyOptimizer broadcasts every parameter from its owner "
-                "with c10d.broadcast_, which DTensor (TP) parameters do not support, and DDP, which it "
-                "is made for, rejects DTensor parameters; PyTorch has no native ZeRO-1 for TP modules")
-        if self.layer_zero is not None:
-            if len(self.layer_zero) != cfg.layers:
-                raise StrategyError(f"layer_zero has {len(self.layer_zero)} entries for {cfg.layers} blocks")
-            if self.dp == 1 or not set(self.layer_zero) <= {2, 3}:
-                raise StrategyError("layer_zero mixes ZeRO-2 and ZeRO-3 (FSDP2 resharding after forward or "
-                                    "not) per block and needs dp > 1; DDP (zero 0/1) wraps a whole stage")
-        if self.layer_recompute is not None:
-            if len(self.layer_recompute) != cfg.layers:
-                raise StrategyError(f"layer_recompute has {len(self.layer_recompute)} entries for "
-                                    f"{cfg.layers} blocks")
-            if not set(self.layer_recompute) <= {"none", "selective", "full"}:
-                raise StrategyError(f"unknown recompute in {list(self.layer_recompute)}")
-        if self.partition is not None:
-            if self.schedule == "interleaved":
-                raise StrategyError("a partition is blocks per pipeline stage; the interleaved schedule's "
-                                    "virtual stages split the blocks evenly")
-            if len(self.partition) != self.pp or sum(self.partition) != cfg.layers or min(self.partition) < 1:
-                raise StrategyError(f"partition {list(self.partition)} must give each of the {self.pp} stages at "
-                                    f"least one of the {cfg.layers} blocks")
-        if self.tp > 1:
-            for what, n in (("heads", cfg.heads), ("kv_heads", cfg.n_kv_heads), ("ffn", cfg.ffn),
-                            ("vocab", cfg.vocab)):
-                if n % self.tp:
-                    raise StrategyError(f"tp={self.tp} does not divide {what} ({n})")
-            if self.sequence_parallel and self.seq_len % self.tp:
-                raise StrategyError(f"sequence parallel tp={self.tp} does not divide seq_len {self.seq_len}")
-        if self.pp * self.virtual_stages > cfg.layers:
-            raise StrategyError(f"pp x virtual stages = {self.pp * self.virtual_stages} exceeds the "
-                                f"{cfg.layers} blocks")
-        if self.pp > 1 and self.num_microbatches < self.pp and self.schedule != "gpipe":
-            raise StrategyError(f"the {self.schedule} schedule needs at least pp={self.pp} micro-batches")
-        if self.schedule == "interleaved" and self.num_microbatches % self.pp:
-            raise StrategyError("the interleaved schedule needs a micro-batch count that is a multiple of pp")
-        if self.seq_len > cfg.seq_len and cfg.family == "gpt":
-            raise StrategyError(f"seq_len {self.seq_len} exceeds the {cfg.seq_len} learned positions")
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -262,79 +144,6 @@ def reference(cfg: TransformerConfig, tokens: torch.Tensor, labels: torch.Tensor
     return Reference(float(loss.detach()), grads, float(after))
 
 
-# ---------------------------------------------------------------------------------- parallelism
-def _apply_tp(sm: StageModule, tp_mesh: Any, sp: bool) -> None:
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    seq_out = Shard(1) if sp else Replicate()
-    plan: dict[str, Any] = {}
-    if sm.embed is not None:
-        plan["embed.tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq_out)
-        if sp and sm.embed.positions is not None:
-            plan["embed.positions"] = SequenceParallel(use_local_output=True)
-        sm.embed.seq_rank = tp_mesh.get_local_rank() if sp else 0
-    for i, blk in sm.layers.items():
-        p = f"layers.{i}"
-        gated = getattr(blk.mlp, "gated", False)
-        for name in ("q", "k", "v"):
-            plan[f"{p}.attn.{name}"] = ColwiseParallel()
-        plan[f"{p}.attn.o"] = RowwiseParallel(output_layouts=seq_out)
-        for name in (("gate", "up") if gated else ("fc1",)):
-            plan[f"{p}.mlp.{name}"] = ColwiseParallel()
-        plan[f"{p}.mlp.{'down' if gated else 'fc2'}"] = RowwiseParallel(output_layouts=seq_out)
-        if sp:
-            plan[f"{p}.ln1"] = SequenceParallel()
-            plan[f"{p}.ln2"] = SequenceParallel()
-            for sub in ("attn", "mlp"):
-                plan[f"{p}.{sub}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                        use_local_output=True)
-    if sm.head is not None:
-        if sp:
-            plan["head.norm"] = SequenceParallel()
-        plan["head.lm"] = ColwiseParallel(input_layouts=seq_out, output_layouts=Shard(-1), use_local_output=False)
-    tied = sm.embed is not None and sm.head is not None and sm.head.lm.weight is sm.embed.tokens.weight
-    parallelize_module(sm, tp_mesh, plan)
-    if tied:
-        assert sm.head is not None and sm.embed is not None
-        sm.head.lm.weight = sm.embed.tokens.weight  # both Shard(0) over the vocabulary
-
-
-def _apply_dp(sm: StageModule, spec: RunSpec, dp_mesh: Any) -> nn.Module:
-    """Data parallelism over ``dp_mesh``: FSDP2 per block (ZeRO-3 reshards after forward, ZeRO-2
-    keeps the gathered weights until the block's backward) plus the stage as root (embedding,
-    head; FSDP2 keeps the root's weights gathered for the whole step whatever it is told), DDP
-    for ZeRO-0/1, ``replicate`` when the parameters are TP DTensors."""
-    if spec.dp == 1:
-        return sm
-    if spec.sharded:
-        from torch.distributed.fsdp import fully_shard
-
-        for name, blk in sm.layers.items():
-            fully_shard(blk, mesh=dp_mesh, reshard_after_forward=spec.block_zero(int(name)) == 3)
-        first = min(int(n) for n in sm.layers)
-        fully_shard(sm, mesh=dp_mesh, reshard_after_forward=spec.block_zero(first) == 3)
-        return sm
-    if spec.tp > 1:
-        # DDP rejects DTensor parameters (no sharding rule for c10d.broadcast_); replicate is
-        # PyTorch's data parallelism for TP modules (FSDP2 machinery with a shard group of one).
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-
-        for blk in sm.layers.values():
-            replicate(blk, mesh=dp_mesh)
-        replicate(sm, mesh=dp_mesh)
-        return sm
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(sm, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
-
-
 class Runner:
     """One rank's part of the parallel model and its training step."""
 
@@ -365,12 +174,12 @@ class Runner:
         self.tied = bool(self.cfg.tied_embeddings and spec.pp > 1)
         for sm in self.stage_modules:
             if spec.tp > 1:
-                _apply_tp(sm, self.mesh["tp"], spec.sequence_parallel)
+                apply_tp(sm, self.mesh["tp"], spec.sequence_parallel)
             if spec.pp > 1 and sm.head is None:
                 # torch.distributed.pipelining holds a stage's output until that micro-batch's
                 # backward (fwd_cache): memory kept for backward, so count it as an activation.
                 sm.register_forward_hook(lambda _m, _i, out: mark_activation(out))
-        self.wrapped = [_apply_dp(sm, spec, self.mesh["dp"]) for sm in self.stage_modules]
+        self.wrapped = [apply_dp(sm, spec, self.mesh["dp"]) for sm in self.stage_modules]
         self.is_first = 0 in self.stage_ids
         self.is_last = n_stages - 1 in self.stage_ids
         self.tie_group = self._tie_group() if self.tied else None

@@ -4,7 +4,7 @@ A traced graph (:mod:`parplan.solver.frontends.torch_trace`) names every dim and
 read its inputs in any dim order: an elementwise op broadcasts by name, a ``reshape`` permutes and
 regroups, a ``concat`` joins along a named dim, a ``reduce`` selects or averages over named dims,
 and attention finds its head, query and key dims by name. These functions run such operators on
-the local shards the plan interpreter (:mod:`parplan.agent.ilp_exec`) hands them: sizes come from
+the local shards the plan interpreter (:mod:`parplan.agent.plan_interpreter`) hands them: sizes come from
 the tensors (a split dim is smaller there), names and order from the graph.
 
 Constant inputs the graph only declares (rotary tables, attention masks, shifted labels) are

@@ -14,8 +14,9 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from parplan.agent.ilp_exec import IlpRunSpec, check_graph, run_ilp_specs, strategies_from_plan
+from parplan.agent.ilp_exec import IlpRunSpec, run_ilp_specs, strategies_from_plan
 from parplan.agent.launch import launch_function
+from parplan.agent.plan_interpreter import check_graph
 from parplan.agent.plans import AUTO_SHRINK_PARAMETERS, model_of_request
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import make_cluster

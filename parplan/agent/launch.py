@@ -3,7 +3,7 @@
 :func:`launch` starts ``nprocs`` worker processes on this machine through
 ``torch.distributed.launcher.api.elastic_launch`` (the API behind ``torchrun``), with a c10d
 rendezvous on a free local port; each worker initialises the default process group (gloo on the
-CPU, NCCL on GPUs), runs every :class:`~parplan.agent.executor.RunSpec` in turn and returns its
+CPU, NCCL on GPUs), runs every :class:`~parplan.agent.run_spec.RunSpec` in turn and returns its
 reports. Several specs share one launch so that the process start-up (importing torch, the
 rendezvous) is paid once.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from parplan.agent.executor import RunSpec
+from parplan.agent.run_spec import RunSpec
 
 log = logging.getLogger(__name__)
 

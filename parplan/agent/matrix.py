@@ -1,8 +1,8 @@
 """The validation matrix: small GPT and Llama models under every kind of strategy the searches return.
 
-:data:`STRATEGIES` (issue 6, 28 runs): TP 2, DP 2, ZeRO-3 over 4, PP 2 with GPipe and with 1F1B,
+:data:`STRATEGIES` (the base matrix, 28 runs): TP 2, DP 2, ZeRO-3 over 4, PP 2 with GPipe and with 1F1B,
 TP 2 x PP 2, and TP 2 x DP 2 with sequence parallelism, each without and with full activation
-checkpointing. :data:`EXTENDED` (issue 10) adds the other kinds: ZeRO-1 (DDP +
+checkpointing. :data:`EXTENDED` adds the other kinds: ZeRO-1 (DDP +
 ``ZeroRedundancyOptimizer``), ZeRO-2, gradient accumulation without pipelining under DDP, ZeRO-2
 and ZeRO-3, ZeRO-2/3 with TP (with and without sequence parallelism) and inside pipeline stages,
 interleaved 1F1B, uneven pipeline partitions, selective recomputation (the searches' default),
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from parplan.agent.executor import RunSpec
+from parplan.agent.run_spec import RunSpec
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
 
@@ -63,7 +63,7 @@ class Kind:
 
 _PP = {"pp": 2, "num_microbatches": 4}
 
-#: Issue 10: the kinds of strategy beyond :data:`STRATEGIES`.
+#: The kinds of strategy beyond :data:`STRATEGIES`.
 EXTENDED: tuple[Kind, ...] = (
     Kind("zero1-dp2", {"dp": 2, "zero": 1}, ci=("none",)),
     Kind("zero2-dp4", {"dp": 4, "zero": 2}, ci=("none",)),
@@ -88,7 +88,7 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("pp2-interleaved-v2", {**_PP, "schedule": "interleaved", "virtual_stages": 2}, ci=("none",)),
     Kind("pp2-1f1b-part1-3", {**_PP, "partition": (1, 3)}, ci=("full",)),
     Kind("pp2-gpipe-part3-1", {**_PP, "schedule": "gpipe", "partition": (3, 1)}, recompute=("none",), ci=()),
-    # The searches' default recomputation (the attention core only), on kinds of the issue-6 matrix.
+    # The searches' default recomputation (the attention core only), on kinds of the base matrix.
     Kind("zero3-dp4", {"dp": 4, "zero": 3}, recompute=("selective",), ci=("gpt-tiny:selective",)),
     Kind("pp2-1f1b", {**_PP}, recompute=("selective",), ci=()),
     Kind("tp2-dp2-sp", {"tp": 2, "dp": 2, "sequence_parallel": True}, recompute=("selective",),
@@ -107,7 +107,7 @@ EXTENDED: tuple[Kind, ...] = (
 
 
 def matrix_specs(models: tuple[TransformerConfig, ...] = MODELS, **overrides: Any) -> list[RunSpec]:
-    """Every (model, strategy, recompute) of the issue-6 matrix as a run spec."""
+    """Every (model, strategy, recompute) of the base matrix as a run spec."""
     out = []
     for cfg in models:
         for name, fields in STRATEGIES:
@@ -119,7 +119,7 @@ def matrix_specs(models: tuple[TransformerConfig, ...] = MODELS, **overrides: An
 
 def extended_specs(full: bool = False, models: tuple[TransformerConfig, ...] = MODELS,
                    **overrides: Any) -> list[RunSpec]:
-    """The issue-10 kinds as run specs: CI's representative set, or all of them with ``full``."""
+    """The extended kinds as run specs: CI's representative set, or all of them with ``full``."""
     out = []
     for cfg in models:
         for kind in EXTENDED:
@@ -135,5 +135,5 @@ def extended_specs(full: bool = False, models: tuple[TransformerConfig, ...] = M
 
 
 def all_specs(full: bool = False, **overrides: Any) -> list[RunSpec]:
-    """The issue-6 matrix followed by the extended kinds (CI's set, or all with ``full``)."""
+    """The base matrix followed by the extended kinds (CI's set, or all with ``full``)."""
     return matrix_specs(**overrides) + extended_specs(full, **overrides)

@@ -1,4 +1,4 @@
-"""From a plan (or command-line strategy) to a :class:`~parplan.agent.executor.RunSpec` that
+"""From a plan (or command-line strategy) to a :class:`~parplan.agent.run_spec.RunSpec` that
 fits this machine, shrinking the model when it must.
 
 Scaling down keeps the strategy — the same TP, PP and DP degrees, ZeRO stage, sequence
@@ -16,8 +16,8 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from parplan.agent.executor import RunSpec
 from parplan.agent.model import check_supported
+from parplan.agent.run_spec import RunSpec
 from parplan.solver.errors import ConfigError, StrategyError
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset

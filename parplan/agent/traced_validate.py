@@ -15,8 +15,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from parplan.agent.ilp_exec import IlpRunSpec, check_graph
+from parplan.agent.ilp_exec import IlpRunSpec
 from parplan.agent.ilp_validate import as_executed, predicted_graph_memory, run_and_compare_spec
+from parplan.agent.plan_interpreter import check_graph
 from parplan.solver.cost.op_layout import uniform_assignment
 from parplan.solver.ilp.strategies import BATCH_DIMS, Mesh, loop_dims
 from parplan.solver.ir import Graph, OpKind

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from parplan.agent.executor import RunSpec
 from parplan.agent.launch import launch
 from parplan.agent.memtrack import CATEGORIES
+from parplan.agent.run_spec import RunSpec
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.pipeline import blocks_of

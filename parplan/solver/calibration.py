@@ -44,8 +44,8 @@ class Calibration:
     ``matmul_efficiency`` maps dtype → achieved fraction of the dense peak FLOP/s (a dtype not
     listed uses :data:`FALLBACK_MATMUL_EFFICIENCY`); ``memory_efficiency`` is the achieved
     fraction of HBM bandwidth; ``intra_node`` / ``inter_node``, when set, replace the preset's
-    links. ``source`` is ``"default"`` or where the numbers were measured
-    (e.g. ``"agent:H100-80GB@2025-01-31"``).
+    links. ``source`` is ``"default"`` or where and when the numbers were measured
+    (``"agent:<hardware key>@<UTC time>"``).
     """
 
     matmul_efficiency: Mapping[str, float] = field(default_factory=lambda: _DEFAULT_MATMUL_EFFICIENCY)

@@ -7,7 +7,7 @@ so a client can fix its graph without guessing. Linear in the graph size.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from parplan.solver.errors import ConfigError, GraphIssue, GraphValidationError
 from parplan.solver.ir import (
@@ -218,123 +218,171 @@ def _attr_dim(n: Node, key: str, ins: Node, issues: _Issues, default: str | None
     return dim
 
 
+def _einsum_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    eq = n.attrs.get("equation")
+    if not isinstance(eq, str):
+        issues.add(n.id, "attrs.equation", "required, e.g. 'batch seq hidden, hidden ffn -> batch seq ffn'")
+        return
+    try:
+        operands, out = parse_equation(eq)
+    except ValueError as e:
+        issues.add(n.id, "attrs.equation", str(e))
+        return
+    if len(operands) != len(ins):
+        issues.add(n.id, "attrs.equation", f"{len(operands)} operands for {len(ins)} inputs")
+        return
+    for pos, (names, node) in enumerate(zip(operands, ins, strict=True)):
+        if sorted(names) != sorted(dict(node.dims)):
+            issues.add(n.id, f"inputs[{pos}]", f"equation operand {' '.join(names)!r} does not match "
+                       f"the dims of {node.id!r}: {' '.join(dict(node.dims))!r}")
+            return
+    sizes = _merge_sizes(n, ins, list(range(len(ins))), issues)
+    if sizes is None:
+        return
+    if len(set(out)) != len(out) or any(o not in sizes for o in out):
+        issues.add(n.id, "attrs.equation", "output names must be distinct dims of the operands")
+        return
+    _expect(n, {o: sizes[o] for o in out}, issues)
+
+
+def _elementwise_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    fn = n.attrs.get("fn")
+    if fn not in ELEMENTWISE_FNS:
+        issues.add(n.id, "attrs.fn", f"unknown elementwise fn {fn!r}; known: {', '.join(sorted(ELEMENTWISE_FNS))}")
+    sizes = _merge_sizes(n, ins, list(range(len(ins))), issues)
+    if sizes is not None:
+        _expect(n, sizes, issues)
+
+
+def _same_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    """Dropout and softmax keep their input's dims (softmax names the dim it normalises)."""
+    if n.kind is OpKind.SOFTMAX:
+        _attr_dim(n, "dim", ins[0], issues)
+    _expect(n, dict(ins[0].dims), issues)
+
+
+def _norm_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    """A norm keeps its input's dims; its parameters span the normalised dim alone."""
+    dim = _attr_dim(n, "dim", ins[0], issues)
+    if dim is not None:
+        want = {dim: dict(ins[0].dims)[dim]}
+        for pos in range(1, len(ins)):
+            if dict(ins[pos].dims) != want:
+                issues.add(n.id, f"inputs[{pos}]", f"norm parameter {ins[pos].id!r} must have dims {want}")
+    _expect(n, dict(ins[0].dims), issues)
+
+
+def _embedding_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    index_dim = _attr_dim(n, "index_dim", ins[1], issues, default="vocab")
+    if index_dim is not None:
+        table = {d: s for d, s in ins[1].dims if d != index_dim}
+        _expect(n, {**dict(ins[0].dims), **table}, issues)
+
+
+def _attention_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    q, kk, v = ins[:3]
+    try:
+        v_head = value_head_dim(n, q, kk, v)
+    except ConfigError as e:
+        issues.add(n.id, "inputs[2]", str(e))
+        return
+    if _merge_sizes(n, [q, kk], [0, 1], issues) is not None:
+        if v_head is None:
+            _expect(n, dict(q.dims), issues)
+        else:  # values of another width (MLA): the output has the value's head dim in place of q's
+            head_dim, _ = attention_dims(n, q, kk)
+            _expect(n, {**{d: s for d, s in q.dims if d != head_dim}, v_head: dict(v.dims)[v_head]}, issues)
+
+
+def _cross_entropy_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    cdim = _attr_dim(n, "class_dim", ins[0], issues, default="vocab")
+    if cdim is not None:
+        want = {d: s for d, s in ins[0].dims if d != cdim}
+        if dict(ins[1].dims) != want:
+            issues.add(n.id, "inputs[1]", f"labels {ins[1].id!r} must have dims {want}, got {dict(ins[1].dims)}")
+        _expect(n, want, issues)
+
+
+def _dispatch_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    edim = _attr_dim(n, "expert_dim", ins[1], issues, default="expert")
+    cap_dim = n.attrs.get("capacity_dim", "capacity")
+    if edim is not None:
+        tokens = {d: s for d, s in ins[1].dims if d != edim}
+        x = dict(ins[0].dims)
+        if any(x.get(d) != s for d, s in tokens.items()):
+            issues.add(n.id, "inputs[0]", f"tokens {ins[0].id!r} must carry the gate token dims {tokens}")
+            return
+        cap = dict(n.dims).get(cap_dim)
+        if cap is None:
+            issues.add(n.id, "dims", f"dispatch output needs a {cap_dim!r} dim")
+            return
+        rest = {d: s for d, s in x.items() if d not in tokens}
+        _expect(n, {edim: dict(ins[1].dims)[edim], cap_dim: cap, **rest}, issues)
+
+
+def _combine_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    edim = _attr_dim(n, "expert_dim", ins[1], issues, default="expert")
+    cap_dim = n.attrs.get("capacity_dim", "capacity")
+    if edim is not None:
+        y = dict(ins[0].dims)
+        if y.get(edim) != dict(ins[1].dims)[edim] or cap_dim not in y:
+            issues.add(n.id, "inputs[0]", f"expert outputs must have dims {edim!r} (as the gates) and {cap_dim!r}")
+            return
+        tokens = {d: s for d, s in ins[1].dims if d != edim}
+        rest = {d: s for d, s in y.items() if d not in (edim, cap_dim)}
+        _expect(n, {**tokens, **rest}, issues)
+
+
+def _concat_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    cdim = n.attrs.get("dim")
+    if not isinstance(cdim, str) or any(cdim not in dict(i.dims) for i in ins):
+        issues.add(n.id, "attrs.dim", "required: a dim every input has")
+        return
+    total = sum(dict(i.dims)[cdim] for i in ins)
+    others = [i.with_dims_without(cdim) for i in ins]
+    sizes = _merge_sizes(n, others, list(range(len(ins))), issues)
+    if sizes is not None:
+        _expect(n, {**sizes, cdim: total}, issues)
+
+
+def _reshape_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    if ins[0].numel != n.numel:
+        issues.add(n.id, "dims", f"reshape changes the element count: {ins[0].numel} -> {n.numel}")
+
+
+def _reduce_shape(n: Node, ins: list[Node], issues: _Issues) -> None:
+    red = n.attrs.get("over")
+    x = dict(ins[0].dims)
+    if not isinstance(red, list | tuple) or any(d not in x for d in red):
+        issues.add(n.id, "attrs.over", f"must list dims of {ins[0].id!r} to reduce over")
+        return
+    _expect(n, {d: s for d, s in x.items() if d not in red}, issues)
+
+
+#: The shape rule of each kind that has inputs.
+_SHAPE_RULES: Mapping[OpKind, Callable[[Node, list[Node], _Issues], None]] = {
+    OpKind.EINSUM: _einsum_shape,
+    OpKind.ELEMENTWISE: _elementwise_shape,
+    OpKind.DROPOUT: _same_shape,
+    OpKind.SOFTMAX: _same_shape,
+    OpKind.LAYERNORM: _norm_shape,
+    OpKind.RMSNORM: _norm_shape,
+    OpKind.EMBEDDING: _embedding_shape,
+    OpKind.ATTENTION: _attention_shape,
+    OpKind.CROSS_ENTROPY: _cross_entropy_shape,
+    OpKind.DISPATCH: _dispatch_shape,
+    OpKind.COMBINE: _combine_shape,
+    OpKind.CONCAT: _concat_shape,
+    OpKind.RESHAPE: _reshape_shape,
+    OpKind.REDUCE: _reduce_shape,
+}
+
+
 def _check_shapes(n: Node, ins: list[Node], issues: _Issues) -> None:
-    k = n.kind
-    lo, hi = _ARITY[k]
+    """The shape rule of ``n``'s kind against its inputs (nothing when its arity is already wrong)."""
+    lo, hi = _ARITY[n.kind]
     if len(ins) < lo or (hi is not None and len(ins) > hi):
         return  # arity already reported
-    if k is OpKind.EINSUM:
-        eq = n.attrs.get("equation")
-        if not isinstance(eq, str):
-            issues.add(n.id, "attrs.equation", "required, e.g. 'batch seq hidden, hidden ffn -> batch seq ffn'")
-            return
-        try:
-            operands, out = parse_equation(eq)
-        except ValueError as e:
-            issues.add(n.id, "attrs.equation", str(e))
-            return
-        if len(operands) != len(ins):
-            issues.add(n.id, "attrs.equation", f"{len(operands)} operands for {len(ins)} inputs")
-            return
-        for pos, (names, node) in enumerate(zip(operands, ins, strict=True)):
-            if sorted(names) != sorted(dict(node.dims)):
-                issues.add(n.id, f"inputs[{pos}]", f"equation operand {' '.join(names)!r} does not match "
-                           f"the dims of {node.id!r}: {' '.join(dict(node.dims))!r}")
-                return
-        sizes = _merge_sizes(n, ins, list(range(len(ins))), issues)
-        if sizes is None:
-            return
-        if len(set(out)) != len(out) or any(o not in sizes for o in out):
-            issues.add(n.id, "attrs.equation", "output names must be distinct dims of the operands")
-            return
-        _expect(n, {o: sizes[o] for o in out}, issues)
-    elif k is OpKind.ELEMENTWISE:
-        fn = n.attrs.get("fn")
-        if fn not in ELEMENTWISE_FNS:
-            issues.add(n.id, "attrs.fn", f"unknown elementwise fn {fn!r}; known: {', '.join(sorted(ELEMENTWISE_FNS))}")
-        sizes = _merge_sizes(n, ins, list(range(len(ins))), issues)
-        if sizes is not None:
-            _expect(n, sizes, issues)
-    elif k in (OpKind.DROPOUT, OpKind.SOFTMAX):
-        if k is OpKind.SOFTMAX:
-            _attr_dim(n, "dim", ins[0], issues)
-        _expect(n, dict(ins[0].dims), issues)
-    elif k in (OpKind.LAYERNORM, OpKind.RMSNORM):
-        dim = _attr_dim(n, "dim", ins[0], issues)
-        if dim is not None:
-            want = {dim: dict(ins[0].dims)[dim]}
-            for pos in range(1, len(ins)):
-                if dict(ins[pos].dims) != want:
-                    issues.add(n.id, f"inputs[{pos}]", f"norm parameter {ins[pos].id!r} must have dims {want}")
-        _expect(n, dict(ins[0].dims), issues)
-    elif k is OpKind.EMBEDDING:
-        index_dim = _attr_dim(n, "index_dim", ins[1], issues, default="vocab")
-        if index_dim is not None:
-            table = {d: s for d, s in ins[1].dims if d != index_dim}
-            _expect(n, {**dict(ins[0].dims), **table}, issues)
-    elif k is OpKind.ATTENTION:
-        q, kk, v = ins[:3]
-        try:
-            v_head = value_head_dim(n, q, kk, v)
-        except ConfigError as e:
-            issues.add(n.id, "inputs[2]", str(e))
-            return
-        if _merge_sizes(n, [q, kk], [0, 1], issues) is not None:
-            if v_head is None:
-                _expect(n, dict(q.dims), issues)
-            else:  # values of another width (MLA): the output has the value's head dim in place of q's
-                head_dim, _ = attention_dims(n, q, kk)
-                _expect(n, {**{d: s for d, s in q.dims if d != head_dim}, v_head: dict(v.dims)[v_head]}, issues)
-    elif k is OpKind.CROSS_ENTROPY:
-        cdim = _attr_dim(n, "class_dim", ins[0], issues, default="vocab")
-        if cdim is not None:
-            want = {d: s for d, s in ins[0].dims if d != cdim}
-            if dict(ins[1].dims) != want:
-                issues.add(n.id, "inputs[1]", f"labels {ins[1].id!r} must have dims {want}, got {dict(ins[1].dims)}")
-            _expect(n, want, issues)
-    elif k is OpKind.DISPATCH:
-        edim = _attr_dim(n, "expert_dim", ins[1], issues, default="expert")
-        cap_dim = n.attrs.get("capacity_dim", "capacity")
-        if edim is not None:
-            tokens = {d: s for d, s in ins[1].dims if d != edim}
-            x = dict(ins[0].dims)
-            if any(x.get(d) != s for d, s in tokens.items()):
-                issues.add(n.id, "inputs[0]", f"tokens {ins[0].id!r} must carry the gate token dims {tokens}")
-                return
-            cap = dict(n.dims).get(cap_dim)
-            if cap is None:
-                issues.add(n.id, "dims", f"dispatch output needs a {cap_dim!r} dim")
-                return
-            rest = {d: s for d, s in x.items() if d not in tokens}
-            _expect(n, {edim: dict(ins[1].dims)[edim], cap_dim: cap, **rest}, issues)
-    elif k is OpKind.COMBINE:
-        edim = _attr_dim(n, "expert_dim", ins[1], issues, default="expert")
-        cap_dim = n.attrs.get("capacity_dim", "capacity")
-        if edim is not None:
-            y = dict(ins[0].dims)
-            if y.get(edim) != dict(ins[1].dims)[edim] or cap_dim not in y:
-                issues.add(n.id, "inputs[0]", f"expert outputs must have dims {edim!r} (as the gates) and {cap_dim!r}")
-                return
-            tokens = {d: s for d, s in ins[1].dims if d != edim}
-            rest = {d: s for d, s in y.items() if d not in (edim, cap_dim)}
-            _expect(n, {**tokens, **rest}, issues)
-    elif k is OpKind.CONCAT:
-        cdim = n.attrs.get("dim")
-        if not isinstance(cdim, str) or any(cdim not in dict(i.dims) for i in ins):
-            issues.add(n.id, "attrs.dim", "required: a dim every input has")
-            return
-        total = sum(dict(i.dims)[cdim] for i in ins)
-        others = [i.with_dims_without(cdim) for i in ins]
-        sizes = _merge_sizes(n, others, list(range(len(ins))), issues)
-        if sizes is not None:
-            _expect(n, {**sizes, cdim: total}, issues)
-    elif k is OpKind.RESHAPE:
-        if ins[0].numel != n.numel:
-            issues.add(n.id, "dims", f"reshape changes the element count: {ins[0].numel} -> {n.numel}")
-    elif k is OpKind.REDUCE:
-        red = n.attrs.get("over")
-        x = dict(ins[0].dims)
-        if not isinstance(red, list | tuple) or any(d not in x for d in red):
-            issues.add(n.id, "attrs.over", f"must list dims of {ins[0].id!r} to reduce over")
-            return
-        _expect(n, {d: s for d, s in x.items() if d not in red}, issues)
+    rule = _SHAPE_RULES.get(n.kind)
+    if rule is not None:
+        rule(n, ins, issues)

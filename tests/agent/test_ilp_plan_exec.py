@@ -12,9 +12,11 @@ import itertools
 import pytest
 import torch
 
-from parplan.agent.ilp_exec import _as_matmul, placements, strategies_from_plan
+from parplan.agent.ilp_exec import strategies_from_plan
 from parplan.agent.ilp_validate import ilp_plan, run_and_compare_plan
+from parplan.agent.local_ops import as_matmul
 from parplan.agent.matrix import GPT_TINY, LLAMA_TINY
+from parplan.agent.plan_interpreter import placements
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.ilp.strategies import Mesh
@@ -43,7 +45,7 @@ def test_linear_einsums_run_as_one_matmul_and_equal_einsum(adims: list[str], bdi
     size = dict(zip("bshndv", (2, 3, 8, 2, 4, 5), strict=True))
     a = torch.randn(*[size[d] for d in adims])
     b = torch.randn(*[size[d] for d in bdims])
-    got = _as_matmul(a, b, adims, bdims, rdims)
+    got = as_matmul(a, b, adims, bdims, rdims)
     assert got is not None
     want = torch.einsum(f"{''.join(adims)},{''.join(bdims)}->{''.join(rdims)}", a, b)
     assert torch.allclose(got, want, atol=1e-5)

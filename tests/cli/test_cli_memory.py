@@ -39,8 +39,8 @@ def run_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return err
 
 
-def test_issue_command_matches_megatron_and_korthikanti(capsys: pytest.CaptureFixture[str]) -> None:
-    """The issue's own example: weights + optimizer are 6 + 12/dp bytes per parameter on the most
+def test_gpt_7_5b_memory_matches_megatron_and_korthikanti(capsys: pytest.CaptureFixture[str]) -> None:
+    """GPT-7.5B on TP 4, PP 2 with SP: weights + optimizer are 6 + 12/dp bytes per parameter on the most
     loaded shard (Megatron-LM's estimate), activations are Korthikanti's for the first stage."""
     doc = run_json(capsys, "memory", "--model", "gpt-7.5b", "--gpus", "8", "--tp", "4", "--pp", "2",
                    "--sequence-parallel", "--recompute", "selective", "--zero", "1", "--micro-batch", "1",

@@ -37,7 +37,7 @@ def test_deepspeeds_hostfile_has_four_slots_a_gb200_tray() -> None:
     assert "--num_nodes 36 --num_gpus 4" in export.launch[0]
 
 
-def test_an_8_gpu_server_is_one_launcher_node_as_before() -> None:
+def test_an_8_gpu_server_is_one_launcher_node() -> None:
     doc = doc_for("llama-3-8b", 16, {"tp": 4, "pp": 1, "dp": 4, "num_microbatches": 1})
     doc["cluster"]["gpu"] = "H100-80GB"
     for line in export_plan(doc, "megatron").launch:

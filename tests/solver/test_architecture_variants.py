@@ -114,7 +114,7 @@ def test_random_variants_build_valid_graphs(family: str) -> None:
     check()
 
 
-def test_new_presets_validate_and_name_their_features() -> None:
+def test_presets_beyond_llama_validate_and_name_their_extra_features() -> None:
     for name in ("deepseek-v3", "gemma-3-27b", "gpt-oss-120b"):
         validate_graph(build_graph(get_preset(name).with_(layers=4)))
     assert extra_features(vars(get_preset("llama-3-8b"))) == []

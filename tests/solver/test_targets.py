@@ -114,7 +114,7 @@ def test_targets_are_checked_in_the_request() -> None:
     assert parse_plan_request(body("gpt-1.7b", 8, "parplan", search="ilp")).target is Target.PARPLAN
 
 
-def test_the_target_is_part_of_the_cache_key_and_any_keeps_the_old_key() -> None:
+def test_the_target_is_part_of_the_cache_key_and_any_hashes_as_no_target() -> None:
     from parplan.solver.planner import canonical_request, request_hash
 
     plain = {k: v for k, v in body("gpt-1.7b", 8, "any").items() if k != "target"}

@@ -94,5 +94,5 @@ def transformers_version() -> str:
 
 
 @pytest.mark.parametrize("model_type", sorted(PRE_SPLIT_DIGESTS))
-def test_traced_graphs_are_the_pre_split_tracers(model_type: str) -> None:
+def test_traced_graphs_match_their_recorded_digests(model_type: str) -> None:
     assert graph_digest(model_type) == PRE_SPLIT_DIGESTS[model_type]

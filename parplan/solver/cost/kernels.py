@@ -125,7 +125,7 @@ def _spec(sms: int, gemm: dict[str, float], attention: dict[str, AttentionCurve]
 
 
 #: PyTorch's scaled_dot_product_attention (FlashAttention-2 path) on an H100, bf16, causal, fitted
-#: to the 8 calls measured on the H100 lent on 2026-11-23 (bench/out/gpu-2026-11-23/kernels.json:
+#: to the 8 calls measured on a lent H100 (bench/out/gpu-2026-11-23/kernels.json:
 #: head dims 64 and 128, 1,024 to 8,192 tokens; bench/kernel_model_accuracy.py) for the least
 #: largest error at two decimals and fills in steps of 50 tokens: every forward within 2.4 %, every
 #: backward within 4.3 % of its measured time. Non-causal attention (no masked half blocks) is
@@ -153,83 +153,40 @@ TENSOR_CORE_DTYPES = frozenset({"bf16", "fp16", "fp8", "tf32"})
 #: Dtypes the flash-attention kernels run (others: the calibration's matmul efficiency).
 ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 
-#: By GPU family (a preset's name up to its memory size). Sources:
+#: By GPU family (a preset's name up to its memory size). Where each figure comes from (the
+#: measurements and fits in full: bench/RESULTS.md):
 #:
-#: - SMs: the vendors' datasheets and whitepapers (A100 108, H100/H200 SXM 132, V100 80, L4 58,
-#:   RTX 4090 128; MI300X 304 compute units); B200 148 (two dies of 74 enabled SMs: Chips and Cheese,
-#:   "Nvidia's B200: Keeping the CUDA Juggernaut Rolling", 2025), the GB200's the same chip.
-#: - H100 16-bit and tf32 GEMM ceiling 0.74: measured on the H100 lent on 2026-11-23
-#:   (bench/out/gpu-2026-11-23/kernels.json, bench/RESULTS.md): the median over the 23 bf16 GEMMs
-#:   that ran 1 ms or more of measured efficiency / :func:`shape_factor` is 0.740 (0.67 to 0.85),
-#:   and 0.740 over the 12 such tf32 GEMMs. Short GEMMs run above it (8192³, 1.4 ms: 0.80 of the
-#:   peak) before the clocks settle under the power limit; 16384³ (12.8 ms) 0.69. H200: the same
-#:   chip and clocks, not measured.
-#: - H100 fp32 GEMM ceiling 0.77 (the CUDA cores; no tile model): measured on the same H100, the
-#:   median efficiency of the 28 fp32 GEMMs that ran 1 ms or more (0.62 to 0.78). A tile model with
-#:   the CUDA cores' smaller tiles fits them little better (over the 35 of 100 µs or more, the best
-#:   mean deviation 3.4 % against 4.8 % flat). Before 2026-11-25 fp32 took the default calibration's
-#:   0.5, which priced these GEMMs 1.53x their measured time. H200: not measured, as above.
-#: - H100/H200 FP8 0.66: *fitted*, not measured: the two-decimal ceiling with the least largest
-#:   |log(predicted / published)| over Megatron-Bridge's five FP8 H100 runs in
-#:   bench/time_model_accuracy.py (0.91x to 1.11x at it), with the FP8 casts around each GEMM priced
-#:   as kernels of their own (:func:`fp8_cast_bytes`; all five runs use current scaling). Before
-#:   2026-11-28 the casts were priced nowhere and 0.60, fitted the same way, absorbed them. Replace
-#:   it by a calibration.
-#: - B200 and GB200 16-bit 0.62 and FP8 0.61: *derived*, not measured on a B200 here. OpenXLA's published B200
-#:   matmul table (bench/data/xla_b200_matmul.json, key sm_100, kernel times) implies, over its 34
-#:   GEMMs of 50 µs or more in bf16, ceilings of 0.733 (bf16; each within 11 % of it, 3.7 % on
-#:   average) and 0.718 (FP8 e4m3 inputs, the same 34 shapes) of the dense peaks at the tile model's
-#:   constants and 148 SMs. The same table's H100 entries imply 0.873 where the lent H100 sustained
-#:   0.74 (:data:`XLA_TO_SUSTAINED`: XLA's short, boost-clocked kernels against GEMMs under a
-#:   training-like power draw), so each B200 figure is XLA's times that ratio. tf32 / fp32: XLA's
-#:   f32 dots on sm_100 run as TF32 (9.8x the FP32 peak), no figure; the calibration's. Unlike the
-#:   H100's fitted FP8 figure, which absorbed whatever Megatron-Bridge's runs spent around their FP8
-#:   GEMMs (Transformer Engine's casts of inputs and gradients), this is the GEMM's alone; the casts
-#:   are priced apart (:func:`fp8_cast_bytes`) on every GPU since 2026-11-28.
-#: - A100 16-bit 0.79 and MI300X 0.56: *derived*, not measured here. S. Bekman's "Maximum Achievable
-#:   Matmul FLOPS" table (ml-engineering; the best shape's mean over 100 calls after 50 warm-up calls)
-#:   gives the A100 SXM 267.9 of 312 TFLOP/s (85.9 %, CUDA 12.1) and the MI300X 781.9 of 1,300
-#:   (60.1 %, ROCm 6.2); its H100 SXM entry of the same run, 792.1 of 989 (80.1 %, CUDA 12.1), is a
-#:   burst figure too: the lent H100 reached it only in GEMMs short enough to run before its clocks
-#:   settled (8192³ in 1.4 ms: 0.80) and sustained 0.74. Each figure is the table's times that
-#:   ratio (:data:`MAMF_TO_SUSTAINED`), as the B200's is XLA's (below). Before 2026-11-28 the A100
-#:   took the table's 0.86 and the MI300X 0.60 as they stand: the only ceilings of burst rather than
-#:   sustained GEMMs.
-#: - Attention, H100 and H200, PyTorch's ``scaled_dot_product_attention`` (``sdpa``):
-#:   :data:`H100_SDPA`, measured on the lent H100 by pass and shape. (Before 2026-11-25 one figure,
-#:   0.37, stood for both passes; it had been read off a measurement that counted the backward as
-#:   2.5 forwards, where parplan counts 2, so attention was priced 3.0/3.5 of its measured time.)
-#:   Transformer Engine's fused attention (cuDNN; ``fused``): :data:`H100_CUDNN`, cuDNN's published
-#:   figures by pass and shape (Shah et al. 2024); not measured here. (Before 2026-11-28 one figure,
-#:   0.60, stood for both passes, where causal cuDNN reaches 0.32-0.54 forward at head dim 128 and
-#:   0.23-0.39 at 64, and its backward less: attention was priced at ~1/2-3/4 of its time.) A later
-#:   cuDNN is faster: NVIDIA's published cuDNN 9.19 figures on an H200 (head dim 128, 2,048 to
-#:   32,768 tokens, bench/data/cudnn_sdpa_published.json) are 1.02-1.28x the curve's speed. The curve
-#:   is cuDNN 9.1.1's (2024, the software of most of the published Hopper runs) and stays: on today's
-#:   releases it prices attention slower than it runs, the safe side of a schedule.
-#: - Attention on the B200 and GB200, Transformer Engine's (``fused``): :data:`BLACKWELL_CUDNN`, NVIDIA's
-#:   published cuDNN 9.18 figures on a GB200; PyTorch's (``sdpa``): not known, the calibration's.
-#:   (Before 2026-11-28 both passes took the calibration's 0.55, where cuDNN's causal backward at
-#:   8,192 tokens reaches 0.41 in parplan's count.) Memory-bound kernels and NCCL CTAs on them: not
-#:   known; the calibration's efficiencies, no slowdown under collectives.
-#: - Attention, A100, both kernels 0.60 for both passes: FlashAttention-2 reaches 50-73 % of the
-#:   A100 peak forward, less backward (Dao 2023); not measured here.
-#: - V100, L4, RTX 4090: no measurement used; the calibration's efficiencies are the ceiling (the
-#:   tile model still applies).
-#: - Memory-bound kernels, H100, PyTorch's (``torch``): measured on the lent H100
-#:   (bench/out/gpu-2026-11-23/kernels.json, bf16, rows of 4,096, tensors of 256 MiB and 2 GiB): a
-#:   copy, an add and GELU move 0.80-0.91 of the HBM peak (the default calibration's 0.8 stands for
-#:   them), layer_norm 0.58-0.61 and softmax 0.37-0.39; the lower of each, rounded down. Backward passes
-#:   are not measured; they are priced at the forward's fraction. H200 (the same chip, faster HBM):
-#:   not measured, the H100's fractions. Megatron-LM's (Transformer Engine's normalisations, its
-#:   fused scale-mask-softmax): not measured, the calibration's.
-#: - Collective CTAs 24 on A100 and H100/H200: NCCL runs a ring collective as one kernel of one CTA
-#:   per channel, and a CTA of NCCL does not share its SM with a compute kernel (NCCL's maintainers,
-#:   NVIDIA/nccl issue #1656). Traces published with their CTA counts: an all-reduce on a DGX A100
-#:   runs 24 CTAs (NVIDIA/nccl issue #1225); FSDP's all-gather on an H100 runs 24 blocks, which pushed
-#:   a 132-tile GEMM into a second wave (NVIDIA developer forum, "Compute-Communication Overlap Causes
-#:   Severe GEMM Performance Degradation because of Tail Effect", 2025). Not measured here (the lent
-#:   machines had one GPU). Other GPUs: unknown, no slowdown priced.
+#: - SMs: the vendors' datasheets (A100 108, H100/H200 SXM 132, V100 80, L4 58, RTX 4090 128, MI300X
+#:   304 CUs); B200/GB200 148 (Chips and Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling").
+#: - H100 16-bit and tf32 GEMM 0.74: measured on a lent H100 (bench/out/gpu-2026-11-23/kernels.json),
+#:   the median efficiency / :func:`shape_factor` of its GEMMs of 1 ms or more (shorter ones run above
+#:   it before the clocks settle under the power limit). H200: the same chip and clocks, not measured.
+#: - H100 fp32 GEMM 0.77 (CUDA cores: no tile model): the same H100, the median of its fp32 GEMMs of
+#:   1 ms or more. H200: not measured, the H100's.
+#: - H100/H200 FP8 0.66: *fitted*, not measured, to Megatron-Bridge's five FP8 H100 runs
+#:   (bench/time_model_accuracy.py), the casts around each GEMM priced apart (:func:`fp8_cast_bytes`);
+#:   replace it by a calibration.
+#: - B200/GB200 16-bit 0.62 and FP8 0.61: *derived*, OpenXLA's B200 matmul table
+#:   (bench/data/xla_b200_matmul.json) times :data:`XLA_TO_SUSTAINED`; the GEMM's alone (casts apart).
+#:   tf32/fp32: none (XLA runs f32 dots on sm_100 as TF32), the calibration's.
+#: - A100 16-bit 0.79 and MI300X 0.56: *derived*, S. Bekman's "Maximum Achievable Matmul FLOPS" table
+#:   (ml-engineering) times :data:`MAMF_TO_SUSTAINED` (the table's figures are burst rates).
+#: - Attention, H100/H200: ``sdpa`` :data:`H100_SDPA` (measured), ``fused`` :data:`H100_CUDNN` (cuDNN
+#:   9.1.1's published figures; later releases run 1.02-1.28x faster on an H200,
+#:   bench/data/cudnn_sdpa_published.json, so the curve errs on the slow, safe side of a schedule).
+#: - Attention, B200/GB200: ``fused`` :data:`BLACKWELL_CUDNN` (NVIDIA's published cuDNN 9.18 figures on
+#:   a GB200); ``sdpa``, memory-bound kernels and NCCL CTAs: not known, the calibration's.
+#: - Attention, A100, both kernels and passes 0.60: FlashAttention-2 reaches 50-73 % of the A100's peak
+#:   forward, less backward (Dao 2023); not measured here.
+#: - V100, L4, RTX 4090: no measurement; the calibration's efficiencies (the tile model still applies).
+#: - Memory-bound kernels, H100 (H200: the H100's), PyTorch's (``torch``): measured on the lent H100
+#:   (bench/out/gpu-2026-11-23/kernels.json): layer_norm 0.58-0.61 and softmax 0.37-0.39 of the HBM peak,
+#:   the lower of each rounded down; a copy, an add and GELU 0.80-0.91 (the calibration's 0.8 stands).
+#:   Backward passes are priced at the forward's fraction; Megatron-LM's kernels: the calibration's.
+#: - Collective CTAs 24, A100 and H100/H200: a CTA of NCCL holds its SM (NVIDIA/nccl issue #1656);
+#:   traces show 24 on a DGX A100 (NVIDIA/nccl issue #1225) and under FSDP on an H100 (NVIDIA developer
+#:   forum, "Compute-Communication Overlap Causes Severe GEMM Performance Degradation because of Tail
+#:   Effect"). Not measured here. Other GPUs: unknown, no slowdown priced.
 _H100_TORCH_MEMORY = {"torch": {"layernorm": 0.58, "softmax": 0.36}}
 #: The H100's 16-bit GEMM ceiling, measured on the lent H100 (above).
 _H100_GEMM = 0.74

@@ -57,7 +57,7 @@ def misordered_axes(src: TensorLayout, dst: TensorLayout) -> tuple[str, ...]:
     it (outer first), beyond the two orders' common beginning: a device's piece of a dim split over
     several axes is indexed by its coordinates in that order, so its piece under ``src`` is not a
     superset of its piece under ``dst`` there. Such an axis is gathered before the dim is split again
-    (DTensor all-gathers it first; measured on a gloo run, 2026-11-28)."""
+    (DTensor all-gathers it first, as a gloo run shows)."""
     want = dict(dst.split)
     out: list[str] = []
     for d, axes in src.split:

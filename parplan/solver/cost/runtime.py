@@ -125,7 +125,7 @@ class Runtime(StrEnum):
     MEGATRON = "megatron"
     TORCH = "torch"  # PyTorch-native (DTensor TP/SP, FSDP2), CUDA kernels
     TORCH_CPU = "torch-cpu"  # the same with CPU kernels (the agent's gloo runs)
-    #: the agent's per-operator plan interpreter (``parplan/agent/ilp_exec.py``) on CPU kernels:
+    #: the agent's per-operator plan interpreter (``parplan/agent/plan_interpreter.py``) on CPU kernels:
     #: torch-cpu's rules, but its RMSNorm keeps ``x`` and ``rstd``, as fused GPU kernels do, and a
     #: vocabulary-split embedding makes the gradient of its own rows only
     INTERPRETER_CPU = "interpreter-cpu"

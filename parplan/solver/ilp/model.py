@@ -12,8 +12,7 @@ Objectives (memory ``M`` in bytes per device, time ``C`` in seconds per step):
 - ``memory``: minimise ``M`` subject to ``C <= time_limit`` (and ``M <= budget``).
 
 ``B`` may be continuous: with ``X`` binary, constraints (7)-(8) leave exactly one edge of each
-original edge at 1. HiGHS solves it, built directly through highspy's arrays (building it through
-PuLP cost more than solving it); CBC, through PuLP, is the fallback. Peak terms implied by another
+original edge at 1. :mod:`.backends` solves it (HiGHS, or CBC as the fallback). Peak terms implied by another
 (:func:`kept_peaks`) and edges that cost nothing under any choice are left out of the model: the
 optimum is the same. A node's or edge's buffers that several peak terms hold in the same proportion
 (a block's saved activations, counted at every later moment) are written once, as a continuous
@@ -28,15 +27,16 @@ does not tolerate); results are reported in bytes.
 from __future__ import annotations
 
 import math
-import os
-import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from parplan.solver.errors import SolverError
+from parplan.solver.ilp.backends import HIGHS_OPTIONS as HIGHS_OPTIONS  # re-exported: the solver's settings
+from parplan.solver.ilp.backends import MIP_REL_GAP as MIP_REL_GAP
+from parplan.solver.ilp.backends import Formulation, run
+from parplan.solver.ilp.backends import configured_highs as configured_highs
 
 if TYPE_CHECKING:
     import numpy as np
@@ -48,40 +48,11 @@ _MEM = float(2**30)
 
 #: A MIP solver accepts a choice that breaks a row by up to its feasibility tolerance, in the row's
 #: own units (HiGHS's ``mip_feasibility_tolerance`` is 1e-6, CBC's primal tolerance 1e-7). A step
-#: time limit written in seconds could then be exceeded by a microsecond, 0.1 % of a 1 ms step: a
-#: min-memory answer found 5e-5 above its limit, and the planner, which checks the limit exactly,
-#: fell back to a plan 12.5 % slower than the fastest known (tests/solver/test_never_dominated.py).
-#: Under a time limit, time is written in units of the limit, and the row stops this far below 1.
+#: time limit written in seconds could then be exceeded by a microsecond, 0.1 % of a 1 ms step, and
+#: the planner, which checks the limit exactly, would refuse the answer for a slower plan
+#: (tests/solver/test_never_dominated.py). Under a time limit, time is written in units of the
+#: limit, and the row stops this far below 1.
 ROW_TOLERANCE = 1e-6
-
-#: A solve stops once its answer is proven within this fraction of the optimum (HiGHS's and CBC's
-#: relative MIP gap; HiGHS's own default is 1e-4). Memory answers are then at most 0.2% above the
-#: least; the plan reports the gap it reached. At 1e-3, t5-11b's memory solve spent four fifths of
-#: its time proving the last 0.1%, and the answer it found then was 0.001% smaller than the one it
-#: had (bert-large 0.01%, llama-2-70b on 64 GPUs 0.04%; bench/RESULTS.md, issue 10). A ``cutoff``
-#: likewise asks only for a choice better than the known one by more than this fraction.
-MIP_REL_GAP = 2e-3
-
-#: HiGHS options besides the defaults. The models come out of :func:`formulate` with little left
-#: for presolve to remove (it took 13% of bert-large's memory solve), and restarting the root
-#: after fixing columns repeated most of that solve; without either, issue 10's ILP cases ran in
-#: 8.4 s instead of 11.8 (bert-large), 30 s instead of 53 (t5-11b) and 39 s instead of 55
-#: (llama-2-70b on 64 GPUs) with the same memory; where several plans hold the same memory within
-#: the gap, the solver may now return another of them (bench/RESULTS.md). Turning off restarts
-#: alone made t5-11b miss its time limit: the two go together.
-#: The feasibility-jump heuristic is off: on issue 10's cases it never gave the answer (the root LP
-#: of a time solve is integral; memory solves get their incumbents from rounding and sub-MIPs) and it
-#: took about 0.6 s of every t5-11b solve before the first LP.
-#: RINS and RENS are off: their sub-MIPs run HiGHS's presolve, whose inequality strengthening
-#: (``HPresolve::strengthenInequalities``, HiGHS 1.16) can loop without end and without looking at
-#: the time limit. A memory solve of gpt-3.6b on 8 A100s (batch 64, the time limit at 1.1x
-#: Megatron-LM's step) hung there, in RENS inside RINS's sub-MIP, for over ten minutes under a
-#: 20 s limit, and ``cancelSolve`` did not stop it (tests/data/highs_presolve_hang.mps.gz; HiGHS's
-#: own issue 2226 reports a like loop). With them off and presolve off, no presolve runs at all.
-HIGHS_OPTIONS: dict[str, str | bool] = {"presolve": "off", "mip_allow_restart": False,
-                                         "mip_heuristic_run_feasibility_jump": False,
-                                         "mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
-
 
 @dataclass
 class AuxNode:
@@ -228,53 +199,6 @@ class InfeasibleError(SolverError):
     """No choice satisfies the constraints."""
 
 
-@dataclass
-class _Formulation:
-    """The model as arrays: columns (cost, bounds, binary or not) and rows (sparse, with bounds).
-
-    One formulation feeds both backends (HiGHS directly, CBC through PuLP); rows carry the name and
-    formula they encode."""
-
-    cost: list[float] = field(default_factory=list)
-    lower: list[float] = field(default_factory=list)
-    upper: list[float] = field(default_factory=list)
-    binary: list[bool] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    row_lower: list[float] = field(default_factory=list)
-    row_upper: list[float] = field(default_factory=list)
-    row_start: list[int] = field(default_factory=lambda: [0])
-    row_index: list[int] = field(default_factory=list)
-    row_value: list[float] = field(default_factory=list)
-    row_names: list[str] = field(default_factory=list)
-    start: list[float] | None = None
-
-    def col(self, name: str, lower: float = 0.0, upper: float = 1.0, binary: bool = False) -> int:
-        self.names.append(name)
-        self.cost.append(0.0)
-        self.lower.append(lower)
-        self.upper.append(upper)
-        self.binary.append(binary)
-        return len(self.names) - 1
-
-    def row(self, name: str, terms: Sequence[tuple[int, float]], lower: float, upper: float) -> None:
-        merged: dict[int, float] = {}
-        for j, v in terms:
-            merged[j] = merged.get(j, 0.0) + v
-        for j, v in merged.items():
-            if v:
-                self.row_index.append(j)
-                self.row_value.append(v)
-        self.row_start.append(len(self.row_index))
-        self.row_lower.append(lower)
-        self.row_upper.append(upper)
-        self.row_names.append(name)
-
-    @property
-    def size(self) -> tuple[int, int, int]:
-        """(variables, constraints, nonzeros)."""
-        return len(self.names), len(self.row_names), len(self.row_index)
-
-
 def kept_peaks(problem: AuxProblem) -> list[int]:
     """Indices of the peak terms that can be the largest (the others are implied).
 
@@ -358,9 +282,9 @@ def _shared_shapes(problem: AuxProblem, kept: list[int]) -> set[tuple[str, objec
 
 def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,
               time_limit: float | None = None, start: dict[str, int] | None = None,
-              cutoff: float | None = None) -> tuple[_Formulation, dict[str, list[int]]]:
+              cutoff: float | None = None) -> tuple[Formulation, dict[str, list[int]]]:
     """The model of ``problem`` for ``objective``: (formulation, columns of each node's ``X``)."""
-    f = _Formulation()
+    f = Formulation()
     # seconds per unit of the model's time: the limit's, so that the row's tolerance is relative
     unit = time_limit if time_limit else 1.0
     X: dict[str, list[int]] = {}
@@ -497,145 +421,13 @@ def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
     if work is not None:
         for key, n in zip(("solves", "variables", "constraints", "nonzeros"), (1, *f.size), strict=True):
             work[key] = work.get(key, 0) + n
-    status, gap, used, values = _run(f, timeout_seconds, backend, warm=start is not None and cutoff is None)
+    status, gap, used, values = run(f, timeout_seconds, backend, warm=start is not None and cutoff is None)
     if status == "infeasible":
         raise InfeasibleError("no strategy assignment satisfies the constraints")
     choice = {k: max(range(len(v)), key=lambda s, v=v: values[v[s]]) for k, v in X.items()}  # type: ignore[misc]
     mem, sec = problem.totals(choice)
     obj = mem + alpha * sec if objective == "weighted" else (sec if objective == "time" else mem)
     return IlpResult(status, choice, mem, sec, obj, gap, time.perf_counter() - t0, used, *f.size)
-
-
-def _highs_available() -> bool:
-    try:
-        import highspy  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-_BANNER_LOCK = threading.Lock()
-_banner_shown = False
-
-
-def _new_highs() -> Any:
-    """A silent HiGHS instance. HiGHS (1.12 and later) prints its banner on the process's first
-    instance from C++, to file descriptor 1, before any option can turn output off; that would
-    corrupt ``parplan plan --json``. The first instance is made with descriptor 1 pointed at 2."""
-    global _banner_shown
-    import highspy
-
-    with _BANNER_LOCK:
-        if _banner_shown:
-            h = highspy.Highs()  # type: ignore[no-untyped-call]
-        else:
-            sys.stdout.flush()
-            saved = os.dup(1)
-            try:
-                os.dup2(2, 1)
-                h = highspy.Highs()  # type: ignore[no-untyped-call]
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
-            _banner_shown = True
-    h.setOptionValue("output_flag", False)
-    return h
-
-
-def _run(f: _Formulation, timeout_seconds: float, backend: str, warm: bool = False) -> tuple[
-        Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
-    if backend == "highs" and _highs_available():
-        return _run_highs(f, timeout_seconds, warm)
-    return _run_cbc(f, timeout_seconds)
-
-
-def configured_highs(timeout_seconds: float) -> Any:
-    """A silent HiGHS instance with parplan's settings: the time limit (seconds), one thread, the
-    relative gap :data:`MIP_REL_GAP` and :data:`HIGHS_OPTIONS`."""
-    h = _new_highs()
-    h.setOptionValue("time_limit", float(timeout_seconds))
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
-    for option, value in HIGHS_OPTIONS.items():
-        if h.setOptionValue(option, value) != _highs_ok():
-            raise SolverError(f"HiGHS refused its option {option}={value!r}")
-    return h
-
-
-def _highs_ok() -> Any:
-    import highspy
-
-    return highspy.HighsStatus.kOk
-
-
-def _run_highs(f: _Formulation, timeout_seconds: float, warm: bool) -> tuple[
-        Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
-    import highspy
-    import numpy as np
-
-    h = configured_highs(timeout_seconds)
-    inf = h.getInfinity()
-    n = len(f.names)
-
-    def clip(xs: list[float]) -> Any:
-        return np.clip(np.array(xs, dtype=np.float64), -inf, inf)
-
-    h.addVars(n, clip(f.lower), clip(f.upper))
-    h.changeColsCost(n, np.arange(n, dtype=np.int32), np.array(f.cost, dtype=np.float64))
-    binaries = np.array([j for j, b in enumerate(f.binary) if b], dtype=np.int32)
-    if len(binaries):
-        h.changeColsIntegrality(len(binaries), binaries,
-                                np.full(len(binaries), highspy.HighsVarType.kInteger, dtype=np.uint8))
-    h.addRows(len(f.row_names), clip(f.row_lower), clip(f.row_upper), len(f.row_index),
-              np.array(f.row_start[:-1], dtype=np.int32), np.array(f.row_index, dtype=np.int32),
-              np.array(f.row_value, dtype=np.float64))
-    if warm and f.start is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = list(f.start)
-        h.setSolution(sol)
-    h.run()
-    info = h.getInfo()
-    status_text = h.modelStatusToString(h.getModelStatus()).lower()
-    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    if "infeasible" in status_text or (not has_solution and "time limit" not in status_text):
-        return "infeasible", None, "highs", []
-    if not has_solution:
-        raise SolverError(f"the ILP solver found no solution within the {timeout_seconds:g} s time limit; "
-                          "raise the time limit")
-    gap = float(info.mip_gap) if info.mip_gap < 1e30 else None
-    values = list(h.getSolution().col_value)
-    return ("optimal" if status_text == "optimal" else "feasible"), gap, "highs", values
-
-
-def _run_cbc(f: _Formulation, timeout_seconds: float) -> tuple[
-        Literal["optimal", "feasible", "infeasible"], float | None, str, list[float]]:
-    import pulp
-
-    lp = pulp.LpProblem("parplan_aux", pulp.LpMinimize)
-    cols = [pulp.LpVariable(name, lowBound=lo if lo > -math.inf else None, upBound=up if up < math.inf else None,
-                            cat=pulp.LpBinary if b else pulp.LpContinuous)
-            for name, lo, up, b in zip(f.names, f.lower, f.upper, f.binary, strict=True)]
-    lp += pulp.LpAffineExpression([(cols[j], v) for j, v in enumerate(f.cost) if v])
-    for r, name in enumerate(f.row_names):
-        expr = pulp.LpAffineExpression([(cols[f.row_index[i]], f.row_value[i])
-                                        for i in range(f.row_start[r], f.row_start[r + 1])])
-        lo, up = f.row_lower[r], f.row_upper[r]
-        if lo == up:
-            lp += expr == up, name
-        else:
-            if up < math.inf:
-                lp += expr <= up, name
-            if lo > -math.inf:
-                lp += expr >= lo, name + "__lower"
-    status = lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=timeout_seconds, gapRel=MIP_REL_GAP))
-    values = [float(c.value() or 0.0) for c in cols]
-    if status == pulp.LpStatusInfeasible:
-        return "infeasible", None, "cbc", []
-    if status != pulp.LpStatusOptimal:
-        if any(c.value() is not None for c in cols):
-            return "feasible", None, "cbc", values
-        raise SolverError(f"the ILP solver found no solution within the {timeout_seconds:g} s time limit")
-    return "optimal", 0.0, "cbc", values
 
 
 def _safe(key: str) -> str:

@@ -2,7 +2,6 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-22
 
 Self-contained: the column types are spelled out here (JSONB on PostgreSQL, JSON elsewhere;
 timestamps with time zone), not imported from the models, so later model changes cannot alter
@@ -32,7 +31,7 @@ def _ts(name: str, nullable: bool) -> sa.Column[Any]:
     return sa.Column(name, sa.DateTime(timezone=True), nullable=nullable)
 
 
-def upgrade() -> None:
+def _api_tokens() -> None:
     op.create_table(
         "api_tokens",
         sa.Column("id", sa.Uuid(), primary_key=True),
@@ -44,6 +43,9 @@ def upgrade() -> None:
         _ts("revoked_at", True),
         sa.UniqueConstraint("token_hash", name="uq_api_tokens_token_hash"),
     )
+
+
+def _plans() -> None:
     op.create_table(
         "plans",
         sa.Column("id", sa.Uuid(), primary_key=True),
@@ -57,6 +59,9 @@ def upgrade() -> None:
         sa.UniqueConstraint("cache_key", name="uq_plans_cache_key"),
     )
     op.create_index("ix_plans_request_hash", "plans", ["request_hash"])
+
+
+def _agents() -> None:
     op.create_table(
         "agents",
         sa.Column("id", sa.Uuid(), primary_key=True),
@@ -68,6 +73,9 @@ def upgrade() -> None:
         _ts("last_heartbeat_at", False),
     )
     op.create_index("ix_agents_hardware_key", "agents", ["hardware_key"])
+
+
+def _jobs() -> None:
     op.create_table(
         "jobs",
         sa.Column("id", sa.Uuid(), primary_key=True),
@@ -98,6 +106,9 @@ def upgrade() -> None:
     op.create_index("ix_jobs_plan_id", "jobs", ["plan_id"])
     op.create_index("ix_jobs_status_created", "jobs", ["status", "created_at"])
     op.create_index("ix_jobs_status_deadline", "jobs", ["status", "deadline_at"])
+
+
+def _validations() -> None:
     op.create_table(
         "validations",
         sa.Column("id", sa.Uuid(), primary_key=True),
@@ -115,6 +126,9 @@ def upgrade() -> None:
     op.create_index("ix_validations_agent_id", "validations", ["agent_id"])
     op.create_index("ix_validations_plan_id", "validations", ["plan_id"])
     op.create_index("ix_validations_status_created", "validations", ["status", "created_at"])
+
+
+def _profiles() -> None:
     op.create_table(
         "profiles",
         sa.Column("id", sa.Uuid(), primary_key=True),
@@ -131,6 +145,12 @@ def upgrade() -> None:
     op.create_index("ix_profiles_created", "profiles", ["created_at", "id"])
     op.create_index("ix_profiles_gpu_kind_created", "profiles", ["gpu", "kind", "created_at"])
     op.create_index("ix_profiles_key_kind_created", "profiles", ["hardware_key", "kind", "created_at"])
+
+
+def upgrade() -> None:
+    # each table after those its foreign keys name
+    for create in (_api_tokens, _plans, _agents, _jobs, _validations, _profiles):
+        create()
 
 
 def downgrade() -> None:

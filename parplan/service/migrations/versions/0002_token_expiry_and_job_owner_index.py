@@ -3,7 +3,6 @@
 
 Revision ID: 0002
 Revises: 0001
-Create Date: 2026-11-24
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ rows; their streams start from the job's row (event id 0).
 
 Revision ID: 0003
 Revises: 0002
-Create Date: 2026-11-24
 """
 
 from __future__ import annotations
