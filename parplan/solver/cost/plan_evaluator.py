@@ -12,6 +12,7 @@ Uniform (Megatron-style) strategies are evaluated through it too (:mod:`.plan_me
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration, apply
@@ -186,12 +187,12 @@ class PlanEvaluator:
     def unit_cost(self, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision, timed: bool) -> UnitCost:
         return unit_cost(self, plan, u, s, prec, timed)
 
-    def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: list[OwnedParam],
+    def sync_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam],
                      prec: Precision, unit_numel: float) -> DataParallelTraffic:
         """:func:`~.gradient_sync.sync_seconds`."""
         return sync_seconds(self, plan, s, params, prec, unit_numel)
 
-    def copy_seconds(self, plan: LayerPlan, s: LayerStrategy, params: list[OwnedParam], prec: Precision,
+    def copy_seconds(self, plan: LayerPlan, s: LayerStrategy, params: Iterable[OwnedParam], prec: Precision,
                      reductions: int) -> float:
         """:func:`~.gradient_sync.copy_seconds`."""
         return copy_seconds(self, plan, s, params, prec, reductions)
