@@ -43,7 +43,7 @@ UNDER = 0.02
 #: keeps each block's gathered copy from its forward to its backward), G11 (pipelining runs an FSDP2
 #: stage's backward without resharding or gradient sync until the step's end), G12 (interleaved
 #: 1F1B: the device's own order of chunk forwards and backwards, a receive buffer per virtual-stage
-#: boundary, every send's handle kept to the step's end: cost.plan_evaluator._interleaved_stage),
+#: boundary, every send's handle kept to the step's end: cost.stage_memory.interleaved_stage_memory),
 #: G13 (selective recomputation re-runs the attention core in backward: cost.backward), G14
 #: (synchronising after every micro-batch is a strategy field, sync_every_microbatch). A gap found
 #: later goes here with its bound and reason. Open:

@@ -186,7 +186,7 @@ def test_dp_search_with_cp_equals_brute_force_over_per_layer_assignments() -> No
     graph_for = lambda b: build_graph(cfg, batch=b)  # noqa: E731
     ev = PlanEvaluator(functools.cache(lambda b: GraphCosts(graph_for(b))), cluster, DEFAULT_CALIBRATION)
     # ZeRO-3 left out: the DP's tables bound its gathered weights and gradients per block from above
-    # (plan_evaluator.unit_temporary_bytes), so at a tight budget they exclude plans that the whole-plan
+    # (stage_memory.unit_temporary_bytes), so at a tight budget they exclude plans that the whole-plan
     # walk finds fitting: that bound, not CP, would be what the comparison measured
     opts = SpaceOptions(zero_stages=(0, 1, 2), checkpointing=False, sequence_parallel="never", both_orders=False,
                         max_cp=4, cp_min_tokens=512)

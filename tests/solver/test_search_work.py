@@ -296,7 +296,7 @@ def test_vectorised_keyed_dp_equals_the_loops(layers: int, strategies: int, budg
 @pytest.mark.parametrize("family", ["gpt", "llama"])
 def test_alike_middle_stages_priced_once_give_what_each_stage_priced_afresh_gives(family: str) -> None:
     """The evaluator prices a stage's time once for every stage between the first and the last
-    made of alike units (:meth:`PlanEvaluator._stage_time_key`): uniform and per-layer plans of
+    made of alike units (:func:`~parplan.solver.cost.price_keys.stage_time_key`): uniform and per-layer plans of
     deep pipelines (1F1B, GPipe, interleaved) priced by it and by an evaluator that caches nothing
     give the same figures, each stage with its own index."""
     cfg = (TransformerConfig("gpt", "tiny", 16, 256, 8, 1024, 4096, 256) if family == "gpt" else

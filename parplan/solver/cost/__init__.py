@@ -11,9 +11,12 @@
    overlap).
 3. Units: :mod:`.unit_strategy` (a unit's layout) and :mod:`.units` (a unit's costs under a
    per-unit strategy, priced once per distinct unit); :mod:`.backward` walks one unit's backward.
-4. Whole plans: :mod:`.plan_evaluator` prices a plan whose layers may each use their own
-   strategy (uniform strategies are the special case, :mod:`.plan_memory`, :mod:`.plan_time`);
-   :mod:`.peak` finds the moment of the step at which a stage holds the most.
+4. Whole plans (:mod:`.layer_plan`: a plan whose layers may each use their own strategy):
+   pure pricing functions place its units (:mod:`.plan_structure`) and price a stage's memory
+   (:mod:`.stage_memory`; :mod:`.peak` finds the moment of the step at which a stage holds the
+   most), its time (:mod:`.stage_time`) and its data-parallel work (:mod:`.gradient_sync`);
+   :mod:`.plan_evaluator` is the memo layer over them (:mod:`.memo`, keyed by :mod:`.price_keys`).
+   Uniform strategies are the special case, :mod:`.plan_memory`, :mod:`.plan_time`.
 
 The ILP's per-operator costs (:mod:`parplan.solver.ilp.costs`) are built from layers 1 and 2.
 """

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.plan_evaluator import LayerStrategy
+from parplan.solver.cost.layer_plan import LayerStrategy
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts, TimeEnv

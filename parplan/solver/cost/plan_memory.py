@@ -7,14 +7,16 @@ recomputed block, the logits' gradient, a sequence-parallel gather, FSDP's gathe
 unsharded gradients). The stage's peak is the busiest moment of the step, found by walking its
 forward and backward (:mod:`parplan.solver.cost.peak`): at most the sum of the categories' peaks.
 
-A uniform strategy is a :class:`~parplan.solver.cost.plan_evaluator.LayerPlan` whose blocks all agree;
-:mod:`parplan.solver.cost.plan_evaluator` does the accounting.
+A uniform strategy is a :class:`~parplan.solver.cost.layer_plan.LayerPlan` whose blocks all agree;
+:mod:`parplan.solver.cost.stage_memory` does the accounting, through the shared evaluator's memos.
 """
 
 from __future__ import annotations
 
+from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy
 from parplan.solver.cost.pipeline import blocks_of
-from parplan.solver.cost.plan_evaluator import LayerPlan, LayerStrategy, PlanMemory, StageMemory, shared_evaluator
+from parplan.solver.cost.plan_evaluator import shared_evaluator
+from parplan.solver.cost.stage_memory import PlanMemory, StageMemory
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.ir import Graph
 from parplan.solver.strategy import ParallelConfig, check_divisibility

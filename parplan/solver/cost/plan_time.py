@@ -16,15 +16,16 @@ A step is ``m·t_max + (Σ_s t_s − t_max)/v`` (1F1B/GPipe with ``v = 1``: the 
 the pipeline ``Σ_s t_s − t_max`` after the slowest stage finishes its ``m``; interleaving with ``v``
 chunks divides that bubble by ``v``), plus the slowest stage's once-per-step work: gradient
 synchronisation not hidden behind each layer's backward, and the optimizer step (memory bound).
-The accounting is :mod:`parplan.solver.cost.plan_evaluator`'s.
+The accounting is :mod:`parplan.solver.cost.stage_time`'s, through the shared evaluator's memos.
 """
 
 from __future__ import annotations
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
-from parplan.solver.cost.plan_evaluator import PlanTime, StageTime, shared_evaluator
+from parplan.solver.cost.plan_evaluator import shared_evaluator
 from parplan.solver.cost.plan_memory import layer_plan
+from parplan.solver.cost.stage_time import PlanTime, StageTime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph

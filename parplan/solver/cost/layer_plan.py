@@ -1,0 +1,123 @@
+"""A plan whose blocks may each use a different strategy (Galvatron-BMW's per-layer decision tree).
+
+A :class:`LayerPlan` cuts the blocks into pipeline stages and gives every block a
+:class:`LayerStrategy` — its tensor- and data-parallel degrees inside the stage, their nesting
+order, the ZeRO stage of its data parallelism, sequence parallelism, recomputation and expert
+parallelism. Units that are not blocks (embedding, LM head, a T5 encoder's final norm) take the
+strategy of the block beside them. A uniform (Megatron-style) strategy is the special case where
+every block agrees (:func:`~parplan.solver.cost.plan_memory.layer_plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.unit_strategy import UnitStrategy
+from parplan.solver.cost.units import GraphCosts
+from parplan.solver.errors import StrategyError
+from parplan.solver.strategy import Schedule
+
+#: the model's graph costs for one data-parallel rank's batch per micro-batch
+CostsFor = Callable[[int], GraphCosts]
+
+
+@dataclass(frozen=True)
+class LayerStrategy:
+    """One block's strategy inside its pipeline stage (``tp * cp * dp`` = the stage's devices)."""
+
+    tp: int = 1
+    dp: int = 1
+    zero: int = 0  # 0: plain data parallelism; 1, 2: ZeRO; 3: sharded data parallelism (FSDP)
+    sp: bool = False
+    recompute: Recompute = Recompute.SELECTIVE
+    tp_inner: bool = True  # TP ranks are consecutive devices (else the DP ranks are)
+    ep: int = 1  # expert-parallel degree (MoE), dividing dp
+    cp: int = 1  # context-parallel degree: the sequence split over cp ranks, the same for every block
+    cp_comm: str = "p2p"  # how attention exchanges under CP: the ring (p2p) or all-to-alls (a2a, Ulysses)
+
+    def unit(self, flash_attention: bool, runtime: Runtime = Runtime.MEGATRON) -> UnitStrategy:
+        return UnitStrategy(tp=self.tp, sp=self.sp, ep=self.ep, recompute=self.recompute,
+                            flash_attention=flash_attention, runtime=runtime, cp=self.cp, cp_comm=self.cp_comm)
+
+    @property
+    def data_ranks(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together: ``dp x cp``."""
+        return self.dp * self.cp
+
+    @property
+    def layout_key(self) -> tuple[int, ...]:
+        """What decides the layout of the activation between blocks."""
+        key = (self.tp, self.dp, self.tp_inner, self.sp, self.ep)
+        return (*key, self.cp) if self.cp > 1 else key
+
+    def describe(self) -> str:
+        cp = f"cp{self.cp}" + (" a2a" if self.cp_comm == "a2a" else "")
+        parts = [f"tp{self.tp}", f"dp{self.dp}"] + ([cp] if self.cp > 1 else [])
+        if self.zero:
+            parts.append("sdp" if self.zero == 3 else f"zero{self.zero}")
+        if self.sp:
+            parts.append("sp")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.tp > 1 and self.dp > 1:
+            parts.append("tp-inner" if self.tp_inner else "dp-inner")
+        parts.append("ckpt" if self.recompute is Recompute.FULL else self.recompute.value)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Pipeline degree, micro-batching, and a strategy per block."""
+
+    pp: int
+    num_microbatches: int
+    global_batch: int
+    layers: Mapping[str, LayerStrategy]
+    partition: tuple[int, ...] | None = None
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    flash_attention: bool = True
+    precision: str = "bf16"
+    runtime: Runtime = Runtime.MEGATRON  # whose buffers the memory counts (see cost.runtime)
+    sync_every_microbatch: bool = False  # gradients reduced after every micro-batch, not only the last
+    tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap: TP collectives under the unit's GEMMs
+    overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather: weight all-gather under forward
+    overlap_grad_reduce: bool = True  # gradients reduced under the backward (false: Megatron-LM without the flag)
+    pp_scatter_gather: bool = False  # Megatron-LM's scatter-gather-tensors-in-pipeline: hand-offs split over TP
+    _devices: int = field(default=0, compare=False)
+
+    def local_batch(self, s: LayerStrategy) -> int:
+        """Samples one data-parallel rank of a block processes per micro-batch."""
+        per = self.num_microbatches * s.dp
+        if self.global_batch % per:
+            raise StrategyError(f"global batch {self.global_batch} is not a multiple of {self.num_microbatches} "
+                                f"micro-batches x dp {s.dp}")
+        return self.global_batch // per
+
+    @property
+    def first_strategy(self) -> LayerStrategy:
+        """The first block's strategy (its local batch sizes the graph the plan's structure is read from)."""
+        return next(iter(self.layers.values()))
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per device: ``v`` under the interleaved schedule, else 1."""
+        return self.virtual_stages if self.schedule is Schedule.INTERLEAVED and self.virtual_stages > 1 else 1
+
+
+def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
+    """Everything a plan's memory and time depend on, hashable (two plans with equal keys are
+    priced the same)."""
+    return (plan.pp, plan.num_microbatches, plan.global_batch, plan.partition, plan.schedule, plan.virtual_stages,
+            plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
+            plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, plan.pp_scatter_gather,
+            tuple(plan.layers.items()))
+
+
+def group_ranks(s: LayerStrategy, expert: bool) -> int:
+    """Ranks a parameter's gradients are reduced over: ``dp x cp``, of an expert's ``/ ep``."""
+    return s.data_ranks // s.ep if expert else s.data_ranks
