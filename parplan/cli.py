@@ -134,7 +134,7 @@ def _memory_table(doc: dict[str, Any]) -> str:
 def cmd_memory(args: argparse.Namespace) -> int:
     if args.from_ is not None:
         return _memory_from(args)
-    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus", "tp", "pp") if getattr(args, n) is None]
+    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus") if getattr(args, n) is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --from KIND FILE)")
     if args.suggest:

@@ -40,6 +40,9 @@ def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
 
 positive = int_at_least(1)
 
+#: ``--tp`` and ``--pp`` when not given.
+DEFAULT_DEGREE = 1
+
 
 def positive_float(text: str) -> float:
     try:
@@ -73,8 +76,9 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
     p.add_argument("--model", required=not importable,
                    help="preset name (see `parplan models`), graph JSON or HF config.json")
     add_cluster_args(p, required=not importable)
-    p.add_argument("--tp", type=positive, required=not importable, help="tensor-parallel degree")
-    p.add_argument("--pp", type=positive, required=not importable, help="pipeline-parallel degree")
+    # left None when not given, so that --from can tell a degree given from its default
+    p.add_argument("--tp", type=positive, default=None, help=f"tensor-parallel degree (default {DEFAULT_DEGREE})")
+    p.add_argument("--pp", type=positive, default=None, help=f"pipeline-parallel degree (default {DEFAULT_DEGREE})")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                    help="ZeRO stage over the data-parallel group (1 = Megatron's distributed optimizer)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
@@ -159,19 +163,21 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
     model = resolve_model(args.model, seq_len=args.seq_len)
     cluster = make_cluster(args.gpus, args.gpus_per_node, args.gpu, args.gpu_memory_gib)
     cp = getattr(args, "cp", 1)
-    per_replica = args.tp * args.pp * cp
+    tp = DEFAULT_DEGREE if args.tp is None else args.tp
+    pp = DEFAULT_DEGREE if args.pp is None else args.pp
+    per_replica = tp * pp * cp
     if cluster.num_devices % per_replica:
         what = "tp x pp x cp" if cp > 1 else "tp x pp"
-        degrees = f"{args.tp} x {args.pp}" + (f" x {cp}" if cp > 1 else "")
+        degrees = f"{tp} x {pp}" + (f" x {cp}" if cp > 1 else "")
         raise UsageError(f"{what} = {degrees} = {per_replica} does not divide the {args.gpus} GPUs")
     dp = cluster.num_devices // per_replica
     if args.global_batch is None:
-        m = 4 * args.pp if args.pp > 1 else 1
+        m = 4 * pp if pp > 1 else 1
     else:
         m = microbatches_for(args.global_batch, args.micro_batch, dp)
     schedule = Schedule(args.schedule)
     strategy = ParallelConfig(
-        tp=args.tp, pp=args.pp, dp=dp, zero=args.zero, sequence_parallel=args.sequence_parallel,
+        tp=tp, pp=pp, dp=dp, zero=args.zero, sequence_parallel=args.sequence_parallel,
         recompute=Recompute(args.recompute), micro_batch=args.micro_batch, num_microbatches=m,
         schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
         flash_attention=not args.no_flash_attention, precision=args.precision,
