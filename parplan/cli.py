@@ -172,7 +172,8 @@ def _memory_from(args: argparse.Namespace) -> int:
     cluster = make_cluster(imported.gpus, args.gpus_per_node or imported.gpus_per_node, args.gpu, args.gpu_memory_gib)
     doc = price(imported, cluster)
     if args.suggest:
-        from parplan.solver.planner import parse_plan_request, solve
+        from parplan.solver.planner import solve
+        from parplan.solver.request import parse_plan_request
 
         spec = _model_spec(imported.model, doc["model"]["seq_len"])
         body = {"model": spec, "cluster": {"gpus": cluster.num_devices, "gpus_per_node": cluster.gpus_per_node,
@@ -247,7 +248,8 @@ def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from parplan.solver.planner import parse_plan_request, solve
+    from parplan.solver.planner import solve
+    from parplan.solver.request import parse_plan_request
 
     body, model = plan_request_and_model(args)
     if args.export is not None and args.target == "any":
