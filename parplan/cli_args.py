@@ -201,8 +201,9 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
 
 
 def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The HTTP request body (DESIGN.md's shape) equivalent to ``parplan plan`` arguments."""
-    return plan_request_and_model(args)[0].to_body()
+    """The HTTP request body (DESIGN.md's shape) equivalent to ``parplan plan`` arguments, as
+    ``parplan remote plan`` sends it (the service reads it with :class:`PlanRequestIn`)."""
+    return _plan_body(args)[0]
 
 
 def plan_request_and_model(args: argparse.Namespace) -> tuple[PlanRequestIn, ModelSource | None]:
@@ -210,6 +211,11 @@ def plan_request_and_model(args: argparse.Namespace) -> tuple[PlanRequestIn, Mod
     model its ``graph`` stands for as :meth:`~parplan.solver.request.ModelSpec.source` would read it
     back (None for a preset or an HF config): the CLI plans with it rather than reading the graph it
     just wrote (thousands of nodes for a traced config, validated again)."""
+    body, model = _plan_body(args)
+    return read_body(body), model
+
+
+def _plan_body(args: argparse.Namespace) -> tuple[dict[str, Any], ModelSource | None]:
     model = resolve_model(args.model, seq_len=args.seq_len, trace=getattr(args, "trace", False))
     if model.config is not None and not args.model.endswith(".json"):
         spec: dict[str, Any] = {"preset": model.name}
@@ -234,4 +240,4 @@ def plan_request_and_model(args: argparse.Namespace) -> tuple[PlanRequestIn, Mod
         "pareto": args.pareto,
         "target": args.target,
     }
-    return read_body(body), same
+    return body, same

@@ -172,6 +172,19 @@ def test_tp_and_pp_default_to_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert "tensor-parallel degree (default 1)" in usage and "pipeline-parallel degree (default 1)" in usage
 
 
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--mesh", "3x3"], "mesh: 3x3 = 9 devices does not factor the cluster's 8"),
+    (["--time-limit", "7200"], "time_limit: must be at most 3600"),
+    (["--target", "megatron", "--search", "ilp"], "search: target megatron runs one strategy"),
+    (["--gpu", "Z80"], "cluster.gpu: unknown GPU 'Z80'"),
+])
+def test_plan_request_errors_are_one_line_naming_the_field(capsys: pytest.CaptureFixture[str], extra: list[str],
+                                                          needle: str) -> None:
+    """``parplan plan`` builds the request model POST /v1/plans reads: its checks, one line, exit 2."""
+    err = run_error(capsys, "plan", "--model", "gpt-1.7b", "--gpus", "8", *extra)
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_bad_graph_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "g.json"
     path.write_text(json.dumps({"nodes": [{"id": "a", "kind": "einsum", "inputs": ["b"], "dims": {"x": 2}}]}))
