@@ -15,7 +15,8 @@ from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ilp.search import search
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 CASES = [("gpt-7.5b", 8, 64), ("llama-2-70b", 64, 128)]
 

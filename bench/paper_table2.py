@@ -26,7 +26,8 @@ from typing import Any
 
 from _common import header
 
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 #: The paper's Table 2, "Relative" to Megatron-LM (its memory / Megatron-LM's), for reference.
 PAPER_RELATIVE_MLM = {

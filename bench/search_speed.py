@@ -20,7 +20,8 @@ from parplan.solver.cluster import make_cluster
 from parplan.solver.dp.search import search
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.presets import get_preset
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 CASES = [("gpt-7.5b", 8, "A100-80GB"), ("gpt-7.5b", 64, "A100-80GB"), ("llama-2-70b", 1024, "H100-80GB"),
          ("llama-3-405b", 16384, "H100-80GB")]

@@ -134,7 +134,7 @@ def _memory_table(doc: dict[str, Any]) -> str:
 def cmd_memory(args: argparse.Namespace) -> int:
     if args.from_ is not None:
         return _memory_from(args)
-    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus", "tp", "pp") if getattr(args, n) is None]
+    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus") if getattr(args, n) is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --from KIND FILE)")
     if args.suggest:
@@ -172,7 +172,8 @@ def _memory_from(args: argparse.Namespace) -> int:
     cluster = make_cluster(imported.gpus, args.gpus_per_node or imported.gpus_per_node, args.gpu, args.gpu_memory_gib)
     doc = price(imported, cluster)
     if args.suggest:
-        from parplan.solver.planner import parse_plan_request, solve
+        from parplan.solver.planner import solve
+        from parplan.solver.request import parse_plan_request
 
         spec = _model_spec(imported.model, doc["model"]["seq_len"])
         body = {"model": spec, "cluster": {"gpus": cluster.num_devices, "gpus_per_node": cluster.gpus_per_node,
@@ -247,7 +248,8 @@ def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from parplan.solver.planner import parse_plan_request, solve
+    from parplan.solver.planner import solve
+    from parplan.solver.request import parse_plan_request
 
     body, model = plan_request_and_model(args)
     if args.export is not None and args.target == "any":

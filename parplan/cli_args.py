@@ -15,6 +15,14 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.models import ModelSource, resolve_model
+from parplan.solver.request import (
+    DEFAULT_GPU,
+    DEFAULT_MAX_SLOWDOWN,
+    DEFAULT_PRECISION,
+    DEFAULT_TIME_LIMIT_SECONDS,
+    PlanRequestIn,
+    read_body,
+)
 from parplan.solver.strategy import ParallelConfig, Schedule, microbatches_for
 from parplan.solver.targets import Target
 
@@ -40,6 +48,9 @@ def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
 
 positive = int_at_least(1)
 
+#: ``--tp`` and ``--pp`` when not given.
+DEFAULT_DEGREE = 1
+
 
 def positive_float(text: str) -> float:
     try:
@@ -64,7 +75,7 @@ def mesh(text: str) -> list[int]:
 def add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--gpus", type=positive, required=required, help="number of devices")
     p.add_argument("--gpus-per-node", type=positive, default=None, help="devices per node (default: the GPU's)")
-    p.add_argument("--gpu", default="A100-80GB", help=f"GPU preset: {', '.join(GPU_PRESETS)} (default A100-80GB)")
+    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU preset: {', '.join(GPU_PRESETS)} (default {DEFAULT_GPU})")
     p.add_argument("--gpu-memory-gib", type=positive_float, default=None, help="override the device memory (GiB)")
 
 
@@ -73,8 +84,9 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
     p.add_argument("--model", required=not importable,
                    help="preset name (see `parplan models`), graph JSON or HF config.json")
     add_cluster_args(p, required=not importable)
-    p.add_argument("--tp", type=positive, required=not importable, help="tensor-parallel degree")
-    p.add_argument("--pp", type=positive, required=not importable, help="pipeline-parallel degree")
+    # left None when not given, so that --from can tell a degree given from its default
+    p.add_argument("--tp", type=positive, default=None, help=f"tensor-parallel degree (default {DEFAULT_DEGREE})")
+    p.add_argument("--pp", type=positive, default=None, help=f"pipeline-parallel degree (default {DEFAULT_DEGREE})")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                    help="ZeRO stage over the data-parallel group (1 = Megatron's distributed optimizer)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
@@ -89,7 +101,7 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                    help="model chunks per device for --schedule interleaved (default 2)")
     p.add_argument("--no-flash-attention", action="store_true",
                    help="attention materialises the s x s scores (adds Korthikanti's 5as/h term)")
-    p.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
+    p.add_argument("--precision", choices=list(PRECISIONS), default=DEFAULT_PRECISION,
                    help="bf16 (default: fp32 grads + master + Adam, 18 B/param), bf16-grad16 (16 B/param), "
                         "fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, 20 B/param), fp8-cs (the same "
                         "with current scaling)")
@@ -129,18 +141,20 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--global-batch", type=positive, default=None, help="samples per step (default: the GPUs)")
     plan.add_argument("--micro-batch", type=positive, default=None,
                       help="samples per micro-batch of one data-parallel replica (default: searched)")
-    plan.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
+    plan.add_argument("--precision", choices=list(PRECISIONS), default=DEFAULT_PRECISION,
                       help="training precision, as for parplan memory (default bf16; fp8: Transformer Engine's FP8 "
                            "recipe; fp8-cs: with current scaling)")
     plan.add_argument("--objective", choices=["min-memory", "max-throughput"], default="min-memory")
     plan.add_argument("--alpha", type=float, default=None,
                       help="min-memory as memory + alpha x time: GiB per device one second of step time is worth")
-    plan.add_argument("--max-slowdown", type=float, default=0.1,
-                      help="min-memory: step time within (1 + this) of the best plan found (default 0.1)")
+    plan.add_argument("--max-slowdown", type=float, default=DEFAULT_MAX_SLOWDOWN,
+                      help="min-memory: step time within (1 + this) of the best plan found "
+                           f"(default {DEFAULT_MAX_SLOWDOWN:g})")
     plan.add_argument("--memory-budget-gib", type=positive_float, default=None,
                       help="memory each device may use (default: all of it)")
     plan.add_argument("--search", choices=["auto", "ilp", "dp"], default="auto")
-    plan.add_argument("--time-limit", type=positive_float, default=60.0, help="solver time limit, seconds")
+    plan.add_argument("--time-limit", type=positive_float, default=DEFAULT_TIME_LIMIT_SECONDS,
+                      help=f"solver time limit, seconds (default {DEFAULT_TIME_LIMIT_SECONDS:g})")
     plan.add_argument("--mesh", type=mesh, default=None,
                       help="fix the ILP's device mesh, e.g. 2x4 (default: searched)")
     plan.add_argument("--pareto", action="store_true",
@@ -159,19 +173,21 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
     model = resolve_model(args.model, seq_len=args.seq_len)
     cluster = make_cluster(args.gpus, args.gpus_per_node, args.gpu, args.gpu_memory_gib)
     cp = getattr(args, "cp", 1)
-    per_replica = args.tp * args.pp * cp
+    tp = DEFAULT_DEGREE if args.tp is None else args.tp
+    pp = DEFAULT_DEGREE if args.pp is None else args.pp
+    per_replica = tp * pp * cp
     if cluster.num_devices % per_replica:
         what = "tp x pp x cp" if cp > 1 else "tp x pp"
-        degrees = f"{args.tp} x {args.pp}" + (f" x {cp}" if cp > 1 else "")
+        degrees = f"{tp} x {pp}" + (f" x {cp}" if cp > 1 else "")
         raise UsageError(f"{what} = {degrees} = {per_replica} does not divide the {args.gpus} GPUs")
     dp = cluster.num_devices // per_replica
     if args.global_batch is None:
-        m = 4 * args.pp if args.pp > 1 else 1
+        m = 4 * pp if pp > 1 else 1
     else:
         m = microbatches_for(args.global_batch, args.micro_batch, dp)
     schedule = Schedule(args.schedule)
     strategy = ParallelConfig(
-        tp=args.tp, pp=args.pp, dp=dp, zero=args.zero, sequence_parallel=args.sequence_parallel,
+        tp=tp, pp=pp, dp=dp, zero=args.zero, sequence_parallel=args.sequence_parallel,
         recompute=Recompute(args.recompute), micro_batch=args.micro_batch, num_microbatches=m,
         schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
         flash_attention=not args.no_flash_attention, precision=args.precision,
@@ -185,15 +201,21 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
 
 
 def plan_request_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The HTTP request body (docs/design.md's shape) equivalent to ``parplan plan`` arguments."""
-    return plan_request_and_model(args)[0]
+    """The HTTP request body (docs/design.md's shape) equivalent to ``parplan plan`` arguments, as
+    ``parplan remote plan`` sends it (the service reads it with :class:`PlanRequestIn`)."""
+    return _plan_body(args)[0]
 
 
-def plan_request_and_model(args: argparse.Namespace) -> tuple[dict[str, Any], ModelSource | None]:
-    """:func:`plan_request_from_args`, and the model its ``graph`` stands for as
-    :func:`~parplan.solver.planner.parse_plan_request` would read it back (None for a preset or an
-    HF config): the CLI plans with it rather than reading the graph it just wrote (thousands of
-    nodes for a traced config, validated again)."""
+def plan_request_and_model(args: argparse.Namespace) -> tuple[PlanRequestIn, ModelSource | None]:
+    """The plan request of ``parplan plan`` arguments (the model ``POST /v1/plans`` reads), and the
+    model its ``graph`` stands for as :meth:`~parplan.solver.request.ModelSpec.source` would read it
+    back (None for a preset or an HF config): the CLI plans with it rather than reading the graph it
+    just wrote (thousands of nodes for a traced config, validated again)."""
+    body, model = _plan_body(args)
+    return read_body(body), model
+
+
+def _plan_body(args: argparse.Namespace) -> tuple[dict[str, Any], ModelSource | None]:
     model = resolve_model(args.model, seq_len=args.seq_len, trace=getattr(args, "trace", False))
     if model.config is not None and not args.model.endswith(".json"):
         spec: dict[str, Any] = {"preset": model.name}
@@ -219,5 +241,3 @@ def plan_request_and_model(args: argparse.Namespace) -> tuple[dict[str, Any], Mo
         "target": args.target,
     }
     return body, same
-
-

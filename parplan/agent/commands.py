@@ -244,7 +244,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _validate_plan_file(args)
     if args.torchtitan is not None:
         return _validate_torchtitan(args)
-    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus", "tp", "pp") if getattr(args, n) is None]
+    missing = [f"--{n.replace('_', '-')}" for n in ("model", "gpus") if getattr(args, n) is None]
     if missing:
         raise UsageError(f"the following arguments are required: {', '.join(missing)} (or --plan FILE)")
     model, cluster, strategy = strategy_from_args(args)

@@ -3,7 +3,7 @@
 Imports nothing from ``parplan.service``, ``parplan.workers`` or ``parplan.agent``.
 """
 
-#: Part of every plan's cache key (``planner.request_hash``): raise it whenever a change can alter a
+#: Part of every plan's cache key (``request.request_hash``): raise it whenever a change can alter a
 #: plan document (prices, searches, the document's keys), so that no cached plan outlives the code
 #: that made it. 0.2.0: the memory fixes measured on an H100, the DP's pruning and ``solver.pareto``,
 #: the ILP's 0.1% gap and its smaller micro-steps. 0.2.1: the ILP's skipped solves and problems,

@@ -1,22 +1,16 @@
-"""Plan requests: parse and validate them (cheap, safe in a request path), and solve them.
-
-``parse_plan_request`` takes the HTTP body shape of docs/design.md (also built by the CLI) and raises
-:class:`~parplan.solver.errors.SolverError` subclasses with a ``field`` for anything invalid, so a
-service can answer 422 before a job exists. ``solve`` runs the search (seconds to minutes) and
-returns the plan document whose keys docs/design.md fixes (the same as ``parplan plan --json``).
+"""Solve plan requests (:class:`~parplan.solver.request.PlanRequest`, read and validated by
+:mod:`parplan.solver.request`). ``solve`` runs the search (seconds to minutes) and returns the plan
+document whose keys docs/design.md fixes (the same as ``parplan plan --json``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
-import math
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from parplan.solver import SOLVER_VERSION
 from parplan.solver.baselines import (
@@ -28,231 +22,16 @@ from parplan.solver.baselines import (
     least_memory_member,
     least_memory_within,
 )
-from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
-from parplan.solver.cluster import Cluster, make_cluster
+from parplan.solver.calibration import Calibration
+from parplan.solver.cluster import Cluster
 from parplan.solver.cost.pipeline import blocks_of
-from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.cost.units import GraphCosts
-from parplan.solver.errors import ConfigError, SolverError
+from parplan.solver.errors import SolverError
 from parplan.solver.evaluate import Evaluation
-from parplan.solver.frontends.presets import get_preset
-from parplan.solver.models import ModelSource, model_from_json
 from parplan.solver.progress import ProgressFn
+from parplan.solver.request import PlanRequest
 from parplan.solver.targets import SPECS, Target, runnable
 from parplan.solver.time_accuracy import time_accuracy
-
-Objective = Literal["min-memory", "max-throughput"]
-Search = Literal["auto", "ilp", "dp"]
-
-#: Limits that keep one request within what a worker can solve (also enforced by the service).
-MAX_DEVICES = 1 << 17
-MAX_GLOBAL_BATCH = 1 << 24
-
-
-class RequestError(ConfigError):
-    """A plan request field is invalid; ``field`` is its dotted location in the request body."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(f"{field}: {message}")
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """A validated plan request. Sizes in samples/tokens; memory in bytes; time in seconds."""
-
-    model: ModelSource
-    cluster: Cluster
-    global_batch: int
-    seq_len: int
-    micro_batch: int | None = None
-    objective: Objective = "min-memory"
-    alpha: float | None = None
-    max_slowdown: float = 0.1
-    memory_budget_bytes: int | None = None
-    search: Search = "auto"
-    time_limit_seconds: float = 60.0
-    calibration: Calibration = DEFAULT_CALIBRATION
-    mesh: tuple[int, ...] | None = None  # fix the ILP's device mesh (sizes, outermost first)
-    pareto: bool = False  # the DP's whole memory vs step-time frontier (else: only down to the answer)
-    target: Target = Target.ANY  # the trainer the plan is for (parplan.solver.targets)
-    precision: str = "bf16"  # parplan.solver.cost.precision.PRECISIONS
-
-    @property
-    def budget_bytes(self) -> int:
-        """Memory each device may use: the budget if given, else the device's memory."""
-        return self.memory_budget_bytes or self.cluster.device_memory_bytes
-
-
-def _int(body: Mapping[str, Any], key: str, where: str, default: int | None = None, lo: int = 1,
-         hi: int | None = None) -> int | None:
-    v = body.get(key)
-    if v is None:
-        v = default
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise RequestError(f"{where}.{key}", f"expected an integer, got {v!r}")
-    if v < lo or (hi is not None and v > hi):
-        raise RequestError(f"{where}.{key}", f"must be between {lo} and {hi}" if hi else f"must be >= {lo}")
-    return v
-
-
-#: Largest memory a request may name, GiB (a device or a budget).
-MAX_MEMORY_GIB = float(2**20)
-
-
-def _num(body: Mapping[str, Any], key: str, where: str, default: float | None,
-         hi: float | None = None) -> float | None:
-    v = body.get(key)
-    if v is None:
-        v = default
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v < 0:
-        raise RequestError(f"{where}.{key}", f"expected a non-negative number, got {v!r}")
-    if hi is not None and v > hi:
-        raise RequestError(f"{where}.{key}", f"must be at most {hi:g}")
-    return float(v)
-
-
-def model_from_spec(spec: Any) -> ModelSource:
-    """The model of a request's ``model`` object (RequestError naming the field when it is bad)."""
-    if not isinstance(spec, Mapping) or len(spec) != 1:
-        raise RequestError("model", "give exactly one of preset, hf_config, graph")
-    (kind, value), = spec.items()
-    try:
-        if kind == "preset":
-            if not isinstance(value, str):
-                raise RequestError("model.preset", "expected a preset name")
-            cfg = get_preset(value)
-            return ModelSource(cfg.name, config=cfg)
-        if kind in ("hf_config", "graph"):
-            if not isinstance(value, Mapping):
-                raise RequestError(f"model.{kind}", "expected a JSON object")
-            return model_from_json(dict(value), name=str(value.get("name") or value.get("_name_or_path") or kind))
-    except RequestError:
-        raise
-    except SolverError as e:
-        raise RequestError(f"model.{kind}", str(e)) from None
-    raise RequestError("model", f"unknown model kind {kind!r}; give preset, hf_config or graph")
-
-
-def parse_plan_request(body: Mapping[str, Any], calibration: Calibration = DEFAULT_CALIBRATION, *,
-                       model: ModelSource | None = None) -> PlanRequest:
-    """Validate a request body (docs/design.md's shape) into a :class:`PlanRequest`. Raises RequestError.
-
-    ``model``, when given, is what ``body["model"]`` reads as, already read and validated (the CLI's
-    traced graph): it is used instead of reading the body's copy again."""
-    if not isinstance(body, Mapping):
-        raise RequestError("body", "expected a JSON object")
-    model = model if model is not None else model_from_spec(body.get("model"))
-    cl = body.get("cluster") or {}
-    if not isinstance(cl, Mapping):
-        raise RequestError("cluster", "expected an object")
-    gpus = _int(cl, "gpus", "cluster", hi=MAX_DEVICES)
-    if gpus is None:
-        raise RequestError("cluster.gpus", "required")
-    try:
-        cluster = make_cluster(gpus, _int(cl, "gpus_per_node", "cluster"), str(cl.get("gpu") or "A100-80GB"),
-                               _num(cl, "gpu_memory_gib", "cluster", None, MAX_MEMORY_GIB))
-    except ConfigError as e:
-        raise RequestError("cluster", str(e)) from None
-    tr = body.get("training") or {}
-    if not isinstance(tr, Mapping):
-        raise RequestError("training", "expected an object")
-    seq = _int(tr, "seq_len", "training", default=model.default_seq_len)
-    gb = _int(tr, "global_batch", "training", default=max(gpus, 1), hi=MAX_GLOBAL_BATCH)
-    mb = _int(tr, "micro_batch", "training")
-    precision = _precision(tr, cluster)
-    ob = body.get("objective") or {}
-    if not isinstance(ob, Mapping):
-        raise RequestError("objective", "expected an object")
-    kind_text = ob.get("kind") or "min-memory"
-    if kind_text not in ("min-memory", "max-throughput"):
-        raise RequestError("objective.kind", "must be min-memory or max-throughput")
-    kind: Objective = "max-throughput" if kind_text == "max-throughput" else "min-memory"
-    slowdown = _num(ob, "max_slowdown", "objective", 0.1)
-    budget_gib = _num(ob, "memory_budget_gib", "objective", None, MAX_MEMORY_GIB)
-    search_text = body.get("search") or "auto"
-    searches: dict[str, Search] = {"auto": "auto", "ilp": "ilp", "dp": "dp"}
-    if search_text not in searches:
-        raise RequestError("search", "must be auto, ilp or dp")
-    search = searches[search_text]
-    limit = _num(body, "time_limit", "request", 60.0)
-    mesh = body.get("mesh")
-    if mesh is not None:
-        if (not isinstance(mesh, list | tuple) or not 1 <= len(mesh) <= 3
-                or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in mesh)):
-            raise RequestError("mesh", "expected 1 to 3 positive integers, e.g. [2, 4]")
-        if math.prod(mesh) != cluster.num_devices:
-            raise RequestError("mesh", f"{'x'.join(map(str, mesh))} = {math.prod(mesh)} devices does not factor "
-                                       f"the cluster's {cluster.num_devices}")
-    pareto = body.get("pareto", False)
-    if not isinstance(pareto, bool):
-        raise RequestError("pareto", f"expected true or false, got {pareto!r}")
-    target_text = body.get("target") or "any"
-    if target_text not in {t.value for t in Target}:
-        raise RequestError("target", f"unknown target {target_text!r}; known: {', '.join(t.value for t in Target)}")
-    target = Target(target_text)
-    spec = SPECS[target]
-    if spec.uniform and search != "auto":
-        raise RequestError("search", f"target {target.value} runs one strategy for every layer, which parplan "
-                                     "searches exhaustively; leave search at auto")
-    if search != "auto" and search not in spec.searches:
-        raise RequestError("search", f"target {target.value} runs the plans of the {' or '.join(spec.searches)} "
-                                     f"search, not {search}")
-    if mesh is not None and "ilp" not in spec.searches:
-        raise RequestError("mesh", f"a device mesh fixes the ILP's per-operator plans, which target {target.value} "
-                                   "does not run")
-    assert seq is not None and gb is not None and slowdown is not None and limit is not None
-    if limit <= 0:
-        raise RequestError("time_limit", "must be > 0 seconds")
-    return PlanRequest(model=model, cluster=cluster, global_batch=gb, seq_len=seq, micro_batch=mb, objective=kind,
-                       alpha=_num(ob, "alpha", "objective", None), max_slowdown=slowdown,
-                       memory_budget_bytes=int(budget_gib * 2**30) if budget_gib else None, search=search,
-                       time_limit_seconds=limit, calibration=calibration,
-                       mesh=tuple(mesh) if mesh is not None else None, pareto=pareto, target=target,
-                       precision=precision)
-
-
-def _precision(training: Mapping[str, Any], cluster: Cluster) -> str:
-    """``training.precision`` (default bf16), which the cluster's GPU must have the math for."""
-    name = training.get("precision") or "bf16"
-    if not isinstance(name, str) or name not in PRECISIONS:
-        raise RequestError("training.precision", f"unknown precision {name!r}; known: {', '.join(PRECISIONS)}")
-    prec = PRECISIONS[name]
-    try:
-        for dtype in {prec.compute_dtype, prec.matmul_dtype or prec.compute_dtype}:
-            cluster.gpu.peak(dtype)
-    except ConfigError as e:
-        raise RequestError("training.precision", str(e)) from None
-    return name
-
-
-def canonical_request(body: Mapping[str, Any]) -> str:
-    """The request as canonical JSON (sorted keys, no spaces) with defaults applied, for hashing."""
-    req = parse_plan_request(body)
-    doc: dict[str, Any] = {
-        "model": dict(body["model"]),
-        "cluster": {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
-                    "gpu": req.cluster.gpu.name, "memory_bytes": req.cluster.device_memory_bytes},
-        "training": {"global_batch": req.global_batch, "seq_len": req.seq_len, "micro_batch": req.micro_batch},
-        "objective": {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
-                      "memory_budget_bytes": req.memory_budget_bytes},
-        "search": req.search, "time_limit": req.time_limit_seconds, "mesh": list(req.mesh) if req.mesh else None,
-        "pareto": req.pareto,
-    }
-    if req.target is not Target.ANY:  # requests without a target keep the keys they had
-        doc["target"] = req.target.value
-    if req.precision != "bf16":  # (and those in bf16 theirs)
-        doc["training"]["precision"] = req.precision
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
-
-
-def request_hash(body: Mapping[str, Any]) -> str:
-    """sha256 of the canonical request and the solver version (the plan cache key)."""
-    return hashlib.sha256(f"{SOLVER_VERSION}\n{canonical_request(body)}".encode()).hexdigest()
 
 
 def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,

@@ -144,7 +144,8 @@ def main() -> int:
     try:
         from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
         from parplan.solver.errors import SolverError
-        from parplan.solver.planner import parse_plan_request, solve
+        from parplan.solver.planner import solve
+        from parplan.solver.request import parse_plan_request
 
         msg = json.loads(line)
         last = [0.0]

@@ -18,7 +18,8 @@ import pytest
 from parplan.cli import main
 from parplan.exports import export_plan
 from parplan.exports.torchtitan import ARGS_FILE, SPMD_BACKEND, TORCHTITAN_VERSION
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 pytest.importorskip("torchtitan.config.manager", reason="torchtitan is not installed")
 if importlib.metadata.version("torchtitan") != TORCHTITAN_VERSION:

@@ -11,7 +11,8 @@ import pytest
 
 from parplan.cli import main
 from parplan.exports import export_plan
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 GPT = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 128}
 #: A tiny Llama (grouped-query attention, untied head) whose per-operator plan converts the loss's

@@ -18,7 +18,7 @@ from parplan.cli import main  # noqa: E402
 from parplan.solver.cost.memory import CATEGORIES  # noqa: E402
 from parplan.solver.errors import ConfigError  # noqa: E402
 from parplan.solver.frontends.hf import has_mapper  # noqa: E402
-from parplan.solver.planner import RequestError, parse_plan_request  # noqa: E402
+from parplan.solver.request import RequestError, parse_plan_request  # noqa: E402
 from parplan.solver.wire import SCHEMA_PATH  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "hf"
@@ -256,7 +256,7 @@ def test_cli_plans_with_the_model_its_request_reads_back(tmp_path: Path, graph_n
     that model must be the one ``parse_plan_request`` reads from the body (name and every node)."""
     from parplan.cli import build_parser
     from parplan.cli_args import plan_request_and_model
-    from parplan.solver.planner import model_from_spec
+    from parplan.solver.request import model_from_spec
     from parplan.solver.wire import graph_to_dict
 
     traced = tmp_path / "gemma2.json"
@@ -269,7 +269,7 @@ def test_cli_plans_with_the_model_its_request_reads_back(tmp_path: Path, graph_n
     graph_file.write_text(json.dumps(doc))
     for path in (traced, graph_file):
         body, model = plan_request_and_model(build_parser().parse_args(["plan", "--model", str(path), *PLAN]))
-        read_back = model_from_spec(body["model"])
+        read_back = model_from_spec(body.to_body()["model"])
         assert model is not None and model.graph is not None and read_back.graph is not None
         assert model.name == read_back.name and model.graph == read_back.graph
         assert model.default_seq_len == read_back.default_seq_len

@@ -167,7 +167,7 @@ def test_bad_from_usage_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "cannot read" in run_error(capsys, "memory", "--from", "ds-config", str(tmp_path / "nope.json"))
     assert "leave out --tp" in run_error(capsys, "memory", "--from", "ds-config", str(tmp_path / "ds.json"),
                                          "--tp", "2")
-    assert "required" in run_error(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8")
+    assert "required: --gpus (or --from KIND FILE)" in run_error(capsys, "memory", "--model", "gpt-1.7b")
     assert "--suggest needs --from" in run_error(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1",
                                                  "--pp", "1", "--suggest")
 

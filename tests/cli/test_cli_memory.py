@@ -158,6 +158,33 @@ def test_bad_input_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], ar
     assert needle in run_error(capsys, *args)
 
 
+def test_tp_and_pp_default_to_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """Left out, ``--tp`` and ``--pp`` are 1: the same document as with them given, all 8 GPUs data parallel."""
+    given = run_json(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1", "--pp", "1")
+    left_out = run_json(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8")
+    assert left_out == given
+    assert (left_out["strategy"]["tp"], left_out["strategy"]["pp"], left_out["strategy"]["dp"]) == (1, 1, 8)
+    only_pp = run_json(capsys, "memory", "--model", "gpt-1.7b", "--gpus", "8", "--pp", "2")
+    assert (only_pp["strategy"]["tp"], only_pp["strategy"]["pp"], only_pp["strategy"]["dp"]) == (1, 2, 4)
+    with pytest.raises(SystemExit):
+        main(["memory", "--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "tensor-parallel degree (default 1)" in usage and "pipeline-parallel degree (default 1)" in usage
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--mesh", "3x3"], "mesh: 3x3 = 9 devices does not factor the cluster's 8"),
+    (["--time-limit", "7200"], "time_limit: must be at most 3600"),
+    (["--target", "megatron", "--search", "ilp"], "search: target megatron runs one strategy"),
+    (["--gpu", "Z80"], "cluster.gpu: unknown GPU 'Z80'"),
+])
+def test_plan_request_errors_are_one_line_naming_the_field(capsys: pytest.CaptureFixture[str], extra: list[str],
+                                                          needle: str) -> None:
+    """``parplan plan`` builds the request model POST /v1/plans reads: its checks, one line, exit 2."""
+    err = run_error(capsys, "plan", "--model", "gpt-1.7b", "--gpus", "8", *extra)
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_bad_graph_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "g.json"
     path.write_text(json.dumps({"nodes": [{"id": "a", "kind": "einsum", "inputs": ["b"], "dims": {"x": 2}}]}))

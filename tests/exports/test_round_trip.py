@@ -18,7 +18,8 @@ from parplan.imports import price, read_config
 from parplan.solver.cluster import make_cluster
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 #: target -> (import kind, the exported file it reads, presets: GPT-, Llama- and Mixtral-shaped
 #: where the trainer runs them; torchtitan 0.3.0 has Llama 3 recipes only)

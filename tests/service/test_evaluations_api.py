@@ -9,7 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from parplan.exports import export_plan
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 Headers = dict[str, str]
 DS = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,

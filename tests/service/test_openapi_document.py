@@ -10,9 +10,9 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from parplan.service.catalog.names import gpu_names
 from parplan.service.pagination import CURSOR_PATTERN
 from parplan.solver.frontends.presets import PRESETS
+from parplan.solver.request import gpu_names
 
 Headers = dict[str, str]
 PROBLEM = "application/problem+json"

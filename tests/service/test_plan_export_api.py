@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from parplan.service.models import Plan
 from parplan.service.plans.service import cache_key
-from parplan.solver.planner import parse_plan_request, request_hash, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request, request_hash
 from parplan.workers.celery_app import CeleryJobQueue
 
 Headers = dict[str, str]

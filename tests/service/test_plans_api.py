@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from parplan.service.database import utcnow
 from parplan.service.models import Job, JobStatus, Plan
 from parplan.service.plans.service import cache_key
-from parplan.solver.planner import request_hash
+from parplan.solver.request import request_hash
 from parplan.workers.celery_app import CeleryJobQueue
 
 Headers = dict[str, str]

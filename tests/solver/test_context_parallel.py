@@ -35,7 +35,8 @@ from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 from parplan.solver.strategy import ParallelConfig
 
 GIB = 2**30

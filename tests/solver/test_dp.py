@@ -23,7 +23,8 @@ from parplan.solver.dp.space import GALVATRON, SpaceOptions, count_strategies, l
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
-from parplan.solver.planner import RequestError, parse_plan_request, request_hash, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import RequestError, parse_plan_request, request_hash
 
 GIB = 2**30
 

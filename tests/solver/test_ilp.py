@@ -36,7 +36,8 @@ from parplan.solver.ilp.problem import build_problem
 from parplan.solver.ilp.search import certify, distinct_meshes, mesh_links, peak_bytes
 from parplan.solver.ilp.strategies import Mesh, OpStrategy, candidate_strategies, enumerate_assignments
 from parplan.solver.ir import Graph, OpKind, make_node
-from parplan.solver.planner import RequestError, parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import RequestError, parse_plan_request
 from parplan.solver.strategy import ParallelConfig
 
 GIB = 2**30

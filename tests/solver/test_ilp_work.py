@@ -14,7 +14,8 @@ from parplan.solver.cluster import make_cluster
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ilp.search import search
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 GIB = 2**30
 

@@ -95,7 +95,8 @@ def test_planned_megatron_plans_gather_the_optimizers_weights_under_the_next_for
     from parplan.solver.baselines import Candidate, UniformEvaluator
     from parplan.solver.cost.activations import Recompute
     from parplan.solver.cost.plan_memory import plan_memory
-    from parplan.solver.planner import parse_plan_request, solve
+    from parplan.solver.planner import solve
+    from parplan.solver.request import parse_plan_request
     from parplan.solver.strategy import Schedule
 
     req = parse_plan_request({"model": {"preset": "llama-3-8b"},

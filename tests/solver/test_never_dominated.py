@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 #: Small Hugging Face configs (a GPT-2 and a Llama), so that every search runs in about a second.
 MODELS: dict[str, dict[str, Any]] = {

@@ -31,7 +31,8 @@ from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ir import Graph
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 from parplan.solver.strategy import Schedule
 
 GIB = 2**30

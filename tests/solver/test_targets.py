@@ -12,7 +12,8 @@ import pytest
 from parplan.solver.baselines import Candidate, UniformEvaluator
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.errors import SolverError
-from parplan.solver.planner import RequestError, parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import RequestError, parse_plan_request
 from parplan.solver.strategy import Schedule
 from parplan.solver.targets import SPECS, Target, family, runnable
 
@@ -115,7 +116,7 @@ def test_targets_are_checked_in_the_request() -> None:
 
 
 def test_the_target_is_part_of_the_cache_key_and_any_hashes_as_no_target() -> None:
-    from parplan.solver.planner import canonical_request, request_hash
+    from parplan.solver.request import canonical_request, request_hash
 
     plain = {k: v for k, v in body("gpt-1.7b", 8, "any").items() if k != "target"}
     assert request_hash(plain) == request_hash(body("gpt-1.7b", 8, "any"))

@@ -75,7 +75,8 @@ def test_a_plan_shows_the_error_on_runs_of_its_runtime_and_gpu_generation() -> N
 
 
 def test_every_search_documents_its_times_accuracy() -> None:
-    from parplan.solver.planner import parse_plan_request, solve
+    from parplan.solver.planner import solve
+    from parplan.solver.request import parse_plan_request
 
     stored = json.loads(ACCURACY_FILE.read_text())
     for search in ("ilp", "dp"):

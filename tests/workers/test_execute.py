@@ -18,7 +18,7 @@ from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, Plan
 from parplan.service.plans.service import cache_key
 from parplan.service.settings import Settings
-from parplan.solver.planner import request_hash
+from parplan.solver.request import request_hash
 from parplan.workers.execute import Outcome, execute_job
 from tests.support.service import FAST_REQUEST, SLOW_REQUEST, insert_job, load_job
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from parplan.service.models import Agent
+from parplan.solver.request import Integer
 
 
 class HardwareIn(BaseModel):
@@ -20,8 +21,8 @@ class HardwareIn(BaseModel):
     key: str = Field(min_length=1, max_length=200)
     device: Literal["cpu", "cuda"]
     device_name: str = Field(max_length=200)
-    device_count: int = Field(ge=1)
-    memory_bytes: int = Field(ge=0)
+    device_count: Integer = Field(ge=1)
+    memory_bytes: Integer = Field(ge=0)
     torch_version: str = Field(max_length=100)
 
 

@@ -23,10 +23,10 @@ def _evaluate(payload: EvaluationIn) -> dict[str, Any]:
     from parplan.imports import ImportProblemError, price, read_config
     from parplan.solver.cluster import make_cluster
     from parplan.solver.errors import SolverError
-    from parplan.solver.planner import RequestError, model_from_spec
+    from parplan.solver.request import RequestError
 
     try:
-        model = model_from_spec(payload.model.to_body()) if payload.model is not None else None
+        model = payload.model.source() if payload.model is not None else None
     except RequestError as e:
         raise InvalidError(str(e), [field_error(["body", *e.field.split(".")], str(e))]) from None
     cl = payload.cluster

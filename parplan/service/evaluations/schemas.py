@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from parplan.service.catalog.names import GpuName
-from parplan.service.plans.schemas import MIN_MEMORY_GIB, ModelSpec
+from parplan.solver.request import (
+    AS_INT,
+    DEFAULT_GPU,
+    MAX_DEVICES,
+    MAX_MEMORY_GIB,
+    MIN_MEMORY_GIB,
+    GpuName,
+    ModelSpec,
+    PositiveInteger,
+)
 
 
 class EvaluationCluster(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    gpus: int | None = Field(default=None, ge=1, le=1 << 17,
-                             description="Number of devices (default: from the file's torchrun line, when it has one).")
-    gpus_per_node: int | None = Field(default=None, ge=1, description="Default: the file's, else the GPU preset's.")
-    gpu: GpuName = Field(default="A100-80GB", description="GET /v1/clusters/presets")
-    gpu_memory_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=2**20,
+    gpus: Annotated[int, Field(ge=1, le=MAX_DEVICES), AS_INT] | None = Field(
+        default=None, description="Number of devices (default: from the file's torchrun line, when it has one).")
+    gpus_per_node: PositiveInteger | None = Field(default=None,
+                                                  description="Default: the file's, else the GPU preset's.")
+    gpu: GpuName = Field(default=DEFAULT_GPU, description="GET /v1/clusters/presets")
+    gpu_memory_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=MAX_MEMORY_GIB,
                                          description="Override the device memory.")
 
 
@@ -38,4 +47,5 @@ class EvaluationIn(BaseModel):
                                            "precision and flash attention flags).")
     model: ModelSpec | None = Field(default=None, description="The model, when the file does not describe it.")
     cluster: EvaluationCluster = Field(default_factory=EvaluationCluster)
-    seq_len: int | None = Field(default=None, ge=1, le=1 << 24, description="Tokens per sample (ds-config).")
+    seq_len: Annotated[int, Field(ge=1, le=1 << 24), AS_INT] | None = Field(
+        default=None, description="Tokens per sample (ds-config).")

@@ -14,8 +14,9 @@ from parplan.service.auth.service import Principal, Scope
 from parplan.service.deps import RuntimeDep, UoW, require
 from parplan.service.jobs.schemas import job_out
 from parplan.service.plans import service
-from parplan.service.plans.schemas import ExportOut, PlanOut, PlanRequestIn, PlanSubmitted
+from parplan.service.plans.schemas import ExportOut, PlanOut, PlanSubmitted
 from parplan.service.problems import PROBLEM_JSON, InvalidError, field_error
+from parplan.solver.request import PlanRequestIn
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 

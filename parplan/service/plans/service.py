@@ -1,5 +1,5 @@
-"""Plan requests: validate (pydantic, then the solver's own checks), look up the cache, or
-create a job and enqueue it after the commit. Never solves anything."""
+"""Plan requests: validate (the request model's schema, then its resolution's checks), look up the
+cache, or create a job and enqueue it after the commit. Never solves anything."""
 
 from __future__ import annotations
 
@@ -19,16 +19,18 @@ from parplan.service.jobs.repository import JobRepository
 from parplan.service.models import Job, JobStatus, Plan
 from parplan.service.overload import admit_new_job
 from parplan.service.plans.repository import PlanRepository
-from parplan.service.plans.schemas import PlanRequestIn
 from parplan.service.problems import InvalidError, TooLargeError, field_error, get_or_404
 from parplan.service.profiles.repository import ProfileRepository
 from parplan.service.queue import JobQueue
 from parplan.service.settings import Settings
 from parplan.solver.errors import GraphIssue, GraphValidationError, SolverError
-from parplan.solver.planner import PlanRequest, RequestError, parse_plan_request, request_hash
-
-#: The solver's time limit when a request gives none.
-DEFAULT_TIME_LIMIT_SECONDS = 60.0
+from parplan.solver.request import (
+    DEFAULT_TIME_LIMIT_SECONDS,
+    PlanRequest,
+    PlanRequestIn,
+    RequestError,
+    request_hash,
+)
 
 
 def _loc(field: str) -> list[str | int]:
@@ -80,7 +82,7 @@ def invalid_from_solver(e: SolverError, body: Mapping[str, Any]) -> InvalidError
 
 @dataclass(frozen=True)
 class Validated:
-    """A request that passed pydantic's and the solver's checks, with its solver hash."""
+    """A request that passed its model's checks, resolved, with its solver hash."""
 
     body: dict[str, Any]
     request: PlanRequest
@@ -124,11 +126,12 @@ def validate(payload: PlanRequestIn, settings: Settings) -> Validated:
     """The service's limits, then the solver's own validation (422 naming the field) and hash.
     CPU only: cheap for presets and HF configs; graphs cost in proportion to their size."""
     check_limits(payload, settings)
+    if payload.time_limit is None and settings.max_time_limit_seconds < DEFAULT_TIME_LIMIT_SECONDS:
+        payload = payload.model_copy(update={"time_limit": settings.max_time_limit_seconds})
     body = payload.to_body()
-    if "time_limit" not in body and settings.max_time_limit_seconds < DEFAULT_TIME_LIMIT_SECONDS:
-        body["time_limit"] = settings.max_time_limit_seconds
     try:
-        return Validated(body, parse_plan_request(body), request_hash(body))
+        request = payload.resolve()
+        return Validated(body, request, request_hash(request))
     except SolverError as e:
         raise invalid_from_solver(e, body) from None
     except (ArithmeticError, ValueError) as e:  # numbers the solver cannot represent

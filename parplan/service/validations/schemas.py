@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from parplan.service.models import Validation
+from parplan.solver.request import PositiveInteger
 
 
 class Shrink(BaseModel):
@@ -16,8 +17,8 @@ class Shrink(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    layers: int | None = Field(default=None, ge=1)
-    hidden: int | None = Field(default=None, ge=1)
+    layers: PositiveInteger | None = None
+    hidden: PositiveInteger | None = None
 
 
 class ValidationCreate(BaseModel):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parplan.solver.frontends.torch_trace.op import handles, out_shape
+from parplan.solver.frontends.torch_trace.recorder import Recorder
 from parplan.solver.frontends.torch_trace.records import Value
-
-if TYPE_CHECKING:
-    from parplan.solver.frontends.torch_trace.tracer import Tracer
 
 
 @handles('linear', maps_to='einsum (+ elementwise add for the bias)')
-def map_linear(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_linear(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     x, w, b = args["input"], args["weight"], args.get("bias")
     _, dtype = out_shape(t, node)
     batch = [f"b{i}" for i in range(len(x.axes) - 1)]
@@ -34,7 +32,7 @@ def _mm_letters(n1: int, n2: int) -> tuple[list[str], list[str], list[str]]:
 
 @handles('addmm', 'baddbmm', maps_to='einsum + elementwise add')
 @handles('mm', 'bmm', 'matmul', maps_to='einsum')
-def map_matmul(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_matmul(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     _, dtype = out_shape(t, node)
     bias = args["self"] if op in ("addmm", "baddbmm") else None
     if op == "addmm":
@@ -49,7 +47,7 @@ def map_matmul(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 
 @handles('einsum', maps_to='einsum')
-def map_einsum(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_einsum(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     eq = str(args["equation"]).replace(" ", "")
     tensors = args["tensors"]
     lhs, arrow, rhs = eq.partition("->")

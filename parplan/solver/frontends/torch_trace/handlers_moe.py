@@ -17,15 +17,13 @@ index input; the probabilities it ranks are kept as the router of the next exper
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parplan.solver.frontends.torch_trace.constants import ACT_NAMES, FLOAT
 from parplan.solver.frontends.torch_trace.op import handles
+from parplan.solver.frontends.torch_trace.recorder import Recorder
 from parplan.solver.frontends.torch_trace.records import Value
 from parplan.solver.ir import OpKind
-
-if TYPE_CHECKING:
-    from parplan.solver.frontends.torch_trace.tracer import Tracer
 
 #: Name-hint priority of the ``expert`` and ``capacity`` dims (the cost model reads ``expert``).
 _P_EXPERT = 5
@@ -45,7 +43,7 @@ def is_experts_module(mod: Any) -> bool:
 
 
 @handles("topk", maps_to="select (values) + index input (indices)")
-def map_topk(t: Tracer, node: Any, args: dict[str, Any], op: str) -> list[Any]:
+def map_topk(t: Recorder, node: Any, args: dict[str, Any], op: str) -> list[Any]:
     """``topk`` of activations: (values as a select of ``k`` entries, indices as an index input)."""
     x = args["self"]
     assert isinstance(x, Value)
@@ -63,7 +61,7 @@ def map_topk(t: Tracer, node: Any, args: dict[str, Any], op: str) -> list[Any]:
 
 
 @handles("gather", maps_to="select (as many entries along the dim as the index holds)")
-def map_gather(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
+def map_gather(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Any:
     """``gather`` of activations along ``dim`` by an index tensor of the input's shape but fewer
     entries there (a router's top-k weights): a select of as many entries (same shape and bytes;
     which entries is data)."""
@@ -80,7 +78,7 @@ def map_gather(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
 
 
 @handles("masked_fill", maps_to="elementwise mul by the mask (a mask not derived from parameters)")
-def map_masked_fill(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
+def map_masked_fill(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Any:
     """``masked_fill`` of activations by a mask not derived from parameters (a router's group
     mask): an elementwise ``mul`` by the mask (the same bytes and FLOPs)."""
     x, mask = args["self"], args["mask"]
@@ -89,7 +87,7 @@ def map_masked_fill(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
     return t.elementwise([x, mask], "mul", "mul", t.ir_dtype(node.meta["val"].dtype))
 
 
-def collapse_experts(t: Tracer, path: str, mod: Any, main: Any, vals: list[tuple[Any, Any]],
+def collapse_experts(t: Recorder, path: str, mod: Any, main: Any, vals: list[tuple[Any, Any]],
                      env: dict[Any, Any]) -> bool:
     """Map one call of the experts module ``mod`` (output node ``main``) as dispatch, expert MLP and
     combine; False (map its ops one by one) when it does not look like a routed call."""

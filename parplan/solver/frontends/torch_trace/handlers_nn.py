@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parplan.solver.frontends.torch_trace.constants import P_ATTN, P_CLASS, P_EMBED, P_NORM
 from parplan.solver.frontends.torch_trace.op import handles, out_shape
+from parplan.solver.frontends.torch_trace.recorder import Recorder
 from parplan.solver.frontends.torch_trace.records import DimRef, Value, flat
 from parplan.solver.ir import OpKind
 
-if TYPE_CHECKING:
-    from parplan.solver.frontends.torch_trace.tracer import Tracer
-
 
 @handles('embedding', maps_to='embedding')
-def map_embedding(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_embedding(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     w, ids = args["weight"], args["indices"]
     _, dtype = out_shape(t, node)
     v, exp_w = t.single_dim(w, 0)
@@ -35,7 +33,7 @@ def map_embedding(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 
 @handles('scaled_dot_product_attention', maps_to='attention')
-def map_sdpa(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_sdpa(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     q, k, v, mask = args["query"], args["key"], args["value"], args.get("attn_mask")
     _, dtype = out_shape(t, node)
     if min(len(q.axes), len(k.axes), len(v.axes)) < 2:
@@ -98,7 +96,7 @@ def map_sdpa(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 
 @handles('cross_entropy_loss', 'nll_loss', 'nll_loss_nd', maps_to='cross_entropy (+ reduce)')
-def map_loss(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_loss(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     x, target = args["self"], args["target"]
     cls = 1 if len(x.axes) >= 2 else 0
     c, exp_x = t.single_dim(x, cls)
@@ -126,7 +124,7 @@ def map_loss(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 
 @handles('mean', 'sum', maps_to='reduce')
-def map_reduce(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_reduce(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     x = args["self"]
     dims, n = args.get("dim"), len(x.axes)
     which = set(range(n)) if not dims else {int(d) % max(n, 1) for d in dims}

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parplan.solver.frontends.torch_trace.constants import P_FFN
 from parplan.solver.frontends.torch_trace.op import handles, out_shape
+from parplan.solver.frontends.torch_trace.recorder import Recorder
 from parplan.solver.frontends.torch_trace.records import DimRef, Value, flat
 from parplan.solver.ir import OpKind
-
-if TYPE_CHECKING:
-    from parplan.solver.frontends.torch_trace.tracer import Tracer
-
 
 _EW_FNS: Mapping[str, tuple[str, str]] = {
     "add": ("add", "add"), "sub": ("sub", "sub"), "rsub": ("sub", "sub"), "mul": ("mul", "scale"),
@@ -33,7 +30,7 @@ _EW_FNS: Mapping[str, tuple[str, str]] = {
 @handles('tanh', maps_to='elementwise tanh')
 @handles('sigmoid', maps_to='elementwise sigmoid')
 @handles('exp', maps_to='elementwise exp')
-def map_pointwise(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_pointwise(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     fn_t, fn_s = _EW_FNS[op]
     operands: list[Any] = [args["self"]]
     if op in ("add", "sub", "rsub", "mul", "div"):
@@ -47,7 +44,7 @@ def map_pointwise(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 
 @handles('pow', maps_to='elementwise mul (integer exponent 2 or 3)')
-def map_pow(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_pow(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     x, e = args.get("self"), args.get("exponent")
     if not isinstance(x, Value) or isinstance(e, Value) or e not in (1, 2, 3):
         raise t.error("unsupported operator aten.pow (only a tensor to the power 2 or 3 maps, to mul)")
@@ -55,7 +52,7 @@ def map_pow(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 
 @handles('dropout', 'feature_dropout', 'alpha_dropout', maps_to='dropout')
-def map_dropout(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_dropout(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     x = args["input"]
     p, train = float(args.get("p") or 0.0), bool(args.get("train", True))
     _, dtype = out_shape(t, node)
@@ -66,7 +63,7 @@ def map_dropout(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 
 @handles('softmax', '_softmax', 'log_softmax', '_log_softmax', maps_to='softmax')
-def map_softmax(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_softmax(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     x = args["self"]
     _, dtype = out_shape(t, node)
     d, exp = t.single_dim(x, int(args["dim"]) % max(len(x.axes), 1))
@@ -79,7 +76,7 @@ def map_softmax(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 @handles('layer_norm', maps_to='layernorm')
 @handles('rms_norm', maps_to='rmsnorm')
-def map_norm(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_norm(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     kind = OpKind.LAYERNORM if op == "layer_norm" else OpKind.RMSNORM
     w, b, eps = args.get("weight"), args.get("bias"), args.get("eps")
     return t.norm(kind, args["input"], len(args["normalized_shape"]), w if isinstance(w, Value) else None,

@@ -4,22 +4,20 @@ slicing (reshape + ``reduce(op=select)``, or nothing when the slice is the whole
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parplan.solver.frontends.torch_trace.constants import ALIAS, EXPAND, PERMUTE, REGROUP
 from parplan.solver.frontends.torch_trace.op import handles, out_shape
+from parplan.solver.frontends.torch_trace.recorder import Recorder
 from parplan.solver.frontends.torch_trace.records import Value, flat
 from parplan.solver.ir import OpKind
-
-if TYPE_CHECKING:
-    from parplan.solver.frontends.torch_trace.tracer import Tracer
 
 
 @handles(*sorted(REGROUP), maps_to="view")
 @handles(*sorted(PERMUTE), maps_to="view")
 @handles(*sorted(EXPAND), maps_to="broadcast view")
 @handles(*sorted(ALIAS), maps_to="alias")
-def map_view(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_view(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     x = args.get("self", args.get("input"))
     assert isinstance(x, Value)
     shape, dtype = out_shape(t, node)
@@ -32,7 +30,7 @@ def map_view(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 @handles('cat', maps_to='concat')
 @handles('stack', maps_to='reshape + concat')
-def map_cat(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_cat(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     shape, dtype = out_shape(t, node)
     vals = [v for v in args["tensors"] if isinstance(v, Value) and not v.empty]
     if not vals:
@@ -41,7 +39,7 @@ def map_cat(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
 
 
 @handles('split', 'split_with_sizes', 'unsafe_split', 'chunk', 'unbind', 'slice', 'narrow', maps_to='select')
-def map_split(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
+def map_split(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Any:
     x = args.get("self", args.get("input"))
     assert isinstance(x, Value)
     dim = int(args.get("dim", 0)) % len(x.axes)
@@ -71,7 +69,7 @@ def map_split(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Any:
 
 
 @handles('select', maps_to='select')
-def map_select(t: Tracer, node: Any, args: dict[str, Any], op: str) -> Value:
+def map_select(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     x = args["self"]
     dim = int(args["dim"]) % len(x.axes)
     return t.select(x, dim, int(args["index"]) % t.size_of(x.axes[dim]), out_shape(t, node)[1], None)

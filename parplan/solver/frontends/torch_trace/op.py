@@ -1,6 +1,6 @@
 """What an op handler is, and how it declares the ATen operators it maps (:func:`handles`).
 
-A handler takes ``(tracer, fx node, arguments by schema name, op name)`` and returns the traced
+A handler takes ``(recorder, fx node, arguments by schema name, op name)`` and returns the traced
 value(s) of the node's output. :mod:`.table` collects the handlers into the dispatch table and
 :data:`~.table.OP_TABLE` from what :func:`handles` attached to them.
 """
@@ -8,12 +8,11 @@ value(s) of the node's output. :mod:`.table` collects the handlers into the disp
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from parplan.solver.frontends.torch_trace.tracer import Tracer
+from parplan.solver.frontends.torch_trace.recorder import Recorder
 
-Handler = Callable[["Tracer", Any, dict[str, Any], str], Any]
+Handler = Callable[[Recorder, Any, dict[str, Any], str], Any]
 
 #: Attribute :func:`handles` sets on a handler: ``{aten op name: what it maps to}``.
 ATEN_OPS = "aten_ops"
@@ -35,7 +34,7 @@ def handles(*ops: str, maps_to: str) -> Callable[[Handler], Handler]:
     return mark
 
 
-def out_shape(t: Tracer, node: Any) -> tuple[list[int], str]:
+def out_shape(t: Recorder, node: Any) -> tuple[list[int], str]:
     """The node's output shape and IR dtype."""
     meta = node.meta.get("val")
     return [int(s) for s in meta.shape], t.ir_dtype(meta.dtype)
