@@ -55,22 +55,43 @@ TRAINING_FLAGS = frozenset({"--micro-batch-size", "--global-batch-size"})
 def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
     """The flags (each flag, then its value where it has one); NotExpressible with every reason
     the plan cannot be run by ``pretrain_gpt.py``."""
-    reasons: list[str] = []
     arch = ctx.architecture
     if arch is None:
         raise NotExpressible(TARGET, ["the model is an operator graph without an architecture; Megatron-LM "
                                       f"builds its model from sizes ({SIZES_HINT})"])
     family = str(arch.get("family"))
+    layers = int(arch.get("layers", 0))
+    reasons = _model_reasons(plan, ctx, family, layers)
+    partition = _partition_flags(plan, layers, reasons)
+    reasons += _plan_reasons(plan, ctx, arch)
+    if reasons:
+        raise NotExpressible(TARGET, reasons)
+    return [*_model_flags(arch, family, layers, ctx.seq_len), *_parallel_flags(plan, layers, partition),
+            *_step_flags(plan)]
+
+
+def _heads(arch: Mapping[str, Any]) -> tuple[int, int]:
+    """(attention heads, key/value heads)."""
+    return int(arch["heads"]), int(arch.get("kv_heads") or arch["heads"])
+
+
+def _model_reasons(plan: UniformPlan, ctx: PlanContext, family: str, layers: int) -> list[str]:
+    """Why ``pretrain_gpt.py`` cannot build the model or hold its optimizer states as planned."""
+    reasons: list[str] = []
     if family not in ("gpt", "llama", "mixtral"):
         reasons.append(f"{ctx.model_name} is a {family} model; pretrain_gpt.py trains decoder-only GPT, Llama and "
                        "mixture-of-experts models")
     if plan.zero >= 2:
         reasons.append(f"ZeRO-{plan.zero}: Megatron-LM's distributed optimizer shards optimizer states (ZeRO-1); "
                        "its FSDP mode is not in parplan's megatron target")
-    layers = int(arch.get("layers", 0))
     if plan.pp > layers:
         reasons.append(f"{plan.pp} pipeline stages for {layers} layers")
-    partition = _partition_flags(plan, layers, reasons)
+    return reasons
+
+
+def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) -> list[str]:
+    """Why Megatron-LM cannot run the plan's schedule, precision, context parallelism or overlap."""
+    reasons: list[str] = []
     if plan.schedule == "gpipe":
         reasons.append("the GPipe schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are given)")
     if plan.precision not in ("bf16", "fp16"):
@@ -79,7 +100,7 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
         each = ", each a multiple of tp with sequence parallelism" if plan.sequence_parallel else ""
         reasons.append(f"context parallelism cp={plan.cp}: Megatron-LM splits the sequence ({ctx.seq_len}) into "
                        f"2 x cp chunks{each}")
-    heads, kv = int(arch["heads"]), int(arch.get("kv_heads") or arch["heads"])
+    heads, kv = _heads(arch)
     if plan.cp > 1 and plan.cp_comm == "a2a" and (heads % (plan.tp * plan.cp) or kv % (plan.tp * plan.cp)):
         reasons.append(f"the all-to-all context parallelism (--cp-comm-type a2a) splits the {heads} heads and {kv} "
                        f"key/value heads over tp x cp = {plan.tp * plan.cp}")
@@ -89,14 +110,18 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
     if plan.tp_comm_overlap and not (plan.sequence_parallel and plan.tp > 1):
         reasons.append("--tp-comm-overlap: Megatron-LM overlaps tensor-parallel communication only with sequence "
                        "parallelism")
-    if reasons:
-        raise NotExpressible(TARGET, reasons)
+    return reasons
+
+
+def _model_flags(arch: Mapping[str, Any], family: str, layers: int, seq_len: int) -> list[str]:
+    """The model's sizes and kind."""
+    heads, kv = _heads(arch)
     head_dim = arch.get("head_dim")
     dropout = f"{architecture_dropout(arch):g}"
     args: list[str] = [
         "--num-layers", str(layers), "--hidden-size", str(arch["hidden"]), "--ffn-hidden-size", str(arch["ffn"]),
-        "--num-attention-heads", str(heads), "--seq-length", str(ctx.seq_len),
-        "--max-position-embeddings", str(max(ctx.seq_len, int(arch.get("seq_len") or 0))),
+        "--num-attention-heads", str(heads), "--seq-length", str(seq_len),
+        "--max-position-embeddings", str(max(seq_len, int(arch.get("seq_len") or 0))),
         "--vocab-size", str(arch["vocab"]),
         # Megatron-LM's dropouts default to 0.1, which parplan's Llama-style models do not have (their
         # masks would be memory the plan does not count): always the model's own
@@ -119,7 +144,12 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     if family == "mixtral":
         args += ["--num-experts", str(arch["num_experts"]), "--moe-router-topk", str(arch.get("top_k", 2))]
-    args += ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
+    return args
+
+
+def _parallel_flags(plan: UniformPlan, layers: int, partition: list[str]) -> list[str]:
+    """The parallel degrees, the pipeline's partition, the distributed optimizer and the overlaps."""
+    args = ["--tensor-model-parallel-size", str(plan.tp), "--pipeline-model-parallel-size", str(plan.pp)]
     if plan.sequence_parallel:
         args.append("--sequence-parallel")
     if plan.expert_parallel > 1:
@@ -140,13 +170,18 @@ def megatron_arguments(plan: UniformPlan, ctx: PlanContext) -> list[str]:
         args.append("--overlap-param-gather")
     if plan.tp_comm_overlap:
         args.append("--tp-comm-overlap")
+    return args
+
+
+def _step_flags(plan: UniformPlan) -> list[str]:
+    """Recomputation, the batch sizes and the precision."""
+    args: list[str] = []
     if plan.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     elif plan.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    args += ["--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch),
-             f"--{plan.precision}", "--use-flash-attn"]
-    return args
+    return [*args, "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch),
+            f"--{plan.precision}", "--use-flash-attn"]
 
 
 def _partition_flags(plan: UniformPlan, layers: int, reasons: list[str]) -> list[str]:

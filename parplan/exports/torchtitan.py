@@ -398,6 +398,12 @@ def _grouped(args: list[str]) -> list[str]:
 
 def _notes(plan: UniformPlan, ctx: PlanContext, flavor: Flavor, strategy: Mapping[str, Any]) -> list[str]:
     """What the export decided, and what the user still provides."""
+    return [*_model_notes(plan, ctx, flavor, strategy), *_parallel_notes(plan, flavor),
+            *_step_notes(plan, flavor, strategy)]
+
+
+def _model_notes(plan: UniformPlan, ctx: PlanContext, flavor: Flavor, strategy: Mapping[str, Any]) -> list[str]:
+    """The flavor, its attention, and recomputation."""
     notes = [
         f"model: torchtitan's llama3 flavor {flavor.flavor} (Llama 3.1: {flavor.layers} layers, hidden "
         f"{flavor.hidden}, {flavor.heads} heads, {flavor.kv_heads} kv heads, ffn {flavor.ffn}, vocab "
@@ -418,6 +424,12 @@ def _notes(plan: UniformPlan, ctx: PlanContext, flavor: Flavor, strategy: Mappin
     elif plan.recompute == "full":
         notes.append("recompute full -> activation_checkpoint:full: every transformer block is checkpointed and "
                      "keeps only its input")
+    return notes
+
+
+def _parallel_notes(plan: UniformPlan, flavor: Flavor) -> list[str]:
+    """The data-, tensor- and pipeline-parallel options, the SPMD backend and the rank order."""
+    notes: list[str] = []
     if plan.dp == 1:
         notes.append("no data parallelism (FSDP2 still wraps the model, on one rank, for mixed precision)")
     elif plan.zero >= 2:
@@ -459,6 +471,12 @@ def _notes(plan: UniformPlan, ctx: PlanContext, flavor: Flavor, strategy: Mappin
                      f"(global batch {plan.global_batch} / (local batch {plan.micro_batch} x dp {plan.dp})); "
                      "torchtitan reduces gradients after every accumulation pass (and the torchtitan runtime "
                      "prices it so)")
+    return notes
+
+
+def _step_notes(plan: UniformPlan, flavor: Flavor, strategy: Mapping[str, Any]) -> list[str]:
+    """Precision, eager execution, the loss, the runtime priced, the config module, and what is the user's."""
+    notes: list[str] = []
     prec = "bfloat16 compute, float32 weights, gradient reduction and optimizer states (FSDP2 mixed precision)" \
         if plan.precision == "bf16" else "float32 throughout"
     notes.append(f"precision {plan.precision} -> {prec}")

@@ -9,12 +9,13 @@ known one that does not change the prediction (data paths, learning rates, loggi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from parplan.solver.cost.plan_evaluator import LayerPlan
-from parplan.solver.errors import ConfigError
+from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
 
@@ -89,3 +90,14 @@ def world_size(kind: str, nodes: int | None, procs_per_node: int | None, gpus: i
     if world is None:
         raise ImportProblemError(kind, ["the GPU count: give --gpus (the arguments have no torchrun line)"])
     return world
+
+
+@contextmanager
+def refusals_as_problems(kind: str) -> Iterator[None]:
+    """A model or strategy the solver refuses as read becomes an import problem with the solver's reason."""
+    try:
+        yield
+    except ImportProblemError:
+        raise
+    except SolverError as e:
+        raise ImportProblemError(kind, [str(e)]) from None

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from parplan.imports.common import Imported, ImportProblemError, json_object
+from parplan.imports.common import Imported, ImportProblemError, json_object, refusals_as_problems
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import DEEPSPEED_BUCKET_ELEMENTS, Runtime
-from parplan.solver.errors import SolverError
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
 
@@ -72,14 +71,12 @@ def read_ds_config(text: str, model: ModelSource | None, gpus: int | None, seq_l
     if batch is not None and batch != mb * gas * gpus:
         raise ImportProblemError(KIND, [f"train_batch_size {batch} is not train_micro_batch_size_per_gpu {mb} x "
                                    f"gradient_accumulation_steps {gas} x {gpus} GPUs"])
-    try:
+    with refusals_as_problems(KIND):
         strategy = ParallelConfig(dp=gpus, zero=int(stage), micro_batch=mb, num_microbatches=gas,
                                   recompute=Recompute.FULL if cfg.get("activation_checkpointing") is not None
                                   else Recompute.SELECTIVE,
                                   precision="bf16" if bf16 else ("fp16" if fp16 else "fp32"),
                                   runtime=Runtime.DEEPSPEED)
-    except SolverError as e:
-        raise ImportProblemError(KIND, [str(e)]) from None
     return Imported(KIND, model, strategy, seq_len, gpus, None, "deepspeed", unknown, ignored,
                     _larger_buckets(zero, int(stage)))
 

@@ -84,34 +84,21 @@ def _positive_int(cfg: Mapping[str, Any], key: str, default: int) -> int:
     return int(value)
 
 
+#: the strategy file's keys the import reads or checks
+_KNOWN_KEYS = frozenset({"pp_deg", "tp_sizes_enc", "tp_consecutive_flags", "dp_types_enc", "use_sp", "checkpoint",
+                         "global_bsz", "chunks", "pp_division", "pipeline_type", "default_dp_type", "vtp", "vsp",
+                         "embed_sdp"})
+#: the launch flags the import reads or checks (the others are model presets, paths, data and optimizer flags)
+_READ_FLAGS = frozenset({*_SIZE_FLAGS, "--seq_length", "--mixed_precision", "--reduce_in_fp32", "--sequence-parallel",
+                         "--use-flash-attn", "--no_async_grad_reduce", "--global_train_batch_size", "--chunks"})
+
+
 def _read(text: str, model: ModelSource | None, gpus: int | None, seq_len: int | None,
           launch: str | None) -> LayerImport:
-    problems: list[str] = []
-    if model is None or model.config is None:
-        problems.append("the model: give --model (a preset or a Hugging Face config.json; the strategy file "
-                        "does not describe it)")
-    if gpus is None:
-        problems.append("the GPU count: give --gpus")
-    cfg = json_object(KIND, text)
-    if problems:
-        raise ImportProblemError(KIND, problems)
-    assert model is not None and model.config is not None and gpus is not None
-    flags: dict[str, str | bool] = {}
-    unpriced: list[str] = []
-    unknown: list[str] = []
-    if launch is not None:
-        flags, other = _launch_flags(launch)
-        unknown += [w for w in other if not w.startswith("$")]
-    else:
-        unpriced.append("no launch flags given: sequence parallelism taken as off, bf16 with fp32 gradient "
-                        "reduction, flash attention on")
-    known = {"pp_deg", "tp_sizes_enc", "tp_consecutive_flags", "dp_types_enc", "use_sp", "checkpoint",
-             "global_bsz", "chunks", "pp_division", "pipeline_type", "default_dp_type", "vtp", "vsp", "embed_sdp"}
-    unknown += sorted(k for k in cfg if k not in known)
-    arch = model.config
-    for flag, field in _SIZE_FLAGS.items():
-        if flag in flags and str(flags[flag]) != str(getattr(arch, field)):
-            problems.append(f"{flag} {flags[flag]} but {model.name} has {field} {getattr(arch, field)}")
+    cfg, model, gpus = _given(text, model, gpus)
+    flags, unknown, unpriced = _launch(launch)
+    unknown += sorted(k for k in cfg if k not in _KNOWN_KEYS)
+    problems = _size_problems(flags, model)
     seq = int(str(flags["--seq_length"])) if isinstance(flags.get("--seq_length"), str) else seq_len
     pp = _positive_int(cfg, "pp_deg", 1)
     tps = _ints(cfg, "tp_sizes_enc")
@@ -155,17 +142,54 @@ def _read(text: str, model: ModelSource | None, gpus: int | None, seq_len: int |
         zero = (3 if s else (2 if default == "zero2" else 0)) if dp > 1 else 0
         layers[b] = LayerStrategy(tp=t, dp=dp, zero=zero, sp=sp and t > 1,
                                   recompute=Recompute.FULL if c else Recompute.NONE, tp_inner=bool(o))
-    gb, m = _positive_int(cfg, "global_bsz", 0), _positive_int(cfg, "chunks", 1)
-    for flag, value in (("--global_train_batch_size", gb), ("--chunks", m)):
-        if isinstance(flags.get(flag), str) and str(flags[flag]) != str(value):
-            raise ImportProblemError(KIND, [f"{flag} {flags[flag]} but the strategy file says {value}"])
+    gb, m = _batch(cfg, flags)
     plan = LayerPlan(pp=pp, num_microbatches=m, global_batch=gb, layers=layers,
                      partition=tuple(division) if division else None, schedule=schedule,
                      flash_attention="--use-flash-attn" in flags or launch is None, precision=precision,
                      sync_every_microbatch="--no_async_grad_reduce" in flags)
     for strategy in layers.values():
         plan.local_batch(strategy)  # StrategyError when the batch does not split
-    read = {*_SIZE_FLAGS, "--seq_length", "--mixed_precision", "--reduce_in_fp32", "--sequence-parallel",
-            "--use-flash-attn", "--no_async_grad_reduce", "--global_train_batch_size", "--chunks"}
-    ignored = [f for f in flags if f not in read]  # model presets, paths, data and optimizer flags
+    ignored = [f for f in flags if f not in _READ_FLAGS]
     return LayerImport(KIND, model, plan, seq, gpus, None, "galvatron", unknown, ignored, unpriced)
+
+
+def _given(text: str, model: ModelSource | None, gpus: int | None) -> tuple[Mapping[str, Any], ModelSource, int]:
+    """The strategy file's object, the model and the GPU count (the caller gives the last two)."""
+    problems: list[str] = []
+    if model is None or model.config is None:
+        problems.append("the model: give --model (a preset or a Hugging Face config.json; the strategy file "
+                        "does not describe it)")
+    if gpus is None:
+        problems.append("the GPU count: give --gpus")
+    cfg = json_object(KIND, text)
+    if problems:
+        raise ImportProblemError(KIND, problems)
+    assert model is not None and model.config is not None and gpus is not None
+    return cfg, model, gpus
+
+
+def _launch(launch: str | None) -> tuple[dict[str, str | bool], list[str], list[str]]:
+    """(launch flags, words that are not flags, what is not priced as written) of the launch text."""
+    if launch is None:
+        return {}, [], ["no launch flags given: sequence parallelism taken as off, bf16 with fp32 gradient "
+                        "reduction, flash attention on"]
+    flags, other = _launch_flags(launch)
+    return flags, [w for w in other if not w.startswith("$")], []
+
+
+def _size_problems(flags: Mapping[str, str | bool], model: ModelSource) -> list[str]:
+    """The size flags given that the model does not have."""
+    arch = model.config
+    assert arch is not None
+    return [f"{flag} {flags[flag]} but {model.name} has {field} {getattr(arch, field)}"
+            for flag, field in _SIZE_FLAGS.items()
+            if flag in flags and str(flags[flag]) != str(getattr(arch, field))]
+
+
+def _batch(cfg: Mapping[str, Any], flags: Mapping[str, str | bool]) -> tuple[int, int]:
+    """(global batch, micro-batches) of the strategy file; the launch flags, when given, must agree."""
+    gb, m = _positive_int(cfg, "global_bsz", 0), _positive_int(cfg, "chunks", 1)
+    for flag, value in (("--global_train_batch_size", gb), ("--chunks", m)):
+        if isinstance(flags.get(flag), str) and str(flags[flag]) != str(value):
+            raise ImportProblemError(KIND, [f"{flag} {flags[flag]} but the strategy file says {value}"])
+    return gb, m

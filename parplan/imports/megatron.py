@@ -16,9 +16,8 @@ from __future__ import annotations
 import shlex
 from typing import Literal
 
-from parplan.imports.common import Imported, ImportProblemError, world_size
+from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems, world_size
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.errors import SolverError
 from parplan.solver.frontends.config import TransformerConfig, dropout_field
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import CP_COMM, ParallelConfig, Schedule
@@ -136,13 +135,8 @@ def _get(flags: dict[str, str | bool], name: str, default: int | None = None) ->
 
 def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, unknown: list[str],
               ignored: list[str]) -> Imported:
+    _require(flags)
     problems: list[str] = []
-    missing = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
-                           "--micro-batch-size") if f not in flags]
-    if "--vocab-size" not in flags:
-        missing.append("--vocab-size (Megatron-LM reads it from the tokenizer; give it here)")
-    if missing:
-        raise ImportProblemError(KIND, [f"missing {', '.join(missing)}"])
     cp_comm = str(flags.get("--cp-comm-type", "p2p"))
     if (_get(flags, "--context-parallel-size", 1) or 1) > 1 and cp_comm not in CP_COMM:
         problems.append(f"context parallelism with --cp-comm-type {cp_comm}: parplan prices the p2p ring and "
@@ -153,6 +147,32 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     tp = _get(flags, "--tensor-model-parallel-size", 1) or 1
     if ept is not None and ept != tp:
         problems.append("an expert tensor-parallel size other than the tensor-parallel size is not modelled")
+    family = _family(flags, problems)
+    recompute = _recompute(flags, problems)
+    if "--fp16" in flags and "--bf16" in flags:
+        problems.append("both --fp16 and --bf16")
+    if problems:
+        raise ImportProblemError(KIND, problems)
+    assert recompute is not None
+    with refusals_as_problems(KIND):
+        cfg, seq = _config(flags, family)
+        strategy = _strategy(flags, world, cfg.layers, tp, recompute, cp_comm)
+    return Imported(KIND, ModelSource(cfg.name, config=cfg), strategy, seq, world, per_node, "megatron", unknown,
+                    ignored)
+
+
+def _require(flags: dict[str, str | bool]) -> None:
+    """The flags without which the model or the batch is unknown."""
+    missing = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--seq-length",
+                           "--micro-batch-size") if f not in flags]
+    if "--vocab-size" not in flags:
+        missing.append("--vocab-size (Megatron-LM reads it from the tokenizer; give it here)")
+    if missing:
+        raise ImportProblemError(KIND, [f"missing {', '.join(missing)}"])
+
+
+def _family(flags: dict[str, str | bool], problems: list[str]) -> Literal["gpt", "llama", "mixtral"]:
+    """The model's kind from ``--num-experts`` and ``--swiglu``; ``problems`` gets the flags that disagree."""
     swiglu = "--swiglu" in flags
     norm = str(flags.get("--normalization", "LayerNorm"))
     pos = str(flags.get("--position-embedding-type", "learned_absolute"))
@@ -169,6 +189,11 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
                         + ("" if "--disable-bias-linear" in flags else ", biases") + ")")
     if family == "gpt" and ("--add-qkv-bias" in flags or "--qk-layernorm" in flags):
         problems.append("--add-qkv-bias and --qk-layernorm are modelled for --swiglu (Llama-style) models only")
+    return family
+
+
+def _recompute(flags: dict[str, str | bool], problems: list[str]) -> Recompute | None:
+    """The recomputation ``--recompute-*`` ask for; None (and a problem) when parplan does not model it."""
     granularity = str(flags.get("--recompute-granularity", "none"))
     recompute = {"none": Recompute.NONE, "selective": Recompute.SELECTIVE, "full": Recompute.FULL}.get(granularity)
     if recompute is None:
@@ -179,11 +204,11 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
         if method != "uniform" or per != 1:
             problems.append("full recomputation is modelled for every layer (--recompute-method uniform "
                             f"--recompute-num-layers 1; got {method or 'no method'}, {per})")
-    if "--fp16" in flags and "--bf16" in flags:
-        problems.append("both --fp16 and --bf16")
-    if problems:
-        raise ImportProblemError(KIND, problems)
-    assert recompute is not None
+    return recompute
+
+
+def _config(flags: dict[str, str | bool], family: Literal["gpt", "llama", "mixtral"]) -> tuple[TransformerConfig, int]:
+    """(the model the size flags describe, ``--seq-length``)."""
     layers = _get(flags, "--num-layers")
     hidden, heads = _get(flags, "--hidden-size"), _get(flags, "--num-attention-heads")
     seq, vocab = _get(flags, "--seq-length"), _get(flags, "--vocab-size")
@@ -195,48 +220,47 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     # keeps its mask whatever the probability, so the larger stands for both (a mask more, never one
     # less, when they differ)
     dropout = max(_probability(flags, "--hidden-dropout"), _probability(flags, "--attention-dropout"))
-    try:
-        cfg = TransformerConfig(
-            family=family, name="megatron-args", layers=layers, hidden=hidden, heads=heads,
-            ffn=_get(flags, "--ffn-hidden-size", 4 * hidden) or 4 * hidden, vocab=vocab, seq_len=positions, kv_heads=kv,
-            head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
-            num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2,
-            qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags,
-            dropout=dropout_field(family, dropout))
-        pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
-        cp = _get(flags, "--context-parallel-size", 1) or 1
-        if world % (tp * pp * cp):
-            what = "tp x pp x cp" if cp > 1 else "tp x pp"
-            raise ImportProblemError(KIND, [f"{what} = {tp * pp * cp} does not divide the {world} GPUs"])
-        dp = world // (tp * pp * cp)
-        mb = _get(flags, "--micro-batch-size") or 1
-        gb = _get(flags, "--global-batch-size", mb * dp) or mb * dp
-        if gb % (mb * dp):
-            raise ImportProblemError(KIND, [f"--global-batch-size {gb} is not a multiple of --micro-batch-size {mb} x "
-                                       f"data-parallel size {dp}"])
-        per_virtual = _get(flags, "--num-layers-per-virtual-pipeline-stage")
-        virtual = 1
-        if per_virtual is not None:
-            if layers % (pp * per_virtual):
-                raise ImportProblemError(KIND, [f"{layers} layers are not {pp} stages x chunks of {per_virtual}"])
-            virtual = layers // (pp * per_virtual)
-        partition = _partition(flags, layers, pp)
-        strategy = ParallelConfig(
-            tp=tp, pp=pp, dp=dp, zero=1 if "--use-distributed-optimizer" in flags else 0,
-            sequence_parallel="--sequence-parallel" in flags, recompute=recompute, micro_batch=mb,
-            num_microbatches=gb // (mb * dp),
-            schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B, virtual_stages=virtual,
-            precision="fp16" if "--fp16" in flags else ("bf16" if "--bf16" in flags else "fp32"),
-            expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
-            cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
-            overlap_param_gather="--overlap-param-gather" in flags,
-            overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1)
-    except ImportProblemError:
-        raise
-    except SolverError as e:
-        raise ImportProblemError(KIND, [str(e)]) from None
-    return Imported(KIND, ModelSource(cfg.name, config=cfg), strategy, seq, world, per_node, "megatron", unknown,
-                    ignored)
+    cfg = TransformerConfig(
+        family=family, name="megatron-args", layers=layers, hidden=hidden, heads=heads,
+        ffn=_get(flags, "--ffn-hidden-size", 4 * hidden) or 4 * hidden, vocab=vocab, seq_len=positions, kv_heads=kv,
+        head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
+        num_experts=_get(flags, "--num-experts", 0) or 0, top_k=_get(flags, "--moe-router-topk", 2) or 2,
+        qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags,
+        dropout=dropout_field(family, dropout))
+    return cfg, seq
+
+
+def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, recompute: Recompute,
+              cp_comm: str) -> ParallelConfig:
+    """The degrees, batch, pipeline and overlaps the flags give on ``world`` GPUs."""
+    pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
+    cp = _get(flags, "--context-parallel-size", 1) or 1
+    if world % (tp * pp * cp):
+        what = "tp x pp x cp" if cp > 1 else "tp x pp"
+        raise ImportProblemError(KIND, [f"{what} = {tp * pp * cp} does not divide the {world} GPUs"])
+    dp = world // (tp * pp * cp)
+    mb = _get(flags, "--micro-batch-size") or 1
+    gb = _get(flags, "--global-batch-size", mb * dp) or mb * dp
+    if gb % (mb * dp):
+        raise ImportProblemError(KIND, [f"--global-batch-size {gb} is not a multiple of --micro-batch-size {mb} x "
+                                        f"data-parallel size {dp}"])
+    per_virtual = _get(flags, "--num-layers-per-virtual-pipeline-stage")
+    virtual = 1
+    if per_virtual is not None:
+        if layers % (pp * per_virtual):
+            raise ImportProblemError(KIND, [f"{layers} layers are not {pp} stages x chunks of {per_virtual}"])
+        virtual = layers // (pp * per_virtual)
+    partition = _partition(flags, layers, pp)
+    return ParallelConfig(
+        tp=tp, pp=pp, dp=dp, zero=1 if "--use-distributed-optimizer" in flags else 0,
+        sequence_parallel="--sequence-parallel" in flags, recompute=recompute, micro_batch=mb,
+        num_microbatches=gb // (mb * dp),
+        schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B, virtual_stages=virtual,
+        precision="fp16" if "--fp16" in flags else ("bf16" if "--bf16" in flags else "fp32"),
+        expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
+        cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
+        overlap_param_gather="--overlap-param-gather" in flags,
+        overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1)
 
 
 def _probability(flags: dict[str, str | bool], name: str) -> float:

@@ -16,10 +16,9 @@ import itertools
 import shlex
 
 from parplan.exports.torchtitan import CONFIG_MODULE, FLAVORS, SCHEDULES, Flavor
-from parplan.imports.common import Imported, ImportProblemError, world_size
+from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems, world_size
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.errors import SolverError
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import PRESETS
 from parplan.solver.models import ModelSource
@@ -134,40 +133,10 @@ def _num(values: dict[str, str], key: str, default: int | None = None) -> int:
 
 def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: str | None, world: int,
               per_node: int | None, unknown: list[str], ignored: list[str]) -> Imported:
-    problems: list[str] = []
-    flavor = next((f for f in FLAVORS if f.config == values.get("config")), None)
-    if flavor is None:
-        raise ImportProblemError(KIND, [f"--config {values.get('config')!r} is none of torchtitan 0.3.0's llama3 "
-                                        f"recipes parplan knows ({', '.join(f.config for f in FLAVORS)})"])
-    sizes = flavor.sizes()
-    preset = next((name for name, c in PRESETS.items() if c.family == "llama" and not c.tied_embeddings
-                   and {"layers": c.layers, "hidden": c.hidden, "heads": c.heads, "kv_heads": c.n_kv_heads,
-                        "ffn": c.ffn, "vocab": c.vocab, "head_dim": c.d_head} == sizes), None)
-    module = values.get("module", "llama3")
-    if module not in ("llama3", CONFIG_MODULE):
-        problems.append(f"--module {module}: parplan reads torchtitan's llama3 recipes only")
-    if values.get("training.dtype", "float32") != "float32":
-        problems.append(f"--training.dtype {values['training.dtype']}: parplan keeps float32 weights and "
-                        "optimizer states")
-    if values.get("training.mixed_precision_reduce", "float32") != "float32":
-        problems.append("gradients reduced in "
-                        f"{values['training.mixed_precision_reduce']} (--training.mixed_precision_reduce)")
-    if _num(values, "parallelism.context_parallel_degree", 1) > 1:
-        problems.append("context parallelism is not modelled yet")
-    if _num(values, "parallelism.expert_parallel_degree", 1) > 1:
-        problems.append("expert parallelism of a dense Llama")
-    replicate = _num(values, "parallelism.data_parallel_replicate_degree", 1)
-    shard_text = values.get("parallelism.data_parallel_shard_degree", "-1")
-    tp = _num(values, "parallelism.tensor_parallel_degree", 1)
-    pp = _num(values, "parallelism.pipeline_parallel_degree", 1)
-    if world % (tp * pp * replicate):
-        raise ImportProblemError(KIND, [f"tp x pp x replicate = {tp * pp * replicate} does not divide {world} GPUs"])
-    shard = world // (tp * pp * replicate) if shard_text == "-1" else _num(values,
-                                                                           "parallelism.data_parallel_shard_degree")
-    if tp * pp * replicate * shard != world:
-        problems.append(f"tp {tp} x pp {pp} x replicate {replicate} x shard {shard} is not the {world} GPUs")
-    if replicate > 1 and shard > 1:
-        problems.append("hybrid sharding (replicate and shard degrees both above 1) is not modelled yet")
+    flavor = _flavor_of(values)
+    preset = _preset_of(flavor)
+    problems = _unmodelled(values)
+    replicate, shard, tp, pp = _degrees(values, world, problems)
     reshard = values.get("parallelism.fsdp_reshard_after_forward", "default")
     if reshard not in ("default", "always", "never"):
         problems.append(f"--parallelism.fsdp_reshard_after_forward {reshard}")
@@ -191,6 +160,78 @@ def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: 
         raise ImportProblemError(KIND, problems)
     assert recompute is not None and precision is not None
     dp = replicate * shard
+    seq, mb, m = _batch(values, pp, dp)
+    virtual, partition = _stages(parts, pp, flavor.layers)
+    with refusals_as_problems(KIND):
+        strategy = ParallelConfig(
+            tp=tp, pp=pp, dp=dp, zero=zero,
+            sequence_parallel=tp > 1 and "parallelism.no_enable_sequence_parallel" not in switches,
+            recompute=recompute, micro_batch=mb, num_microbatches=m,
+            schedule=(schedule or Schedule.ONE_F_ONE_B) if pp > 1 else Schedule.ONE_F_ONE_B,
+            virtual_stages=virtual, precision=precision, partition=partition, runtime=Runtime.TORCHTITAN)
+    model = ModelSource(preset, config=PRESETS[preset]) if preset else _flavor_model(flavor, seq)
+    unpriced = [] if "training.disable_cuda_graphs" in switches else [
+        "CUDA graphs (torchtitan's default without --training.disable_cuda_graphs) keep memory pools the "
+        "prediction leaves out"]
+    return Imported(KIND, model, strategy, seq, world, per_node, "torchtitan", unknown, ignored, unpriced)
+
+
+def _flavor_of(values: dict[str, str]) -> Flavor:
+    """The llama3 flavor ``--config`` names."""
+    flavor = next((f for f in FLAVORS if f.config == values.get("config")), None)
+    if flavor is None:
+        raise ImportProblemError(KIND, [f"--config {values.get('config')!r} is none of torchtitan 0.3.0's llama3 "
+                                        f"recipes parplan knows ({', '.join(f.config for f in FLAVORS)})"])
+    return flavor
+
+
+def _preset_of(flavor: Flavor) -> str | None:
+    """The parplan preset with the flavor's sizes (an untied Llama), if one has them."""
+    sizes = flavor.sizes()
+    return next((name for name, c in PRESETS.items() if c.family == "llama" and not c.tied_embeddings
+                 and {"layers": c.layers, "hidden": c.hidden, "heads": c.heads, "kv_heads": c.n_kv_heads,
+                      "ffn": c.ffn, "vocab": c.vocab, "head_dim": c.d_head} == sizes), None)
+
+
+def _unmodelled(values: dict[str, str]) -> list[str]:
+    """The module, dtypes and degrees parplan does not price as torchtitan would run them."""
+    problems: list[str] = []
+    module = values.get("module", "llama3")
+    if module not in ("llama3", CONFIG_MODULE):
+        problems.append(f"--module {module}: parplan reads torchtitan's llama3 recipes only")
+    if values.get("training.dtype", "float32") != "float32":
+        problems.append(f"--training.dtype {values['training.dtype']}: parplan keeps float32 weights and "
+                        "optimizer states")
+    if values.get("training.mixed_precision_reduce", "float32") != "float32":
+        problems.append("gradients reduced in "
+                        f"{values['training.mixed_precision_reduce']} (--training.mixed_precision_reduce)")
+    if _num(values, "parallelism.context_parallel_degree", 1) > 1:
+        problems.append("context parallelism is not modelled yet")
+    if _num(values, "parallelism.expert_parallel_degree", 1) > 1:
+        problems.append("expert parallelism of a dense Llama")
+    return problems
+
+
+def _degrees(values: dict[str, str], world: int, problems: list[str]) -> tuple[int, int, int, int]:
+    """(replicate, shard, tp, pp) on ``world`` GPUs (shard -1: the GPUs the others leave)."""
+    replicate = _num(values, "parallelism.data_parallel_replicate_degree", 1)
+    shard_text = values.get("parallelism.data_parallel_shard_degree", "-1")
+    tp = _num(values, "parallelism.tensor_parallel_degree", 1)
+    pp = _num(values, "parallelism.pipeline_parallel_degree", 1)
+    if world % (tp * pp * replicate):
+        raise ImportProblemError(KIND, [f"tp x pp x replicate = {tp * pp * replicate} does not divide {world} GPUs"])
+    shard = world // (tp * pp * replicate) if shard_text == "-1" else _num(values,
+                                                                           "parallelism.data_parallel_shard_degree")
+    if tp * pp * replicate * shard != world:
+        problems.append(f"tp {tp} x pp {pp} x replicate {replicate} x shard {shard} is not the {world} GPUs")
+    if replicate > 1 and shard > 1:
+        problems.append("hybrid sharding (replicate and shard degrees both above 1) is not modelled yet")
+    return replicate, shard, tp, pp
+
+
+def _batch(values: dict[str, str], pp: int, dp: int) -> tuple[int, int, int]:
+    """(sequence length, micro-batch, micro-batches per step): with pipelining the local batch is split
+    into micro-batches; without, torchtitan accumulates ``global / (local x dp)`` passes."""
     seq = _num(values, "training.seq_len")
     local = _num(values, "training.local_batch_size")
     gb = _num(values, "training.global_batch_size", local * dp)
@@ -199,27 +240,10 @@ def _imported(values: dict[str, str], switches: set[str], parts: list[str], ac: 
         if local % mb or gb != local * dp:
             raise ImportProblemError(KIND, [f"with pipelining the local batch {local} must be micro-batches of {mb} "
                                             f"and the global batch {gb} = local x dp {dp}"])
-        m = local // mb
-    else:
-        mb = local
-        if gb % (local * dp):
-            raise ImportProblemError(KIND, [f"global batch {gb} is not a multiple of local {local} x dp {dp}"])
-        m = gb // (local * dp)
-    virtual, partition = _stages(parts, pp, flavor.layers)
-    try:
-        strategy = ParallelConfig(
-            tp=tp, pp=pp, dp=dp, zero=zero,
-            sequence_parallel=tp > 1 and "parallelism.no_enable_sequence_parallel" not in switches,
-            recompute=recompute, micro_batch=mb, num_microbatches=m,
-            schedule=(schedule or Schedule.ONE_F_ONE_B) if pp > 1 else Schedule.ONE_F_ONE_B,
-            virtual_stages=virtual, precision=precision, partition=partition, runtime=Runtime.TORCHTITAN)
-    except SolverError as e:
-        raise ImportProblemError(KIND, [str(e)]) from None
-    model = ModelSource(preset, config=PRESETS[preset]) if preset else _flavor_model(flavor, seq)
-    unpriced = [] if "training.disable_cuda_graphs" in switches else [
-        "CUDA graphs (torchtitan's default without --training.disable_cuda_graphs) keep memory pools the "
-        "prediction leaves out"]
-    return Imported(KIND, model, strategy, seq, world, per_node, "torchtitan", unknown, ignored, unpriced)
+        return seq, mb, local // mb
+    if gb % (local * dp):
+        raise ImportProblemError(KIND, [f"global batch {gb} is not a multiple of local {local} x dp {dp}"])
+    return seq, local, gb // (local * dp)
 
 
 def _flavor_model(flavor: Flavor, seq_len: int) -> ModelSource:

@@ -33,37 +33,22 @@ from parplan.agent.validate import run_and_compare
 TARGET = 0.03
 UNDER = 0.02
 
-#: label -> (bound on |relative error| of the most loaded rank's peak, diagnosis). Evidence per
-#: category in bench/out/model_accuracy.txt. Fixed in the cost model since first measured (issue
-#: 6): G1 (backward gradient workspace, tied-embedding gradients, Adam's workspace), G2 (a
-#: recomputed block keeps what an uncheckpointed forward keeps), G3 (FSDP2's gathered root and
-#: reduce-scatter buffers), G9 (the peak is a moment: parplan.solver.cost.peak walks the backward),
-#: and, as rules of PyTorch's runtime (parplan.solver.cost.runtime): G4-G8; found by the extended
-#: matrix (issue 10) and fixed there too: G10 (FSDP2 ZeRO-2 shards the parameters between steps and
-#: keeps each block's gathered copy from its forward to its backward), G11 (pipelining runs an FSDP2
-#: stage's backward without resharding or gradient sync until the step's end), G12 (interleaved
-#: 1F1B: the device's own order of chunk forwards and backwards, a receive buffer per virtual-stage
-#: boundary, every send's handle kept to the step's end: cost.stage_memory.interleaved_stage_memory),
-#: G13 (selective recomputation re-runs the attention core in backward: cost.backward), G14
-#: (synchronising after every micro-batch is a strategy field, sync_every_microbatch). A gap found
-#: later goes here with its bound and reason. Open:
-#: G15, ZeRO-3 over 4 (FSDP2) without checkpointing, diagnosed 2026-11-25: an artefact of the gloo
-#: backend, not of FSDP2's schedule. Seen now and then with the 2 cores loaded (gpt +3.9% in the full
-#: suite at 0dde9ec, llama +4.8% on rank 0 at 8199c36; alone +0.4% / +0.6%, every rank the same
-#: bytes). gloo's worker thread drops a finished collective's work, and the tensors it references,
-#: only when it is next scheduled: of 300 synchronous all-gathers per rank on 4 ranks, 12-19% of the
-#: outputs outlived the call and Python's last reference (bench/gloo_held_gathers.py). FSDP2's
-#: all-gather input is a slice of its output, so a held work keeps a whole gathered block alive
-#: after FSDP2 frees it. Holding each all-gather's tensors until the next one returns (the emulation
-#: in that script) measures the llama spec at 36,415,656 bytes, +1,472,000 over the usual peak: the
-#: figure of the failing CI run to the byte; the gpt spec +4.35%. How long gloo holds a work is a
-#: matter of scheduling, so no rule of the model bounds it; the cost model keeps FSDP2's own
-#: schedule (runtime ``torch-cpu`` holds FSDP2's buffers as ``torch`` does), and the bound below is the emulated worst
-#: case plus a margin. NCCL is not known to do this (FSDP2 on a GPU frees its buffers on the
-#: caller's thread, stream-ordered); unmeasured: no multi-GPU machine yet. The same hold, with TP 2
-#: and ZeRO-3 over 2 (2026-11-29): ``llama-tiny/tp2-zero3-dp2-sp/none`` measured +3.48% in one CI run
-#: (+1.96% alone, every time); the emulation gives +3.48% (to the digit of the failing run) and
-#: +2.84% for the GPT spec (+0.27% alone).
+#: label -> (bound on |relative error| of the most loaded rank's peak, diagnosis): the real gaps of
+#: the cost model or of the PyTorch API used, each with its bound and reason (evidence per category in
+#: bench/out/model_accuracy.txt); a bound is the error observed plus a margin, so the test catches a
+#: regression and still passes once the model is fixed.
+#: G15, ZeRO-3 (FSDP2) without checkpointing on gloo: gloo's worker thread drops a finished
+#: collective's work, and the tensors it references, only when it is next scheduled (of 300
+#: synchronous all-gathers per rank on 4 ranks, 12-19% of the outputs outlive the call:
+#: bench/gloo_held_gathers.py). FSDP2's all-gather input is a slice of its output, so a held work
+#: keeps a whole gathered block alive after FSDP2 frees it: with the CPU cores loaded these peaks
+#: rise (run alone, 0.3% to 2% over the prediction). Holding each all-gather's tensors until the next
+#: one returns (that script's emulation) gives the highest peaks measured under load (llama-tiny
+#: zero3-dp4 to the byte: 36,415,656, +1,472,000 over the usual peak). How long gloo holds a work is
+#: a matter of scheduling, which no rule of the model bounds: the cost model keeps FSDP2's own schedule
+#: (runtime ``torch-cpu`` holds FSDP2's buffers as ``torch`` does) and each bound is the emulated
+#: figure plus a margin. NCCL is not known to hold works so (FSDP2 on a GPU frees its buffers on the
+#: caller's thread, stream-ordered); not measured on GPUs.
 KNOWN_GAPS: dict[str, tuple[float, str]] = {
     "gpt-tiny/zero3-dp4/none": (0.05, "G15: gloo may hold a finished all-gather's output (a gathered "
                                        "block); +4.35% emulated (bench/gloo_held_gathers.py)"),

@@ -1,5 +1,5 @@
 """The tracer package's dispatch table: :data:`OP_TABLE` and the handlers agree, every entry is a
-real ATen operator, and the split into modules left the traced graphs unchanged."""
+real ATen operator, and tiny configs trace to the graphs recorded for them."""
 
 from __future__ import annotations
 
@@ -62,11 +62,10 @@ def test_an_operator_declared_twice_is_refused() -> None:
         handles("bmm", maps_to="einsum")(second)
 
 
-#: SHA-256 of the sorted graph JSON of tiny configs traced at 2 x 32 tokens by the single-module
-#: tracer (commit ee7d5c4, torch 2.13.0, transformers 5.23.0), before it was split into a package.
-#: A change to the tracer that is meant to change graphs updates these (print them with this test's
-#: helper); a transformers upgrade may too.
-PRE_SPLIT_DIGESTS = {
+#: SHA-256 of the sorted graph JSON of tiny configs traced at 2 x 32 tokens (torch 2.13.0,
+#: transformers 5.23.0): a change to the tracer that moves a graph fails here. One that is meant to
+#: change graphs updates these (print them with :func:`graph_digest`); a transformers upgrade may too.
+RECORDED_DIGESTS = {
     "qwen2": "7f841b8528f526d3bc077713d8e0f3d3f6bd035fd573a8693e6fb4d26cce4781",
     "gpt_neox": "d8bf2968a6a1eb06d931086b5875bfed9c36d5b736e0a9240e73e8e1d66c2aa4",
     "gemma2": "0e275d0c103d2b31eab7d89b7ccc696c3eb49822bf988c811ef73b614bf4461b",
@@ -93,6 +92,6 @@ def transformers_version() -> str:
     return str(transformers.__version__)
 
 
-@pytest.mark.parametrize("model_type", sorted(PRE_SPLIT_DIGESTS))
+@pytest.mark.parametrize("model_type", sorted(RECORDED_DIGESTS))
 def test_traced_graphs_match_their_recorded_digests(model_type: str) -> None:
-    assert graph_digest(model_type) == PRE_SPLIT_DIGESTS[model_type]
+    assert graph_digest(model_type) == RECORDED_DIGESTS[model_type]
