@@ -60,9 +60,9 @@ def check(path):
             v = r.get(k)
             if v is not None and (not isinstance(v, int) or v < 1):
                 problems.append(f"{where}: {k} {v!r} is not a positive integer")
-        if all(isinstance(r.get(k), int) for k in ("tp", "pp", "dp", "cp", "gpus")):
-            if r["tp"] * r["pp"] * r["dp"] * r["cp"] != r["gpus"]:
-                problems.append(f"{where}: tp*pp*dp*cp = {r['tp'] * r['pp'] * r['dp'] * r['cp']} != gpus {r['gpus']}")
+        degrees_given = all(isinstance(r.get(k), int) for k in ("tp", "pp", "dp", "cp", "gpus"))
+        if degrees_given and r["tp"] * r["pp"] * r["dp"] * r["cp"] != r["gpus"]:
+            problems.append(f"{where}: tp*pp*dp*cp = {r['tp'] * r['pp'] * r['dp'] * r['cp']} != gpus {r['gpus']}")
     if doc.get("row_count") != len(runs):
         problems.append(f"row_count {doc.get('row_count')} != {len(runs)} rows")
     groups = collections.Counter(r.get("source_group") for r in runs)
@@ -75,7 +75,7 @@ def check(path):
 
 def main(argv):
     path = argv[1] if len(argv) > 1 else pathlib.Path(__file__).with_name("published_memory_runs.json")
-    doc, runs, groups, problems = check(path)
+    _doc, runs, groups, problems = check(path)
     for p in problems:
         print(p)
     if problems:
