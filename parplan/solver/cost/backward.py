@@ -19,6 +19,7 @@ and sequence-parallel layout), bytes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,6 +36,7 @@ from parplan.solver.cost.activations import (
 from parplan.solver.cost.context_parallel import AttentionBytes, cp_buffer_bytes
 from parplan.solver.cost.loss_loop import looped_nodes
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
+from parplan.solver.cost.op_sizes import OpSizes
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import (
     UnitStrategy,
@@ -47,7 +49,21 @@ from parplan.solver.ir import Graph, Node, OpKind
 
 if TYPE_CHECKING:
     from parplan.solver.cost.precision import Precision
-    from parplan.solver.cost.units import GraphCosts
+
+
+class UnitGraph(Protocol):
+    """What the walks below read of a graph's units (:class:`~parplan.solver.cost.units.GraphCosts`)."""
+
+    graph: Graph
+    nodes: dict[str, list[Node]]  # a unit's operators and graph inputs, graph order
+    consumers: dict[str, list[str]]
+
+    def saved(self, recompute: Recompute, flash: bool, act_bytes: int,
+              runtime: Runtime = ...) -> tuple[dict[str, list[SavedItem]], set[str]]:
+        """Saved items per unit, and the keys several units save."""
+
+    def item_bytes(self, items: Iterable[SavedItem], s: UnitStrategy) -> tuple[float, float]:
+        """(bytes, redundant bytes) of saved items on one device."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +76,7 @@ class BackwardProfile:
     transient_peak_unsharded: float  # the same plus the weight gradients produced so far
 
 
-def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision,
+def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
                      shared_keys: set[str]) -> BackwardProfile:
     """Profile of ``unit``'s backward under ``s``; items in ``shared_keys`` (saved by several units,
     counted once per stage) are left to the stage."""
@@ -97,7 +113,7 @@ def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision
     return BackwardProfile(peak, peak_g, trans, trans_g)
 
 
-def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision) -> float:
+def forward_transient(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision) -> float:
     """The most bytes of tensors ``unit``'s forward makes and does not keep for backward, alive at
     once (an operator's output and the unsaved inputs still to be read: the logits while the loss
     reads them). Views cost nothing; tensors read by other units stay to the end of the unit. A
@@ -124,29 +140,6 @@ def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precisio
                 if remaining[i] == 0:
                     live.pop(i, None)
     return peak
-
-
-class OpSizes(Protocol):
-    """Per-device elements of the tensors around one operator, under some strategy."""
-
-    def output(self, n: Node) -> float:
-        """``n``'s output as ``n`` makes it (whole where it leaves partial sums)."""
-
-    def input(self, n: Node, position: int) -> float:
-        """Input ``position`` as ``n`` reads it (a gathered copy where ``n`` needs one)."""
-
-    def weight_grad(self, n: Node, position: int) -> float:
-        """The gradient ``n``'s backward makes for its parameter input ``position``."""
-
-    def sp_gather(self, n: Node) -> float:
-        """A sequence-parallel norm's output gathered whole for backward, 0 for other operators."""
-
-    def class_shards(self, n: Node) -> int:
-        """Pieces a loss's logits are cut into along their class dim (1 for other operators)."""
-
-    def recomputed_bytes(self, n: Node) -> float:
-        """Bytes ``n``'s backward rebuilds for itself first: the attention core's scores, softmax
-        and dropout under selective recomputation without flash attention."""
 
 
 def selective_rebuilt_items(n: Node, graph: Graph, act: int, recompute: Recompute, flash_attention: bool,
@@ -241,7 +234,7 @@ class UnitSizes:
         return sum(it.total_bytes / lay.shards(self.mesh.sizes, it.dims) for it in items)
 
 
-def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
+def _transient(gc: UnitGraph, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
     sizes = UnitSizes(gc.graph, s, act)
     out = op_transient_bytes(n, gc.graph, sizes, act, grad_bytes, s.runtime)
     return out + _cp_buffers(n, s, sizes, act, backward=True)
@@ -261,5 +254,5 @@ def attention_bytes(n: Node, sizes: OpSizes, act: int) -> AttentionBytes:
                           sizes.output(n) * act)
 
 
-def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
+def _weight_grad_bytes(gc: UnitGraph, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
     return op_weight_grad_bytes(n, gc.graph, UnitSizes(gc.graph, s), grad_bytes)
