@@ -79,8 +79,8 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     options = StepOptions(accumulating, pipelined, created_grads, shared_grads, later_microbatches)
     above = temporary = 0.0
     for m in step_moments(NUMBERS, walked, shared_act_bytes, tied, options):
-        above = max(above, m.fixed + m.alive)
-        temporary = max(temporary, m.fixed + m.temporary)
+        above = max(above, m.total(NUMBERS))
+        temporary = max(temporary, m.temporaries(NUMBERS))
     return StagePeak(above, temporary)
 
 

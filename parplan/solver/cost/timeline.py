@@ -110,20 +110,21 @@ class StepUnit(Protocol[Q_co]):
 
 @dataclass(frozen=True)
 class Moment(Generic[Q]):
-    """One moment of the step: ``fixed + alive`` above the resident states, ``fixed + temporary``
+    """One moment of the step: ``held + fixed + own`` above the resident states, ``fixed + own_temp``
     of it temporaries (gathered weights, gradients, buffers)."""
 
     unit: int  # the unit running
     kind: str  # forward, gather, backward, block end, tied
-    fixed: Q
-    alive: Q
-    temporary: Q
+    held: Q  # saved tensors and resident gradients made so far
+    fixed: Q  # the stage's buffers around the unit
+    own: Q  # the unit's own inner moment
+    own_temp: Q  # of it temporary
 
     def total(self, alg: Algebra[Q]) -> Q:
-        return alg.add(self.fixed, self.alive)
+        return alg.add(alg.add(self.held, self.fixed), self.own)
 
     def temporaries(self, alg: Algebra[Q]) -> Q:
-        return alg.add(self.fixed, self.temporary)
+        return alg.add(self.fixed, self.own_temp)
 
 
 def total(alg: Algebra[Q], parts: Iterable[Q]) -> Q:
@@ -226,14 +227,14 @@ class _Walk(Generic[Q]):
                 fixed = add(add(acc, self.root_params), weights)
                 before = add(self.held_before[i], u.act)
                 for extra in u.forward():
-                    yield Moment(i, "forward", add(fixed, extra), before, zero)
+                    yield Moment(i, "forward", before, fixed, extra, extra)
                 if i in self.gathered and u.dp.gather_buffer and (first or not self.still_gathered):
                     # the block's all-gather: its output buffer and the previous one's, besides the copy
                     earlier = [j for j in self.blocks if j < i]
                     previous = self.gathered[earlier[-1]] if earlier else self.root_params
                     fixed = add(add(add(add(acc, self.root_params), self.kept_before[i]), self.gathered[i], 2.0),
                                 previous)
-                    yield Moment(i, "gather", fixed, self.held_before[i], zero)
+                    yield Moment(i, "gather", self.held_before[i], fixed, zero, zero)
 
     def set_tied(self, tied: tuple[Q, Q] | None, tied_users: list[int]) -> None:
         """What accumulation keeps: every gathering unit's gradients (and a tied table's)."""
@@ -253,7 +254,7 @@ class _Walk(Generic[Q]):
             fixed = add(add(self.accumulated, self.root_params), weights)
             held = add(self.held_before[i], self.all_made)
             for own, transient in self.units[i].backward(False):
-                yield Moment(i, "backward", fixed, add(held, own), transient)
+                yield Moment(i, "backward", held, fixed, own, transient)
 
     def last_backward(self, tied: tuple[Q, Q] | None, keep: Container[int] | None) -> Iterator[Moment[Q]]:
         """The last (or only) micro-batch: gradients reduced block by block."""
@@ -274,7 +275,7 @@ class _Walk(Generic[Q]):
             if want:
                 held = add(self.held_before[i], self.made_by(i))
                 for own, transient in u.backward(u.dp.gathers and not accumulating):
-                    yield Moment(i, "backward", fixed, add(held, own), transient)
+                    yield Moment(i, "backward", held, fixed, own, transient)
             if i in self.gathered:
                 # end of the block's backward: its weights freed, the older buffers released, its
                 # gradients copied into new reduce buffers
@@ -284,7 +285,8 @@ class _Walk(Generic[Q]):
                                   reduce_buffer), pending)
                     if not accumulating:
                         end = add(end, u.unsharded_grads)
-                    yield Moment(i, "block end", end, add(self.held_before[i], self.made_by(i, including=True)), zero)
+                    yield Moment(i, "block end", add(self.held_before[i], self.made_by(i, including=True)), end, zero,
+                                 zero)
             elif i in self.grads and not accumulating:  # outside the blocks: unsharded to the end of backward
                 root_grads = add(root_grads, u.kept_grads)
             if tied is not None and tied_users and i == tied_users[-1] and len(tied_users) > 1:
@@ -293,7 +295,7 @@ class _Walk(Generic[Q]):
                 if want:  # the first user's own gradient of the table, the one waiting, and their sum
                     both = add(add(add(add(add(self.root_params, root_grads), weights), reduce_buffer), pending),
                                tied[0])
-                    yield Moment(i, "tied", add(both, tied[1]), add(self.held_before[i], self.made_by(i)), zero)
+                    yield Moment(i, "tied", add(self.held_before[i], self.made_by(i)), add(both, tied[1]), zero, zero)
                 pending = zero
 
     def weights_in_forward(self, i: int) -> Q:
