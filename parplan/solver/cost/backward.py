@@ -38,6 +38,7 @@ from parplan.solver.cost.loss_loop import looped_nodes
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
 from parplan.solver.cost.op_sizes import OpSizes
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.timeline import NUMBERS, forward_live
 from parplan.solver.cost.unit_strategy import (
     UnitStrategy,
     local_elems,
@@ -121,25 +122,17 @@ def forward_transient(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision
     act = prec.activation_bytes
     nodes = gc.nodes[unit]
     looped = looped_nodes(nodes, gc.graph, s.runtime.loss_chunks)
-    local = {n.id for n in nodes}
     kept = {it.key for items in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0].values() for it in items}
-    consumers = gc.consumers
-    remaining = {n.id: len(consumers[n.id]) if all(c in local for c in consumers[n.id]) else -1 for n in nodes}
-    live: dict[str, float] = {}
-    peak = 0.0
     sizes = UnitSizes(gc.graph, s)
-    for n in nodes:
-        if n.id not in kept and n.id not in looped and n.kind is not OpKind.RESHAPE:
-            # an operator's output as it makes it; a graph input as the unit's layout holds it
-            elems = local_elems(n, s) if n.kind is OpKind.INPUT else sizes.output(n)
-            live[n.id] = elems * tensor_bytes(n, act)
-        peak = max(peak, sum(live.values()) + _cp_buffers(n, s, sizes, act, backward=False))
-        for i in dict.fromkeys(n.inputs):
-            if i in remaining and remaining[i] > 0:
-                remaining[i] -= 1
-                if remaining[i] == 0:
-                    live.pop(i, None)
-    return peak
+
+    def live_size(n: Node) -> float | None:
+        if n.id in kept or n.id in looped or n.kind is OpKind.RESHAPE:
+            return None
+        # an operator's output as it makes it; a graph input as the unit's layout holds it
+        return (local_elems(n, s) if n.kind is OpKind.INPUT else sizes.output(n)) * tensor_bytes(n, act)
+
+    return max(forward_live(NUMBERS, nodes, gc.consumers, live_size,
+                            lambda n: _cp_buffers(n, s, sizes, act, backward=False)), default=0.0)
 
 
 def selective_rebuilt_items(n: Node, graph: Graph, act: int, recompute: Recompute, flash_attention: bool,

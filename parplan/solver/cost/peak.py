@@ -19,7 +19,7 @@ from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.loss_loop import LossLoop, loop_peak
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.runtime import DataParallelBuffers
-from parplan.solver.cost.timeline import NUMBERS, StepOptions, step_moments
+from parplan.solver.cost.timeline import NUMBERS, StepOptions, StepUnit, step_moments
 from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems
 from parplan.solver.cost.units import GraphCosts, UnitCost
 
@@ -74,7 +74,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     ``tied_workspace_elems``: the gradient elements the first user's backward makes for them;
     ``accumulating``, ``pipelined``, ``created_grads`` (bytes per unit), ``shared_grads``,
     ``later_microbatches``: how the step runs (:func:`~parplan.solver.cost.timeline.step_moments`)."""
-    walked = [_Numeric(u, created_grads[i] if created_grads is not None else 0.0, prec) for i, u in enumerate(units)]
+    walked = [_numeric(u, created_grads[i] if created_grads is not None else 0.0, prec) for i, u in enumerate(units)]
     tied = (tied_elems * prec.grad_bytes, tied_workspace_elems * prec.grad_bytes) if tied_elems else None
     options = StepOptions(accumulating, pipelined, created_grads, shared_grads, later_microbatches)
     above = temporary = 0.0
@@ -84,25 +84,15 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     return StagePeak(above, temporary)
 
 
-class _Numeric:
-    """A :class:`StageUnit` as the walk's unit: one inner moment per phase, the unit's largest."""
-
-    def __init__(self, u: StageUnit, created_grads: float, prec: Precision) -> None:
-        self.u = u
-        self.is_block, self.dp, self.act, self.tied_user = u.is_block, u.dp, u.act_bytes, u.tied_user
-        self.gathered, self.unsharded_grads = u.gathered_bytes, u.unsharded_grad_bytes
-        self.own_params, self.own_grads = u.own_param_bytes, u.own_grad_bytes
-        # (but a chunked loss's weight gradient, reduced inside forward)
-        looped = u.loss_loop.weight_elems * prec.grad_bytes if u.loss_loop is not None else 0.0
-        self.kept_grads = max(0.0, u.own_grad_bytes - looped)
-        self.extra = u.forward_transient
-        if u.loss_loop is not None:
-            self.extra = max(self.extra, loop_peak(u.loss_loop, u.dp, u.gathered_bytes, u.unsharded_grad_bytes,
-                                                   created_grads))
-
-    def forward(self) -> tuple[float]:
-        return (self.extra,)
-
-    def backward(self, unsharded: bool) -> tuple[tuple[float, float]]:
-        p = self.u.profile
-        return ((p.peak_unsharded, p.transient_peak_unsharded) if unsharded else (p.peak, p.transient_peak),)
+def _numeric(u: StageUnit, created_grads: float, prec: Precision) -> StepUnit[float]:
+    """``u`` as the walk's unit: one inner moment per phase, the unit's largest."""
+    # (but a chunked loss's weight gradient, reduced inside forward)
+    looped = u.loss_loop.weight_elems * prec.grad_bytes if u.loss_loop is not None else 0.0
+    extra = u.forward_transient
+    if u.loss_loop is not None:
+        extra = max(extra, loop_peak(u.loss_loop, u.dp, u.gathered_bytes, u.unsharded_grad_bytes, created_grads))
+    p = u.profile
+    return StepUnit(u.is_block, u.dp, u.tied_user, u.act_bytes, u.gathered_bytes, u.unsharded_grad_bytes,
+                    u.own_param_bytes, u.own_grad_bytes, max(0.0, u.own_grad_bytes - looped), lambda: (extra,),
+                    lambda unsharded: ((p.peak_unsharded, p.transient_peak_unsharded) if unsharded
+                                       else (p.peak, p.transient_peak),))

@@ -29,14 +29,14 @@ linear expressions. At each moment the stage holds, besides those:
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from parplan.solver.cost.runtime import DataParallelBuffers
+from parplan.solver.ir import Node
 
 Q = TypeVar("Q")
-Q_co = TypeVar("Q_co", covariant=True)
 
 
 class Algebra(Protocol[Q]):
@@ -62,50 +62,26 @@ class Numbers:
 NUMBERS = Numbers()
 
 
-class StepUnit(Protocol[Q_co]):
-    """One unit of the stage as the walk sees it (per device)."""
+@dataclass(frozen=True)
+class StepUnit(Generic[Q]):
+    """One unit of the stage as the walk sees it (per device). ``forward()``: what its forward holds
+    besides its saved tensors, at each of its inner moments. ``backward(unsharded)``: (held, of it
+    temporary) at each inner moment of its backward: its saved tensors not freed yet and the running
+    operator's gradients; with ``unsharded``, its weight gradients made so far too."""
 
-    @property
-    def is_block(self) -> bool: ...
-
-    @property
-    def dp(self) -> DataParallelBuffers: ...
-
-    @property
-    def act(self) -> Q_co:
-        """Saved for backward (the stage's shared buffers apart)."""
-
-    @property
-    def gathered(self) -> Q_co:
-        """Every weight it uses, unsharded (what gathering holds)."""
-
-    @property
-    def unsharded_grads(self) -> Q_co:
-        """Every weight's gradient, unsharded (what its reduction copies)."""
-
-    @property
-    def own_params(self) -> Q_co:
-        """Weights of the parameters first used here (a stage's shared ones once)."""
-
-    @property
-    def own_grads(self) -> Q_co:
-        """Their gradients, a tied table's apart."""
-
-    @property
-    def kept_grads(self) -> Q_co:
-        """Of ``own_grads``, what a unit outside the blocks keeps unsharded to the end of backward."""
-
-    @property
-    def tied_user(self) -> bool:
-        """It reads a parameter another unit of the stage reads."""
-
-    def forward(self) -> Sequence[Q_co]:
-        """What its forward holds besides its saved tensors, at each of its inner moments."""
-
-    def backward(self, unsharded: bool) -> Sequence[tuple[Q_co, Q_co]]:
-        """(held, of it temporary) at each inner moment of its backward: its saved tensors not freed
-        yet and the running operator's gradients; with ``unsharded``, its weight gradients made so
-        far too."""
+    is_block: bool
+    dp: DataParallelBuffers
+    tied_user: bool  # it reads a parameter another unit of the stage reads
+    act: Q  # saved for backward (the stage's shared buffers apart)
+    gathered: Q  # every weight it uses, unsharded (what gathering holds)
+    #: every weight's gradient, unsharded (what its reduction copies)
+    unsharded_grads: Q
+    own_params: Q  # weights of the parameters first used here (a stage's shared ones once)
+    #: their gradients, a tied table's apart
+    own_grads: Q
+    kept_grads: Q  # of those, what a unit outside the blocks keeps unsharded to the end of backward
+    forward: Callable[[], Sequence[Q]] = field(repr=False)
+    backward: Callable[[bool], Sequence[tuple[Q, Q]]] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -328,3 +304,24 @@ class _Walk(Generic[Q]):
         if not before:
             return self.zero
         return add(self.gathered[before[-1]], self.kept_before[before[-1]])
+
+
+def forward_live(alg: Algebra[Q], nodes: Sequence[Node], consumers: Mapping[str, Sequence[str]],
+                 live_size: Callable[[Node], Q | None], around: Callable[[Node], Q]) -> Iterator[Q]:
+    """What a unit's forward holds besides its saved tensors at each of its operators (forward order):
+    the unsaved tensors made so far and still to be read (``live_size``: a tensor's bytes, None for
+    one that costs nothing here: saved, a view), and ``around`` the operator (its buffers). A tensor
+    read by another unit stays to the end of the unit."""
+    local = {n.id for n in nodes}
+    remaining = {n.id: len(consumers[n.id]) if all(c in local for c in consumers[n.id]) else -1 for n in nodes}
+    live: dict[str, Q] = {}
+    for n in nodes:
+        size = live_size(n)
+        if size is not None:
+            live[n.id] = size
+        yield alg.add(total(alg, live.values()), around(n))
+        for i in dict.fromkeys(n.inputs):
+            if i in remaining and remaining[i] > 0:
+                remaining[i] -= 1
+                if remaining[i] == 0:
+                    live.pop(i, None)

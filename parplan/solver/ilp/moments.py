@@ -30,8 +30,8 @@ from parplan.solver.cost.activations import Recompute, block_of, op_saved_items,
 from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
-from parplan.solver.cost.runtime import FSDP, IN_PLACE, DataParallelBuffers
-from parplan.solver.cost.timeline import Moment, step_moments
+from parplan.solver.cost.runtime import FSDP, IN_PLACE
+from parplan.solver.cost.timeline import Moment, StepUnit, step_moments
 from parplan.solver.ilp.graph_problem import GraphProblem
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
 from parplan.solver.ilp.terms import LINEAR, Lin, Terms, lin_sum
@@ -75,30 +75,12 @@ class _Unit:
             self._detail = self.build_detail()
         return self._detail
 
-    @property
-    def dp(self) -> DataParallelBuffers:
-        return FSDP
+    def step(self) -> StepUnit[Lin]:
+        """The unit as the walk sees it: every unit as FSDP runs it (zeros where it does not gather)."""
+        return StepUnit(self.is_block, FSDP, self.tied_user, self.act, self.gathered, self.grads, self.gathered,
+                        self.grads_untied, self.grads_untied, lambda: self.detail.forward_live, self._backward)
 
-    @property
-    def unsharded_grads(self) -> Lin:
-        return self.grads
-
-    @property
-    def own_params(self) -> Lin:
-        return self.gathered  # (each parameter's owner, the first operator reading it, gathers it)
-
-    @property
-    def own_grads(self) -> Lin:
-        return self.grads_untied
-
-    @property
-    def kept_grads(self) -> Lin:
-        return self.grads_untied
-
-    def forward(self) -> list[Lin]:
-        return self.detail.forward_live
-
-    def backward(self, unsharded: bool) -> list[tuple[Lin, Lin]]:
+    def _backward(self, unsharded: bool) -> list[tuple[Lin, Lin]]:
         d = self.detail
         out = []
         for a, r, t, g in zip(d.alive, d.rebuilt_alive, d.transient, d.grads_after, strict=True):
@@ -169,8 +151,8 @@ def _moments(gp: GraphProblem, terms: Terms, units: list[_Unit], keep: set[int] 
     """Every moment of the walk with one micro-batch (see the module docstring for the cases the
     ILP's plans leave out), or only those of the units in ``keep`` (the others' are not built)."""
     tied, tied_workspace, users = terms.tied(units)
-    return step_moments(LINEAR, units, _shared_items(gp, terms), (tied, tied_workspace) if users else None,
-                        keep=keep)
+    return step_moments(LINEAR, [u.step() for u in units], _shared_items(gp, terms),
+                        (tied, tied_workspace) if users else None, keep=keep)
 
 
 def _optimizer(terms: Terms, units: list[_Unit], keep: set[int] | None = None) -> Iterator[Lin]:

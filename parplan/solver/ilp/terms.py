@@ -20,6 +20,7 @@ from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import OpStrategy, input_layout, output_layout
 from parplan.solver.cost.resharding import conversion_buffer_bytes, gradient_conversion_buffer_bytes
 from parplan.solver.cost.rules import optimizer_temporary_bytes
+from parplan.solver.cost.timeline import forward_live
 from parplan.solver.ilp.costs import signature
 from parplan.solver.ilp.graph_problem import GraphProblem, consumer_saves, partial_saved_bytes, resharded_copy_bytes
 from parplan.solver.ilp.model import PeakTerm
@@ -438,39 +439,34 @@ class Terms:
 
     def forward_live(self, nodes: Sequence[Node], kept: set[str]) -> list[Lin]:
         """Per operator of a unit (forward order): its unsaved outputs still to be read (as
-        :func:`~parplan.solver.cost.backward.forward_transient`)."""
+        :func:`~parplan.solver.cost.backward.forward_transient`), the buffers around it."""
         consumers = self.gp.caches.get("consumers")
         if consumers is None:
             consumers = self.gp.caches["consumers"] = self.graph.consumers()
-        local = {n.id for n in nodes}
-        remaining = {n.id: len(consumers[n.id]) if all(c in local for c in consumers[n.id]) else -1 for n in nodes}
-        live: dict[str, Lin] = {}
-        out = []
-        for n in nodes:
-            if n.id not in kept and n.kind is OpKind.INPUT:
-                # a graph input (token ids, labels): in the layout its first reader takes it
-                reader = self.graph.node(consumers[n.id][0]) if consumers[n.id] else None
-                if reader is not None:
-                    pos = reader.inputs.index(n.id)
-                    live[n.id] = self._per_candidate_alike(
-                        reader.id, ("live_input", pos), lambda s, o, n=n, reader=reader, pos=pos: n.numel
-                        * tensor_bytes(n, self.act) / _shards(self.gp, _in(self.gp, reader, pos, s)))
-            elif n.id not in kept and n.kind is not OpKind.RESHAPE:
-                live[n.id] = self._per_candidate_alike(
-                    n.id, ("live_output",), lambda s, o, n=n: _IlpSizes(self.gp, s, o).output(n)
-                    * tensor_bytes(n, self.act))
-            now = lin_sum(live.values())
-            if not n.is_leaf:
-                now = now.add(self.converted_weights(n)).add(self.received(n))
-            if self.gp.ctx.zero3_per_operator and not n.is_leaf:  # the operator's weights, gathered for it
-                now = now.add(self.gathered(n, self.prec.param_bytes, force=True))
-            out.append(now)
-            for i in dict.fromkeys(n.inputs):
-                if i in remaining and remaining[i] > 0:
-                    remaining[i] -= 1
-                    if remaining[i] == 0:
-                        live.pop(i, None)
-        return out
+
+        def live_size(n: Node) -> Lin | None:
+            if n.id in kept or n.kind is OpKind.RESHAPE:
+                return None
+            if n.kind is not OpKind.INPUT:
+                return self._per_candidate_alike(n.id, ("live_output",), lambda s, o: _IlpSizes(self.gp, s, o)
+                                                 .output(n) * tensor_bytes(n, self.act))
+            # a graph input (token ids, labels): in the layout its first reader takes it
+            if not consumers[n.id]:
+                return None
+            reader = self.graph.node(consumers[n.id][0])
+            pos = reader.inputs.index(n.id)
+            return self._per_candidate_alike(reader.id, ("live_input", pos), lambda s, o: n.numel * tensor_bytes(
+                n, self.act) / _shards(self.gp, _in(self.gp, reader, pos, s)))
+
+        def around(n: Node) -> Lin:
+            if n.is_leaf:
+                return Lin()
+            out = self.converted_weights(n).add(self.received(n))
+            if self.gp.ctx.zero3_per_operator:  # the operator's weights, gathered for it
+                out = out.add(self.gathered(n, self.prec.param_bytes, force=True))
+            return out
+
+        return list(forward_live(LINEAR, nodes, consumers, live_size, around))
 
 
 class _HasNodes(Protocol):
