@@ -19,7 +19,7 @@ from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.loss_loop import LossLoop, loop_peak
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.runtime import DataParallelBuffers
-from parplan.solver.cost.timeline import NUMBERS, StepOptions, StepUnit, step_moments
+from parplan.solver.cost.timeline import NUMBERS, StepOptions, StepUnit, Tied, step_moments
 from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems
 from parplan.solver.cost.units import GraphCosts, UnitCost
 
@@ -75,7 +75,11 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     ``accumulating``, ``pipelined``, ``created_grads`` (bytes per unit), ``shared_grads``,
     ``later_microbatches``: how the step runs (:func:`~parplan.solver.cost.timeline.step_moments`)."""
     walked = [_numeric(u, created_grads[i] if created_grads is not None else 0.0, prec) for i, u in enumerate(units)]
-    tied = (tied_elems * prec.grad_bytes, tied_workspace_elems * prec.grad_bytes) if tied_elems else None
+    tied = None
+    if tied_elems:
+        grads = tied_elems * prec.grad_bytes
+        gathers = any(u.dp.gathers for u in units if u.tied_user)  # accumulation keeps it unsharded then
+        tied = Tied(grads, tied_workspace_elems * prec.grad_bytes, grads if gathers else 0.0)
     options = StepOptions(accumulating, pipelined, created_grads, shared_grads, later_microbatches)
     above = temporary = 0.0
     for m in step_moments(NUMBERS, walked, shared_act_bytes, tied, options):

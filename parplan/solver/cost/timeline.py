@@ -111,6 +111,15 @@ def total(alg: Algebra[Q], parts: Iterable[Q]) -> Q:
 
 
 @dataclass(frozen=True)
+class Tied(Generic[Q]):
+    """Parameters two units of the stage use (a tied embedding)."""
+
+    grads: Q  # their local gradient
+    workspace: Q  # the gradient the first user's backward makes for them
+    accumulated: Q  # what accumulation keeps of their gradient (where a unit reading them gathers)
+
+
+@dataclass(frozen=True)
 class StepOptions(Generic[Q]):
     """How the step runs (see :func:`step_moments`)."""
 
@@ -121,12 +130,12 @@ class StepOptions(Generic[Q]):
     later_microbatches: bool = False
 
 
-def step_moments(alg: Algebra[Q], units: Sequence[StepUnit[Q]], shared_act: Q, tied: tuple[Q, Q] | None = None,
+def step_moments(alg: Algebra[Q], units: Sequence[StepUnit[Q]], shared_act: Q, tied: Tied[Q] | None = None,
                  options: StepOptions[Q] | None = None, keep: Container[int] | None = None) -> Iterator[Moment[Q]]:
     """Every moment of one micro-batch's forward and backward through ``units`` (forward order).
 
-    ``shared_act``: saved tensors several units share, freed only at the end; ``tied``: (the local
-    gradient of parameters two units use, the gradient the first user's backward makes for them);
+    ``shared_act``: saved tensors several units share, freed only at the end; ``tied``: parameters
+    two units use (a tied embedding);
     ``keep``: only the moments of these units (the others' inner moments are not asked for).
 
     ``options.accumulating``: the step accumulates gradients over several micro-batches, and
@@ -141,7 +150,7 @@ def step_moments(alg: Algebra[Q], units: Sequence[StepUnit[Q]], shared_act: Q, t
     (``options.later_microbatches``) finds all of them."""
     o = options or StepOptions()
     w = _Walk(alg, units, shared_act, o)
-    w.set_tied(tied, [i for i, u in enumerate(units) if u.tied_user] if tied is not None else [])
+    w.set_tied(tied)
     yield from w.forward(keep)
     if o.accumulating:
         yield from w.earlier_backward(keep)
@@ -212,12 +221,12 @@ class _Walk(Generic[Q]):
                                 previous)
                     yield Moment(i, "gather", self.held_before[i], fixed, zero, zero)
 
-    def set_tied(self, tied: tuple[Q, Q] | None, tied_users: list[int]) -> None:
+    def set_tied(self, tied: Tied[Q] | None) -> None:
         """What accumulation keeps: every gathering unit's gradients (and a tied table's)."""
         if not self.o.accumulating:
             return
-        if tied is not None and any(self.units[i].dp.gathers for i in tied_users):
-            self.tied_accumulated = tied[0]
+        if tied is not None:
+            self.tied_accumulated = tied.accumulated
         self.accumulated = self.alg.add(total(self.alg, self.grads.values()), self.tied_accumulated)
 
     def earlier_backward(self, keep: Container[int] | None) -> Iterator[Moment[Q]]:
@@ -232,7 +241,7 @@ class _Walk(Generic[Q]):
             for own, transient in self.units[i].backward(False):
                 yield Moment(i, "backward", held, fixed, own, transient)
 
-    def last_backward(self, tied: tuple[Q, Q] | None, keep: Container[int] | None) -> Iterator[Moment[Q]]:
+    def last_backward(self, tied: Tied[Q] | None, keep: Container[int] | None) -> Iterator[Moment[Q]]:
         """The last (or only) micro-batch: gradients reduced block by block."""
         add, zero, units = self.alg.add, self.zero, self.units
         accumulating = self.o.accumulating
@@ -266,12 +275,13 @@ class _Walk(Generic[Q]):
             elif i in self.grads and not accumulating:  # outside the blocks: unsharded to the end of backward
                 root_grads = add(root_grads, u.kept_grads)
             if tied is not None and tied_users and i == tied_users[-1] and len(tied_users) > 1:
-                pending = tied[0]  # the head's gradient of the tied table waits for the embedding's
+                pending = tied.grads  # the head's gradient of the tied table waits for the embedding's
             if tied is not None and tied_users and i == tied_users[0]:
                 if want:  # the first user's own gradient of the table, the one waiting, and their sum
                     both = add(add(add(add(add(self.root_params, root_grads), weights), reduce_buffer), pending),
-                               tied[0])
-                    yield Moment(i, "tied", add(self.held_before[i], self.made_by(i)), add(both, tied[1]), zero, zero)
+                               tied.grads)
+                    yield Moment(i, "tied", add(self.held_before[i], self.made_by(i)), add(both, tied.workspace), zero,
+                                 zero)
                 pending = zero
 
     def weights_in_forward(self, i: int) -> Q:

@@ -11,9 +11,13 @@ backward has run, its input gradients converted back to their producers' layouts
 not gather under a candidate adds zeros: every unit is walked as FSDP runs it. Adam's update comes
 after the walk.
 
-The ILP plans one pipeline stage whose runtime keeps its gradients between steps and whose loss is
-not chunked (torchtitan's trainer, which frees gradients and chunks the loss, is planned by the
-uniform search only): no pipelining, no gradients created in backward, no loss loop.
+The ILP's plans run one pipeline stage (no pipelining), on runtimes that keep gradients between
+steps and do not chunk the loss (torchtitan's trainer, which does both, is planned by the uniform
+search only): no gradients made in backward, no loss loop. Gradient accumulation that keeps FSDP2's
+unsharded gradients over several micro-steps (the torch runtimes' ZeRO-3 blocks) is a case of the
+walk (``StepOptions.accumulating``, a tied table's gradient kept where its owner gathers it) that
+the ILP's problem leaves out: its plans are priced, and their answers walked (:func:`walk_peak`),
+with reduce-scatters every micro-step.
 
 Alike blocks share variables and hold the same terms apart from the activations of the units
 before them, which only grow, and the buffers of their neighbours; of a run of alike blocks only
@@ -31,7 +35,7 @@ from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.runtime import FSDP, IN_PLACE
-from parplan.solver.cost.timeline import Moment, StepUnit, step_moments
+from parplan.solver.cost.timeline import Moment, StepOptions, StepUnit, Tied, step_moments
 from parplan.solver.ilp.graph_problem import GraphProblem
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
 from parplan.solver.ilp.terms import LINEAR, Lin, Terms, lin_sum
@@ -94,6 +98,26 @@ def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
     choice, by the whole-plan evaluator's own walk (:func:`parplan.solver.cost.peak.stage_peak`)
     over every unit's figures at that choice, each unit gathering or not as the choice has it: the
     independent check of the ILP's moments."""
+    at = stage_at(gp, choice)
+    walked = stage_peak(at.units, gp.ctx.precision, at.shared_act, at.tied_elems, at.tied_workspace_elems)
+    fixed = gp.problem.fixed_bytes
+    return max(walked.above_resident, at.optimizer) + fixed, max(walked.temporary, at.optimizer) + fixed
+
+
+@dataclass(frozen=True)
+class StageAt:
+    """The problem's units as :func:`~parplan.solver.cost.peak.stage_peak` takes them, at a choice."""
+
+    units: list[StageUnit]
+    shared_act: float
+    tied_elems: float
+    tied_workspace_elems: float
+    optimizer: float  # Adam's temporaries at their largest
+
+
+def stage_at(gp: GraphProblem, choice: dict[str, int]) -> StageAt:
+    """Every unit's figures at ``choice``, each unit gathering (FSDP) where the choice gathers any of
+    its weights."""
     terms, units = _terms_and_units(gp)
     problem = gp.problem
 
@@ -117,11 +141,9 @@ def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
                                max((v(x) for x in d.forward_live), default=0.0), gathered, v(u.grads), gathered,
                                v(u.grads_untied), u.tied_user))
     grad_bytes = gp.ctx.precision.grad_bytes
-    walked = stage_peak(stage, gp.ctx.precision, v(_shared_items(gp, terms)), v(tied) / grad_bytes,
-                        v(tied_workspace) / grad_bytes)
     optimizer = max((v(terms.optimizer(n)) for u in units for n in u.nodes), default=0.0)
-    fixed = problem.fixed_bytes
-    return max(walked.above_resident, optimizer) + fixed, max(walked.temporary, optimizer) + fixed
+    return StageAt(stage, v(_shared_items(gp, terms)), v(tied) / grad_bytes, v(tied_workspace) / grad_bytes,
+                   optimizer)
 
 
 def add_moment_terms(gp: GraphProblem) -> None:
@@ -147,12 +169,15 @@ def temporary_terms(gp: GraphProblem) -> list[PeakTerm]:
     return gp.caches["temporaries"]  # type: ignore[no-any-return]
 
 
-def _moments(gp: GraphProblem, terms: Terms, units: list[_Unit], keep: set[int] | None = None) -> Iterator[Moment[Lin]]:
-    """Every moment of the walk with one micro-batch (see the module docstring for the cases the
-    ILP's plans leave out), or only those of the units in ``keep`` (the others' are not built)."""
+def _moments(gp: GraphProblem, terms: Terms, units: list[_Unit], keep: set[int] | None = None,
+             options: StepOptions[Lin] | None = None) -> Iterator[Moment[Lin]]:
+    """Every moment of the walk, as the ILP's plans run (``options`` None: see the module docstring
+    for the cases they leave out), or only those of the units in ``keep`` (the others' are not built)."""
     tied, tied_workspace, users = terms.tied(units)
-    return step_moments(LINEAR, [u.step() for u in units], _shared_items(gp, terms),
-                        (tied, tied_workspace) if users else None, keep=keep)
+    # (what accumulation keeps of the table's gradient: where its owner gathers it)
+    kept = terms.tied(units, zero3_only=True)[0] if options is not None and options.accumulating else Lin()
+    both = Tied(tied, tied_workspace, kept) if users else None
+    return step_moments(LINEAR, [u.step() for u in units], _shared_items(gp, terms), both, options, keep)
 
 
 def _optimizer(terms: Terms, units: list[_Unit], keep: set[int] | None = None) -> Iterator[Lin]:

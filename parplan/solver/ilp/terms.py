@@ -325,10 +325,9 @@ class Terms:
         buffers (:attr:`~parplan.solver.cost.runtime.Runtime.materialises_conversions`) the buffers
         before the copy too (an all-gather's, whose copy is its concatenation): the plan interpreter
         converts the table again in backward, and on gloo the all-gather's buffer is sometimes still
-        alive during the reader's backward (gpt-tiny's 4-way min-memory plan: +1.5% and +1.7% in two
-        bench runs, in a loop 1 of 28 rank-runs). An owner that shards the table with ZeRO-3 per
-        operator makes every other reader gather it for itself, in its layout, even where the layouts
-        are alike (measured: gpt-tiny's 4-way min-memory plan, +0.5% before this was counted)."""
+        alive during the reader's backward (measured on gpt-tiny's 4-way min-memory plan). An owner
+        that shards the table with ZeRO-3 per operator makes every other reader gather it for
+        itself, in its layout, even where the layouts are alike (measured on the same plan)."""
         out = Lin()
         every = self.gp.ctx.runtime.materialises_conversions
         for owner, opos, user, upos in self.gp.param_edges:
@@ -400,9 +399,10 @@ class Terms:
             return Lin()
         return self._per_candidate_alike(n.id, ("gathered", nbytes, tuple(positions)), fn)
 
-    def tied(self, units: Sequence[_HasNodes]) -> tuple[Lin, Lin, list[int]]:
+    def tied(self, units: Sequence[_HasNodes], zero3_only: bool = False) -> tuple[Lin, Lin, list[int]]:
         """(local gradient bytes of the parameters two units read, the gradient the first reader's
-        backward makes for them, the units reading them): a tied embedding."""
+        backward makes for them, the units reading them): a tied embedding; ``zero3_only``: where
+        the owner shards them with ZeRO-3."""
         unit_of = {n.id: k for k, u in enumerate(units) for n in u.nodes}
         grad, workspace = Lin(), Lin()
         users: set[int] = set()
@@ -414,8 +414,9 @@ class Terms:
             w = self.graph.node(n.inputs[opos])
 
             def local(s: OpStrategy, o: Node, n: Node = n, w: Node = w, opos: int = opos) -> float:
-                return w.numel / _shards(self.gp, _in(self.gp, n, opos, s)) \
-                    * self.prec.grad_bytes
+                if zero3_only and s.zero < 3:
+                    return 0.0
+                return w.numel / _shards(self.gp, _in(self.gp, n, opos, s)) * self.prec.grad_bytes
 
             def made(s: OpStrategy, o: Node, n: Node = n, opos: int = opos) -> float:
                 return _IlpSizes(self.gp, s, o).weight_grad(n, opos) * self.prec.grad_bytes
