@@ -2,7 +2,7 @@
 
 Adding category peaks (all saved activations + the largest temporary) over-predicts: gradients,
 gathered weights and buffers peak *during* backward, after part of the activations is already
-freed. :mod:`.peak` walks a stage's step unit by unit; this module gives it each unit's profile,
+freed. :mod:`.timeline` walks a stage's step unit by unit; this module gives it each unit's profile,
 walking the unit's operators in reverse order:
 
 - a saved tensor is freed after the backward of the first operator (in forward order) that
@@ -19,7 +19,7 @@ and sequence-parallel layout), bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,7 +38,7 @@ from parplan.solver.cost.loss_loop import looped_nodes
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
 from parplan.solver.cost.op_sizes import OpSizes
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.cost.timeline import NUMBERS, forward_live
+from parplan.solver.cost.timeline import NUMBERS, Algebra, Q, forward_live
 from parplan.solver.cost.unit_strategy import (
     UnitStrategy,
     local_elems,
@@ -89,29 +89,58 @@ def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
     # tensors kept from forward (a checkpointed block: its inputs) are activations; what the
     # recomputation rebuilds is temporary
     kept = {it.key for it in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0][unit]} if rebuilt else None
-    # the first saver (forward order) of each key frees it; bytes in the unit's layout
-    freed_by: dict[str, list[tuple[float, bool]]] = {}
+    freed = freed_by_operator(NUMBERS, nodes, graph, act, s.flash_attention, policy, s.runtime, shared_keys, kept,
+                              lambda n, it: gc.item_bytes((it,), s)[0])
+    looped = looped_nodes(nodes, graph, s.runtime.loss_chunks)  # their backward ran inside forward
+    trans = [0.0 if n.id in looped else _transient(gc, n, s, act, prec.grad_bytes) for n in nodes]
+    made = [0.0 if n.id in looped else _weight_grad_bytes(gc, n, s, prec.grad_bytes) for n in nodes]
+    alive, rebuilt_alive, grads = alive_at_operators(NUMBERS, freed, made)
+    return BackwardProfile(max((a + t for a, t in zip(alive, trans, strict=True)), default=0.0),
+                           max((a + t + g for a, t, g in zip(alive, trans, grads, strict=True)), default=0.0),
+                           max((r + t for r, t in zip(rebuilt_alive, trans, strict=True)), default=0.0),
+                           max((r + t + g for r, t, g in zip(rebuilt_alive, trans, grads, strict=True)), default=0.0))
+
+
+def freed_by_operator(alg: Algebra[Q], nodes: Sequence[Node], graph: Graph, act: int, flash_attention: bool,
+                      policy: Recompute, runtime: Runtime, shared_keys: set[str], kept: set[str] | None,
+                      size: Callable[[Node, SavedItem], Q]) -> list[tuple[Q, Q]]:
+    """Per operator of a unit (forward order): (the saved tensors its backward frees, of them what
+    full recomputation rebuilt). The first saver (forward order) of each key frees it; ``policy``:
+    the recomputation the unit's backward runs under; ``kept``: under full recomputation, what the
+    block keeps from forward (the rest it rebuilds); ``shared_keys`` are left to the stage."""
     seen: set[str] = set()
+    out = []
     for n in nodes:
-        for it in op_saved_items(n, graph, act, flash_attention=s.flash_attention, recompute=policy,
-                                 runtime=s.runtime):
+        mine = rebuilt = alg.zero()
+        for it in op_saved_items(n, graph, act, flash_attention=flash_attention, recompute=policy, runtime=runtime):
             if it.key in seen or it.key in shared_keys:
                 continue
             seen.add(it.key)
-            freed_by.setdefault(n.id, []).append((gc.item_bytes((it,), s)[0], kept is not None and it.key not in kept))
-    alive = sum(b for v in freed_by.values() for b, _ in v)
-    rebuilt_alive = sum(b for v in freed_by.values() for b, r in v if r)
-    looped = looped_nodes(nodes, graph, s.runtime.loss_chunks)  # their backward ran inside forward
-    grads = peak = peak_g = trans = trans_g = 0.0
-    for n in reversed(nodes):
-        t = 0.0 if n.id in looped else _transient(gc, n, s, act, prec.grad_bytes)
-        peak, peak_g = max(peak, alive + t), max(peak_g, alive + t + grads)
-        trans, trans_g = max(trans, rebuilt_alive + t), max(trans_g, rebuilt_alive + t + grads)
-        grads += 0.0 if n.id in looped else _weight_grad_bytes(gc, n, s, prec.grad_bytes)
-        for b, r in freed_by.get(n.id, ()):
-            alive -= b
-            rebuilt_alive -= b if r else 0.0
-    return BackwardProfile(peak, peak_g, trans, trans_g)
+            b = size(n, it)
+            mine = alg.add(mine, b)
+            if kept is not None and it.key not in kept:
+                rebuilt = alg.add(rebuilt, b)
+        out.append((mine, rebuilt))
+    return out
+
+
+def alive_at_operators(alg: Algebra[Q], freed: Sequence[tuple[Q, Q]],
+                       made: Sequence[Q]) -> tuple[list[Q], list[Q], list[Q]]:
+    """At each operator's backward (forward order): (the unit's saved tensors still alive, of them
+    what recomputation rebuilt, the weight gradients the operators after it made), from what each
+    operator's backward frees (:func:`freed_by_operator`) and makes."""
+    alive, rebuilt_alive = [], []
+    running = running_r = alg.zero()
+    for mine, mine_r in freed:  # alive at the operator: what it frees and the earlier ones
+        running, running_r = alg.add(running, mine), alg.add(running_r, mine_r)
+        alive.append(running)
+        rebuilt_alive.append(running_r)
+    grads = [alg.zero()] * len(made)
+    so_far = alg.zero()
+    for k in reversed(range(len(made))):
+        grads[k] = so_far
+        so_far = alg.add(so_far, made[k])
+    return alive, rebuilt_alive, grads
 
 
 def forward_transient(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision) -> float:

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
-from parplan.solver.cost.activations import Recompute, block_of, op_saved_items, saved_items
-from parplan.solver.cost.backward import BackwardProfile
+from parplan.solver.cost.activations import Recompute, block_of, saved_items
+from parplan.solver.cost.backward import BackwardProfile, alive_at_operators, freed_by_operator
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.runtime import FSDP, IN_PLACE
@@ -260,32 +260,11 @@ def _detail(terms: Terms, nodes: list[Node], rebuilt: bool, policy: Recompute, k
     what it keeps from forward); ``shared_keys`` saved by several units; ``every_saved`` any unit's."""
     ctx = terms.gp.ctx
     graph, act = ctx.graph, ctx.precision.activation_bytes
-    freed: list[tuple[Lin, Lin]] = []  # per operator: (saved tensors it frees, of them rebuilt)
-    seen: set[str] = set()
-    for n in nodes:
-        mine, mine_rebuilt = Lin(), Lin()
-        for it in op_saved_items(n, graph, act, flash_attention=ctx.flash_attention, recompute=policy,
-                                 runtime=ctx.runtime):
-            if it.key in seen or it.key in shared_keys:
-                continue
-            seen.add(it.key)
-            size = terms.item(it.key, n, it)
-            mine = mine.add(size)
-            if rebuilt and it.key not in kept_keys:
-                mine_rebuilt = mine_rebuilt.add(size)
-        mine = mine.add(terms.kept_copies(n))
-        freed.append((mine, mine_rebuilt))
-    alive, rebuilt_alive = [], []
-    running, running_r = Lin(), Lin()
-    for mine, mine_r in freed:  # forward order: alive at the operator = itself and the earlier ones
-        running, running_r = running.add(mine), running_r.add(mine_r)
-        alive.append(running)
-        rebuilt_alive.append(running_r)
-    grads_after: list[Lin] = [Lin()] * len(nodes)
-    made = Lin()
-    for k in reversed(range(len(nodes))):
-        grads_after[k] = made
-        made = made.add(terms.weight_grads(nodes[k], zero3_only=True))
+    freed = freed_by_operator(LINEAR, nodes, graph, act, ctx.flash_attention, policy, ctx.runtime, shared_keys,
+                              kept_keys if rebuilt else None, lambda n, it: terms.item(it.key, n, it))
+    freed = [(mine.add(terms.kept_copies(n)), mine_r) for n, (mine, mine_r) in zip(nodes, freed, strict=True)]
+    alive, rebuilt_alive, grads_after = alive_at_operators(
+        LINEAR, freed, [terms.weight_grads(n, zero3_only=True) for n in nodes])
     transient = [terms.transient(n) for n in nodes]
     # once an operator's backward has run (its saved tensors freed, its weight gradients
     # made), the conversions of its input gradients back to their producers' layouts

@@ -97,7 +97,7 @@ def _shards(gp: GraphProblem, lay: TensorLayout) -> int:
 
 
 class _IlpSizes:
-    """Per-operator sizes (:class:`~parplan.solver.cost.backward.OpSizes`) of operator ``n`` under
+    """Per-operator sizes (:class:`~parplan.solver.cost.op_sizes.OpSizes`) of operator ``n`` under
     candidate ``s`` of its variable set; a view that follows its producer takes the producer's."""
 
     def __init__(self, gp: GraphProblem, s: OpStrategy, origin: Node) -> None:
