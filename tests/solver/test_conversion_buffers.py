@@ -1,13 +1,13 @@
 """The buffers a re-layout makes while its consumer runs (``conversion_buffer_bytes``), which the
-ILP's forward moments count (parplan/solver/ilp/moments.py, ``received``), and those converting the
+ILP's forward moments count (parplan/solver/ilp/terms.py, ``received``), and those converting the
 gradient back in backward (``gradient_conversion_buffer_bytes``, ``gradient_conversions``).
 
-Measured: a llama-tiny ILP plan on a 2x2 mesh (bench/ilp_plan_accuracy.py, 2026-11-28) computed the
+Measured: a llama-tiny ILP plan on a 2x2 mesh (bench/ilp_plan_accuracy.py) computed the
 LM head with its contraction split over one axis (partial sums) and the vocabulary over the other,
 and its cross entropy on whole logits (512 tokens x 1,024 words, fp32: 2 MiB). At the step's peak
 the tracker saw, besides the head's own output (1 MiB), an all-reduce's output (1 MiB), an
 all-gather's (2 MiB) and the concatenation DTensor makes of it (2 MiB): 6 MiB of temporaries where
-the ILP counted 1.5, the peak 7.5% above the prediction. The rule gives those buffers."""
+a rule without them counts 1.5. The rule gives those buffers."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_reductions_slices_and_exchanges() -> None:
 
 
 def test_the_measured_gradient_conversion_in_backward() -> None:
-    """A tiny Llama's per-operator plan (tests/agent/test_validate_plan_file.py, 2026-11-28): the LM head
+    """A tiny Llama's per-operator plan (tests/agent/test_validate_plan_file.py): the LM head
     leaves its logits partial over m1 (contraction split), the loss reads them split by sequence over
     m1. In backward DTensor brings the loss's gradient (0.5 MiB of 2 MiB) back to the head's layout,
     the partial axis replicated: an all-gather along the sequence (1 MiB) and its concatenation
@@ -82,11 +82,11 @@ def test_a_gradient_left_partial_is_reduced_into_the_producers_layout() -> None:
 
 
 def test_a_dim_split_again_in_another_order_is_gathered_first() -> None:
-    """gpt-tiny's 2x2 min-memory ILP plan (bench/ilp_plan_accuracy.py, 2026-11-28): the LM head leaves
+    """gpt-tiny's 2x2 min-memory ILP plan (bench/ilp_plan_accuracy.py): the LM head leaves
     its logits (2 MiB) partial over m0 and split by batch over m1; the loss reads them split by batch
     over m0 then m1. A device's quarter is not inside its half (the order of the axes indexes the
     pieces), so DTensor all-gathered over m1 (2 MiB), reduce-scattered over m0 (1 MiB) and sliced
-    over m1 (0.5 MiB), all measured at the step's peak (+3.2% before this rule)."""
+    over m1 (0.5 MiB), all measured at the step's peak."""
     produced = TensorLayout(split=(("batch", ("m1",)),), partial=("m0",))
     needed = TensorLayout(split=(("batch", ("m0", "m1")),))
     assert misordered_axes(produced, needed) == ("m1",)
@@ -102,10 +102,10 @@ def test_a_dim_split_again_in_another_order_is_gathered_first() -> None:
 
 
 def test_a_tied_table_sharded_by_its_owner_is_gathered_by_the_other_reader() -> None:
-    """gpt-tiny's 4-way min-memory ILP plan (2026-11-28): the embedding shards its table with ZeRO-3
+    """gpt-tiny's 4-way min-memory ILP plan: the embedding shards its table with ZeRO-3
     per operator, the LM head (ZeRO-0, batch split) reads the same table replicated, so the plan
     interpreter all-gathers the whole table (1,024 x 256 fp32: 1 MiB) for the head, forward and
-    backward. The ILP counted nothing there (the two layouts are alike): the peak +0.5% above it."""
+    backward, although the two layouts are alike."""
     graph = build_graph(GPT_TINY, batch=4, seq_len=128)
     mesh = Mesh((("m0", 4),))
     cluster = make_cluster(4, 4, "A100-80GB")

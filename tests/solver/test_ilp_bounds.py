@@ -1,4 +1,4 @@
-"""The bounds that let the ILP search skip work are lower bounds (issue 10, point 4).
+"""The bounds that let the ILP search skip work are lower bounds.
 
 ``least_bytes`` (known before a problem is built: every parameter's states and saved buffer cut
 over every device) decides that a micro-step size is not built at all, and with the peak's terms

@@ -1,4 +1,4 @@
-"""One cost model (issue 10, point 1): the ILP prices a uniform strategy exactly as the whole-plan
+"""One cost model: the ILP prices a uniform strategy exactly as the whole-plan
 evaluator does, category by category, at the peak and in step time.
 
 Both build their prices from the same per-operator rules (cost/rules.py, cost/op_layout.py,

@@ -2,7 +2,7 @@
 
 Adding category peaks (all saved activations + the largest temporary) over-predicts: gradients,
 gathered weights and buffers peak *during* backward, after part of the activations is already
-freed. :mod:`.peak` walks a stage's step unit by unit; this module gives it each unit's profile,
+freed. :mod:`.timeline` walks a stage's step unit by unit; this module gives it each unit's profile,
 walking the unit's operators in reverse order:
 
 - a saved tensor is freed after the backward of the first operator (in forward order) that
@@ -19,6 +19,7 @@ and sequence-parallel layout), bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,7 +36,9 @@ from parplan.solver.cost.activations import (
 from parplan.solver.cost.context_parallel import AttentionBytes, cp_buffer_bytes
 from parplan.solver.cost.loss_loop import looped_nodes
 from parplan.solver.cost.op_layout import input_layout, loop_dims, output_layout
+from parplan.solver.cost.op_sizes import OpSizes
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.timeline import NUMBERS, Algebra, Q, forward_live
 from parplan.solver.cost.unit_strategy import (
     UnitStrategy,
     local_elems,
@@ -47,7 +50,21 @@ from parplan.solver.ir import Graph, Node, OpKind
 
 if TYPE_CHECKING:
     from parplan.solver.cost.precision import Precision
-    from parplan.solver.cost.units import GraphCosts
+
+
+class UnitGraph(Protocol):
+    """What the walks below read of a graph's units (:class:`~parplan.solver.cost.units.GraphCosts`)."""
+
+    graph: Graph
+    nodes: dict[str, list[Node]]  # a unit's operators and graph inputs, graph order
+    consumers: dict[str, list[str]]
+
+    def saved(self, recompute: Recompute, flash: bool, act_bytes: int,
+              runtime: Runtime = ...) -> tuple[dict[str, list[SavedItem]], set[str]]:
+        """Saved items per unit, and the keys several units save."""
+
+    def item_bytes(self, items: Iterable[SavedItem], s: UnitStrategy) -> tuple[float, float]:
+        """(bytes, redundant bytes) of saved items on one device."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +77,7 @@ class BackwardProfile:
     transient_peak_unsharded: float  # the same plus the weight gradients produced so far
 
 
-def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision,
+def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
                      shared_keys: set[str]) -> BackwardProfile:
     """Profile of ``unit``'s backward under ``s``; items in ``shared_keys`` (saved by several units,
     counted once per stage) are left to the stage."""
@@ -72,32 +89,61 @@ def backward_profile(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision
     # tensors kept from forward (a checkpointed block: its inputs) are activations; what the
     # recomputation rebuilds is temporary
     kept = {it.key for it in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0][unit]} if rebuilt else None
-    # the first saver (forward order) of each key frees it; bytes in the unit's layout
-    freed_by: dict[str, list[tuple[float, bool]]] = {}
+    freed = freed_by_operator(NUMBERS, nodes, graph, act, s.flash_attention, policy, s.runtime, shared_keys, kept,
+                              lambda n, it: gc.item_bytes((it,), s)[0])
+    looped = looped_nodes(nodes, graph, s.runtime.loss_chunks)  # their backward ran inside forward
+    trans = [0.0 if n.id in looped else _transient(gc, n, s, act, prec.grad_bytes) for n in nodes]
+    made = [0.0 if n.id in looped else _weight_grad_bytes(gc, n, s, prec.grad_bytes) for n in nodes]
+    alive, rebuilt_alive, grads = alive_at_operators(NUMBERS, freed, made)
+    return BackwardProfile(max((a + t for a, t in zip(alive, trans, strict=True)), default=0.0),
+                           max((a + t + g for a, t, g in zip(alive, trans, grads, strict=True)), default=0.0),
+                           max((r + t for r, t in zip(rebuilt_alive, trans, strict=True)), default=0.0),
+                           max((r + t + g for r, t, g in zip(rebuilt_alive, trans, grads, strict=True)), default=0.0))
+
+
+def freed_by_operator(alg: Algebra[Q], nodes: Sequence[Node], graph: Graph, act: int, flash_attention: bool,
+                      policy: Recompute, runtime: Runtime, shared_keys: set[str], kept: set[str] | None,
+                      size: Callable[[Node, SavedItem], Q]) -> list[tuple[Q, Q]]:
+    """Per operator of a unit (forward order): (the saved tensors its backward frees, of them what
+    full recomputation rebuilt). The first saver (forward order) of each key frees it; ``policy``:
+    the recomputation the unit's backward runs under; ``kept``: under full recomputation, what the
+    block keeps from forward (the rest it rebuilds); ``shared_keys`` are left to the stage."""
     seen: set[str] = set()
+    out = []
     for n in nodes:
-        for it in op_saved_items(n, graph, act, flash_attention=s.flash_attention, recompute=policy,
-                                 runtime=s.runtime):
+        mine = rebuilt = alg.zero()
+        for it in op_saved_items(n, graph, act, flash_attention=flash_attention, recompute=policy, runtime=runtime):
             if it.key in seen or it.key in shared_keys:
                 continue
             seen.add(it.key)
-            freed_by.setdefault(n.id, []).append((gc.item_bytes((it,), s)[0], kept is not None and it.key not in kept))
-    alive = sum(b for v in freed_by.values() for b, _ in v)
-    rebuilt_alive = sum(b for v in freed_by.values() for b, r in v if r)
-    looped = looped_nodes(nodes, graph, s.runtime.loss_chunks)  # their backward ran inside forward
-    grads = peak = peak_g = trans = trans_g = 0.0
-    for n in reversed(nodes):
-        t = 0.0 if n.id in looped else _transient(gc, n, s, act, prec.grad_bytes)
-        peak, peak_g = max(peak, alive + t), max(peak_g, alive + t + grads)
-        trans, trans_g = max(trans, rebuilt_alive + t), max(trans_g, rebuilt_alive + t + grads)
-        grads += 0.0 if n.id in looped else _weight_grad_bytes(gc, n, s, prec.grad_bytes)
-        for b, r in freed_by.get(n.id, ()):
-            alive -= b
-            rebuilt_alive -= b if r else 0.0
-    return BackwardProfile(peak, peak_g, trans, trans_g)
+            b = size(n, it)
+            mine = alg.add(mine, b)
+            if kept is not None and it.key not in kept:
+                rebuilt = alg.add(rebuilt, b)
+        out.append((mine, rebuilt))
+    return out
 
 
-def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precision) -> float:
+def alive_at_operators(alg: Algebra[Q], freed: Sequence[tuple[Q, Q]],
+                       made: Sequence[Q]) -> tuple[list[Q], list[Q], list[Q]]:
+    """At each operator's backward (forward order): (the unit's saved tensors still alive, of them
+    what recomputation rebuilt, the weight gradients the operators after it made), from what each
+    operator's backward frees (:func:`freed_by_operator`) and makes."""
+    alive, rebuilt_alive = [], []
+    running = running_r = alg.zero()
+    for mine, mine_r in freed:  # alive at the operator: what it frees and the earlier ones
+        running, running_r = alg.add(running, mine), alg.add(running_r, mine_r)
+        alive.append(running)
+        rebuilt_alive.append(running_r)
+    grads = [alg.zero()] * len(made)
+    so_far = alg.zero()
+    for k in reversed(range(len(made))):
+        grads[k] = so_far
+        so_far = alg.add(so_far, made[k])
+    return alive, rebuilt_alive, grads
+
+
+def forward_transient(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision) -> float:
     """The most bytes of tensors ``unit``'s forward makes and does not keep for backward, alive at
     once (an operator's output and the unsaved inputs still to be read: the logits while the loss
     reads them). Views cost nothing; tensors read by other units stay to the end of the unit. A
@@ -105,48 +151,17 @@ def forward_transient(gc: GraphCosts, unit: str, s: UnitStrategy, prec: Precisio
     act = prec.activation_bytes
     nodes = gc.nodes[unit]
     looped = looped_nodes(nodes, gc.graph, s.runtime.loss_chunks)
-    local = {n.id for n in nodes}
     kept = {it.key for items in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0].values() for it in items}
-    consumers = gc.consumers
-    remaining = {n.id: len(consumers[n.id]) if all(c in local for c in consumers[n.id]) else -1 for n in nodes}
-    live: dict[str, float] = {}
-    peak = 0.0
     sizes = UnitSizes(gc.graph, s)
-    for n in nodes:
-        if n.id not in kept and n.id not in looped and n.kind is not OpKind.RESHAPE:
-            # an operator's output as it makes it; a graph input as the unit's layout holds it
-            elems = local_elems(n, s) if n.kind is OpKind.INPUT else sizes.output(n)
-            live[n.id] = elems * tensor_bytes(n, act)
-        peak = max(peak, sum(live.values()) + _cp_buffers(n, s, sizes, act, backward=False))
-        for i in dict.fromkeys(n.inputs):
-            if i in remaining and remaining[i] > 0:
-                remaining[i] -= 1
-                if remaining[i] == 0:
-                    live.pop(i, None)
-    return peak
 
+    def live_size(n: Node) -> float | None:
+        if n.id in kept or n.id in looped or n.kind is OpKind.RESHAPE:
+            return None
+        # an operator's output as it makes it; a graph input as the unit's layout holds it
+        return (local_elems(n, s) if n.kind is OpKind.INPUT else sizes.output(n)) * tensor_bytes(n, act)
 
-class OpSizes(Protocol):
-    """Per-device elements of the tensors around one operator, under some strategy."""
-
-    def output(self, n: Node) -> float:
-        """``n``'s output as ``n`` makes it (whole where it leaves partial sums)."""
-
-    def input(self, n: Node, position: int) -> float:
-        """Input ``position`` as ``n`` reads it (a gathered copy where ``n`` needs one)."""
-
-    def weight_grad(self, n: Node, position: int) -> float:
-        """The gradient ``n``'s backward makes for its parameter input ``position``."""
-
-    def sp_gather(self, n: Node) -> float:
-        """A sequence-parallel norm's output gathered whole for backward, 0 for other operators."""
-
-    def class_shards(self, n: Node) -> int:
-        """Pieces a loss's logits are cut into along their class dim (1 for other operators)."""
-
-    def recomputed_bytes(self, n: Node) -> float:
-        """Bytes ``n``'s backward rebuilds for itself first: the attention core's scores, softmax
-        and dropout under selective recomputation without flash attention."""
+    return max(forward_live(NUMBERS, nodes, gc.consumers, live_size,
+                            lambda n: _cp_buffers(n, s, sizes, act, backward=False)), default=0.0)
 
 
 def selective_rebuilt_items(n: Node, graph: Graph, act: int, recompute: Recompute, flash_attention: bool,
@@ -241,7 +256,7 @@ class UnitSizes:
         return sum(it.total_bytes / lay.shards(self.mesh.sizes, it.dims) for it in items)
 
 
-def _transient(gc: GraphCosts, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
+def _transient(gc: UnitGraph, n: Node, s: UnitStrategy, act: int, grad_bytes: int) -> float:
     sizes = UnitSizes(gc.graph, s, act)
     out = op_transient_bytes(n, gc.graph, sizes, act, grad_bytes, s.runtime)
     return out + _cp_buffers(n, s, sizes, act, backward=True)
@@ -261,5 +276,5 @@ def attention_bytes(n: Node, sizes: OpSizes, act: int) -> AttentionBytes:
                           sizes.output(n) * act)
 
 
-def _weight_grad_bytes(gc: GraphCosts, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
+def _weight_grad_bytes(gc: UnitGraph, n: Node, s: UnitStrategy, grad_bytes: int) -> float:
     return op_weight_grad_bytes(n, gc.graph, UnitSizes(gc.graph, s), grad_bytes)

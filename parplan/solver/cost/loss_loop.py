@@ -34,7 +34,7 @@ from parplan.solver.cost.activations import LOSS_BYTES
 from parplan.solver.ir import Graph, Node, OpKind
 
 if TYPE_CHECKING:
-    from parplan.solver.cost.backward import OpSizes
+    from parplan.solver.cost.op_sizes import OpSizes
     from parplan.solver.cost.runtime import DataParallelBuffers, Runtime
 
 #: Bytes per element of the loop's hidden-state gradient accumulator (``GradAccumulator``, fp32).

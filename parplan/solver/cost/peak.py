@@ -1,26 +1,13 @@
-"""The moment of a training step at which a pipeline stage holds the most memory.
+"""The moment of a training step at which a pipeline stage holds the most memory, in bytes per
+device: the largest of the step's moments (:mod:`.timeline`, the walk the ILP's moments come from
+too), each unit's inner moments taken at their largest.
 
 Adding every category's own peak over-predicts: the temporaries of backward (a gradient
 workspace, FSDP's gathered weights and unsharded gradients, a recomputed block) peak after part of
-the activations is already freed. This walk follows one micro-batch's backward through a stage,
-unit by unit, last unit first, while the resident model states and the other in-flight
-micro-batches' activations stay; inside a unit, saved tensors are freed operator by operator
-(:mod:`.backward`). At each moment the stage holds, besides those:
-
-- the saved tensors of the units before the current one, and the current unit's own that its
-  backward has not freed yet, plus its running operator's gradients;
-- by how each unit's data parallelism runs (:class:`~parplan.solver.cost.runtime.DataParallelBuffers`):
-  units outside the blocks (embedding, head) that gather keep their weights gathered from forward
-  to the end of backward, and their unsharded gradients accumulate until then; a gathering block
-  runs its backward with its own weights gathered and, unless every block keeps its copy from
-  forward, the next block's (in backward order) prefetched; the copies that blocks keep from
-  forward stay until their own backward ends; when a block's backward ends its weights are freed,
-  the previous reduce buffers released, and its unsharded gradients copied into new ones;
-- a tied embedding's gradient from the LM head (whose backward comes first) waits through the rest
-  of backward for the embedding's own; at the embedding's backward both and their sum coexist.
-
-The stage's other busy moment is the optimizer step (Adam's two temporaries the size of the largest
-tensor, after the activations are freed). Bytes per device throughout.
+the activations is already freed. Inside a unit, saved tensors are freed operator by operator
+(:mod:`.backward`); a chunked loss's loop runs inside its unit's forward (:mod:`.loss_loop`). The
+stage's other busy moment is the optimizer step (Adam's two temporaries the size of the largest
+tensor, after the activations are freed), which the caller adds.
 """
 
 from __future__ import annotations
@@ -32,6 +19,7 @@ from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.loss_loop import LossLoop, loop_peak
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.runtime import DataParallelBuffers
+from parplan.solver.cost.timeline import NUMBERS, StepOptions, StepUnit, Tied, step_moments
 from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems
 from parplan.solver.cost.units import GraphCosts, UnitCost
 
@@ -84,158 +72,31 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     ``shared_act_bytes``: saved tensors several units share, freed only at the end;
     ``tied_elems``: local elements of parameters two units of the stage use (a tied embedding);
     ``tied_workspace_elems``: the gradient elements the first user's backward makes for them;
-    ``accumulating``: the step accumulates gradients over several micro-batches, and gathering
-    units keep their unsharded gradients from the first micro-batch's backward until the last's
-    (FSDP2 without gradient synchronisation), so every micro-batch but the first sees all of them;
-    ``pipelined``: with that, gathering units also keep their weights gathered from their first
-    backward until the last (``torch.distributed.pipelining`` turns resharding after backward off
-    for every micro-batch but the last), so later micro-batches gather nothing.
-
-    ``created_grads``: the resident gradient bytes of each unit when the runtime frees gradients
-    between steps (torchtitan): the caller's resident states leave them out, a unit's appear when its
-    backward ends, and ``shared_grads`` (parameters several units share) from the start of backward;
-    every micro-batch after the first (``later_microbatches``: the step has several) finds all of them."""
-    w = _Walk(units, shared_act_bytes)
-    later = later_microbatches and created_grads is not None  # later micro-batches find the made gradients
-    # after[i]: gradients made by the units after i (suffix sums; all zero when none are made in backward)
-    after = [0.0] * (len(units) + 1)
-    if created_grads is not None:
-        for i in reversed(range(len(units))):
-            after[i] = after[i + 1] + created_grads[i]
-    all_made = after[0] + shared_grads
-
-    def made_by(i: int, including: bool = False) -> float:
-        """Gradients alive in the last micro-batch's backward at unit ``i`` (units after it done)."""
-        if accumulating or later:
-            return all_made
-        return shared_grads + after[i if including else i + 1]
-
-    tied = tied_elems * prec.grad_bytes
-    tied_users = [i for i, u in enumerate(units) if u.tied_user] if tied_elems else []
-    # unsharded gradient bytes of each gathering unit: parameters first used there, tied ones apart
-    grads = {i: u.own_grad_bytes for i, u in enumerate(units) if u.dp.gathers}
-    tied_accumulated = tied if accumulating and any(units[i].dp.gathers for i in tied_users) else 0.0
-    accumulated = sum(grads.values()) + tied_accumulated if accumulating else 0.0
-    all_gathered = sum(w.gathered.values())
-    still_gathered = pipelined and accumulating  # later micro-batches find every unit's weights gathered
-    for first in (True, False) if accumulating or later else (True,):  # the first micro-batch's forward, a later one's
-        acc = 0.0 if first else accumulated + all_made
-        for i, u in enumerate(units):  # forward: every unit's busiest moment, with its saved tensors
-            fixed = acc + w.root_params + (all_gathered if still_gathered and not first else w.weights_in_forward(i))
-            extra = u.forward_transient
-            if u.loss_loop is not None:
-                extra = max(extra, loop_peak(u.loss_loop, u.dp, u.gathered_bytes, u.unsharded_grad_bytes,
-                                             created_grads[i] if created_grads is not None else 0.0))
-            w.moment(w.held_before[i] + u.act_bytes + fixed + extra, fixed + extra)
-            if i in w.gathered and u.dp.gather_buffer and (first or not still_gathered):
-                # the block's all-gather: its output buffer and the previous one's, besides the copy
-                earlier = [j for j in w.blocks if j < i]
-                previous = w.gathered[earlier[-1]] if earlier else w.root_params
-                fixed = acc + w.root_params + w.kept_before[i] + 2 * w.gathered[i] + previous
-                w.moment(w.held_before[i] + fixed, fixed)
-    if accumulating:  # a micro-batch before the last: nothing reduced, every unsharded gradient alive
-        for i in reversed(range(len(units))):
-            u = units[i]
-            prof = u.profile
-            fixed = accumulated + w.root_params + (all_gathered if still_gathered else w.weights_in_backward(i))
-            w.moment(w.held_before[i] + fixed + all_made + prof.peak, fixed + prof.transient_peak)
-    # the last (or only) micro-batch: gradients reduced block by block
-    root_grads = reduce_buffer = pending_tied = 0.0
-    for i in reversed(range(len(units))):
-        u = units[i]
-        prof = u.profile
-        # pipelined: the blocks not reached yet are still gathered from the earlier micro-batches
-        weights = sum(g for j, g in w.gathered.items() if j <= i) if still_gathered else w.weights_in_backward(i)
-        if accumulating:  # gradients accumulated earlier, not reduced yet: outside the blocks, and blocks up to i
-            root_grads = tied_accumulated + sum(g for j, g in grads.items() if j not in w.gathered or j <= i)
-        fixed = w.root_params + root_grads + weights + reduce_buffer + pending_tied
-        own, transient = ((prof.peak_unsharded, prof.transient_peak_unsharded) if u.dp.gathers and not accumulating
-                          else (prof.peak, prof.transient_peak))
-        w.moment(w.held_before[i] + fixed + made_by(i) + own, fixed + transient)
-        if i in w.gathered:
-            # end of the block's backward: its weights freed, the older buffers released, its
-            # gradients copied into new reduce buffers
-            unsharded = u.unsharded_grad_bytes
-            reduce_buffer = u.dp.reduce_buffers * unsharded
-            fixed = w.root_params + root_grads + weights - w.gathered[i] + reduce_buffer + pending_tied + (
-                0.0 if accumulating else unsharded)
-            w.moment(w.held_before[i] + fixed + made_by(i, including=True), fixed)
-        elif i in grads and not accumulating:  # outside the blocks: unsharded to the end of backward
-            # (but a chunked loss's weight gradient, reduced inside forward)
-            looped = u.loss_loop.weight_elems * prec.grad_bytes if u.loss_loop is not None else 0.0
-            root_grads += max(0.0, grads[i] - looped)
-        if tied_users and i == tied_users[-1] and len(tied_users) > 1:
-            pending_tied = tied  # the head's gradient of the tied table waits for the embedding's
-        if tied_users and i == tied_users[0]:
-            # the first user's own gradient of the table, the one waiting, and their sum
-            fixed = w.root_params + root_grads + weights + reduce_buffer + pending_tied + tied
-            w.moment(w.held_before[i] + fixed + made_by(i) + tied_workspace_elems * prec.grad_bytes,
-                     fixed + tied_workspace_elems * prec.grad_bytes)
-            pending_tied = 0.0
-    return StagePeak(w.total, w.temp)
+    ``accumulating``, ``pipelined``, ``created_grads`` (bytes per unit), ``shared_grads``,
+    ``later_microbatches``: how the step runs (:func:`~parplan.solver.cost.timeline.step_moments`)."""
+    walked = [_numeric(u, created_grads[i] if created_grads is not None else 0.0, prec) for i, u in enumerate(units)]
+    tied = None
+    if tied_elems:
+        grads = tied_elems * prec.grad_bytes
+        gathers = any(u.dp.gathers for u in units if u.tied_user)  # accumulation keeps it unsharded then
+        tied = Tied(grads, tied_workspace_elems * prec.grad_bytes, grads if gathers else 0.0)
+    options = StepOptions(accumulating, pipelined, created_grads, shared_grads, later_microbatches)
+    above = temporary = 0.0
+    for m in step_moments(NUMBERS, walked, shared_act_bytes, tied, options):
+        above = max(above, m.total(NUMBERS))
+        temporary = max(temporary, m.temporaries(NUMBERS))
+    return StagePeak(above, temporary)
 
 
-class _Walk:
-    """What the stage holds besides resident states: saved tensors before each unit, gathered
-    weights, and the largest moment seen (``total``) and its temporaries' peak (``temp``)."""
-
-    def __init__(self, units: Sequence[StageUnit], shared_act_bytes: float) -> None:
-        self.units = units
-        self.gathered = {i: u.gathered_bytes for i, u in enumerate(units) if u.is_block and u.dp.gathers}
-        self.blocks = list(self.gathered)
-        # copies blocks keep from forward, alive when block i's backward starts (its own excluded)
-        self.kept_before: dict[int, float] = {}
-        running = 0.0
-        for i in self.blocks:
-            self.kept_before[i] = running
-            if units[i].dp.kept_from_forward:
-                running += self.gathered[i]
-        # the weights of gathering units outside the blocks, gathered for the whole step
-        self.root_params = sum(u.own_param_bytes for u in units if not u.is_block and u.dp.gathers)
-        self.held_before = [shared_act_bytes]  # saved tensors of the units before each one
-        for u in units[:-1]:
-            self.held_before.append(self.held_before[-1] + u.act_bytes)
-        self.total = self.temp = 0.0
-
-    def moment(self, total: float, temporary: float) -> None:
-        """A moment holding ``total`` bytes above the resident states, ``temporary`` of them buffers."""
-        self.total = max(self.total, total)
-        self.temp = max(self.temp, temporary)
-
-    def weights_in_forward(self, i: int) -> float:
-        return _weights_in_forward(i, self.blocks, self.gathered, self.kept_before, self.units)
-
-    def weights_in_backward(self, i: int) -> float:
-        return _weights_alive(i, self.blocks, self.gathered, self.kept_before, self.units)
-
-
-def _weights_in_forward(i: int, blocks: list[int], gathered: dict[int, float], kept_before: dict[int, float],
-                        units: Sequence[StageUnit]) -> float:
-    """Gathered weights alive while unit ``i``'s forward runs: the copies blocks up to it keep from
-    forward (its own included), and the all-gather output buffer of the last block gathered (with
-    that block's weights, when it is the unit running)."""
-    before = [j for j in blocks if j <= i]
-    if not before:
-        return 0.0
-    last = before[-1]
-    own = gathered[last] if last == i or units[last].dp.kept_from_forward else 0.0
-    buffer = gathered[last] if units[last].dp.gather_buffer else 0.0
-    return kept_before[last] + own + buffer
-
-
-def _weights_alive(i: int, blocks: list[int], gathered: dict[int, float], kept_before: dict[int, float],
-                   units: Sequence[StageUnit]) -> float:
-    """Gathered weights alive while unit ``i``'s backward runs: its own (a block), the copies
-    earlier blocks keep from forward, and the block prefetched next (or, for a unit after the
-    blocks, the last block's weights, still gathered from forward)."""
-    if i in gathered:
-        earlier = [j for j in blocks if j < i]
-        prefetched = gathered[earlier[-1]] if earlier and not units[earlier[-1]].dp.kept_from_forward else 0.0
-        return gathered[i] + kept_before[i] + prefetched
-    before = [j for j in blocks if j < i]
-    if not before:
-        return 0.0
-    last = before[-1]
-    return gathered[last] + kept_before[last]
-
-
+def _numeric(u: StageUnit, created_grads: float, prec: Precision) -> StepUnit[float]:
+    """``u`` as the walk's unit: one inner moment per phase, the unit's largest."""
+    # (but a chunked loss's weight gradient, reduced inside forward)
+    looped = u.loss_loop.weight_elems * prec.grad_bytes if u.loss_loop is not None else 0.0
+    extra = u.forward_transient
+    if u.loss_loop is not None:
+        extra = max(extra, loop_peak(u.loss_loop, u.dp, u.gathered_bytes, u.unsharded_grad_bytes, created_grads))
+    p = u.profile
+    return StepUnit(u.is_block, u.dp, u.tied_user, u.act_bytes, u.gathered_bytes, u.unsharded_grad_bytes,
+                    u.own_param_bytes, u.own_grad_bytes, max(0.0, u.own_grad_bytes - looped), lambda: (extra,),
+                    lambda unsharded: ((p.peak_unsharded, p.transient_peak_unsharded) if unsharded
+                                       else (p.peak, p.transient_peak),))

@@ -18,9 +18,8 @@ its consumers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, MeshLinks
@@ -29,11 +28,17 @@ from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import renaming
 from parplan.solver.cost.precision import Precision
-from parplan.solver.cost.resharding import edge_seconds, reduced_layout, reshard_seconds
+from parplan.solver.cost.resharding import edge_seconds, reshard_seconds
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.ilp.costs import IlpContext, StrategyCost, op_cost
-from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem, PeakTerm
+from parplan.solver.ilp.graph_problem import GraphProblem as GraphProblem
+from parplan.solver.ilp.graph_problem import consumer_saves as consumer_saves
+from parplan.solver.ilp.graph_problem import origin_of, source_layout
+from parplan.solver.ilp.graph_problem import partial_saved_bytes as partial_saved_bytes
+from parplan.solver.ilp.graph_problem import resharded_copy_bytes as resharded_copy_bytes
+from parplan.solver.ilp.model import AuxEdge, AuxNode, AuxProblem
+from parplan.solver.ilp.moments import add_moment_terms
 from parplan.solver.ilp.strategies import (
     Mesh,
     OpStrategy,
@@ -46,54 +51,6 @@ from parplan.solver.ilp.strategies import (
 from parplan.solver.ir import Graph, Node, OpKind
 
 _K = TypeVar("_K")
-
-
-@dataclass
-class GraphProblem:
-    """The auxiliary problem plus what is needed to read its answer back."""
-
-    problem: AuxProblem
-    ctx: IlpContext
-    ops: list[Node]  # every operator (not inputs or parameters), graph order
-    rep_of: dict[str, str]  # operator -> the representative whose variables it uses
-    copies: dict[str, dict[str, int]]  # representative -> {operator priced for its copies: how many}
-    strategies: dict[str, list[OpStrategy]]  # representative -> candidates
-    costs: dict[str, list[StrategyCost]]  # representative -> cost per candidate
-    partial_dims: dict[str, frozenset[str]]
-    follows: dict[str, str]  # view -> the operator whose layout it takes
-    edges: list[tuple[str, str, int]]  # original (producer, consumer, position) among operators
-    param_edges: list[tuple[str, int, str, int]]  # (owner, its position, another reader, its position)
-    #: edge class (producer's representative, consumer's representative, position) -> index in problem.edges
-    edge_index: dict[tuple[str, str, int], int] = field(default_factory=dict)
-    #: per edge index: the layout of each producer class and of each consumer class
-    edge_layouts: dict[int, tuple[list[TensorLayout], list[TensorLayout]]] = field(default_factory=dict)
-    #: per activation edge index: the mesh axes each consumer class leaves its input's gradient partial over
-    edge_partials: dict[int, list[frozenset[str]]] = field(default_factory=dict)
-    #: per parameter edge index: whether each owner class shards the parameter with ZeRO-3 per operator
-    param_edge_sharded: dict[int, list[bool]] = field(default_factory=dict)
-    #: parameter edge class (owner's representative, position, reader's representative, position) -> index
-    param_edge_index: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
-    #: values computed once per problem (layouts, the moments' units), see :mod:`.moments`
-    caches: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    #: whether the edges and the moments are in the problem (:func:`complete_problem`)
-    complete: bool = False
-
-    @property
-    def temporary_terms(self) -> list[PeakTerm]:
-        """The temporaries of every moment of the step (reported; see :mod:`.moments`), built on
-        first use."""
-        from parplan.solver.ilp.moments import temporary_terms
-
-        return temporary_terms(self)
-
-    def strategy_of(self, op: str, choice: Mapping[str, int]) -> OpStrategy:
-        rep = self.rep_of[op]
-        return self.strategies[rep][choice[rep]]
-
-    def out_layout(self, op: str, choice: Mapping[str, int]) -> TensorLayout:
-        """Output layout of ``op`` (a view: its origin's, with the dims renamed)."""
-        origin = _origin(op, self.follows)
-        return _source_layout(self, op, choice[self.rep_of[origin]])
 
 
 def _owners(graph: Graph, ops: list[Node]) -> dict[str, list[int]]:
@@ -211,7 +168,7 @@ def complete_problem(gp: GraphProblem) -> None:
     for src, dst, pos in edges:
         key = (rep_of[src], rep_of[dst], pos)
         classes[key] = classes.get(key, 0) + 1
-        tensors_read.setdefault(key, set()).add(_origin(src, follows))
+        tensors_read.setdefault(key, set()).add(origin_of(src, follows))
     sizes = mesh.sizes
     converted: dict[tuple[float, TensorLayout, TensorLayout, frozenset[str]], float] = {}
 
@@ -225,13 +182,13 @@ def complete_problem(gp: GraphProblem) -> None:
     readers: dict[frozenset[str], list[int]] = {}  # the tensors some edge classes read -> those classes
     first_reader: dict[str, tuple[str, str, int]] = {}  # tensor -> its first reading edge
     for edge in edges:
-        first_reader.setdefault(_origin(edge[0], follows), edge)
+        first_reader.setdefault(origin_of(edge[0], follows), edge)
     for (src, dst, pos), count in classes.items():
-        tensor = graph.node(_origin(src, follows))
+        tensor = graph.node(origin_of(src, follows))
         consumer = graph.node(dst)
         total = tensor.numel * elem_bytes(tensor, precision.activation_bytes)
-        origin = rep_of[_origin(src, follows)]
-        outs = [_source_layout(gp, src, s) for s in range(len(strategies[origin]))]
+        origin = rep_of[origin_of(src, follows)]
+        outs = [source_layout(gp, src, s) for s in range(len(strategies[origin]))]
         # the consumer's side of the edge: the layout it needs and the axes its gradient comes out partial over
         ins = [(input_layout(consumer, pos, graph, t, mesh), partial_gradient_axes(consumer, pos, graph, t, mesh))
                for t in strategies[dst]]
@@ -239,8 +196,8 @@ def complete_problem(gp: GraphProblem) -> None:
         in_classes, in_reps = _classes(ins)
         secs = [[microbatches * conversion(total, o, i, p) for i, p in in_reps] for o in out_reps]
         kept = consumer_saves(gp, dst, pos)
-        first = (src, dst, pos) == first_reader.get(_origin(src, follows))
-        saved = gp.ctx.saved_by_owner.get(_origin(src, follows), ()) if first else ()
+        first = (src, dst, pos) == first_reader.get(origin_of(src, follows))
+        saved = gp.ctx.saved_by_owner.get(origin_of(src, follows), ()) if first else ()
         held_copies = ([[resharded_copy_bytes(kept, o, i, sizes) + partial_saved_bytes(saved, o, i, sizes)
                          for i, _ in in_reps] for o in out_reps] if kept or saved else None)
         problem.edges.append(AuxEdge(origin, dst, secs, held_copies, count, out_classes, in_classes))
@@ -268,8 +225,6 @@ def complete_problem(gp: GraphProblem) -> None:
         gp.param_edge_index[(owner, opos, user, upos)] = len(problem.edges) - 1
         gp.edge_layouts[len(problem.edges) - 1] = ([o for o, _ in owner_reps], user_reps)
         gp.param_edge_sharded[len(problem.edges) - 1] = [z for _, z in owner_reps]
-    from parplan.solver.ilp.moments import add_moment_terms
-
     add_moment_terms(gp)
 
 
@@ -286,45 +241,6 @@ def least_bytes(graph: Graph, devices: int, precision: Precision, recompute: Rec
                           recompute=recompute, runtime=runtime):
         saved.setdefault(it.key, it.total_bytes)
     return runtime.held_through_step_bytes + (states + sum(saved.values())) / devices
-
-
-def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
-    """Bytes (whole tensor) of input ``position`` that operator ``op`` keeps for its backward, 0 if none
-    (or when the runtime keeps the producer's copy instead, see ``IlpContext.keeps_resharded_copies``)."""
-    ctx = gp.ctx
-    if not ctx.keeps_resharded_copies:
-        return 0.0
-    graph = ctx.graph
-    node = graph.node(op)
-    key = node.inputs[position]
-    items = (saved_items(graph, [node], ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                         recompute=ctx.recompute)
-             if ctx.recompute is Recompute.FULL else
-             op_saved_items(node, graph, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                            recompute=ctx.recompute))
-    return next((it.total_bytes for it in items if it.key == key and it.dims is None), 0.0)
-
-
-def partial_saved_bytes(items: Sequence[SavedItem], produced: TensorLayout, needed: TensorLayout,
-                        sizes: Mapping[str, int]) -> float:
-    """Bytes of a tensor's saved buffers held on each device when the producer leaves it partial:
-    as reduced for its first reader (charged on that edge), none otherwise (charged with the
-    producer, see :func:`~parplan.solver.ilp.costs.op_cost`)."""
-    if not produced.partial:
-        return 0.0
-    lay = reduced_layout(produced, needed)
-    return sum(it.total_bytes / lay.shards(sizes, it.dims) for it in items)
-
-
-def resharded_copy_bytes(kept_bytes: float, produced: TensorLayout, needed: TensorLayout,
-                         sizes: Mapping[str, int]) -> float:
-    """A consumer that keeps an input for backward keeps the copy it received: when the input
-    arrives in another layout than its producer's (reduced) one, that copy is held besides the
-    producer's, which the producer is charged for."""
-    base = reduced_layout(produced, needed) if produced.partial else produced
-    if dict(base.split) == dict(needed.split):
-        return 0.0
-    return kept_bytes / needed.shards(sizes)
 
 
 def _param_edges(graph: Graph, ops: list[Node], owned: Mapping[str, list[int]]) -> list[tuple[str, int, str, int]]:
@@ -367,28 +283,6 @@ def _classes(layouts: list[_K]) -> tuple[list[int], list[_K]]:
     for lay in layouts:
         index.setdefault(lay, len(index))
     return [index[lay] for lay in layouts], list(index)
-
-
-def _origin(op: str, follows: Mapping[str, str]) -> str:
-    while op in follows:
-        op = follows[op]
-    return op
-
-
-def _source_layout(gp: GraphProblem, src: str, s: int) -> TensorLayout:
-    """Layout the tensor of ``src`` has when its origin takes strategy ``s`` (views rename dims)."""
-    origin = gp.rep_of[_origin(src, gp.follows)]
-    node = gp.ctx.graph.node(origin)
-    lay = output_layout(node, gp.strategies[origin][s], gp.ctx.mesh, gp.partial_dims[origin])
-    chain = []
-    op = src
-    while op in gp.follows:
-        chain.append(op)
-        op = gp.follows[op]
-    for view in reversed(chain):  # rename dims from the origin outwards
-        rename = renaming(gp.ctx.graph, gp.ctx.graph.node(view)) or {}
-        lay = TensorLayout(tuple((rename.get(d, d), a) for d, a in lay.split), lay.partial)
-    return lay
 
 
 def _edges(graph: Graph, ops: list[Node], follows: Mapping[str, str]) -> list[tuple[str, str, int]]:
