@@ -119,15 +119,7 @@ def execute_job(job_id: uuid.UUID, sf: SessionFactory, settings: Settings, *,
     database cannot be reached to claim it (the caller retries later)."""
     owner = uuid.uuid4().hex
     me = worker or worker_name()
-    lease = settings.job_lease_seconds
-
-    try:
-        job = _transaction(sf, lambda s: JobRepository(s).claim(job_id, owner, me, utcnow(), lease,
-                                                                 settings.job_max_attempts))
-    except Exception as e:
-        if is_transient(e):
-            raise TransientError(str(e)) from e
-        raise
+    job = _claim(sf, settings, job_id, owner, me)
     if job is None:
         log.info("job %s: not claimable (finished, cancelled or held by a live worker); skipping", job_id)
         return Outcome.SKIPPED
@@ -141,80 +133,129 @@ def execute_job(job_id: uuid.UUID, sf: SessionFactory, settings: Settings, *,
     if _retrying(sf, reuse):
         log.info("job %s: served from a plan solved meanwhile", job_id)
         return Outcome.SUCCEEDED
+    return _Solve(job_id, job, owner, sf, settings, stop).run()
 
-    started = time.monotonic()
-    proc = SolveProcess(job.request, job.calibration, nice=settings.solver_nice)
-    heartbeat = min(1.0, lease / 4)
-    last_beat = time.monotonic()
-    pending: tuple[str, float] | None = None  # the latest progress not yet written
-    written_stage = "starting"
+
+def _claim(sf: SessionFactory, settings: Settings, job_id: uuid.UUID, owner: str, me: str) -> Job | None:
+    """The claimed job row, or None when it is not ours to run (TransientError: no database)."""
     try:
-        while True:
-            messages = proc.read(timeout=max(0.05, heartbeat - (time.monotonic() - last_beat)))
-            for msg in messages:
-                if "progress" in msg:
-                    p = msg["progress"]
-                    pending = (str(p.get("stage", "")), min(1.0, max(0.0, float(p.get("fraction", 0.0)))))
-                elif "plan" in msg:
-                    doc, seconds = msg["plan"], time.monotonic() - started
+        return _transaction(sf, lambda s: JobRepository(s).claim(job_id, owner, me, utcnow(),
+                                                                 settings.job_lease_seconds,
+                                                                 settings.job_max_attempts))
+    except Exception as e:
+        if is_transient(e):
+            raise TransientError(str(e)) from e
+        raise
 
-                    def succeed(s: Session, doc: dict[str, Any] = doc, seconds: float = seconds) -> bool:
-                        plan_id = _store_plan(s, job, doc)
-                        if not JobRepository(s).finish(job_id, owner, JobStatus.SUCCEEDED, utcnow(),
-                                                       plan_id=plan_id, solve_seconds=seconds):
-                            s.rollback()
-                            return False
-                        return True
-                    if _retrying(sf, succeed):
-                        log.info("job %s: succeeded in %.2fs", job_id, seconds)
-                        return Outcome.SUCCEEDED
-                    log.warning("job %s: lease lost before the plan was stored; another worker has it", job_id)
-                    return Outcome.LOST
-                elif "error" in msg:
-                    return _fail(sf, job_id, owner, dict(msg["error"]))
-            if proc.finished:
-                return _fail(sf, job_id, owner, {"code": "internal", "type": "SolverCrashed",
-                                                 "message": f"the solver process {proc.exit_description()}"})
-            now = time.monotonic()
-            if stop is not None and stop.is_set():
-                proc.kill()
-                _retrying(sf, lambda s: JobRepository(s).release(job_id, owner, utcnow()), attempts=2)
-                log.info("job %s: released (worker stopping)", job_id)
-                return Outcome.RELEASED
-            if now - started > settings.job_timeout_seconds:
-                proc.kill()
-                return _fail(sf, job_id, owner, {"code": "timeout", "type": "Timeout",
-                                                 "message": f"the solve ran past {settings.job_timeout_seconds:g}s"})
-            # Write at every heartbeat, and at once when the solver enters a new stage.
-            if now - last_beat >= heartbeat or (pending is not None and pending[0] != written_stage):
-                progress, pending = pending, None
-                if progress is not None:
-                    written_stage = progress[0]
 
-                def renew(s: Session, p: tuple[str, float] | None = progress) -> Lease:
-                    return JobRepository(s).renew(job_id, owner, utcnow(), lease, p)
-                try:
-                    state = _transaction(sf, renew)
-                except Exception as e:
-                    if not is_transient(e):
-                        raise
-                    log.warning("job %s: lease renewal failed (%s); solving on", job_id, e.__class__.__name__)
-                    last_beat = now
-                    continue
-                last_beat = now
-                if not state.owned:
-                    proc.kill()
-                    log.warning("job %s: lease lost (the sweeper re-queued it); stopping this solve", job_id)
-                    return Outcome.LOST
-                if state.cancel_requested:
-                    proc.kill()
-                    _retrying(sf, lambda s: JobRepository(s).finish(
-                        job_id, owner, JobStatus.CANCELLED, utcnow(),
-                        error={"code": "cancelled", "type": "Cancelled", "message": "cancelled by request"}))
-                    log.info("job %s: cancelled", job_id)
-                    return Outcome.CANCELLED
-    finally:
-        proc.kill()
+class _Solve:
+    """One claimed job's solve in its own process: progress and lease renewal at every heartbeat,
+    the plan stored when it comes, and an end state for every way the solve can stop."""
+
+    def __init__(self, job_id: uuid.UUID, job: Job, owner: str, sf: SessionFactory, settings: Settings,
+                 stop: threading.Event | None) -> None:
+        self.job, self.job_id, self.owner, self.sf, self.settings, self.stop = job, job_id, owner, sf, settings, stop
+        self.started = time.monotonic()
+        self.proc = SolveProcess(job.request, job.calibration, nice=settings.solver_nice)
+        self.heartbeat = min(1.0, settings.job_lease_seconds / 4)
+        self.last_beat = time.monotonic()
+        self.pending: tuple[str, float] | None = None  # the latest progress not yet written
+        self.written_stage = "starting"
+
+    def run(self) -> Outcome:
+        try:
+            while True:
+                wait = max(0.05, self.heartbeat - (time.monotonic() - self.last_beat))
+                for msg in self.proc.read(timeout=wait):
+                    outcome = self._message(msg)
+                    if outcome is not None:
+                        return outcome
+                outcome = self._check()
+                if outcome is not None:
+                    return outcome
+        finally:
+            self.proc.kill()
+
+    def _message(self, msg: dict[str, Any]) -> Outcome | None:
+        if "progress" in msg:
+            p = msg["progress"]
+            self.pending = (str(p.get("stage", "")), min(1.0, max(0.0, float(p.get("fraction", 0.0)))))
+            return None
+        if "plan" in msg:
+            return self._store(msg["plan"], time.monotonic() - self.started)
+        if "error" in msg:
+            return _fail(self.sf, self.job_id, self.owner, dict(msg["error"]))
+        return None
+
+    def _store(self, doc: dict[str, Any], seconds: float) -> Outcome:
+        job_id, owner, job = self.job_id, self.owner, self.job
+
+        def succeed(s: Session) -> bool:
+            plan_id = _store_plan(s, job, doc)
+            if not JobRepository(s).finish(job_id, owner, JobStatus.SUCCEEDED, utcnow(),
+                                           plan_id=plan_id, solve_seconds=seconds):
+                s.rollback()
+                return False
+            return True
+        if _retrying(self.sf, succeed):
+            log.info("job %s: succeeded in %.2fs", job_id, seconds)
+            return Outcome.SUCCEEDED
+        log.warning("job %s: lease lost before the plan was stored; another worker has it", job_id)
+        return Outcome.LOST
+
+    def _check(self) -> Outcome | None:
+        """Between reads: the process's end, a stopping worker, the time limit, the heartbeat."""
+        job_id, owner, sf = self.job_id, self.owner, self.sf
+        if self.proc.finished:
+            return _fail(sf, job_id, owner, {"code": "internal", "type": "SolverCrashed",
+                                             "message": f"the solver process {self.proc.exit_description()}"})
+        now = time.monotonic()
+        if self.stop is not None and self.stop.is_set():
+            self.proc.kill()
+            _retrying(sf, lambda s: JobRepository(s).release(job_id, owner, utcnow()), attempts=2)
+            log.info("job %s: released (worker stopping)", job_id)
+            return Outcome.RELEASED
+        limit = self.settings.job_timeout_seconds
+        if now - self.started > limit:
+            self.proc.kill()
+            return _fail(sf, job_id, owner, {"code": "timeout", "type": "Timeout",
+                                             "message": f"the solve ran past {limit:g}s"})
+        # Write at every heartbeat, and at once when the solver enters a new stage.
+        if now - self.last_beat >= self.heartbeat or (self.pending is not None
+                                                      and self.pending[0] != self.written_stage):
+            return self._renew(now)
+        return None
+
+    def _renew(self, now: float) -> Outcome | None:
+        job_id, owner, sf = self.job_id, self.owner, self.sf
+        progress, self.pending = self.pending, None
+        if progress is not None:
+            self.written_stage = progress[0]
+        lease = self.settings.job_lease_seconds
+
+        def renew(s: Session) -> Lease:
+            return JobRepository(s).renew(job_id, owner, utcnow(), lease, progress)
+        try:
+            state = _transaction(sf, renew)
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            log.warning("job %s: lease renewal failed (%s); solving on", job_id, e.__class__.__name__)
+            self.last_beat = now
+            return None
+        self.last_beat = now
+        if not state.owned:
+            self.proc.kill()
+            log.warning("job %s: lease lost (the sweeper re-queued it); stopping this solve", job_id)
+            return Outcome.LOST
+        if state.cancel_requested:
+            self.proc.kill()
+            _retrying(sf, lambda s: JobRepository(s).finish(
+                job_id, owner, JobStatus.CANCELLED, utcnow(),
+                error={"code": "cancelled", "type": "Cancelled", "message": "cancelled by request"}))
+            log.info("job %s: cancelled", job_id)
+            return Outcome.CANCELLED
+        return None
 
 
 def _fail(sf: SessionFactory, job_id: uuid.UUID, owner: str, error: dict[str, Any]) -> Outcome:
