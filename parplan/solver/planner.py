@@ -32,11 +32,11 @@ from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster, make_cluster
 from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.cost.precision import PRECISIONS
-from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import ConfigError, SolverError
-from parplan.solver.evaluate import Evaluation
+from parplan.solver.evaluate import Evaluation, GraphProvider
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource, model_from_json
+from parplan.solver.objective import Objective as ObjectiveRule
 from parplan.solver.progress import ProgressFn
 from parplan.solver.targets import SPECS, Target, runnable
 from parplan.solver.time_accuracy import time_accuracy
@@ -271,13 +271,14 @@ def _infeasible(req: PlanRequest, least_bytes: float | None, least: dict[str, An
             "solver": {"status": "infeasible"}}
 
 
-def _ilp(req: PlanRequest, report: ProgressFn, reference_seconds: float | None) -> dict[str, Any]:
+def _ilp(req: PlanRequest, graphs: GraphProvider, report: ProgressFn,
+         reference_seconds: float | None) -> dict[str, Any]:
     from parplan.solver.ilp.search import search
 
     mb = None
     if req.micro_batch:
         mb = min(req.global_batch, req.micro_batch * req.cluster.num_devices)
-    doc = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
+    doc = search(graphs.graph, req.cluster, global_batch=req.global_batch,
                  micro_batch=mb if mb and req.global_batch % mb == 0 else None, objective=req.objective,
                  budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown, alpha_gib_per_s=req.alpha,
                  calibration=req.calibration, timeout_seconds=req.time_limit_seconds,
@@ -317,22 +318,23 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     report: ProgressFn = progress or (lambda stage, fraction: None)
     report("building", 0.0)
     spec = SPECS[req.target]
+    graphs = GraphProvider(req.model, req.seq_len)  # each micro-batch's graph built once in this solve
     ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration,
-                          precision=req.precision, runtime=spec.runtime)
+                          precision=req.precision, runtime=spec.runtime, graphs=graphs)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
     report("baselines", 0.05)
     runs = runnable(req.target, req.cluster, req.global_batch, ev.graph(req.micro_batch or 1))
     bases = _baselines(req, ev, num_blocks, runs, spec.baseline)
     fitting = [b for b in bases.values() if b is not None and b.fits]
     reference = min((b.time.step_seconds for b in fitting), default=None)
-    method, why = choose_method(req)
+    method, why = choose_method(req, graphs)
     report("search", 0.3)
     docs: list[dict[str, Any]] = []
     if method == "uniform":
         assert isinstance(runs, set)
         docs.append(_uniform(req, ev, runs))
     elif method == "ilp":
-        docs.append(_ilp(req, report, reference))
+        docs.append(_ilp(req, graphs, report, reference))
     elif method == "dp" and req.target is Target.GALVATRON:
         from parplan.solver.dp.space import SpaceOptions
 
@@ -341,14 +343,14 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
         # no context parallelism
         for i, default in enumerate((0, 2)):
             options = SpaceOptions(zero_stages=(default, 3), max_tp=req.cluster.gpus_per_node, max_cp=1)
-            docs.append(_dp(req, _part(report, 0.3 + 0.35 * i, 0.35), bases.get("megatron"), ev.costs, options))
+            docs.append(_dp(req, _part(report, 0.3 + 0.35 * i, 0.35), bases.get("megatron"), graphs, options))
     elif method == "dp":
-        docs.append(_dp(req, report, bases.get("megatron"), ev.costs))
+        docs.append(_dp(req, report, bases.get("megatron"), graphs))
     else:
-        docs.append(_dp(req, lambda st, f: report(st, 0.3 + 0.2 * f), bases.get("megatron"), ev.costs))
+        docs.append(_dp(req, lambda st, f: report(st, 0.3 + 0.2 * f), bases.get("megatron"), graphs))
         try:  # the ILP gets what is left of the time limit after the (fast) DP
             left = max(1.0, req.time_limit_seconds - (time.perf_counter() - t0))
-            docs.append(_ilp(dataclasses.replace(req, time_limit_seconds=left),
+            docs.append(_ilp(dataclasses.replace(req, time_limit_seconds=left), graphs,
                              lambda st, f: report(st, 0.5 + 0.45 * f), reference))
         except SolverError as e:
             why += f"; the ILP stopped ({e}), so the DP's plan"
@@ -405,10 +407,6 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     return doc
 
 
-#: Relative difference of two step times that counts as equal (floating-point rounding), in choosing.
-TIME_TIE = 1e-9
-
-
 @dataclass(frozen=True)
 class Known:
     """A plan known to the planner: its step time (s), peak memory per device (bytes), and how to
@@ -418,6 +416,11 @@ class Known:
     step_seconds: float
     peak_bytes: float
     document: Callable[[], dict[str, Any]]
+
+
+def objective_of(req: PlanRequest) -> ObjectiveRule:
+    """The request's objective (:mod:`parplan.solver.objective`)."""
+    return ObjectiveRule(req.objective, req.max_slowdown, req.alpha)
 
 
 def _fastest(req: PlanRequest, known: list[Known], searched_best: list[float]) -> float | None:
@@ -430,48 +433,31 @@ def _fastest(req: PlanRequest, known: list[Known], searched_best: list[float]) -
 
 
 def choose(req: PlanRequest, known: list[Known], searched_best: list[float] | None = None) -> Known | None:
-    """The best known plan that fits the budget, for the objective (None: none fits).
-
-    ``max-throughput``: the fastest (then the least memory). ``min-memory``: the least memory (then
-    the fastest) among plans within ``(1 + max_slowdown)`` of the fastest known plan, baselines
-    and the searches' fastest (``searched_best``, step times of plans not among ``known``)
-    included; with ``alpha``, the least ``memory + alpha·time``. Either way no known plan is at
-    least as good on both memory and time and better on one."""
+    """The best known plan that fits the budget for the objective (None: none fits), given the
+    fastest known plan (:func:`_fastest`: under ``min-memory`` the searches' fastest,
+    ``searched_best``, step times of plans not among ``known``, included); the rule is
+    :meth:`parplan.solver.objective.Objective.best`. No known plan is at least as good on both
+    memory and time and better on one."""
     fits = [k for k in known if k.peak_bytes <= req.budget_bytes]
-    if not fits:
+    fastest = _fastest(req, known, searched_best or [])
+    if fastest is None:
         return None
-    if req.objective == "max-throughput":
-        # times equal but for rounding (two pricings of the same plan) are a tie, which memory decides
-        fastest = min(k.step_seconds for k in fits) * (1 + TIME_TIE)
-        return min((k for k in fits if k.step_seconds <= fastest), key=lambda k: (k.peak_bytes, k.step_seconds))
-    if req.alpha is not None:
-        alpha = req.alpha * 2**30
-        return min(fits, key=lambda k: (k.peak_bytes + alpha * k.step_seconds, k.step_seconds))
-    limit = _limit(req, known, searched_best or [])
-    return min((k for k in fits if limit is not None and k.step_seconds <= limit),
-               key=lambda k: (k.peak_bytes, k.step_seconds), default=None)
-
-
-def _limit(req: PlanRequest, known: list[Known], searched_best: list[float]) -> float | None:
-    """``min-memory``'s time limit: ``(1 + max_slowdown)`` times :func:`_fastest` (None: none fits)."""
-    fastest = _fastest(req, known, searched_best)
-    return None if fastest is None else fastest * (1 + req.max_slowdown) * (1 + TIME_TIE)
+    return objective_of(req).best(fits, lambda k: k.step_seconds, lambda k: k.peak_bytes, fastest)
 
 
 def _least_memory_uniform(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
                           runs: Container[Candidate] | None, known: list[Known],
                           searched_best: list[float]) -> list[Known]:
-    """``min-memory``: the baseline families' least-memory member within ``(1 + max_slowdown)`` of
-    the fastest known plan (or the least ``memory + alpha·time``), as one more known plan. Each
-    baseline is its family's fastest; a slower member of the same family (ZeRO-3 at a smaller
-    micro-batch, say) can hold far less within the limit, and the answer must not be beaten by it.
-    ``searched_best``: the searches' fastest step times (s), whose plans are not among ``known``
-    (the ILP keeps only its min-memory answer); the limit counts from them too, as the searches' did."""
-    limit = _limit(req, known, searched_best)
-    if limit is None:
+    """``min-memory``: the baseline families' best member for the objective given the fastest known
+    plan, as one more known plan. Each baseline is its family's fastest; a slower member of the
+    same family (ZeRO-3 at a smaller micro-batch, say) can hold far less within the limit, and the
+    answer must not be beaten by it. ``searched_best``: the searches' fastest step times (s), whose
+    plans are not among ``known`` (the ILP keeps only its min-memory answer); the limit counts from
+    them too, as the searches' did."""
+    fastest = _fastest(req, known, searched_best)
+    if fastest is None:
         return []
-    alpha = req.alpha * 2**30 if req.alpha is not None else None
-    e = least_memory_member(ev, req.budget_bytes, num_blocks, limit, alpha, runs)
+    e = least_memory_member(ev, req.budget_bytes, num_blocks, objective_of(req), fastest, runs)
     if e is None:
         return []
     return [Known("uniform", e.time.step_seconds, e.memory.peak_bytes, functools.partial(_uniform_document, e))]
@@ -496,8 +482,8 @@ def _baseline_document(name: str, e: Evaluation) -> dict[str, Any]:
     return doc
 
 
-def choose_method(req: PlanRequest) -> tuple[str, str]:
-    """Which search to run, and why (``auto`` picks by problem shape)."""
+def choose_method(req: PlanRequest, graphs: GraphProvider | None = None) -> tuple[str, str]:
+    """Which search to run, and why (``auto`` picks by problem shape; ``graphs``: the solve's graphs)."""
     spec = SPECS[req.target]
     if spec.uniform:
         return "uniform", (f"target {req.target.value}: every uniform strategy it runs, priced with the "
@@ -512,7 +498,7 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
         return "dp", "requested: per-layer hybrid parallelism by dynamic programming"
     if req.mesh is not None:
         return "ilp", "auto: a device mesh was given, which only the ILP uses"
-    blocks = len(blocks_of(req.model.build(1, req.seq_len)))
+    blocks = len(blocks_of((graphs or GraphProvider(req.model, req.seq_len)).graph(1)))
     if blocks == 0:
         return "ilp", "auto: the graph has no repeated blocks for the layer-wise DP; intra-operator ILP"
     if req.cluster.num_devices <= req.cluster.gpus_per_node:
@@ -546,9 +532,7 @@ def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -
         return out
     best = fastest
     if req.objective == "min-memory":
-        alpha = req.alpha * 2**30 if req.alpha is not None else None
-        best = least_memory_within(ev, cands, req.budget_bytes, fastest.time.step_seconds * (1 + req.max_slowdown)
-                                   * (1 + 1e-9), alpha) or fastest
+        best = least_memory_within(ev, cands, req.budget_bytes, objective_of(req), fastest.time.step_seconds) or fastest
     doc = _baseline_document("uniform", best)
     doc["solver"] = {"method": "uniform", "status": "optimal", "gap": None, "candidates": len(cands),
                      "best_time_seconds": fastest.time.step_seconds,
@@ -572,18 +556,18 @@ def _target_doc(req: PlanRequest, doc: dict[str, Any], base: Evaluation | None) 
     return out
 
 
-def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None,
-        graph_costs: Callable[[int], GraphCosts], options: Any = None) -> dict[str, Any]:
+def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None, graphs: GraphProvider,
+        options: Any = None) -> dict[str, Any]:
     from parplan.solver.cost.plan_memory import layer_plan
     from parplan.solver.dp.search import search
 
     reference = None
     if megatron is not None and megatron.fits:
-        reference = layer_plan(req.model.build(megatron.strategy.micro_batch, req.seq_len), megatron.strategy)
-    res = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
+        reference = layer_plan(graphs.graph(megatron.strategy.micro_batch), megatron.strategy)
+    res = search(graphs.graph, req.cluster, global_batch=req.global_batch,
                  objective=req.objective, budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown,
                  alpha_gib_per_s=req.alpha, calibration=req.calibration, reference=reference,
-                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graph_costs,
+                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graphs.costs,
                  options=options, precision=req.precision)
     if res["status"] == "infeasible":
         out = _infeasible(req, res["least"], None)

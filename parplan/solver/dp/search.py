@@ -52,6 +52,7 @@ from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
 from parplan.solver.dp.space import SpaceOptions, context_degrees, degrees, layer_strategies
 from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
+from parplan.solver.objective import Objective
 from parplan.solver.progress import ProgressFn
 from parplan.solver.strategy import Schedule, check_context_parallel
 
@@ -494,6 +495,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     caller pricing the same graphs (the planner's baselines) shares their unit prices."""
     t0 = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
+    goal = Objective.of(objective, max_slowdown, alpha_gib_per_s)
     ds = DpSearch(graph_for, cluster, global_batch, calibration, budget_bytes, options, precision=precision,
                   graph_costs=graph_costs)
 
@@ -526,12 +528,12 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         if time.perf_counter() - t0 > timeout_seconds:
             raise SolverError(f"the DP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
         report("search", 0.05 + 0.8 * i / len(groups))
-        if prune and not pareto and _cannot_matter(group_secs, fastest, objective, max_slowdown, alpha_gib_per_s):
+        if prune and not pareto and goal.cannot_matter(group_secs, fastest):
             ds.work["groups_pruned"] += 1
             continue
         for part in ds.partitions(pp, m, strats):
             lb_secs = ds.bounds(pp, m, part, strats)
-            if prune and not pareto and _cannot_matter(lb_secs, fastest, objective, max_slowdown, alpha_gib_per_s):
+            if prune and not pareto and goal.cannot_matter(lb_secs, fastest):
                 ds.work["candidates_pruned"] += 1
                 continue
             try:
@@ -562,21 +564,19 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         least = _least_memory(ds, cands)
         return {"status": "infeasible", "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
                 "least": least, "candidates": len(cands), "work": work(ds, cands)}
-    best_secs, best_peak, best_plan = min(evaluated, key=lambda x: (x[0], x[1]))
-    chosen = (best_secs, best_peak, best_plan)
+    best_secs = min(x[0] for x in evaluated)
+    chosen = goal.best(evaluated, _seconds, _peak, best_secs) if goal.kind == "max-throughput" else None
     frontier = _frontier(evaluated)  # max-throughput, no pareto: of the candidates' fastest plans
-    if objective == "min-memory" or pareto:
-        limit = best_secs * (1 + max_slowdown)
-        if not pareto:  # min-memory alone: each ladder down to the first plan past the allowed slowdown
+    if goal.kind == "min-memory" or pareto:
+        # each ladder down to the first plan past the allowed slowdown (with alpha too), or whole
+        limit = goal.slowdown_limit(best_secs)
+        if not pareto:
             ladders = [_ladder_points(ds, cand, evaluate, limit) for cand in cands]
         pool = evaluated + [x for ladder in ladders for x in ladder]
-        if objective == "min-memory":
-            if alpha_gib_per_s is not None:
-                chosen = min(pool, key=lambda x: x[1] + alpha_gib_per_s * 2**30 * x[0])
-            else:
-                within = [x for x in pool if x[0] <= limit]
-                chosen = min(within, key=lambda x: (x[1], x[0]))
+        if goal.kind == "min-memory":
+            chosen = goal.best(pool, _seconds, _peak, best_secs)
         frontier = _frontier(pool)
+    assert chosen is not None  # the fastest plan meets every limit
     return {"status": "optimal", "plan": chosen[2], "step_seconds": chosen[0], "peak_bytes": chosen[1],
             "best_seconds": best_secs, "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
             "candidates": len(cands), "frontier": frontier, "evaluations": ds.evaluations, "work": work(ds, cands)}
@@ -595,14 +595,12 @@ def work(ds: DpSearch, cands: list[Candidate]) -> dict[str, int]:
             "plan_evaluation_requests": ev["plan_memory_requests"] + ev["plan_time_requests"]}
 
 
-def _cannot_matter(lb_secs: float, fastest: float, objective: str, max_slowdown: float,
-                   alpha_gib_per_s: float | None) -> bool:
-    """Whether no plan taking at least ``lb_secs`` can be the answer when the fastest plan known to
-    fit takes ``fastest`` seconds: it would be slower than that (``max-throughput``) or than the
-    slowdown allowed from it (``min-memory``; with ``alpha`` nothing is ruled out by time alone)."""
-    if alpha_gib_per_s is not None:
-        return False
-    return lb_secs > fastest * (1.0 if objective == "max-throughput" else 1 + max_slowdown)
+def _seconds(point: tuple[float, float, LayerPlan]) -> float:
+    return point[0]
+
+
+def _peak(point: tuple[float, float, LayerPlan]) -> float:
+    return point[1]
 
 
 def _ladder_points(ds: DpSearch, cand: Candidate, evaluate: Callable[[LayerPlan], tuple[float, float]],

@@ -58,6 +58,7 @@ from parplan.solver.ilp.problem import (
 )
 from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes, partial_gradient_axes
 from parplan.solver.ir import Graph
+from parplan.solver.objective import Objective
 from parplan.solver.progress import ProgressFn
 from parplan.solver.time_accuracy import time_accuracy
 
@@ -325,11 +326,13 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
                          work=work)
     best_time = min(c.res.seconds for c in fastest)
     chosen = min(fastest, key=lambda c: (c.res.seconds, c.res.memory))
-    if objective == "min-memory":
+    goal = Objective.of(objective, max_slowdown, alpha_gib_per_s)
+    if goal.kind == "min-memory":
         reference = min(best_time, reference_seconds) if reference_seconds else best_time
-        if best_time > reference * (1 + max_slowdown):
+        if best_time > goal.slowdown_limit(reference):
             reference = best_time  # the ILP cannot get within the slowdown of the other plan
-        limit = reference * (1 + max_slowdown)
+        # the candidates are those within the slowdown (with alpha too); a memory solve's limit is the objective's
+        limit = goal.slowdown_limit(reference)
         best_time = reference
         # every candidate that can meet the time limit (solved within it, or not solved and not
         # ruled out by its least possible time), smallest micro-steps (fewest activations) first;
@@ -343,7 +346,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         # the best-time plans within the limit are plans of this objective too: their memory is the
         # first cutoff, so every memory solve looks only for a plan that holds less (gpt-7.5b on 8
         # GPUs: a memory solve of 1.3 s without it, 0.36 s with it, the same plan)
-        pool: list[Candidate] = [] if alpha_gib_per_s is not None else [
+        pool: list[Candidate] = [] if goal.weighted else [
             Candidate(c.mesh, c.gp, replace(c.res, objective=c.res.memory), c.b)
             for c in fastest if c.res.seconds <= limit]
         for i, c in enumerate(within):
@@ -351,22 +354,22 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             cutoff = min((p.res.objective for p in pool), default=None)
             # the bound without the moments first, then the whole problem's
             lower = c.gp.problem.memory_lower_bound()
-            if cutoff is not None and alpha_gib_per_s is None and lower >= cutoff:
+            if cutoff is not None and not goal.weighted and lower >= cutoff:
                 work["memory_solves_skipped"] += 1
                 continue  # even the lower memory any choice here needs is no better than the best so far
             lower = complete(c)
             if lower > budget_bytes:
                 continue  # no choice here fits (known once the moments are in)
-            if cutoff is not None and alpha_gib_per_s is None and lower >= cutoff:
+            if cutoff is not None and not goal.weighted and lower >= cutoff:
                 work["memory_solves_skipped"] += 1
                 continue
             start = c.res.choice if c.result is not None else None
             try:
-                if alpha_gib_per_s is not None:
-                    r = solve_aux(c.gp.problem, "weighted", alpha=alpha_gib_per_s * 2**30, budget=budget_bytes,
+                if goal.alpha_bytes_per_s is not None:
+                    r = solve_aux(c.gp.problem, "weighted", alpha=goal.alpha_bytes_per_s, budget=budget_bytes,
                                   timeout_seconds=remaining(), cutoff=cutoff, work=work)
                 else:
-                    r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=limit * (1 + 1e-9),
+                    r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=goal.tolerant(limit),
                                   timeout_seconds=remaining(), start=start, cutoff=cutoff, work=work)
             except InfeasibleError:
                 if cutoff is None and start is not None:
