@@ -45,7 +45,7 @@ def ilp_plan(cfg: TransformerConfig, mesh: tuple[int, ...], batch: int, seq_len:
                   micro_batch=batch, objective=objective, budget_bytes=cluster.device_memory_bytes,
                   max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32",
                   flash_attention=True, timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3),
-                  runtime=Runtime.INTERPRETER_CPU, zero3_per_operator=True)
+                  runtime=Runtime.INTERPRETER_CPU, zero3_per_operator=True).to_document()
 
 
 def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: IlpRunSpec,

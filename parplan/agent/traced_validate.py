@@ -64,7 +64,7 @@ def traced_ilp_plan(graph: Graph, mesh: tuple[int, ...], objective: str = "min-m
                   objective=objective, budget_bytes=cluster.device_memory_bytes, max_slowdown=0.1,
                   alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32", flash_attention=True,
                   timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3), runtime=Runtime.INTERPRETER_CPU,
-                  zero3_per_operator=True)
+                  zero3_per_operator=True).to_document()
 
 
 def tensor_parallel_strategies(graph: Graph, mesh: Mesh) -> dict[str, dict[str, Any]]:

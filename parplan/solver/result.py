@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
 
 if TYPE_CHECKING:
+    from parplan.solver.calibration import Calibration
     from parplan.solver.cluster import Cluster
-    from parplan.solver.cost.plan_evaluator import LayerPlan, PlanMemory, PlanTime
+    from parplan.solver.cost.plan_evaluator import LayerPlan, PlanEvaluator, PlanMemory, PlanTime
     from parplan.solver.evaluate import Evaluation
     from parplan.solver.strategy import ParallelConfig
 
@@ -184,7 +185,7 @@ class PlanResult:
     strategy: StrategyReport | None
     memory: MemoryReport | None
     time: TimeReport | None
-    solver: SolverReport
+    solver: SolverReport | None
     model: ModelReport | None = None
     cluster: Cluster | None = None
     least_memory_bytes: float | None = None
@@ -200,6 +201,24 @@ class PlanResult:
 
     def to_document(self) -> Document:
         return plan_document(self)
+
+
+def per_layer_result(plan: LayerPlan, ev: PlanEvaluator, cluster: Cluster, calibration: Calibration,
+                     solver: SolverReport | None = None) -> PlanResult:
+    """A per-layer plan priced by ``ev`` on ``cluster``: its strategy, memory and time."""
+    from parplan.solver.time_accuracy import time_accuracy
+
+    mem = ev.memory(plan)
+    t = ev.time(plan)
+    peak = mem.peak_stage
+    memory = MemoryReport(peak.peak_bytes, peak.peak_bytes <= cluster.device_memory_bytes,
+                          cluster.device_memory_bytes, peak.memory.bytes, peak.memory.redundant, peak_stage=peak.stage,
+                          stages=mem)
+    times = TimeReport(t.step_seconds, t.tokens_per_second,
+                       plan.global_batch / t.step_seconds if t.step_seconds else 0.0, calibration.source,
+                       time_accuracy(calibration, cluster.gpu.name, plan.runtime.value),
+                       bubble_fraction=t.bubble_fraction)
+    return PlanResult(PerLayerStrategy(plan), memory, times, solver)
 
 
 # ------------------------------------------------------------------ writing
@@ -391,7 +410,8 @@ def plan_document(r: PlanResult) -> Document:
                 "time": time_document(r.time)}
         if isinstance(r.strategy, IntraOperatorStrategy):
             doc["categories"] = list(CATEGORIES)
-    doc["solver"] = solver_document(r.solver)
+    if r.solver is not None:
+        doc["solver"] = solver_document(r.solver)
     if r.pareto is not None:
         doc["pareto"] = [{"step_seconds": p.step_seconds, "peak_bytes": round(p.peak_bytes), "summary": p.summary}
                          for p in r.pareto]

@@ -483,8 +483,8 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            timeout_seconds: float = 60.0, progress: ProgressFn | None = None,
            pareto: bool = False, pp_choices: list[int] | None = None,
            m_choices: list[int] | None = None, prune: bool = True,
-           graph_costs: Callable[[int], GraphCosts] | None = None, precision: str = "bf16") -> dict[str, Any]:
-    """Run the search; returns the plan document's parts (see the module docstring).
+           graph_costs: Callable[[int], GraphCosts] | None = None, precision: str = "bf16") -> DpOutcome:
+    """Run the search (see the module docstring).
 
     ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried.
     Unless ``pareto``, a group (pipeline degree, micro-batches) or a candidate partition is not
@@ -562,8 +562,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             evaluated.append((secs, peak, reference))
     if not evaluated:
         least = _least_memory(ds, cands)
-        return {"status": "infeasible", "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
-                "least": least, "candidates": len(cands), "work": work(ds, cands)}
+        return DpOutcome("infeasible", time.perf_counter() - t0, ds.ev, len(cands), work(ds, cands), least=least)
     best_secs = min(x[0] for x in evaluated)
     chosen = goal.best(evaluated, _seconds, _peak, best_secs) if goal.kind == "max-throughput" else None
     frontier = _frontier(evaluated)  # max-throughput, no pareto: of the candidates' fastest plans
@@ -577,9 +576,28 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             chosen = goal.best(pool, _seconds, _peak, best_secs)
         frontier = _frontier(pool)
     assert chosen is not None  # the fastest plan meets every limit
-    return {"status": "optimal", "plan": chosen[2], "step_seconds": chosen[0], "peak_bytes": chosen[1],
-            "best_seconds": best_secs, "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
-            "candidates": len(cands), "frontier": frontier, "evaluations": ds.evaluations, "work": work(ds, cands)}
+    return DpOutcome("optimal", time.perf_counter() - t0, ds.ev, len(cands), work(ds, cands), plan=chosen[2],
+                     step_seconds=chosen[0], peak_bytes=chosen[1], best_seconds=best_secs, frontier=tuple(frontier))
+
+
+@dataclass(frozen=True)
+class DpOutcome:
+    """What the DP search found: the chosen plan (None when nothing fits; then ``least``, the least
+    memory any assignment needs, bytes), its step seconds and peak bytes, the fastest plan's
+    seconds (``best_seconds``), the memory vs time frontier (step seconds, peak bytes, plan), the
+    search's wall-clock seconds, the evaluator that priced the plans and the work counted."""
+
+    status: str
+    seconds: float
+    evaluator: PlanEvaluator
+    candidates: int
+    work: dict[str, int]
+    plan: LayerPlan | None = None
+    step_seconds: float = 0.0
+    peak_bytes: float = 0.0
+    best_seconds: float = 0.0
+    frontier: tuple[tuple[float, float, LayerPlan], ...] = ()
+    least: float | None = None
 
 
 def work(ds: DpSearch, cands: list[Candidate]) -> dict[str, int]:

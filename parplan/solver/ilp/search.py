@@ -38,7 +38,7 @@ from typing import Any
 from parplan.solver.calibration import apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link, MeshLinks
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
-from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
+from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.resharding import edge_seconds, reshard_seconds
 from parplan.solver.cost.rules import search_recomputes
@@ -60,6 +60,15 @@ from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes, parti
 from parplan.solver.ir import Graph
 from parplan.solver.objective import Objective
 from parplan.solver.progress import ProgressFn
+from parplan.solver.result import (
+    IntraOperatorStrategy,
+    MemoryReport,
+    OpChoice,
+    PlanResult,
+    SolverReport,
+    TimeReport,
+    UnitChoices,
+)
 from parplan.solver.time_accuracy import time_accuracy
 
 #: Candidates per operator kept on 3-D meshes (1-D and 2-D meshes keep all: exact).
@@ -223,7 +232,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            progress: ProgressFn | None = None, max_mesh_dims: int = 3,
            reference_seconds: float | None = None, fixed_mesh: tuple[int, ...] | None = None,
            zero_stages: tuple[int, ...] = (0, 1, 2, 3), runtime: Runtime = Runtime.MEGATRON,
-           zero3_per_operator: bool = False) -> dict[str, Any]:
+           zero3_per_operator: bool = False) -> PlanResult:
     """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics).
 
     Candidates are (mesh, micro-step size) pairs. ``reference_seconds`` is the step time of the best
@@ -322,7 +331,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=remaining(),
                                                           work=work), c.b)
                      for c in smallest), key=lambda c: c.res.memory)
-        return _document(least, cl, "infeasible", time.perf_counter() - t0, meshes, budget_bytes, objective,
+        return _result(least, cl, "infeasible", time.perf_counter() - t0, meshes, budget_bytes, objective,
                          work=work)
     best_time = min(c.res.seconds for c in fastest)
     chosen = min(fastest, key=lambda c: (c.res.seconds, c.res.memory))
@@ -379,13 +388,14 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         chosen = min(pool, key=lambda c: (c.res.objective, c.res.seconds))
     status = "optimal" if chosen.res.status == "optimal" else "feasible"
     report("done", 1.0)
-    return _document(chosen, cl, status, time.perf_counter() - t0, meshes, budget_bytes, objective, best_time,
+    return _result(chosen, cl, status, time.perf_counter() - t0, meshes, budget_bytes, objective, best_time,
                      tried=len(problems), work=work)
 
 
-def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes: list[Mesh], budget: float,
-              objective: str, best_time: float | None = None, tried: int = 0,
-              work: dict[str, int] | None = None) -> dict[str, Any]:
+def _result(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes: list[Mesh], budget: float,
+            objective: str, best_time: float | None = None, tried: int = 0,
+            work: dict[str, int] | None = None) -> PlanResult:
+    """The candidate's plan, re-priced by the certificate (its strategy, memory, time, solver report)."""
     gp, r = c.gp, c.res
     work = dict(work or {})
     work["repricings"] = work.get("repricings", 0) + 1  # the certificate and the walk, once, at the answer
@@ -395,10 +405,35 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
     above, temporary = walk_peak(gp, r.choice)  # the evaluator's walk over every unit at this choice
     cert = Certificate(cert.memory.replace(temporary=temporary), cert.redundant, cert.seconds, r.memory, r.seconds,
                        cert.memory.model_states + above)
-    breakdown = cert.memory
     seq = int(graph.meta.get("seq_len", 0) or 0)
     tokens = b * m * seq
-    units: list[dict[str, Any]] = []
+    strategy = IntraOperatorStrategy(
+        summary=f"mesh {c.mesh.describe()} ({', '.join(f'{a}={s}' for a, s in c.mesh.axes)}), "
+                f"{m} micro-steps of {b} samples, recompute {gp.ctx.recompute.value}",
+        mesh_axes=tuple(c.mesh.axes), micro_step_batch=b, num_microbatches=m, recompute=gp.ctx.recompute.value,
+        flash_attention=gp.ctx.flash_attention, precision=gp.ctx.precision.name, units=_unit_choices(c))
+    memory = MemoryReport(cert.peak_bytes, cert.peak_bytes <= cluster.device_memory_bytes,
+                          cluster.device_memory_bytes, cert.memory, cert.redundant, budget_bytes=budget)
+    step = cert.seconds
+    times = TimeReport(step, tokens / step if step else 0.0, b * m / step if step else 0.0,
+                       gp.ctx.calibration.source,
+                       time_accuracy(gp.ctx.calibration, cluster.gpu.name, gp.ctx.runtime.value))
+    details = {
+        "backend": r.backend, "objective": objective, "ilp_objective": r.objective,
+        "meshes_tried": [mm.describe() for mm in meshes], "candidates_solved": tried,
+        "aux_graph": {"vertices": gp.problem.size[0], "edges": gp.problem.size[1],
+                      "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
+        "ilp_memory_bytes": r.memory, "ilp_seconds": r.seconds,
+        "certificate": {"memory_bytes": cert.peak_bytes, "seconds": cert.seconds, "matches": cert.matches},
+    }
+    solver = SolverReport("ilp", status, r.gap, best_time_seconds=best_time, always_best_time=True, details=details,
+                          work={"ilp": work}, seconds=seconds)
+    return PlanResult(strategy, memory, times, solver)
+
+
+def _unit_choices(c: Candidate) -> tuple[UnitChoices, ...]:
+    """Each repeated unit's operators and their strategies, in the order of the graph."""
+    gp, r, graph = c.gp, c.res, c.gp.ctx.graph
     by_rep: dict[str, list[str]] = {}
     unit_of_rep: dict[str, str] = {}
     for n in gp.ops:
@@ -407,48 +442,14 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
         by_rep.setdefault(rep, [])
         if n.layer not in by_rep[rep]:
             by_rep[rep].append(n.layer or "")
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, tuple[list[str], list[OpChoice]]] = {}
     for rep, layers in by_rep.items():
-        key = unit_of_rep[rep]
-        g = groups.setdefault(key, {"units": layers, "count": len(layers), "ops": {}})
+        _, ops = groups.setdefault(unit_of_rep[rep], (layers, []))
         if rep in gp.follows:
-            g["ops"][rep] = {"strategy": "follows " + gp.follows[rep]}
+            ops.append(OpChoice(rep, "follows " + gp.follows[rep]))
             continue
         s = gp.strategies[rep][r.choice[rep]]
-        g["ops"][rep] = {"strategy": s.describe(c.mesh), "zero": s.zero,
-                         "assignment": {a: d for a, d in zip(c.mesh.names, s.assignment, strict=True) if d}}
-    for key, g in groups.items():
-        names = g["units"]
-        units.append({"units": names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}", "count": g["count"],
-                      "representative": key, "ops": g["ops"]})
-    step = cert.seconds
-    return {
-        "strategy": {
-            "kind": "intra-operator",
-            "summary": f"mesh {c.mesh.describe()} ({', '.join(f'{a}={s}' for a, s in c.mesh.axes)}), "
-                       f"{m} micro-steps of {b} samples, recompute {gp.ctx.recompute.value}",
-            "mesh": {"axes": dict(c.mesh.axes), "shape": [s for _, s in c.mesh.axes]},
-            "micro_step_batch": b, "num_microbatches": m, "global_batch": b * m,
-            "recompute": gp.ctx.recompute.value, "flash_attention": gp.ctx.flash_attention,
-            "precision": gp.ctx.precision.name, "units": units,
-        },
-        "memory": {
-            "peak_bytes": round(cert.peak_bytes), "fits": cert.peak_bytes <= cluster.device_memory_bytes,
-            "device_memory_bytes": cluster.device_memory_bytes, "budget_bytes": round(budget),
-            "breakdown": breakdown.as_dict(), "redundant": cert.redundant.as_dict(),
-        },
-        "time": {"step_seconds": step, "tokens_per_second": tokens / step if step else 0.0,
-                 "samples_per_second": b * m / step if step else 0.0, "calibration": gp.ctx.calibration.source,
-                 "accuracy": time_accuracy(gp.ctx.calibration, cluster.gpu.name, gp.ctx.runtime.value)},
-        "solver": {
-            "method": "ilp", "status": status, "seconds": seconds, "gap": r.gap, "backend": r.backend,
-            "objective": objective, "ilp_objective": r.objective, "best_time_seconds": best_time,
-            "meshes_tried": [mm.describe() for mm in meshes], "candidates_solved": tried,
-            "aux_graph": {"vertices": gp.problem.size[0], "edges": gp.problem.size[1],
-                          "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
-            "ilp_memory_bytes": r.memory, "ilp_seconds": r.seconds,
-            "certificate": {"memory_bytes": cert.peak_bytes, "seconds": cert.seconds, "matches": cert.matches},
-            "work": {"ilp": work},
-        },
-        "categories": list(CATEGORIES),
-    }
+        ops.append(OpChoice(rep, s.describe(c.mesh), s.zero,
+                            tuple((a, d) for a, d in zip(c.mesh.names, s.assignment, strict=True) if d)))
+    return tuple(UnitChoices(names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}", len(names), key,
+                             tuple(ops)) for key, (names, ops) in groups.items())
