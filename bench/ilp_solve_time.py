@@ -35,7 +35,7 @@ def main() -> None:
             t0 = time.perf_counter()
             doc = search(lambda b, cfg=cfg: build_graph(cfg, batch=b), req.cluster, global_batch=batch,
                          micro_batch=None, objective=objective, budget_bytes=req.budget_bytes, max_slowdown=0.1,
-                         alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, timeout_seconds=300)
+                         alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, timeout_seconds=300).to_document()
             ilp = time.perf_counter() - t0
             t1 = time.perf_counter()
             full = solve(req)

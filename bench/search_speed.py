@@ -43,7 +43,7 @@ def main() -> None:
                      objective="max-throughput", budget_bytes=cluster.device_memory_bytes, max_slowdown=0.1,
                      alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, timeout_seconds=600)
         secs = time.perf_counter() - t0
-        plan = res["plan"]
+        plan = res.plan
         kinds = sorted({s.describe() for s in plan.layers.values()})
         # the whole request, as `parplan plan --search dp --objective max-throughput` makes it
         body = {"model": {"preset": model}, "cluster": {"gpus": gpus, "gpus_per_node": 8, "gpu": gpu},
@@ -53,8 +53,8 @@ def main() -> None:
         doc = solve(parse_plan_request(body))
         plan_secs = time.perf_counter() - t1
         work = doc["solver"].get("work", {})
-        print(f"| {model} | {gpus} | {gpu} | {secs:.2f} | {plan_secs:.2f} | {res['candidates']} | "
-              f"{res['step_seconds']:.3f} | {res['peak_bytes'] / 2**30:.1f} | pp{plan.pp}, "
+        print(f"| {model} | {gpus} | {gpu} | {secs:.2f} | {plan_secs:.2f} | {res.candidates} | "
+              f"{res.step_seconds:.3f} | {res.peak_bytes / 2**30:.1f} | pp{plan.pp}, "
               f"{plan.num_microbatches} micro-batches: {'; '.join(kinds)} | "
               f"{', '.join(f'{k} {work[k]}' for k in WORK if k in work)} |", flush=True)
 

@@ -15,9 +15,9 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.models import ModelSource, resolve_model
+from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
 from parplan.solver.request import (
     DEFAULT_GPU,
-    DEFAULT_MAX_SLOWDOWN,
     DEFAULT_PRECISION,
     DEFAULT_TIME_LIMIT_SECONDS,
     PlanRequestIn,

@@ -55,8 +55,9 @@ def plan_table(doc: dict[str, Any], pareto: bool = False) -> str:
         line = f"target    {target['name']} (buffers of the {target['runtime']} runtime)"
         if vs:
             faster = "faster" if vs["seconds_saved"] >= 0 else "slower"
-            line += (f": vs its baseline {target['baseline']}, {vs['memory_saved_bytes'] / GIB:+.2f} GiB saved per "
-                     f"device, {abs(vs['seconds_saved']):.3f} s per step {faster}")
+            less = "less" if vs["memory_saved_bytes"] >= 0 else "more"
+            line += (f": vs its baseline {target['baseline']}, uses {abs(vs['memory_saved_bytes']) / GIB:.2f} GiB "
+                     f"{less} per device, {abs(vs['seconds_saved']):.3f} s per step {faster}")
         lines += ["", line] + [f"          not in the prediction: {u}" for u in target.get("unpriced", [])]
     if pareto:
         lines += ["", "memory vs step time (plans no other plan beats on both)"]

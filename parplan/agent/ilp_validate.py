@@ -32,6 +32,7 @@ from parplan.solver.ilp.search import certify, mesh_links, search
 from parplan.solver.ilp.strategies import Mesh, OpStrategy
 from parplan.solver.ir import Graph, OpKind
 from parplan.solver.models import ModelSource
+from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
 
 CATEGORIES = ("parameters", "gradients", "optimizer_states", "activations", "temporary")
 
@@ -44,9 +45,9 @@ def ilp_plan(cfg: TransformerConfig, mesh: tuple[int, ...], batch: int, seq_len:
     check_graph(build_graph(cfg, batch=batch, seq_len=seq_len))
     return search(lambda b: build_graph(cfg, batch=b, seq_len=seq_len), cluster, global_batch=batch,
                   micro_batch=batch, objective=objective, budget_bytes=cluster.device_memory_bytes,
-                  max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32",
-                  flash_attention=True, timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3),
-                  runtime=Runtime.INTERPRETER_CPU, zero3_per_operator=True)
+                  max_slowdown=DEFAULT_MAX_SLOWDOWN, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION,
+                  precision="fp32", flash_attention=True, timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3),
+                  runtime=Runtime.INTERPRETER_CPU, zero3_per_operator=True).to_document()
 
 
 def predicted_memory(cfg: TransformerConfig, batch: int, seq_len: int, spec: IlpRunSpec,

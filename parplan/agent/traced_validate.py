@@ -21,6 +21,7 @@ from parplan.agent.plan_interpreter import check_graph
 from parplan.solver.cost.op_layout import uniform_assignment
 from parplan.solver.ilp.strategies import BATCH_DIMS, Mesh, loop_dims
 from parplan.solver.ir import Graph, OpKind
+from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
 from parplan.solver.wire import graph_to_dict
 
 #: Qwen2 (RMSNorm, rotary tables, q/k/v biases, grouped-query attention 8/4, SwiGLU) shrunk to
@@ -62,10 +63,10 @@ def traced_ilp_plan(graph: Graph, mesh: tuple[int, ...], objective: str = "min-m
     batch = int(traced_spec(graph, {}, mesh, "").batch)
     cluster = make_cluster(world, world, "A100-80GB")
     return search(lambda b: resize_graph(graph, {"batch": b}), cluster, global_batch=batch, micro_batch=batch,
-                  objective=objective, budget_bytes=cluster.device_memory_bytes, max_slowdown=0.1,
+                  objective=objective, budget_bytes=cluster.device_memory_bytes, max_slowdown=DEFAULT_MAX_SLOWDOWN,
                   alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, precision="fp32", flash_attention=True,
                   timeout_seconds=120, fixed_mesh=mesh, zero_stages=(0, 3), runtime=Runtime.INTERPRETER_CPU,
-                  zero3_per_operator=True)
+                  zero3_per_operator=True).to_document()
 
 
 def tensor_parallel_strategies(graph: Graph, mesh: Mesh) -> dict[str, dict[str, Any]]:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from parplan.imports.common import IMPORT_KINDS, Imported, ImportProblemError, LayerImport
@@ -52,16 +53,14 @@ def price(imported: Imported | LayerImport, cluster: Cluster,
     if isinstance(imported, LayerImport):
         from parplan.solver.cost.plan_evaluator import PlanEvaluator
         from parplan.solver.cost.units import GraphCosts
-        from parplan.solver.planner import per_layer_document
+        from parplan.solver.result import ModelReport, per_layer_result
 
         model, seq = imported.model, imported.seq_len
         ev = PlanEvaluator(lambda b: GraphCosts(model.build(b, seq)), cluster, calibration)
-        doc = per_layer_document(imported.plan, ev, cluster, calibration)
         graph = model.build(1, seq)
-        doc["model"] = {"name": model.name, "parameters": graph.parameter_count(),
-                        "seq_len": int(graph.meta.get("seq_len", 0) or seq or 0)}
-        doc["cluster"] = {"gpus": cluster.num_devices, "gpus_per_node": cluster.gpus_per_node, "gpu": cluster.gpu.name,
-                          "device_memory_bytes": cluster.device_memory_bytes}
+        result = per_layer_result(imported.plan, ev, cluster, calibration)
+        doc = dataclasses.replace(result, cluster=cluster, model=ModelReport(
+            model.name, graph.parameter_count(), int(graph.meta.get("seq_len", 0) or seq or 0))).to_document()
     else:
         from parplan.solver.evaluate import evaluate
 

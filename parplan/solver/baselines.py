@@ -28,9 +28,10 @@ from parplan.solver.cost.rules import compute_dtype, recomputed, search_recomput
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
-from parplan.solver.evaluate import Evaluation, evaluation_of
+from parplan.solver.evaluate import Evaluation, GraphProvider, evaluation_of
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
+from parplan.solver.objective import Objective
 from parplan.solver.strategy import ParallelConfig, Schedule
 
 BASELINES = ("megatron", "zero3", "dp")
@@ -88,16 +89,15 @@ class UniformEvaluator:
 
     def __init__(self, model: ModelSource, cluster: Cluster, global_batch: int, seq_len: int | None,
                  calibration: Calibration = DEFAULT_CALIBRATION, precision: str = "bf16",
-                 runtime: Runtime = Runtime.MEGATRON) -> None:
+                 runtime: Runtime = Runtime.MEGATRON, graphs: GraphProvider | None = None) -> None:
         self.model = model
+        self.graphs = graphs or GraphProvider(model, seq_len)
         self.runtime = runtime
         self.cluster = cluster
         self.global_batch = global_batch
         self.seq_len = seq_len
         self.calibration = calibration
         self.precision = precision
-        self._graphs: dict[int, Graph] = {}
-        self._costs: dict[int, GraphCosts] = {}
         self.evaluations = 0
         self.memory_evaluations = 0
         self._times: dict[Candidate, PlanTime | None] = {}
@@ -106,15 +106,12 @@ class UniformEvaluator:
         self._compute: dict[tuple[int, Recompute], float] = {}  # -> seconds of arithmetic at least
 
     def graph(self, micro_batch: int) -> Graph:
-        if micro_batch not in self._graphs:
-            self._graphs[micro_batch] = self.model.build(micro_batch, self.seq_len)
-            self._costs[micro_batch] = GraphCosts(self._graphs[micro_batch])
-        return self._graphs[micro_batch]
+        """The graph of one micro-batch (:class:`~parplan.solver.evaluate.GraphProvider`)."""
+        return self.graphs.graph(micro_batch)
 
     def costs(self, micro_batch: int) -> GraphCosts:
         """The unit-cost cache of the graph built for ``micro_batch`` (shared with other searches)."""
-        self.graph(micro_batch)
-        return self._costs[micro_batch]
+        return self.graphs.costs(micro_batch)
 
     def config(self, c: Candidate) -> ParallelConfig:
         """The candidate as a strategy. Under Megatron-LM's buffers the distributed optimizer (ZeRO-1
@@ -142,7 +139,7 @@ class UniformEvaluator:
         self.evaluations += 1
         try:
             t: PlanTime | None = plan_time(g, self.config(c), self.cluster, self.calibration,
-                                           self._costs[c.micro_batch])
+                                           self.costs(c.micro_batch))
         except SolverError:
             t = None
         self._times[c] = t
@@ -184,7 +181,7 @@ class UniformEvaluator:
         (the busiest stage holds at least the average), each category also over ``dp`` where the
         ZeRO stage can shard it (weights from stage 2, as PyTorch shards them)."""
         if self._parameters is None:
-            self._parameters = self.model.parameter_count()
+            self._parameters = self.graph(1).parameter_count()  # (the same at every micro-batch size)
         prec = get_precision(self.precision)
         # expert parallelism cuts the experts' share further; cutting every parameter by it keeps a bound
         per_replica = self._parameters / (c.tp * c.pp * c.ep)
@@ -200,7 +197,7 @@ class UniformEvaluator:
         g = self.graph(c.micro_batch)
         self.memory_evaluations += 1
         try:
-            m: PlanMemory | None = plan_memory(g, self.config(c), self._costs[c.micro_batch])
+            m: PlanMemory | None = plan_memory(g, self.config(c), self.costs(c.micro_batch))
         except SolverError:
             m = None
         self._memories[c] = m
@@ -287,33 +284,36 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
 
 
 def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget_bytes: float,
-                        limit_seconds: float, alpha_bytes_per_s: float | None = None) -> Evaluation | None:
-    """The candidate that fits the budget with the least peak memory among those whose step time
-    is at most ``limit_seconds`` (ties: the faster, then the first given); with
-    ``alpha_bytes_per_s``, the least ``memory + alpha·time`` over every fitting candidate instead.
+                        objective: Objective, fastest_seconds: float) -> Evaluation | None:
+    """The candidate that fits the budget with the best ``min-memory`` score (:class:`Objective`)
+    given the fastest plan known (``fastest_seconds``): the least peak memory among those meeting
+    the objective's time limit (ties: the faster, then the first given); with ``alpha``, the least
+    ``memory + alpha·time`` over every fitting candidate instead.
     Exact: memory is priced in order of the model-states floor
     (:meth:`UniformEvaluator.states_floor`) until the floor cannot beat the best found; a candidate
-    whose least possible time (:meth:`UniformEvaluator.time_floor`) is over the limit (or whose
+    whose least possible time (:meth:`UniformEvaluator.time_floor`) misses the limit (or whose
     floors together cannot beat the best score) is not priced."""
     every = list(cands)
     floor = [ev.states_floor(c) for c in every]
+    limit = objective.time_limit(fastest_seconds)
+    alpha = objective.alpha_bytes_per_s
     best: tuple[float, float, int, PlanMemory, PlanTime] | None = None  # (score, seconds, index, ...)
     for i in sorted(range(len(every)), key=lambda i: floor[i]):
         if floor[i] > budget_bytes or (best is not None and floor[i] > best[0]):
             break  # memory (and memory + alpha·time) is at least the floor
         least = ev.time_floor(every[i])
-        if (least > limit_seconds if alpha_bytes_per_s is None
-                else best is not None and floor[i] + alpha_bytes_per_s * least > best[0]):
+        if (not objective.meets(least, limit) if alpha is None
+                else best is not None and objective.score(floor[i], least)[0] > best[0]):
             continue
         t = ev.time_of(every[i])
-        if t is None or (alpha_bytes_per_s is None and t.step_seconds > limit_seconds):
+        if t is None or not objective.meets(t.step_seconds, limit):
             continue
         m = ev.memory_of(every[i])
         if m is None or m.peak_bytes > budget_bytes:
             continue
-        score = m.peak_bytes + (alpha_bytes_per_s or 0.0) * t.step_seconds
-        if best is None or (score, t.step_seconds, i) < best[:3]:
-            best = (score, t.step_seconds, i, m, t)
+        score = objective.score(m.peak_bytes, t.step_seconds)
+        if best is None or (*score, i) < best[:3]:
+            best = (*score, i, m, t)
     if best is None:
         return None
     return ev.evaluation(every[best[2]], best[3], best[4])
@@ -336,12 +336,11 @@ def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int, run
         raise SolverError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
 
 
-def least_memory_member(ev: UniformEvaluator, budget_bytes: float, num_blocks: int, limit_seconds: float,
-                        alpha_bytes_per_s: float | None = None,
-                        runnable: Container[Candidate] | None = None) -> Evaluation | None:
+def least_memory_member(ev: UniformEvaluator, budget_bytes: float, num_blocks: int, objective: Objective,
+                        fastest_seconds: float, runnable: Container[Candidate] | None = None) -> Evaluation | None:
     """The member of any baseline family (with ``runnable``, of those members only) that fits with
-    the least memory within ``limit_seconds`` (or the least ``memory + alpha·time``): the obvious
-    plan a ``min-memory`` answer must beat, where each baseline is its family's fastest."""
+    the best ``min-memory`` score given the fastest plan known (:func:`least_memory_within`): the
+    obvious plan a ``min-memory`` answer must beat, where each baseline is its family's fastest."""
     seen: set[Candidate] = set()
     members: list[Candidate] = []
     for name in BASELINES:
@@ -349,7 +348,7 @@ def least_memory_member(ev: UniformEvaluator, budget_bytes: float, num_blocks: i
             if c not in seen and (runnable is None or c in runnable):
                 seen.add(c)
                 members.append(c)
-    return least_memory_within(ev, members, budget_bytes, limit_seconds, alpha_bytes_per_s)
+    return least_memory_within(ev, members, budget_bytes, objective, fastest_seconds)
 
 
 def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: int,

@@ -17,6 +17,7 @@ from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
+from parplan.solver.result import MemoryReport, ModelReport, TimeReport, evaluation_document
 from parplan.solver.strategy import ParallelConfig
 from parplan.solver.time_accuracy import time_accuracy
 
@@ -38,59 +39,52 @@ class Evaluation:
     def fits(self) -> bool:
         return self.memory.peak_bytes <= self.cluster.device_memory_bytes
 
+    def memory_report(self) -> MemoryReport:
+        """The memory of the most loaded device, and of every stage."""
+        peak = self.memory.peak_stage
+        return MemoryReport(peak.peak_bytes, self.fits, self.cluster.device_memory_bytes, peak.memory.bytes,
+                            peak.memory.redundant, peak_stage=peak.stage, stages=self.memory, stage_units=True)
+
+    def time_report(self) -> TimeReport:
+        """The step time, throughput and every stage's seconds."""
+        s, t = self.strategy, self.time
+        return TimeReport(t.step_seconds, t.tokens_per_second,
+                          s.global_batch / t.step_seconds if t.step_seconds else 0.0, self.calibration.source,
+                          time_accuracy(self.calibration, self.cluster.gpu.name, s.runtime.value),
+                          bubble_fraction=t.bubble_fraction, stages=t, cp_comm=s.cp > 1, ep_comm=s.expert_parallel > 1)
+
+    def model_report(self) -> ModelReport:
+        return ModelReport(self.model, self.parameters, self.seq_len)
+
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-able data (keys per docs/design.md's contract)."""
-        peak = self.memory.peak_stage
-        s = self.strategy
-        return {
-            "model": {"name": self.model, "parameters": self.parameters, "seq_len": self.seq_len},
-            "cluster": {"gpus": self.cluster.num_devices, "gpus_per_node": self.cluster.gpus_per_node,
-                        "gpu": self.cluster.gpu.name, "device_memory_bytes": self.cluster.device_memory_bytes},
-            "strategy": {
-                "tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "cp_comm": s.cp_comm, "zero": s.zero,
-                "sequence_parallel": s.sequence_parallel,
-                "recompute": s.recompute.value, "micro_batch": s.micro_batch,
-                "num_microbatches": s.num_microbatches, "global_batch": s.global_batch,
-                "schedule": s.schedule.value, "virtual_stages": s.virtual_stages,
-                "flash_attention": s.flash_attention, "precision": s.precision,
-                "expert_parallel": s.expert_parallel, "runtime": s.runtime.value,
-                "sync_every_microbatch": s.sync_every_microbatch, "tp_comm_overlap": s.tp_comm_overlap,
-                "overlap_param_gather": s.overlap_param_gather, "overlap_grad_reduce": s.overlap_grad_reduce,
-                "pp_scatter_gather": s.pp_scatter_gather,
-                "summary": s.describe(),
-            },
-            "memory": {
-                "peak_bytes": round(peak.peak_bytes),
-                "peak_stage": peak.stage,
-                "fits": self.fits,
-                "device_memory_bytes": self.cluster.device_memory_bytes,
-                "breakdown": peak.memory.bytes.as_dict(),
-                "redundant": peak.memory.redundant.as_dict(),
-                "stages": [{
-                    "stage": st.stage, "first_unit": st.units[0] if st.units else None,
-                    "last_unit": st.units[-1] if st.units else None, "peak_bytes": round(st.peak_bytes),
-                    "breakdown": st.memory.bytes.as_dict(), "redundant": st.memory.redundant.as_dict(),
-                    "in_flight_microbatches": st.in_flight_microbatches,
-                    "activation_bytes_per_microbatch": round(st.activation_bytes_per_microbatch),
-                } for st in self.memory.stages],
-            },
-            "time": {
-                "step_seconds": self.time.step_seconds,
-                "tokens_per_second": self.time.tokens_per_second,
-                "samples_per_second": s.global_batch / self.time.step_seconds if self.time.step_seconds else 0.0,
-                "bubble_fraction": self.time.bubble_fraction,
-                "calibration": self.calibration.source,
-                "accuracy": time_accuracy(self.calibration, self.cluster.gpu.name, s.runtime.value),
-                "stages": [{
-                    "stage": t.stage, "forward_seconds": t.forward_seconds, "backward_seconds": t.backward_seconds,
-                    "recompute_seconds": t.recompute_seconds, "tp_comm_seconds": t.tp_comm_seconds,
-                    "p2p_seconds": t.p2p_seconds, "dp_comm_seconds": t.dp_comm_seconds,
-                    "dp_exposed_seconds": t.dp_exposed_seconds, "optimizer_seconds": t.optimizer_seconds,
-                    **({"cp_comm_seconds": t.cp_comm_seconds} if s.cp > 1 else {}),
-                    **({"ep_comm_seconds": t.ep_comm_seconds} if s.expert_parallel > 1 else {}),
-                } for t in self.time.stages],
-            },
-        }
+        return evaluation_document(self)
+
+
+class GraphProvider:
+    """The graphs of one model at one sequence length, each micro-batch size built once, with its
+    unit-cost cache: one per solve, shared by the baselines and the searches. ``builds`` counts the
+    graphs built."""
+
+    def __init__(self, model: ModelSource, seq_len: int | None) -> None:
+        self.model = model
+        self.seq_len = seq_len
+        self._graphs: dict[int, Graph] = {}
+        self._costs: dict[int, GraphCosts] = {}
+        self.builds = 0
+
+    def graph(self, micro_batch: int) -> Graph:
+        """The graph of one micro-batch of ``micro_batch`` samples."""
+        if micro_batch not in self._graphs:
+            self._graphs[micro_batch] = self.model.build(micro_batch, self.seq_len)
+            self._costs[micro_batch] = GraphCosts(self._graphs[micro_batch])
+            self.builds += 1
+        return self._graphs[micro_batch]
+
+    def costs(self, micro_batch: int) -> GraphCosts:
+        """The unit-cost cache of :meth:`graph` (its unit prices shared by every search using it)."""
+        self.graph(micro_batch)
+        return self._costs[micro_batch]
 
 
 def evaluate_graph(graph: Graph, name: str, parameters: int, cluster: Cluster, strategy: ParallelConfig,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,16 +22,26 @@ from parplan.solver.baselines import (
     least_memory_member,
     least_memory_within,
 )
-from parplan.solver.calibration import Calibration
-from parplan.solver.cluster import Cluster
 from parplan.solver.cost.pipeline import blocks_of
-from parplan.solver.cost.units import GraphCosts
+from parplan.solver.dp.space import SpaceOptions
 from parplan.solver.errors import SolverError
-from parplan.solver.evaluate import Evaluation
+from parplan.solver.evaluate import Evaluation, GraphProvider
+from parplan.solver.objective import Objective as ObjectiveRule
 from parplan.solver.progress import ProgressFn
 from parplan.solver.request import PlanRequest
+from parplan.solver.result import (
+    ModelReport,
+    ObjectiveReport,
+    ParetoPoint,
+    PlanResult,
+    SolverReport,
+    TargetReport,
+    UniformStrategy,
+    per_layer_result,
+    plan_document,
+    plan_summary,
+)
 from parplan.solver.targets import SPECS, Target, runnable
-from parplan.solver.time_accuracy import time_accuracy
 
 
 def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
@@ -41,50 +51,121 @@ def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
             for name in BASELINES}
 
 
-def _infeasible(req: PlanRequest, least_bytes: float | None, least: dict[str, Any] | None) -> dict[str, Any]:
+def _infeasible(req: PlanRequest, least_bytes: float | None, solver: SolverReport) -> PlanResult:
     msg = (f"no strategy fits {req.budget_bytes / 2**30:.1f} GiB per device; the least memory any plan needs is "
            f"{least_bytes / 2**30:.1f} GiB per device" if least_bytes is not None
            else "no strategy applies to this model and cluster")
-    return {"memory": None, "time": None, "strategy": None, "least_memory": least,
-            "least_memory_bytes": round(least_bytes) if least_bytes is not None else None, "message": msg,
-            "solver": {"status": "infeasible"}}
+    return PlanResult(None, None, None, solver, least_memory_bytes=least_bytes, message=msg)
 
 
-def _ilp(req: PlanRequest, report: ProgressFn, reference_seconds: float | None) -> dict[str, Any]:
+def _ilp(req: PlanRequest, graphs: GraphProvider, report: ProgressFn, reference_seconds: float | None) -> PlanResult:
     from parplan.solver.ilp.search import search
 
     mb = None
     if req.micro_batch:
         mb = min(req.global_batch, req.micro_batch * req.cluster.num_devices)
-    doc = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
+    res = search(graphs.graph, req.cluster, global_batch=req.global_batch,
                  micro_batch=mb if mb and req.global_batch % mb == 0 else None, objective=req.objective,
                  budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown, alpha_gib_per_s=req.alpha,
                  calibration=req.calibration, timeout_seconds=req.time_limit_seconds,
                  progress=lambda stage, f: report(stage, 0.3 + 0.65 * f), reference_seconds=reference_seconds,
                  fixed_mesh=req.mesh, runtime=SPECS[req.target].runtime, precision=req.precision)
-    if doc["solver"]["status"] == "infeasible":
-        out = _infeasible(req, doc["memory"]["peak_bytes"], None)
-        out["solver"] = doc["solver"]
-        return out
-    return doc
+    if res.solver is not None and res.solver.status == "infeasible":
+        assert res.memory is not None
+        return _infeasible(req, round(res.memory.peak_bytes), res.solver)
+    return res
 
 
-def _least_known(req: PlanRequest, doc: dict[str, Any], docs: list[dict[str, Any]],
-                 bases: dict[str, Any]) -> dict[str, Any]:
+def _least_known(req: PlanRequest, searched: PlanResult, results: list[PlanResult],
+                 bases: Mapping[str, Evaluation | None]) -> PlanResult:
     """An infeasible answer whose least memory is the least of every search's (both under ``auto``)
     and every baseline's, fitting or not: one may need less than another's own least (its granularity)."""
-    least = min([doc["least_memory_bytes"], *(d["least_memory_bytes"] for d in docs
-                                              if d.get("least_memory_bytes") is not None),
+    assert searched.least_memory_bytes is not None and searched.solver is not None
+    own = round(searched.least_memory_bytes)
+    least = min([own, *(round(r.least_memory_bytes) for r in results if r.least_memory_bytes is not None),
                  *(b.memory.peak_bytes for b in bases.values() if b is not None)])
-    if least >= doc["least_memory_bytes"]:
-        return doc
-    out = _infeasible(req, least, None)
-    out["solver"] = doc.get("solver", {})
-    return out
+    if least >= own:
+        return searched
+    return _infeasible(req, least, searched.solver)
+
+
+@dataclass(frozen=True)
+class Known:
+    """A plan known to the planner: its step time (s), peak memory per device (bytes), and its
+    result (built only for the one chosen)."""
+
+    label: str
+    step_seconds: float
+    peak_bytes: float
+    result: Callable[[], PlanResult]
+
+
+def _searched(req: PlanRequest, method: str, ev: UniformEvaluator, graphs: GraphProvider,
+              runs: Container[Candidate] | None, bases: Mapping[str, Evaluation | None], report: ProgressFn,
+              t0: float) -> tuple[list[Searched], str]:
+    """Run the chosen search (both under ``auto`` on one node): each search's result and its
+    Pareto frontier (the DP's), and a note when the ILP stopped."""
+    reference = min((b.time.step_seconds for b in bases.values() if b is not None and b.fits), default=None)
+    out: list[Searched] = []
+    megatron = bases.get("megatron")
+    if method == "uniform":
+        assert isinstance(runs, set)
+        out.append(Searched(_uniform(req, ev, runs)))
+    elif method == "ilp":
+        out.append(Searched(_ilp(req, graphs, report, reference)))
+    elif method == "dp" and req.target is Target.GALVATRON:
+        from parplan.solver.dp.space import SpaceOptions
+
+        # Galvatron runs per block DDP or ZeRO-2 (one of them for the whole model, its default_dp_type)
+        # or sharded data parallelism; no ZeRO-1, no mix of DDP and ZeRO-2: one search for each default;
+        # no context parallelism
+        for i, default in enumerate((0, 2)):
+            options = SpaceOptions(zero_stages=(default, 3), max_tp=req.cluster.gpus_per_node, max_cp=1)
+            out.append(_dp(req, _part(report, 0.3 + 0.35 * i, 0.35), megatron, graphs, options))
+    elif method == "dp":
+        out.append(_dp(req, report, megatron, graphs))
+    else:
+        out.append(_dp(req, _part(report, 0.3, 0.2), megatron, graphs))
+        try:  # the ILP gets what is left of the time limit after the (fast) DP
+            left = max(1.0, req.time_limit_seconds - (time.perf_counter() - t0))
+            out.append(Searched(_ilp(dataclasses.replace(req, time_limit_seconds=left), graphs,
+                                     _part(report, 0.5, 0.45), reference)))
+        except SolverError as e:
+            return out, f"; the ILP stopped ({e}), so the DP's plan"
+    return out, ""
+
+
+@dataclass(frozen=True)
+class Searched:
+    """A search's result, and the other plans it found that the answer is chosen among (the DP's
+    Pareto frontier, each written only if chosen)."""
+
+    result: PlanResult
+    frontier: tuple[Known, ...] = ()
+    pareto: tuple[ParetoPoint, ...] | None = None
+
+
+def _known(searched: list[Searched], bases: Mapping[str, Evaluation | None],
+           runs: Container[Candidate] | None) -> list[Known]:
+    """Every plan known: the searches' answers, their frontiers, the baselines the target runs."""
+    known = [Known(r.solver.method, r.time.step_seconds, r.memory.peak_bytes, functools.partial(_itself, r))
+             for r in (s.result for s in searched) if r.memory is not None and r.time is not None
+             and r.solver is not None]
+    known += [k for s in searched for k in s.frontier]
+    known += [Known(f"baseline {n}", b.time.step_seconds, b.memory.peak_bytes,
+                    functools.partial(_baseline_result, n, b))
+              for n, b in bases.items() if b is not None and (runs is None or _candidate(b) in runs)]
+    return known
 
 
 def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Search for the plan and return its document (raises SolverError on bad combinations).
+    """Search for the plan and return its document (:func:`parplan.solver.result.plan_document` of
+    :func:`solve_plan`; the keys DESIGN.md fixes, as ``parplan plan --json``)."""
+    return plan_document(solve_plan(req, progress))
+
+
+def solve_plan(req: PlanRequest, progress: ProgressFn | None = None) -> PlanResult:
+    """Search for the plan (raises SolverError on bad combinations).
 
     The baselines (Megatron-LM, ZeRO-3, DP) are always computed in the same cost model. ``search``
     picks the method: ``ilp`` (intra-operator ILP, the memory-redundancy paper), ``dp``
@@ -96,112 +177,62 @@ def solve(req: PlanRequest, progress: ProgressFn | None = None) -> dict[str, Any
     report: ProgressFn = progress or (lambda stage, fraction: None)
     report("building", 0.0)
     spec = SPECS[req.target]
+    graphs = GraphProvider(req.model, req.seq_len)  # each micro-batch's graph built once in this solve
     ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration,
-                          precision=req.precision, runtime=spec.runtime)
+                          precision=req.precision, runtime=spec.runtime, graphs=graphs)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
     report("baselines", 0.05)
     runs = runnable(req.target, req.cluster, req.global_batch, ev.graph(req.micro_batch or 1))
     bases = _baselines(req, ev, num_blocks, runs, spec.baseline)
-    fitting = [b for b in bases.values() if b is not None and b.fits]
-    reference = min((b.time.step_seconds for b in fitting), default=None)
-    method, why = choose_method(req)
+    method, why = choose_method(req, graphs)
     report("search", 0.3)
-    docs: list[dict[str, Any]] = []
-    if method == "uniform":
-        assert isinstance(runs, set)
-        docs.append(_uniform(req, ev, runs))
-    elif method == "ilp":
-        docs.append(_ilp(req, report, reference))
-    elif method == "dp" and req.target is Target.GALVATRON:
-        from parplan.solver.dp.space import SpaceOptions
-
-        # Galvatron runs per block DDP or ZeRO-2 (one of them for the whole model, its default_dp_type)
-        # or sharded data parallelism; no ZeRO-1, no mix of DDP and ZeRO-2: one search for each default;
-        # no context parallelism
-        for i, default in enumerate((0, 2)):
-            options = SpaceOptions(zero_stages=(default, 3), max_tp=req.cluster.gpus_per_node, max_cp=1)
-            docs.append(_dp(req, _part(report, 0.3 + 0.35 * i, 0.35), bases.get("megatron"), ev.costs, options))
-    elif method == "dp":
-        docs.append(_dp(req, report, bases.get("megatron"), ev.costs))
-    else:
-        docs.append(_dp(req, lambda st, f: report(st, 0.3 + 0.2 * f), bases.get("megatron"), ev.costs))
-        try:  # the ILP gets what is left of the time limit after the (fast) DP
-            left = max(1.0, req.time_limit_seconds - (time.perf_counter() - t0))
-            docs.append(_ilp(dataclasses.replace(req, time_limit_seconds=left),
-                             lambda st, f: report(st, 0.5 + 0.45 * f), reference))
-        except SolverError as e:
-            why += f"; the ILP stopped ({e}), so the DP's plan"
-    searched = docs[-1] if method == "ilp" else docs[0]
-    candidates = [Known(d["solver"]["method"], d["time"]["step_seconds"], d["memory"]["peak_bytes"],
-                        functools.partial(_itself, d)) for d in docs if d.get("memory") and d.get("time")]
-    candidates += [k for d in docs for k in d.pop("_frontier", [])]
-    candidates += [Known(f"baseline {n}", b.time.step_seconds, b.memory.peak_bytes,
-                         functools.partial(_baseline_document, n, b)) for n, b in bases.items()
-                   if b is not None and (runs is None or _candidate(b) in runs)]
-    # the searches' fastest plans, whose documents are not kept (a min-memory search returns its
+    found, stopped = _searched(req, method, ev, graphs, runs, bases, report, t0)
+    why += stopped
+    results = [s.result for s in found]
+    searched = results[-1] if method == "ilp" else results[0]
+    known = _known(found, bases, runs)
+    # the searches' fastest plans, whose results are not kept (a min-memory search returns its
     # least-memory plan), are known plans too: the time limit counts from them
-    searched_best = [d["solver"]["best_time_seconds"] for d in docs
-                     if d.get("memory") and (d.get("solver") or {}).get("best_time_seconds")]
+    searched_best = [r.solver.best_time_seconds for r in results
+                     if r.memory is not None and r.solver is not None and r.solver.best_time_seconds]
     if req.objective == "min-memory":
-        candidates += _least_memory_uniform(req, ev, num_blocks, runs, candidates, searched_best)
-    best = choose(req, candidates, searched_best)
-    frontier = next((d["pareto"] for d in docs if d.get("pareto")), None)
-    doc = searched if best is None else best.document()
-    if best is None and doc.get("least_memory_bytes") is not None:
-        doc = _least_known(req, doc, docs, bases)
-    if frontier is not None:
-        doc["pareto"] = frontier  # the frontier the answer was chosen against, whichever plan won
-    if best is not None and doc is not searched:
-        doc.setdefault("solver", {})["chosen_over"] = searched.get("solver", {})
+        known += _least_memory_uniform(req, ev, num_blocks, runs, known, searched_best)
+    best = choose(req, known, searched_best)
+    chosen = searched if best is None else best.result()
+    if best is None and chosen.least_memory_bytes is not None:
+        chosen = _least_known(req, chosen, results, bases)
+    solver = chosen.solver or SolverReport(method, "infeasible")
+    if best is not None and chosen is not searched:
+        solver = dataclasses.replace(solver, chosen_over=searched.solver)
         why += f"; chose {best.label}" + ("" if best.label in ("ilp", "dp") else
                                           " (no searched plan beats it for the objective)")
-    doc["baselines"] = {n: b.to_dict() | {"fits": b.fits} if b else None for n, b in bases.items()}
-    if doc.get("memory") and doc.get("time"):
-        doc["relative"] = {n: _relative_doc(doc, b) for n, b in bases.items()}
-    doc["target"] = _target_doc(req, doc, bases.get(spec.baseline))
-    doc["objective"] = {"kind": req.objective, "alpha": req.alpha, "max_slowdown": req.max_slowdown,
-                        "memory_budget_bytes": req.budget_bytes,
-                        "fastest_known_seconds": _fastest(req, candidates, searched_best)}
-    solver = doc.setdefault("solver", {})
-    solver.update({"method": solver.get("method", method), "seconds": time.perf_counter() - t0,
-                   "version": SOLVER_VERSION, "why": why})
-    solver.setdefault("gap", None)
-    work = dict(searched.get("solver", {}).get("work") or {})
-    for d in docs:  # every search that ran keeps its counts, whichever plan won (the ILP's under "ilp")
-        if d is not searched:
-            work.update(d.get("solver", {}).get("work") or {})
+    work: dict[str, Any] = dict((searched.solver.work if searched.solver else None) or {})
+    for r in results:  # every search that ran keeps its counts, whichever plan won (the ILP's under "ilp")
+        if r is not searched and r.solver is not None:
+            work.update(r.solver.work or {})
     work["baseline_evaluations"] = ev.evaluations  # step times priced
     work["baseline_memory_evaluations"] = ev.memory_evaluations
-    solver["work"] = work
-    doc.setdefault("model", {"name": req.model.name, "parameters": ev.graph(1).parameter_count(),
-                             "seq_len": req.seq_len})
-    arch = req.model.architecture()
-    if arch is not None:  # what exports need to write the model (parplan.exports)
-        doc["model"]["architecture"] = arch
-    doc.setdefault("cluster", {"gpus": req.cluster.num_devices, "gpus_per_node": req.cluster.gpus_per_node,
-                               "gpu": req.cluster.gpu.name, "device_memory_bytes": req.cluster.device_memory_bytes})
+    solver = dataclasses.replace(solver, seconds=time.perf_counter() - t0, version=SOLVER_VERSION, why=why,
+                                 work=work)
+    model = chosen.model or ModelReport(req.model.name, ev.graph(1).parameter_count(), req.seq_len)
     report("done", 1.0)
-    return doc
+    return dataclasses.replace(
+        chosen, solver=solver, pareto=next((s.pareto for s in found if s.pareto), None), baselines=bases,
+        target=TargetReport(req.target.value, spec.runtime.value, spec.baseline, tuple(spec.unpriced),
+                            bases.get(spec.baseline)),
+        objective=ObjectiveReport(req.objective, req.alpha, req.max_slowdown, req.budget_bytes,
+                                  _fastest(req, known, searched_best)),
+        model=dataclasses.replace(model, architecture=req.model.architecture()), cluster=req.cluster)
 
 
-#: Relative difference of two step times that counts as equal (floating-point rounding), in choosing.
-TIME_TIE = 1e-9
-
-
-@dataclass(frozen=True)
-class Known:
-    """A plan known to the planner: its step time (s), peak memory per device (bytes), and how to
-    write its document (built only for the one chosen)."""
-
-    label: str
-    step_seconds: float
-    peak_bytes: float
-    document: Callable[[], dict[str, Any]]
+def objective_of(req: PlanRequest) -> ObjectiveRule:
+    """The request's objective (:mod:`parplan.solver.objective`)."""
+    return ObjectiveRule(req.objective, req.max_slowdown, req.alpha)
 
 
 def _fastest(req: PlanRequest, known: list[Known], searched_best: list[float]) -> float | None:
     """Seconds per step of the fastest plan known that fits (None: none fits); under ``min-memory``
-    the searches' fastest (``searched_best``) count too, whose documents are not kept."""
+    the searches' fastest (``searched_best``) count too, whose results are not kept."""
     times = [k.step_seconds for k in known if k.peak_bytes <= req.budget_bytes]
     if not times:
         return None
@@ -209,74 +240,54 @@ def _fastest(req: PlanRequest, known: list[Known], searched_best: list[float]) -
 
 
 def choose(req: PlanRequest, known: list[Known], searched_best: list[float] | None = None) -> Known | None:
-    """The best known plan that fits the budget, for the objective (None: none fits).
-
-    ``max-throughput``: the fastest (then the least memory). ``min-memory``: the least memory (then
-    the fastest) among plans within ``(1 + max_slowdown)`` of the fastest known plan, baselines
-    and the searches' fastest (``searched_best``, step times of plans not among ``known``)
-    included; with ``alpha``, the least ``memory + alpha·time``. Either way no known plan is at
-    least as good on both memory and time and better on one."""
+    """The best known plan that fits the budget for the objective (None: none fits), given the
+    fastest known plan (:func:`_fastest`: under ``min-memory`` the searches' fastest,
+    ``searched_best``, step times of plans not among ``known``, included); the rule is
+    :meth:`parplan.solver.objective.Objective.best`. No known plan is at least as good on both
+    memory and time and better on one."""
     fits = [k for k in known if k.peak_bytes <= req.budget_bytes]
-    if not fits:
+    fastest = _fastest(req, known, searched_best or [])
+    if fastest is None:
         return None
-    if req.objective == "max-throughput":
-        # times equal but for rounding (two pricings of the same plan) are a tie, which memory decides
-        fastest = min(k.step_seconds for k in fits) * (1 + TIME_TIE)
-        return min((k for k in fits if k.step_seconds <= fastest), key=lambda k: (k.peak_bytes, k.step_seconds))
-    if req.alpha is not None:
-        alpha = req.alpha * 2**30
-        return min(fits, key=lambda k: (k.peak_bytes + alpha * k.step_seconds, k.step_seconds))
-    limit = _limit(req, known, searched_best or [])
-    return min((k for k in fits if limit is not None and k.step_seconds <= limit),
-               key=lambda k: (k.peak_bytes, k.step_seconds), default=None)
-
-
-def _limit(req: PlanRequest, known: list[Known], searched_best: list[float]) -> float | None:
-    """``min-memory``'s time limit: ``(1 + max_slowdown)`` times :func:`_fastest` (None: none fits)."""
-    fastest = _fastest(req, known, searched_best)
-    return None if fastest is None else fastest * (1 + req.max_slowdown) * (1 + TIME_TIE)
+    return objective_of(req).best(fits, lambda k: k.step_seconds, lambda k: k.peak_bytes, fastest)
 
 
 def _least_memory_uniform(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
                           runs: Container[Candidate] | None, known: list[Known],
                           searched_best: list[float]) -> list[Known]:
-    """``min-memory``: the baseline families' least-memory member within ``(1 + max_slowdown)`` of
-    the fastest known plan (or the least ``memory + alpha·time``), as one more known plan. Each
-    baseline is its family's fastest; a slower member of the same family (ZeRO-3 at a smaller
-    micro-batch, say) can hold far less within the limit, and the answer must not be beaten by it.
-    ``searched_best``: the searches' fastest step times (s), whose plans are not among ``known``
-    (the ILP keeps only its min-memory answer); the limit counts from them too, as the searches' did."""
-    limit = _limit(req, known, searched_best)
-    if limit is None:
+    """``min-memory``: the baseline families' best member for the objective given the fastest known
+    plan, as one more known plan. Each baseline is its family's fastest; a slower member of the
+    same family (ZeRO-3 at a smaller micro-batch, say) can hold far less within the limit, and the
+    answer must not be beaten by it. ``searched_best``: the searches' fastest step times (s), whose
+    plans are not among ``known`` (the ILP keeps only its min-memory answer); the limit counts from
+    them too, as the searches' did."""
+    fastest = _fastest(req, known, searched_best)
+    if fastest is None:
         return []
-    alpha = req.alpha * 2**30 if req.alpha is not None else None
-    e = least_memory_member(ev, req.budget_bytes, num_blocks, limit, alpha, runs)
+    e = least_memory_member(ev, req.budget_bytes, num_blocks, objective_of(req), fastest, runs)
     if e is None:
         return []
-    return [Known("uniform", e.time.step_seconds, e.memory.peak_bytes, functools.partial(_uniform_document, e))]
+    note = "the least memory of the baseline families' members within the time limit"
+    return [Known("uniform", e.time.step_seconds, e.memory.peak_bytes,
+                  functools.partial(_uniform_result, e, SolverReport("uniform", "optimal", note=note)))]
 
 
-def _uniform_document(e: Evaluation) -> dict[str, Any]:
-    doc = _baseline_document("uniform", e)
-    doc["solver"] = {"method": "uniform", "status": "optimal", "gap": None,
-                     "note": "the least memory of the baseline families' members within the time limit"}
-    return doc
+def _itself(result: PlanResult) -> PlanResult:
+    return result
 
 
-def _itself(doc: dict[str, Any]) -> dict[str, Any]:
-    return doc
+def _uniform_result(e: Evaluation, solver: SolverReport) -> PlanResult:
+    """A uniform strategy's evaluation as a plan result."""
+    return PlanResult(UniformStrategy(e.strategy), e.memory_report(), e.time_report(), solver,
+                      model=e.model_report(), cluster=e.cluster)
 
 
-def _baseline_document(name: str, e: Evaluation) -> dict[str, Any]:
-    """A baseline's evaluation as the plan document."""
-    doc = e.to_dict()
-    doc["strategy"] = {"kind": "uniform", **doc["strategy"]}
-    doc["solver"] = {"method": f"baseline:{name}", "status": "optimal", "gap": None}
-    return doc
+def _baseline_result(name: str, e: Evaluation) -> PlanResult:
+    return _uniform_result(e, SolverReport(f"baseline:{name}", "optimal"))
 
 
-def choose_method(req: PlanRequest) -> tuple[str, str]:
-    """Which search to run, and why (``auto`` picks by problem shape)."""
+def choose_method(req: PlanRequest, graphs: GraphProvider | None = None) -> tuple[str, str]:
+    """Which search to run, and why (``auto`` picks by problem shape; ``graphs``: the solve's graphs)."""
     spec = SPECS[req.target]
     if spec.uniform:
         return "uniform", (f"target {req.target.value}: every uniform strategy it runs, priced with the "
@@ -291,7 +302,7 @@ def choose_method(req: PlanRequest) -> tuple[str, str]:
         return "dp", "requested: per-layer hybrid parallelism by dynamic programming"
     if req.mesh is not None:
         return "ilp", "auto: a device mesh was given, which only the ILP uses"
-    blocks = len(blocks_of(req.model.build(1, req.seq_len)))
+    blocks = len(blocks_of((graphs or GraphProvider(req.model, req.seq_len)).graph(1)))
     if blocks == 0:
         return "ilp", "auto: the graph has no repeated blocks for the layer-wise DP; intra-operator ILP"
     if req.cluster.num_devices <= req.cluster.gpus_per_node:
@@ -312,7 +323,7 @@ def _candidate(e: Evaluation) -> Candidate:
                      s.virtual_stages, s.expert_parallel)
 
 
-def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -> dict[str, Any]:
+def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -> PlanResult:
     """The best of every uniform strategy a target runs, each priced by the whole-plan evaluator:
     the fastest that fits (max-throughput); the least memory within ``(1 + max_slowdown)`` of it,
     or the least ``memory + alpha·time`` (min-memory)."""
@@ -320,136 +331,41 @@ def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -
                                             c.schedule.value, c.virtual, c.ep))
     fastest = fastest_fitting(ev, cands, req.budget_bytes)
     if fastest is None or not fastest.fits:
-        out = _infeasible(req, fastest.memory.peak_bytes if fastest else None, None)
-        out["solver"] = {"method": "uniform", "status": "infeasible", "gap": None, "candidates": len(cands)}
-        return out
+        return _infeasible(req, fastest.memory.peak_bytes if fastest else None,
+                           SolverReport("uniform", "infeasible", candidates=len(cands)))
     best = fastest
     if req.objective == "min-memory":
-        alpha = req.alpha * 2**30 if req.alpha is not None else None
-        best = least_memory_within(ev, cands, req.budget_bytes, fastest.time.step_seconds * (1 + req.max_slowdown)
-                                   * (1 + 1e-9), alpha) or fastest
-    doc = _baseline_document("uniform", best)
-    doc["solver"] = {"method": "uniform", "status": "optimal", "gap": None, "candidates": len(cands),
-                     "best_time_seconds": fastest.time.step_seconds,
-                     "note": f"exhaustive over the {len(cands)} uniform strategies target {req.target.value} runs"}
-    return doc
+        best = least_memory_within(ev, cands, req.budget_bytes, objective_of(req), fastest.time.step_seconds) or fastest
+    note = f"exhaustive over the {len(cands)} uniform strategies target {req.target.value} runs"
+    return _uniform_result(best, SolverReport("uniform", "optimal", candidates=len(cands),
+                                              best_time_seconds=fastest.time.step_seconds, note=note))
 
 
-def _target_doc(req: PlanRequest, doc: dict[str, Any], base: Evaluation | None) -> dict[str, Any]:
-    """The target, its runtime, and how the answer compares with the target's own baseline
-    (saved bytes per device and seconds per step: positive is better than the baseline)."""
-    spec = SPECS[req.target]
-    out: dict[str, Any] = {"name": req.target.value, "runtime": spec.runtime.value, "baseline": spec.baseline,
-                           "versus_baseline": None, "unpriced": list(spec.unpriced)}
-    if base is not None and doc.get("memory") and doc.get("time"):
-        out["versus_baseline"] = {
-            "baseline_fits": base.fits,
-            "memory_saved_bytes": round(base.memory.peak_bytes - doc["memory"]["peak_bytes"]),
-            "seconds_saved": base.time.step_seconds - doc["time"]["step_seconds"],
-            "memory_ratio": doc["memory"]["peak_bytes"] / base.memory.peak_bytes,
-            "time_ratio": doc["time"]["step_seconds"] / base.time.step_seconds}
-    return out
-
-
-def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None,
-        graph_costs: Callable[[int], GraphCosts], options: Any = None) -> dict[str, Any]:
+def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None, graphs: GraphProvider,
+        options: SpaceOptions | None = None) -> Searched:
     from parplan.solver.cost.plan_memory import layer_plan
     from parplan.solver.dp.search import search
 
     reference = None
     if megatron is not None and megatron.fits:
-        reference = layer_plan(req.model.build(megatron.strategy.micro_batch, req.seq_len), megatron.strategy)
-    res = search(lambda b: req.model.build(b, req.seq_len), req.cluster, global_batch=req.global_batch,
+        reference = layer_plan(graphs.graph(megatron.strategy.micro_batch), megatron.strategy)
+    res = search(graphs.graph, req.cluster, global_batch=req.global_batch,
                  objective=req.objective, budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown,
                  alpha_gib_per_s=req.alpha, calibration=req.calibration, reference=reference,
-                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graph_costs,
+                 timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graphs.costs,
                  options=options, precision=req.precision)
-    if res["status"] == "infeasible":
-        out = _infeasible(req, res["least"], None)
-        out["solver"] = {"method": "dp", "status": "infeasible", "gap": None, "candidates": res["candidates"],
-                         "work": res["work"]}
-        return out
-    doc = layer_plan_document(res["plan"], res["evaluator"], req)
-    doc["solver"] = {"method": "dp", "status": "optimal", "gap": None, "candidates": res["candidates"],
-                     "pareto": "complete" if req.pareto else "partial",
-                     "best_time_seconds": res["best_seconds"], "search_seconds": res["seconds"], "work": res["work"],
-                     "note": "exact per stage for the memory granularity (1/512 of the budget); pipeline degree, "
-                             "micro-batch count and partition searched over candidates"}
-    doc["pareto"] = [{"step_seconds": secs, "peak_bytes": round(peak), "summary": plan_summary(plan)}
-                     for secs, peak, plan in res["frontier"]]
-    ev = res["evaluator"]
-    doc["_frontier"] = [Known("dp frontier", secs, peak, functools.partial(_frontier_document, plan, ev, req))
-                        for secs, peak, plan in res["frontier"]]
-    return doc
-
-
-def _frontier_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
-    doc = layer_plan_document(plan, ev, req)
-    doc["solver"] = {"method": "dp", "status": "optimal", "gap": None, "note": "a point of the DP's Pareto frontier"}
-    return doc
-
-
-def plan_summary(plan: Any) -> str:
-    kinds = sorted({s.describe() for s in plan.layers.values()})
-    return (f"pp{plan.pp} x {plan.num_microbatches} micro-batches, partition {list(plan.partition or [])}: "
-            + "; ".join(kinds))
-
-
-def layer_plan_document(plan: Any, ev: Any, req: PlanRequest) -> dict[str, Any]:
-    """A per-layer plan as the plan document (docs/design.md's keys)."""
-    return per_layer_document(plan, ev, req.cluster, req.calibration)
-
-
-def per_layer_document(plan: Any, ev: Any, cluster: Cluster, calibration: Calibration) -> dict[str, Any]:
-    """A per-layer plan priced by ``ev`` (a PlanEvaluator) on ``cluster``: the plan document's
-    strategy, memory and time."""
-    mem = ev.memory(plan)
-    t = ev.time(plan)
-    peak = mem.peak_stage
-    runs: list[dict[str, Any]] = []
-    for unit, s in plan.layers.items():
-        text = s.describe()
-        if runs and runs[-1]["strategy"] == text and runs[-1]["stage"] == _stage_of(plan, unit):
-            runs[-1]["last"] = unit
-            runs[-1]["count"] += 1
-        else:
-            runs.append({"first": unit, "last": unit, "count": 1, "strategy": text, "stage": _stage_of(plan, unit),
-                         "tp": s.tp, "dp": s.dp, "zero": s.zero, "sequence_parallel": s.sp,
-                         "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep,
-                         "cp": s.cp, "cp_comm": s.cp_comm})
-    return {
-        "strategy": {"kind": "per-layer", "summary": plan_summary(plan), "pp": plan.pp,
-                     "cp": max(s.cp for s in plan.layers.values()),
-                     "num_microbatches": plan.num_microbatches, "global_batch": plan.global_batch,
-                     "partition": list(plan.partition or []), "schedule": plan.schedule.value,
-                     "layers": runs, "precision": plan.precision, "flash_attention": plan.flash_attention},
-        "memory": {"peak_bytes": round(peak.peak_bytes), "peak_stage": peak.stage,
-                   "fits": peak.peak_bytes <= cluster.device_memory_bytes,
-                   "device_memory_bytes": cluster.device_memory_bytes,
-                   "breakdown": peak.memory.bytes.as_dict(), "redundant": peak.memory.redundant.as_dict(),
-                   "stages": [{"stage": st.stage, "peak_bytes": round(st.peak_bytes),
-                               "breakdown": st.memory.bytes.as_dict(),
-                               "in_flight_microbatches": st.in_flight_microbatches} for st in mem.stages]},
-        "time": {"step_seconds": t.step_seconds, "tokens_per_second": t.tokens_per_second,
-                 "samples_per_second": plan.global_batch / t.step_seconds if t.step_seconds else 0.0,
-                 "bubble_fraction": t.bubble_fraction, "calibration": calibration.source,
-                 "accuracy": time_accuracy(calibration, cluster.gpu.name, plan.runtime.value)},
-    }
-
-
-def _stage_of(plan: Any, unit: str) -> int:
-    index = list(plan.layers).index(unit)
-    total = 0
-    for stage, count in enumerate(plan.partition or [len(plan.layers)]):
-        total += count
-        if index < total:
-            return stage
-    return len(plan.partition or [1]) - 1
-
-
-def _relative_doc(doc: dict[str, Any], base: Evaluation | None) -> dict[str, float] | None:
-    if base is None:
-        return None
-    return {"memory": doc["memory"]["peak_bytes"] / base.memory.peak_bytes,
-            "time": doc["time"]["step_seconds"] / base.time.step_seconds,
-            "throughput": doc["time"]["tokens_per_second"] / base.time.tokens_per_second}
+    if res.plan is None:
+        return Searched(_infeasible(req, res.least, SolverReport("dp", "infeasible", candidates=res.candidates,
+                                                                 work=res.work)))
+    solver = SolverReport(
+        "dp", "optimal", candidates=res.candidates, best_time_seconds=res.best_seconds, work=res.work,
+        details={"pareto": "complete" if req.pareto else "partial", "search_seconds": res.seconds},
+        note="exact per stage for the memory granularity (1/512 of the budget); pipeline degree, "
+             "micro-batch count and partition searched over candidates")
+    frontier_note = SolverReport("dp", "optimal", note="a point of the DP's Pareto frontier")
+    ev, cl, cal = res.evaluator, req.cluster, req.calibration
+    return Searched(
+        per_layer_result(res.plan, ev, cl, cal, solver),
+        tuple(Known("dp frontier", secs, peak, functools.partial(per_layer_result, plan, ev, cl, cal, frontier_note))
+              for secs, peak, plan in res.frontier),
+        tuple(ParetoPoint(secs, peak, plan_summary(plan)) for secs, peak, plan in res.frontier))

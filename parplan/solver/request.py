@@ -40,6 +40,7 @@ from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.frontends.presets import PRESETS, get_preset
 from parplan.solver.models import ModelSource, model_from_json
+from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
 from parplan.solver.targets import SPECS, Target
 
 Objective = Literal["min-memory", "max-throughput"]
@@ -57,8 +58,6 @@ MAX_TIME_LIMIT_SECONDS = 3600
 
 DEFAULT_GPU = "A100-80GB"
 DEFAULT_PRECISION = "bf16"
-#: ``min-memory``: the answer's step time is at most ``1 + max_slowdown`` times the fastest plan's.
-DEFAULT_MAX_SLOWDOWN = 0.1
 DEFAULT_TIME_LIMIT_SECONDS = 60.0
 
 

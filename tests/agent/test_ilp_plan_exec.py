@@ -89,13 +89,15 @@ def test_a_planned_ilp_validation_is_measured_as_the_agent_posts_it() -> None:
     """A plan from the ILP search (bf16, as users ask for it) is run in fp32 and compared with the
     cost model's fp32 pricing of the same per-operator strategies."""
     from parplan.agent.ilp_validate import measurement_for_validation
+    from parplan.solver.evaluate import GraphProvider
     from parplan.solver.planner import _ilp
     from parplan.solver.request import parse_plan_request
 
     hf = {"model_type": "gpt2", "n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 512, "n_positions": 64}
     request = {"model": {"hf_config": hf}, "cluster": {"gpus": 2, "gpu": "A100-80GB"},
                "training": {"global_batch": 4, "seq_len": 64}, "search": "ilp", "mesh": [2]}
-    plan = _ilp(parse_plan_request(request), lambda stage, fraction: None, None)
+    req = parse_plan_request(request)
+    plan = _ilp(req, GraphProvider(req.model, req.seq_len), lambda stage, fraction: None, None).to_document()
     assert plan["strategy"]["kind"] == "intra-operator"
     m = measurement_for_validation({"id": "v1", "plan": plan, "request": request}, "cpu", 8, "cpu:test")
     assert m["correct"] is True

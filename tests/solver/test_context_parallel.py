@@ -212,13 +212,13 @@ def test_dp_search_with_cp_equals_brute_force_over_per_layer_assignments() -> No
     res = search(graph_for, cluster, global_batch=2, objective="max-throughput", budget_bytes=budget,
                  max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, options=opts,
                  pp_choices=[1], m_choices=[2])
-    assert res["status"] == "optimal"
-    assert res["peak_bytes"] <= budget
-    assert all(s.cp > 1 for s in res["plan"].layers.values())
-    assert res["step_seconds"] >= best - 1e-12
+    assert res.status == "optimal"
+    assert res.peak_bytes <= budget
+    assert all(s.cp > 1 for s in res.plan.layers.values())
+    assert res.step_seconds >= best - 1e-12
     # the DP rounds memory up to 1/512 of the budget, so it may only lose by that rounding
     lenient = min(ev.time(p).step_seconds for p in plans if peaks[id(p)] <= budget * (1 - 8 / 512))
-    assert res["step_seconds"] <= lenient + 1e-12
+    assert res.step_seconds <= lenient + 1e-12
 
 
 def test_the_galvatron_target_plans_without_cp_where_target_any_uses_it() -> None:

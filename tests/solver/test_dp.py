@@ -112,16 +112,16 @@ def test_dp_search_equals_brute_force_over_per_layer_assignments() -> None:
     res = search(graph_for, cluster, global_batch=8, objective="max-throughput", budget_bytes=budget,
                  max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, options=opts,
                  pp_choices=[1], m_choices=[2])
-    assert res["status"] == "optimal"
+    assert res.status == "optimal"
     # the DP rounds memory up to 1/512 of the budget, so it may only lose by that rounding
-    assert res["peak_bytes"] <= budget
-    assert res["step_seconds"] >= best - 1e-12
+    assert res.peak_bytes <= budget
+    assert res.step_seconds >= best - 1e-12
     lenient = math.inf
     for combo in itertools.product(strats, repeat=2):
         plan = LayerPlan(pp=1, num_microbatches=2, global_batch=8, layers=dict(zip(blocks, combo, strict=True)))
         if ev.memory(plan).peak_bytes <= budget * (1 - 8 / 512):
             lenient = min(lenient, ev.time(plan).step_seconds)
-    assert res["step_seconds"] <= lenient + 1e-12
+    assert res.step_seconds <= lenient + 1e-12
 
 
 @pytest.mark.parametrize(("weights", "p"), [([1, 2, 3, 4, 5, 6], 3), ([5, 1, 1, 1, 1, 5], 2), ([3] * 7, 4)])
@@ -205,7 +205,7 @@ def test_moe_layers_use_expert_parallelism() -> None:
     assert any(s.ep > 1 for s in ds.strategies(1, 2))
     res = search(lambda b: build_graph(cfg, batch=b), cluster, global_batch=16, objective="max-throughput",
                  budget_bytes=80 * GIB, max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION)
-    assert res["status"] == "optimal"
+    assert res.status == "optimal"
 
 
 def test_t5_encoder_and_decoder_blocks_are_priced_apart() -> None:
@@ -218,7 +218,7 @@ def test_t5_encoder_and_decoder_blocks_are_priced_apart() -> None:
     res = search(lambda b: build_graph(cfg, batch=b), make_cluster(4, 4, "A100-80GB"), global_batch=8,
                  objective="max-throughput", budget_bytes=80 * GIB, max_slowdown=0.1, alpha_gib_per_s=None,
                  calibration=DEFAULT_CALIBRATION)
-    assert res["status"] == "optimal"
+    assert res.status == "optimal"
 
 
 def test_auto_falls_back_to_the_dp_plan_when_the_ilp_runs_out_of_time(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ import pytest
 from parplan.solver.calibration import DEFAULT_CALIBRATION
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.plan_evaluator import pipeline_seconds
-from parplan.solver.dp.search import DpSearch, microbatch_counts, search
+from parplan.solver.dp.search import DpOutcome, DpSearch, microbatch_counts, search
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
@@ -33,7 +33,7 @@ MODELS: dict[str, Callable[[], TransformerConfig]] = {
 
 
 def _search(cfg: TransformerConfig, gpus: int, batch: int, objective: str, budget: float, *, pareto: bool,
-            prune: bool) -> dict[str, object]:
+            prune: bool) -> DpOutcome:
     cluster = make_cluster(gpus, 8, "A100-80GB")
     return search(lambda b: build_graph(cfg, batch=b), cluster, global_batch=batch, objective=objective,
                   budget_bytes=budget, max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION,
@@ -51,10 +51,10 @@ def test_pruned_search_gives_the_exhaustive_searchs_answer(model: str, gpus: int
     for objective in ("min-memory", "max-throughput"):
         full = _search(cfg, gpus, batch, objective, budget, pareto=True, prune=False)
         fast = _search(cfg, gpus, batch, objective, budget, pareto=False, prune=True)
-        assert fast["status"] == full["status"]
-        if full["status"] != "optimal":
+        assert fast.status == full.status
+        if full.status != "optimal":
             continue
-        assert (fast["step_seconds"], fast["peak_bytes"]) == (full["step_seconds"], full["peak_bytes"]), objective
+        assert (fast.step_seconds, fast.peak_bytes) == (full.step_seconds, full.peak_bytes), objective
 
 
 def test_pruning_saves_work_on_a_large_cluster() -> None:
@@ -66,9 +66,9 @@ def test_pruning_saves_work_on_a_large_cluster() -> None:
                           objective="max-throughput", budget_bytes=cluster.device_memory_bytes, max_slowdown=0.1,
                           alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, pp_choices=[8, 16],
                           pareto=not prune, prune=prune) for prune in (False, True)}
-    full, fast = runs[False]["work"], runs[True]["work"]
+    full, fast = runs[False].work, runs[True].work
     assert isinstance(full, dict) and isinstance(fast, dict)
-    assert runs[True]["step_seconds"] == runs[False]["step_seconds"]
+    assert runs[True].step_seconds == runs[False].step_seconds
     assert fast["stage_solves"] * 3 <= full["stage_solves"]
     assert fast["plan_evaluations"] * 10 <= full["plan_evaluations"]
 

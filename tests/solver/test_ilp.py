@@ -426,7 +426,7 @@ def test_every_ilp_answer_is_repriced_by_the_evaluators_walk_and_agrees(family: 
     budget = budget_gib * GIB if budget_gib else cluster.device_memory_bytes
     doc = search(lambda b: build_graph(cfg, batch=b), cluster, global_batch=8, micro_batch=None, objective=objective,
                  budget_bytes=budget, max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION,
-                 timeout_seconds=120, fixed_mesh=mesh)
+                 timeout_seconds=120, fixed_mesh=mesh).to_document()
     solver = doc["solver"]
     assert solver["certificate"]["matches"] is True
     assert doc["memory"]["peak_bytes"] == pytest.approx(solver["ilp_memory_bytes"], rel=1e-9, abs=1)

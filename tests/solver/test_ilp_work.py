@@ -78,7 +78,7 @@ def test_a_tiny_model() -> None:
                                        seq_len=64)
     doc = search(lambda b: build_graph(cfg, batch=b), make_cluster(2, 2, "A100-80GB"), global_batch=4,
                  micro_batch=None, objective="min-memory", budget_bytes=70 * GIB, max_slowdown=0.1,
-                 alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION)
+                 alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION).to_document()
     assert doc["solver"]["certificate"]["matches"] is True
     _within(doc["solver"]["work"]["ilp"], {
         "meshes": 1,  # 1 (a 1-D mesh of 2)

@@ -1,6 +1,6 @@
 """The DP search counts its work, and its caches give what fresh pricing gives.
 
-Work counts (``res["work"]``, the plan document's ``solver.work``) are deterministic for fixed
+Work counts (``res.work``, the plan document's ``solver.work``) are deterministic for fixed
 inputs; the bounds here are about 1.5x the counts measured when they were set (written beside
 each), so a change that multiplies the search's work fails. The caches are checked against
 oracles computed afresh: a stage's kept tables against tables priced again, and every plan the
@@ -74,8 +74,8 @@ CASES: list[tuple[str, Callable[[], TransformerConfig], int, str, list[int] | No
 def test_dp_search_work_stays_bounded(name: str, model: Callable[[], TransformerConfig], gpus: int, gpu: str,
                                       pp: list[int] | None, bounds: dict[str, int]) -> None:
     res = _run(model(), make_cluster(gpus, 8, gpu), gpus, pp_choices=pp)
-    assert res["status"] == "optimal"
-    work = res["work"]
+    assert res.status == "optimal"
+    work = res.work
     assert isinstance(work, dict)
     for key, bound in bounds.items():
         assert work[key] <= bound, f"{name}: {key} = {work[key]} > {bound}"
@@ -134,12 +134,12 @@ def test_cached_evaluation_equals_an_evaluator_that_caches_nothing(model: str) -
     graph_for: Callable[[int], Graph] = lambda b: build_graph(cfg, batch=b)  # noqa: E731
     res = search(graph_for, cluster, global_batch=32, objective="min-memory", budget_bytes=80 * GIB,
                  max_slowdown=0.1, alpha_gib_per_s=None, calibration=DEFAULT_CALIBRATION, pareto=True)
-    ev = res["evaluator"]
+    ev = res.evaluator
     assert isinstance(ev, PlanEvaluator)
     graphs: dict[int, GraphCosts] = {}
     oracle = PlanEvaluator(lambda b: graphs.setdefault(b, GraphCosts(graph_for(b))), cluster, DEFAULT_CALIBRATION,
                            cache=False)
-    plans = [p for _, _, p in res["frontier"]] + [res["plan"]]
+    plans = [p for _, _, p in res.frontier] + [res.plan]
     rng = random.Random(3)
     blocks = blocks_of(graph_for(1))
     ds = DpSearch(graph_for, cluster, 32, DEFAULT_CALIBRATION, 80 * GIB)

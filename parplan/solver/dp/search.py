@@ -26,7 +26,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,53 +49,23 @@ from parplan.solver.cost.rules import search_recomputes
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts, ParamGroup
 from parplan.solver.dp.dynamic import StageSolution, solve_stage_keyed
+from parplan.solver.dp.partition import (
+    balanced_partition,
+    interpolate,
+    microbatch_counts,
+    pipeline_degrees,
+    undominated,
+)
 from parplan.solver.dp.space import SpaceOptions, context_degrees, degrees, layer_strategies
+from parplan.solver.dp.tables import Candidate, StageTables, UnitRow
 from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
+from parplan.solver.objective import Objective
 from parplan.solver.progress import ProgressFn
 from parplan.solver.strategy import Schedule, check_context_parallel
 
 #: Memory granularity of the DP: the budget is cut into this many units.
 MEMORY_UNITS = 512
-
-
-@dataclass
-class StageTables:
-    """Per-block costs of one stage under every strategy (rows: blocks in order)."""
-
-    blocks: list[str]
-    time: np.ndarray  # [L, S] seconds per step
-    mem: np.ndarray  # [L, S] bytes
-    temp: np.ndarray  # [L, S] bytes
-    relayout: np.ndarray  # [L-1, S] seconds per step to enter each block in a new layout
-    keys: list[int]  # layout class of each strategy
-    microbatch: np.ndarray  # [L, S] of ``time``: seconds per micro-batch (the rest is once per step)
-
-
-@dataclass
-class UnitRow:
-    """One unit under every strategy: seconds per step, model-state bytes, activation bytes of
-    one micro-batch, temporary bytes, re-layout seconds per step to enter it."""
-
-    time: np.ndarray
-    states: np.ndarray
-    act: np.ndarray
-    temp: np.ndarray
-    relayout: np.ndarray
-    root: np.ndarray  # parameter elements outside the blocks (ZeRO-3 keeps them gathered)
-    largest: np.ndarray  # the largest parameter tensor's elements
-    microbatch: np.ndarray  # of ``time``: seconds of one micro-batch (forward, backward, recompute, TP)
-    #: a block's all-gather output buffer that stays until the forward ends (FSDP2), bytes
-    gather_buffer: np.ndarray
-
-
-@dataclass
-class Candidate:
-    pp: int
-    m: int
-    partition: tuple[int, ...]
-    solutions: list[tuple[StageSolution, float, int]] = field(default_factory=list)  # (solution, unit bytes, τ units)
-    strategies: list[LayerStrategy] = field(default_factory=list)
 
 
 class DpSearch:
@@ -420,70 +390,14 @@ def space_key(strats: list[LayerStrategy]) -> tuple[int, int]:
     return len(strats), strats[0].cp if strats else 1
 
 
-def balanced_partition(weights: list[float], p: int, scale: Callable[[int, float], float]) -> tuple[int, ...]:
-    """Contiguous split into ``p`` non-empty parts minimising the largest part's scaled weight
-    (``scale(stage, w)``), by dynamic programming over prefixes."""
-    n = len(weights)
-    prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
-    best = [[math.inf] * (n + 1) for _ in range(p + 1)]
-    cut = [[0] * (n + 1) for _ in range(p + 1)]
-    best[0][0] = 0.0
-    pre = np.array(prefix)
-    for k in range(1, p + 1):
-        prev = np.array(best[k - 1])
-        for j in range(k, n - (p - k) + 1):
-            # v_i = max(best[k-1][i], scale(prefix[j] - prefix[i])) for i in k-1..j-1; the first least wins
-            v = np.maximum(prev[k - 1:j], scale(k - 1, pre[j] - pre[k - 1:j]))
-            i = int(np.argmin(v))
-            if v[i] < best[k][j]:
-                best[k][j], cut[k][j] = float(v[i]), k - 1 + i
-    sizes, j = [], n
-    for k in range(p, 0, -1):
-        i = cut[k][j]
-        sizes.append(j - i)
-        j = i
-    return tuple(reversed(sizes))
-
-
-def interpolate(a: tuple[int, ...], b: tuple[int, ...], alpha: float) -> tuple[int, ...]:
-    """A partition between ``a`` and ``b``: stage boundaries moved ``alpha`` of the way."""
-    ca = np.cumsum(a)
-    cb = np.cumsum(b)
-    cuts = [round((1 - alpha) * x + alpha * y) for x, y in zip(ca[:-1], cb[:-1], strict=True)]
-    sizes, prev = [], 0
-    for c in [*cuts, int(ca[-1])]:
-        c = max(c, prev + 1)
-        sizes.append(c - prev)
-        prev = c
-    if sum(sizes) != int(ca[-1]) or min(sizes) < 1:
-        return a
-    return tuple(sizes)
-
-
-def pipeline_degrees(devices: int, blocks: int) -> list[int]:
-    return [p for p in degrees(devices) if p <= blocks]
-
-
-def microbatch_counts(global_batch: int, pp: int) -> list[int]:
-    """Micro-batch counts to try: the divisors of the global batch nearest to pp·{1, 2, 4, 8, 16}."""
-    divs = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
-    out = []
-    for k in (1, 2, 4, 8, 16):
-        target = pp * k
-        out.append(min(divs, key=lambda d: (abs(math.log(d / target)), d)))
-    return sorted(set(out))
-
-
 def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, objective: str,
            budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None, calibration: Calibration,
            reference: LayerPlan | None = None, options: SpaceOptions | None = None,
            timeout_seconds: float = 60.0, progress: ProgressFn | None = None,
            pareto: bool = False, pp_choices: list[int] | None = None,
            m_choices: list[int] | None = None, prune: bool = True,
-           graph_costs: Callable[[int], GraphCosts] | None = None, precision: str = "bf16") -> dict[str, Any]:
-    """Run the search; returns the plan document's parts (see the module docstring).
+           graph_costs: Callable[[int], GraphCosts] | None = None, precision: str = "bf16") -> DpOutcome:
+    """Run the search (see the module docstring).
 
     ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried.
     Unless ``pareto``, a group (pipeline degree, micro-batches) or a candidate partition is not
@@ -494,6 +408,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     caller pricing the same graphs (the planner's baselines) shares their unit prices."""
     t0 = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
+    goal = Objective.of(objective, max_slowdown, alpha_gib_per_s)
     ds = DpSearch(graph_for, cluster, global_batch, calibration, budget_bytes, options, precision=precision,
                   graph_costs=graph_costs)
 
@@ -513,25 +428,17 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
         note(reference)
     cands: list[Candidate] = []
     ladders: list[list[tuple[float, float, LayerPlan]]] = []  # per candidate, under ``pareto``
-    groups = []  # (bound on step seconds, pp, micro-batches, strategies)
-    degrees_pp = pp_choices or pipeline_degrees(cluster.num_devices, len(ds.blocks))
-    for pp in degrees_pp:
-        for cp in ds.context_degrees(pp):
-            for m in m_choices or microbatch_counts(global_batch, pp):
-                strats = ds.strategies(pp, m, cp)
-                if strats:
-                    groups.append((ds.group_bound(pp, m, strats), pp, m, strats))
-    groups.sort(key=lambda g: g[0])  # the fastest bounds first: their plans are the ones that prune the rest
+    groups = _groups(ds, pp_choices, m_choices)
     for i, (group_secs, pp, m, strats) in enumerate(groups):
         if time.perf_counter() - t0 > timeout_seconds:
             raise SolverError(f"the DP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
         report("search", 0.05 + 0.8 * i / len(groups))
-        if prune and not pareto and _cannot_matter(group_secs, fastest, objective, max_slowdown, alpha_gib_per_s):
+        if prune and not pareto and goal.cannot_matter(group_secs, fastest):
             ds.work["groups_pruned"] += 1
             continue
         for part in ds.partitions(pp, m, strats):
             lb_secs = ds.bounds(pp, m, part, strats)
-            if prune and not pareto and _cannot_matter(lb_secs, fastest, objective, max_slowdown, alpha_gib_per_s):
+            if prune and not pareto and goal.cannot_matter(lb_secs, fastest):
                 ds.work["candidates_pruned"] += 1
                 continue
             try:
@@ -560,26 +467,65 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             evaluated.append((secs, peak, reference))
     if not evaluated:
         least = _least_memory(ds, cands)
-        return {"status": "infeasible", "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
-                "least": least, "candidates": len(cands), "work": work(ds, cands)}
-    best_secs, best_peak, best_plan = min(evaluated, key=lambda x: (x[0], x[1]))
-    chosen = (best_secs, best_peak, best_plan)
-    frontier = _frontier(evaluated)  # max-throughput, no pareto: of the candidates' fastest plans
-    if objective == "min-memory" or pareto:
-        limit = best_secs * (1 + max_slowdown)
-        if not pareto:  # min-memory alone: each ladder down to the first plan past the allowed slowdown
+        return DpOutcome("infeasible", time.perf_counter() - t0, ds.ev, len(cands), work(ds, cands), least=least)
+    return _chosen(ds, goal, cands, evaluated, ladders, pareto, evaluate, t0)
+
+
+def _groups(ds: DpSearch, pp_choices: list[int] | None,
+            m_choices: list[int] | None) -> list[tuple[float, int, int, list[LayerStrategy]]]:
+    """Every (pipeline degree, micro-batch count) with its strategies and a bound on its step
+    seconds, the fastest bounds first: their plans are the ones that prune the rest."""
+    groups = []  # (bound on step seconds, pp, micro-batches, strategies)
+    for pp in pp_choices or pipeline_degrees(ds.cluster.num_devices, len(ds.blocks)):
+        for cp in ds.context_degrees(pp):
+            for m in m_choices or microbatch_counts(ds.B, pp):
+                strats = ds.strategies(pp, m, cp)
+                if strats:
+                    groups.append((ds.group_bound(pp, m, strats), pp, m, strats))
+    groups.sort(key=lambda g: g[0])
+    return groups
+
+
+def _chosen(ds: DpSearch, goal: Objective, cands: list[Candidate], evaluated: list[tuple[float, float, LayerPlan]],
+            ladders: list[list[tuple[float, float, LayerPlan]]], pareto: bool,
+            evaluate: Callable[[LayerPlan], tuple[float, float]], t0: float) -> DpOutcome:
+    """The answer for the objective among the candidates' fastest plans (``evaluated``, all fitting)
+    and, under ``min-memory`` or ``pareto``, their budget ladders; and the frontier it was chosen on."""
+    best_secs = min(x[0] for x in evaluated)
+    chosen = goal.best(evaluated, _seconds, _peak, best_secs) if goal.kind == "max-throughput" else None
+    frontier = undominated(evaluated)  # max-throughput, no pareto: of the candidates' fastest plans
+    if goal.kind == "min-memory" or pareto:
+        # each ladder down to the first plan past the allowed slowdown (with alpha too), or whole
+        limit = goal.slowdown_limit(best_secs)
+        if not pareto:
             ladders = [_ladder_points(ds, cand, evaluate, limit) for cand in cands]
         pool = evaluated + [x for ladder in ladders for x in ladder]
-        if objective == "min-memory":
-            if alpha_gib_per_s is not None:
-                chosen = min(pool, key=lambda x: x[1] + alpha_gib_per_s * 2**30 * x[0])
-            else:
-                within = [x for x in pool if x[0] <= limit]
-                chosen = min(within, key=lambda x: (x[1], x[0]))
-        frontier = _frontier(pool)
-    return {"status": "optimal", "plan": chosen[2], "step_seconds": chosen[0], "peak_bytes": chosen[1],
-            "best_seconds": best_secs, "seconds": time.perf_counter() - t0, "evaluator": ds.ev,
-            "candidates": len(cands), "frontier": frontier, "evaluations": ds.evaluations, "work": work(ds, cands)}
+        if goal.kind == "min-memory":
+            chosen = goal.best(pool, _seconds, _peak, best_secs)
+        frontier = undominated(pool)
+    assert chosen is not None  # the fastest plan meets every limit
+    return DpOutcome("optimal", time.perf_counter() - t0, ds.ev, len(cands), work(ds, cands), plan=chosen[2],
+                     step_seconds=chosen[0], peak_bytes=chosen[1], best_seconds=best_secs, frontier=tuple(frontier))
+
+
+@dataclass(frozen=True)
+class DpOutcome:
+    """What the DP search found: the chosen plan (None when nothing fits; then ``least``, the least
+    memory any assignment needs, bytes), its step seconds and peak bytes, the fastest plan's
+    seconds (``best_seconds``), the memory vs time frontier (step seconds, peak bytes, plan), the
+    search's wall-clock seconds, the evaluator that priced the plans and the work counted."""
+
+    status: str
+    seconds: float
+    evaluator: PlanEvaluator
+    candidates: int
+    work: dict[str, int]
+    plan: LayerPlan | None = None
+    step_seconds: float = 0.0
+    peak_bytes: float = 0.0
+    best_seconds: float = 0.0
+    frontier: tuple[tuple[float, float, LayerPlan], ...] = ()
+    least: float | None = None
 
 
 def work(ds: DpSearch, cands: list[Candidate]) -> dict[str, int]:
@@ -595,14 +541,12 @@ def work(ds: DpSearch, cands: list[Candidate]) -> dict[str, int]:
             "plan_evaluation_requests": ev["plan_memory_requests"] + ev["plan_time_requests"]}
 
 
-def _cannot_matter(lb_secs: float, fastest: float, objective: str, max_slowdown: float,
-                   alpha_gib_per_s: float | None) -> bool:
-    """Whether no plan taking at least ``lb_secs`` can be the answer when the fastest plan known to
-    fit takes ``fastest`` seconds: it would be slower than that (``max-throughput``) or than the
-    slowdown allowed from it (``min-memory``; with ``alpha`` nothing is ruled out by time alone)."""
-    if alpha_gib_per_s is not None:
-        return False
-    return lb_secs > fastest * (1.0 if objective == "max-throughput" else 1 + max_slowdown)
+def _seconds(point: tuple[float, float, LayerPlan]) -> float:
+    return point[0]
+
+
+def _peak(point: tuple[float, float, LayerPlan]) -> float:
+    return point[1]
 
 
 def _ladder_points(ds: DpSearch, cand: Candidate, evaluate: Callable[[LayerPlan], tuple[float, float]],
@@ -647,13 +591,4 @@ def _least_memory(ds: DpSearch, cands: list[Candidate]) -> float | None:
     return least if math.isfinite(least) else None
 
 
-def _frontier(points: list[tuple[float, float, LayerPlan]]) -> list[tuple[float, float, LayerPlan]]:
-    """Plans no other plan beats on both step time and memory."""
-    out: list[tuple[float, float, LayerPlan]] = []
-    for secs, peak, plan in sorted(points, key=lambda x: (x[0], x[1])):
-        if not out or peak < out[-1][1]:
-            out.append((secs, peak, plan))
-    return out
-
-
-__all__ = ["GraphCosts", "Recompute", "search"]
+__all__ = ["GraphCosts", "Recompute", "balanced_partition", "microbatch_counts", "pipeline_degrees", "search"]

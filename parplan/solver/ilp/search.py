@@ -30,6 +30,7 @@ chosen strategies. Those are the figures reported; the solver's own are shown be
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -37,8 +38,9 @@ from typing import Any
 
 from parplan.solver.calibration import apply
 from parplan.solver.cluster import Cluster, DeviceMesh, Link, MeshLinks
+from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
-from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
+from parplan.solver.cost.memory import MemoryBreakdown
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.resharding import edge_seconds, reshard_seconds
 from parplan.solver.cost.rules import search_recomputes
@@ -58,7 +60,17 @@ from parplan.solver.ilp.problem import (
 )
 from parplan.solver.ilp.strategies import Mesh, input_layout, mesh_shapes, partial_gradient_axes
 from parplan.solver.ir import Graph
+from parplan.solver.objective import Objective
 from parplan.solver.progress import ProgressFn
+from parplan.solver.result import (
+    IntraOperatorStrategy,
+    MemoryReport,
+    OpChoice,
+    PlanResult,
+    SolverReport,
+    TimeReport,
+    UnitChoices,
+)
 from parplan.solver.time_accuracy import time_accuracy
 
 #: Candidates per operator kept on 3-D meshes (1-D and 2-D meshes keep all: exact).
@@ -216,13 +228,41 @@ def micro_step_candidates(global_batch: int, devices: int, micro_batch: int | No
     return sorted({*small, b0, min(large, global_batch), global_batch})
 
 
+@dataclass
+class _Run:
+    """One search's deadline, progress report and work counts (``solver.work.ilp``, for regression
+    tests), and the budget every candidate is held to."""
+
+    report: ProgressFn
+    deadline: float
+    timeout_seconds: float
+    budget_bytes: float
+    work: dict[str, int]
+
+    def remaining(self) -> float:
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            raise SolverError(f"the ILP search ran out of its {self.timeout_seconds:g} s time limit; raise the limit")
+        return left
+
+    def complete(self, c: Candidate) -> float:
+        """Build the rest of ``c``'s problem (edges, moments) if not done yet; its least memory."""
+        if not c.gp.complete:
+            complete_problem(c.gp)
+            self.work["problems_completed"] += 1
+            self.work["peak_terms"] += len(c.gp.problem.peaks)
+            self.work["peak_terms_kept"] += len(kept_peaks(c.gp.problem))
+            self.remaining()
+        return c.gp.problem.memory_lower_bound()
+
+
 def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch: int, micro_batch: int | None,
            objective: str, budget_bytes: float, max_slowdown: float, alpha_gib_per_s: float | None,
            calibration: Any, precision: str = "bf16", flash_attention: bool = True, timeout_seconds: float = 60.0,
            progress: ProgressFn | None = None, max_mesh_dims: int = 3,
            reference_seconds: float | None = None, fixed_mesh: tuple[int, ...] | None = None,
            zero_stages: tuple[int, ...] = (0, 1, 2, 3), runtime: Runtime = Runtime.MEGATRON,
-           zero3_per_operator: bool = False) -> dict[str, Any]:
+           zero3_per_operator: bool = False) -> PlanResult:
     """Run the ILP search; returns the plan's parts (strategy, memory, time, solver statistics).
 
     Candidates are (mesh, micro-step size) pairs. ``reference_seconds`` is the step time of the best
@@ -230,7 +270,6 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     of it and the ILP's own best time when the ILP can reach that, else within (1 + ε) of its own
     best; on each mesh it minimises memory at the smallest micro-step that meets that time."""
     t0 = time.perf_counter()
-    report = progress or (lambda stage, fraction: None)
     cl = apply(cluster, calibration)
     sizes = micro_step_candidates(global_batch, cl.num_devices, micro_batch, smaller=objective == "min-memory")
     prec = get_precision(precision)
@@ -240,149 +279,158 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
             raise SolverError(f"mesh {meshes[0].describe()} does not factor the {cl.num_devices} devices")
     else:
         meshes = distinct_meshes(mesh_shapes(cl.num_devices, cl.gpus_per_node, max_mesh_dims), cl)
-    deadline = t0 + timeout_seconds
     graphs = {b: graph_for(b) for b in sizes}
+    run = _Run(progress or (lambda stage, fraction: None), t0 + timeout_seconds, timeout_seconds, budget_bytes,
+               {"meshes": len(meshes), "problems_built": 0, "problems_completed": 0, "solves": 0, "variables": 0,
+                "constraints": 0, "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0,
+                "time_solves_skipped": 0, "memory_solves_skipped": 0, "problems_not_built": 0})
 
-    def remaining() -> float:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            raise SolverError(f"the ILP search ran out of its {timeout_seconds:g} s time limit; raise the limit")
-        return left
+    def build(b: int, mesh: Mesh, recompute: Recompute) -> GraphProblem:
+        return build_choices(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
+                             recompute, flash_attention, zero_stages=zero_stages,
+                             max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime,
+                             zero3_per_operator=zero3_per_operator)
 
-    # the work done, counted for regression tests (``solver.work.ilp``)
-    work = {"meshes": len(meshes), "problems_built": 0, "problems_completed": 0, "solves": 0, "variables": 0,
-            "constraints": 0, "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0,
-            "time_solves_skipped": 0, "memory_solves_skipped": 0, "problems_not_built": 0}
     fastest: list[Candidate] = []
     problems: list[Candidate] = []
-    # A time solve stops within MIP_REL_GAP of its optimum, so a candidate whose least possible time
-    # is within that gap of the best time found so far cannot tell a different best time: its time
-    # solve is skipped (max-throughput and min-memory without alpha; min-memory then asks it for a
-    # plan within the time limit directly).
-    skip_slow = alpha_gib_per_s is None
-
-    def complete(c: Candidate) -> float:
-        """Build the rest of ``c``'s problem (edges, moments) if not done yet; its least memory."""
-        if not c.gp.complete:
-            complete_problem(c.gp)
-            work["problems_completed"] += 1
-            work["peak_terms"] += len(c.gp.problem.peaks)
-            work["peak_terms_kept"] += len(kept_peaks(c.gp.problem))
-            remaining()
-        return c.gp.problem.memory_lower_bound()
-
     for recompute in search_recomputes(runtime, flash_attention):
-        problems = []
-        combos = [(mesh, b) for mesh in meshes for b in sizes]
         floor = {b: least_bytes(graphs[b], cl.num_devices, prec, recompute, flash_attention, runtime) for b in sizes}
-        for i, (mesh, b) in enumerate(combos):
-            report("building the problems", 0.05 + 0.35 * i / len(combos))
-            if floor[b] > budget_bytes and any(floor[s] <= budget_bytes for s in sizes):
-                work["problems_not_built"] += 1  # nothing at this micro-step fits, whatever the mesh
-                continue
-            gp = build_choices(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
-                               recompute, flash_attention, zero_stages=zero_stages,
-                               max_strategies=MAX_STRATEGIES_3D if len(mesh.axes) >= 3 else None, runtime=runtime,
-                               zero3_per_operator=zero3_per_operator)
-            gp.problem.floor_bytes = floor[b]
-            work["problems_built"] += 1
-            problems.append(Candidate(mesh, gp, None, b))
-            remaining()
-        # least possible time first: the fastest is found early and the others are skipped against it
-        order = sorted(problems, key=lambda c: c.gp.problem.seconds_lower_bound())
-        for i, c in enumerate(order):
-            report("solving: best time", 0.4 + 0.2 * i / len(order))
-            # (the bound without the moments first: it needs no more of the problem, and never
-            # exceeds the whole one)
-            if c.gp.problem.memory_lower_bound() > budget_bytes:
-                c.fits = False  # even the least memory any choice needs exceeds the budget
-                continue
-            best = min((f.res.seconds for f in fastest), default=None)
-            if skip_slow and best is not None and c.gp.problem.seconds_lower_bound() >= best * (1 - MIP_REL_GAP):
-                work["time_solves_skipped"] += 1
-                continue
-            if complete(c) > budget_bytes:
-                c.fits = False
-                continue
-            try:
-                c.result = solve_aux(c.gp.problem, "time", budget=budget_bytes, timeout_seconds=remaining(), work=work)
-            except InfeasibleError:
-                c.fits = False
-                continue
-            fastest.append(c)
+        problems = _problems(run, meshes, sizes, floor, functools.partial(build, recompute=recompute))
+        fastest = _fastest(run, problems, skip_slow=alpha_gib_per_s is None)
         if fastest:
             break
     if not fastest:
-        report("solving: least memory", 0.8)
+        run.report("solving: least memory", 0.8)
         b_least = min(c.b for c in problems)
         smallest = [c for c in problems if c.b == b_least]
         for c in smallest:
-            complete(c)
-        least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=remaining(),
-                                                          work=work), c.b)
+            run.complete(c)
+        least = min((Candidate(c.mesh, c.gp, solve_aux(c.gp.problem, "memory", timeout_seconds=run.remaining(),
+                                                          work=run.work), c.b)
                      for c in smallest), key=lambda c: c.res.memory)
-        return _document(least, cl, "infeasible", time.perf_counter() - t0, meshes, budget_bytes, objective,
-                         work=work)
+        return _result(least, cl, "infeasible", time.perf_counter() - t0, meshes, budget_bytes, objective,
+                       work=run.work)
     best_time = min(c.res.seconds for c in fastest)
     chosen = min(fastest, key=lambda c: (c.res.seconds, c.res.memory))
-    if objective == "min-memory":
+    goal = Objective.of(objective, max_slowdown, alpha_gib_per_s)
+    if goal.kind == "min-memory":
         reference = min(best_time, reference_seconds) if reference_seconds else best_time
-        if best_time > reference * (1 + max_slowdown):
+        if best_time > goal.slowdown_limit(reference):
             reference = best_time  # the ILP cannot get within the slowdown of the other plan
-        limit = reference * (1 + max_slowdown)
         best_time = reference
-        # every candidate that can meet the time limit (solved within it, or not solved and not
-        # ruled out by its least possible time), smallest micro-steps (fewest activations) first;
-        # each later solve only looks for a plan better than the best so far
-        # (a memory solve holds its step below the limit by the solver's tolerance, ROW_TOLERANCE:
-        # a time-solved candidate closer to the limit than that has no plan for it)
-        solved_limit = limit * (1 - 2 * ROW_TOLERANCE)
-        within = sorted((c for c in problems if c.fits and (c.res.seconds <= solved_limit if c.result is not None
-                                                            else c.gp.problem.seconds_lower_bound() <= limit)),
-                        key=lambda c: (c.b, c.gp.problem.memory_lower_bound()))
-        # the best-time plans within the limit are plans of this objective too: their memory is the
-        # first cutoff, so every memory solve looks only for a plan that holds less (gpt-7.5b on 8
-        # GPUs: a memory solve of 1.3 s without it, 0.36 s with it, the same plan)
-        pool: list[Candidate] = [] if alpha_gib_per_s is not None else [
-            Candidate(c.mesh, c.gp, replace(c.res, objective=c.res.memory), c.b)
-            for c in fastest if c.res.seconds <= limit]
-        for i, c in enumerate(within):
-            report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(within))
-            cutoff = min((p.res.objective for p in pool), default=None)
-            # the bound without the moments first, then the whole problem's
-            lower = c.gp.problem.memory_lower_bound()
-            if cutoff is not None and alpha_gib_per_s is None and lower >= cutoff:
-                work["memory_solves_skipped"] += 1
-                continue  # even the lower memory any choice here needs is no better than the best so far
-            lower = complete(c)
-            if lower > budget_bytes:
-                continue  # no choice here fits (known once the moments are in)
-            if cutoff is not None and alpha_gib_per_s is None and lower >= cutoff:
-                work["memory_solves_skipped"] += 1
-                continue
-            start = c.res.choice if c.result is not None else None
-            try:
-                if alpha_gib_per_s is not None:
-                    r = solve_aux(c.gp.problem, "weighted", alpha=alpha_gib_per_s * 2**30, budget=budget_bytes,
-                                  timeout_seconds=remaining(), cutoff=cutoff, work=work)
-                else:
-                    r = solve_aux(c.gp.problem, "memory", budget=budget_bytes, time_limit=limit * (1 + 1e-9),
-                                  timeout_seconds=remaining(), start=start, cutoff=cutoff, work=work)
-            except InfeasibleError:
-                if cutoff is None and start is not None:
-                    raise
-                continue  # nothing here beats the best so far (or meets the time limit)
-            pool.append(Candidate(c.mesh, c.gp, r, c.b))
-        chosen = min(pool, key=lambda c: (c.res.objective, c.res.seconds))
+        chosen = _least_memory(run, goal, problems, fastest, goal.slowdown_limit(reference))
     status = "optimal" if chosen.res.status == "optimal" else "feasible"
-    report("done", 1.0)
-    return _document(chosen, cl, status, time.perf_counter() - t0, meshes, budget_bytes, objective, best_time,
-                     tried=len(problems), work=work)
+    run.report("done", 1.0)
+    return _result(chosen, cl, status, time.perf_counter() - t0, meshes, budget_bytes, objective, best_time,
+                   tried=len(problems), work=run.work)
 
 
-def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes: list[Mesh], budget: float,
-              objective: str, best_time: float | None = None, tried: int = 0,
-              work: dict[str, int] | None = None) -> dict[str, Any]:
+def _problems(run: _Run, meshes: list[Mesh], sizes: list[int], floor: dict[int, float],
+              build: Callable[[int, Mesh], GraphProblem]) -> list[Candidate]:
+    """Every (mesh, micro-step) candidate's choices, but those at a micro-step whose least memory
+    (``floor``) exceeds the budget when another's does not."""
+    problems = []
+    combos = [(mesh, b) for mesh in meshes for b in sizes]
+    for i, (mesh, b) in enumerate(combos):
+        run.report("building the problems", 0.05 + 0.35 * i / len(combos))
+        if floor[b] > run.budget_bytes and any(floor[s] <= run.budget_bytes for s in sizes):
+            run.work["problems_not_built"] += 1  # nothing at this micro-step fits, whatever the mesh
+            continue
+        gp = build(b, mesh)
+        gp.problem.floor_bytes = floor[b]
+        run.work["problems_built"] += 1
+        problems.append(Candidate(mesh, gp, None, b))
+        run.remaining()
+    return problems
+
+
+def _fastest(run: _Run, problems: list[Candidate], skip_slow: bool) -> list[Candidate]:
+    """The candidates solved for their best time within the budget, least possible time first (the
+    fastest is found early and the others are skipped against it).
+
+    A time solve stops within MIP_REL_GAP of its optimum, so a candidate whose least possible time
+    is within that gap of the best time found so far cannot tell a different best time: with
+    ``skip_slow`` (max-throughput and min-memory without alpha) its time solve is skipped;
+    min-memory then asks it for a plan within the time limit directly."""
+    fastest: list[Candidate] = []
+    order = sorted(problems, key=lambda c: c.gp.problem.seconds_lower_bound())
+    for i, c in enumerate(order):
+        run.report("solving: best time", 0.4 + 0.2 * i / len(order))
+        # (the bound without the moments first: it needs no more of the problem, and never
+        # exceeds the whole one)
+        if c.gp.problem.memory_lower_bound() > run.budget_bytes:
+            c.fits = False  # even the least memory any choice needs exceeds the budget
+            continue
+        best = min((f.res.seconds for f in fastest), default=None)
+        if skip_slow and best is not None and c.gp.problem.seconds_lower_bound() >= best * (1 - MIP_REL_GAP):
+            run.work["time_solves_skipped"] += 1
+            continue
+        if run.complete(c) > run.budget_bytes:
+            c.fits = False
+            continue
+        try:
+            c.result = solve_aux(c.gp.problem, "time", budget=run.budget_bytes, timeout_seconds=run.remaining(),
+                                 work=run.work)
+        except InfeasibleError:
+            c.fits = False
+            continue
+        fastest.append(c)
+    return fastest
+
+
+def _least_memory(run: _Run, goal: Objective, problems: list[Candidate], fastest: list[Candidate],
+                  limit: float) -> Candidate:
+    """``min-memory``: the least memory (or ``memory + alpha·time``) over the candidates that can
+    meet the time ``limit`` (the slowdown's, with alpha too; a memory solve's limit is the
+    objective's).
+
+    Every candidate that can meet the limit (solved within it, or not solved and not ruled out by
+    its least possible time), smallest micro-steps (fewest activations) first; each later solve
+    only looks for a plan better than the best so far (a memory solve holds its step below the
+    limit by the solver's tolerance, ROW_TOLERANCE: a time-solved candidate closer to the limit
+    than that has no plan for it)."""
+    solved_limit = limit * (1 - 2 * ROW_TOLERANCE)
+    within = sorted((c for c in problems if c.fits and (c.res.seconds <= solved_limit if c.result is not None
+                                                        else c.gp.problem.seconds_lower_bound() <= limit)),
+                    key=lambda c: (c.b, c.gp.problem.memory_lower_bound()))
+    # the best-time plans within the limit are plans of this objective too: their memory is the
+    # first cutoff, so every memory solve looks only for a plan that holds less
+    pool: list[Candidate] = [] if goal.weighted else [
+        Candidate(c.mesh, c.gp, replace(c.res, objective=c.res.memory), c.b)
+        for c in fastest if c.res.seconds <= limit]
+    for i, c in enumerate(within):
+        run.report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(within))
+        cutoff = min((p.res.objective for p in pool), default=None)
+        # the bound without the moments first, then the whole problem's
+        if cutoff is not None and not goal.weighted and c.gp.problem.memory_lower_bound() >= cutoff:
+            run.work["memory_solves_skipped"] += 1
+            continue  # even the lower memory any choice here needs is no better than the best so far
+        lower = run.complete(c)
+        if lower > run.budget_bytes:
+            continue  # no choice here fits (known once the moments are in)
+        if cutoff is not None and not goal.weighted and lower >= cutoff:
+            run.work["memory_solves_skipped"] += 1
+            continue
+        start = c.res.choice if c.result is not None else None
+        try:
+            if goal.alpha_bytes_per_s is not None:
+                r = solve_aux(c.gp.problem, "weighted", alpha=goal.alpha_bytes_per_s, budget=run.budget_bytes,
+                              timeout_seconds=run.remaining(), cutoff=cutoff, work=run.work)
+            else:
+                r = solve_aux(c.gp.problem, "memory", budget=run.budget_bytes, time_limit=goal.tolerant(limit),
+                              timeout_seconds=run.remaining(), start=start, cutoff=cutoff, work=run.work)
+        except InfeasibleError:
+            if cutoff is None and start is not None:
+                raise
+            continue  # nothing here beats the best so far (or meets the time limit)
+        pool.append(Candidate(c.mesh, c.gp, r, c.b))
+    return min(pool, key=lambda c: (c.res.objective, c.res.seconds))
+
+
+def _result(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes: list[Mesh], budget: float,
+            objective: str, best_time: float | None = None, tried: int = 0,
+            work: dict[str, int] | None = None) -> PlanResult:
+    """The candidate's plan, re-priced by the certificate (its strategy, memory, time, solver report)."""
     gp, r = c.gp, c.res
     work = dict(work or {})
     work["repricings"] = work.get("repricings", 0) + 1  # the certificate and the walk, once, at the answer
@@ -392,10 +440,35 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
     above, temporary = walk_peak(gp, r.choice)  # the evaluator's walk over every unit at this choice
     cert = Certificate(cert.memory.replace(temporary=temporary), cert.redundant, cert.seconds, r.memory, r.seconds,
                        cert.memory.model_states + above)
-    breakdown = cert.memory
     seq = int(graph.meta.get("seq_len", 0) or 0)
     tokens = b * m * seq
-    units: list[dict[str, Any]] = []
+    strategy = IntraOperatorStrategy(
+        summary=f"mesh {c.mesh.describe()} ({', '.join(f'{a}={s}' for a, s in c.mesh.axes)}), "
+                f"{m} micro-steps of {b} samples, recompute {gp.ctx.recompute.value}",
+        mesh_axes=tuple(c.mesh.axes), micro_step_batch=b, num_microbatches=m, recompute=gp.ctx.recompute.value,
+        flash_attention=gp.ctx.flash_attention, precision=gp.ctx.precision.name, units=_unit_choices(c))
+    memory = MemoryReport(cert.peak_bytes, cert.peak_bytes <= cluster.device_memory_bytes,
+                          cluster.device_memory_bytes, cert.memory, cert.redundant, budget_bytes=budget)
+    step = cert.seconds
+    times = TimeReport(step, tokens / step if step else 0.0, b * m / step if step else 0.0,
+                       gp.ctx.calibration.source,
+                       time_accuracy(gp.ctx.calibration, cluster.gpu.name, gp.ctx.runtime.value))
+    details = {
+        "backend": r.backend, "objective": objective, "ilp_objective": r.objective,
+        "meshes_tried": [mm.describe() for mm in meshes], "candidates_solved": tried,
+        "aux_graph": {"vertices": gp.problem.size[0], "edges": gp.problem.size[1],
+                      "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
+        "ilp_memory_bytes": r.memory, "ilp_seconds": r.seconds,
+        "certificate": {"memory_bytes": cert.peak_bytes, "seconds": cert.seconds, "matches": cert.matches},
+    }
+    solver = SolverReport("ilp", status, r.gap, best_time_seconds=best_time, always_best_time=True, details=details,
+                          work={"ilp": work}, seconds=seconds)
+    return PlanResult(strategy, memory, times, solver)
+
+
+def _unit_choices(c: Candidate) -> tuple[UnitChoices, ...]:
+    """Each repeated unit's operators and their strategies, in the order of the graph."""
+    gp, r, graph = c.gp, c.res, c.gp.ctx.graph
     by_rep: dict[str, list[str]] = {}
     unit_of_rep: dict[str, str] = {}
     for n in gp.ops:
@@ -404,48 +477,14 @@ def _document(c: Candidate, cluster: Cluster, status: str, seconds: float, meshe
         by_rep.setdefault(rep, [])
         if n.layer not in by_rep[rep]:
             by_rep[rep].append(n.layer or "")
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, tuple[list[str], list[OpChoice]]] = {}
     for rep, layers in by_rep.items():
-        key = unit_of_rep[rep]
-        g = groups.setdefault(key, {"units": layers, "count": len(layers), "ops": {}})
+        _, ops = groups.setdefault(unit_of_rep[rep], (layers, []))
         if rep in gp.follows:
-            g["ops"][rep] = {"strategy": "follows " + gp.follows[rep]}
+            ops.append(OpChoice(rep, "follows " + gp.follows[rep]))
             continue
         s = gp.strategies[rep][r.choice[rep]]
-        g["ops"][rep] = {"strategy": s.describe(c.mesh), "zero": s.zero,
-                         "assignment": {a: d for a, d in zip(c.mesh.names, s.assignment, strict=True) if d}}
-    for key, g in groups.items():
-        names = g["units"]
-        units.append({"units": names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}", "count": g["count"],
-                      "representative": key, "ops": g["ops"]})
-    step = cert.seconds
-    return {
-        "strategy": {
-            "kind": "intra-operator",
-            "summary": f"mesh {c.mesh.describe()} ({', '.join(f'{a}={s}' for a, s in c.mesh.axes)}), "
-                       f"{m} micro-steps of {b} samples, recompute {gp.ctx.recompute.value}",
-            "mesh": {"axes": dict(c.mesh.axes), "shape": [s for _, s in c.mesh.axes]},
-            "micro_step_batch": b, "num_microbatches": m, "global_batch": b * m,
-            "recompute": gp.ctx.recompute.value, "flash_attention": gp.ctx.flash_attention,
-            "precision": gp.ctx.precision.name, "units": units,
-        },
-        "memory": {
-            "peak_bytes": round(cert.peak_bytes), "fits": cert.peak_bytes <= cluster.device_memory_bytes,
-            "device_memory_bytes": cluster.device_memory_bytes, "budget_bytes": round(budget),
-            "breakdown": breakdown.as_dict(), "redundant": cert.redundant.as_dict(),
-        },
-        "time": {"step_seconds": step, "tokens_per_second": tokens / step if step else 0.0,
-                 "samples_per_second": b * m / step if step else 0.0, "calibration": gp.ctx.calibration.source,
-                 "accuracy": time_accuracy(gp.ctx.calibration, cluster.gpu.name, gp.ctx.runtime.value)},
-        "solver": {
-            "method": "ilp", "status": status, "seconds": seconds, "gap": r.gap, "backend": r.backend,
-            "objective": objective, "ilp_objective": r.objective, "best_time_seconds": best_time,
-            "meshes_tried": [mm.describe() for mm in meshes], "candidates_solved": tried,
-            "aux_graph": {"vertices": gp.problem.size[0], "edges": gp.problem.size[1],
-                          "operators": len(gp.ops), "variables_shared": len(gp.ops) - len(gp.problem.nodes)},
-            "ilp_memory_bytes": r.memory, "ilp_seconds": r.seconds,
-            "certificate": {"memory_bytes": cert.peak_bytes, "seconds": cert.seconds, "matches": cert.matches},
-            "work": {"ilp": work},
-        },
-        "categories": list(CATEGORIES),
-    }
+        ops.append(OpChoice(rep, s.describe(c.mesh), s.zero,
+                            tuple((a, d) for a, d in zip(c.mesh.names, s.assignment, strict=True) if d)))
+    return tuple(UnitChoices(names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}", len(names), key,
+                             tuple(ops)) for key, (names, ops) in groups.items())
