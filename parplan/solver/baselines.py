@@ -28,10 +28,11 @@ from parplan.solver.cost.rules import compute_dtype, recomputed, search_recomput
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import SolverError
-from parplan.solver.evaluate import Evaluation, GraphProvider, evaluation_of
+from parplan.solver.evaluate import GraphProvider, evaluation_of
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
 from parplan.solver.objective import Objective
+from parplan.solver.result import Evaluation
 from parplan.solver.strategy import ParallelConfig, Schedule
 
 BASELINES = ("megatron", "zero3", "dp")

@@ -6,9 +6,6 @@ baseline. The JSON keys are part of the public contract (docs/design.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
@@ -17,48 +14,8 @@ from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
-from parplan.solver.result import MemoryReport, ModelReport, TimeReport, evaluation_document
+from parplan.solver.result import Evaluation
 from parplan.solver.strategy import ParallelConfig
-from parplan.solver.time_accuracy import time_accuracy
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Memory and time of one strategy for one model on one cluster."""
-
-    model: str
-    parameters: int
-    seq_len: int
-    cluster: Cluster
-    strategy: ParallelConfig
-    memory: PlanMemory
-    time: PlanTime
-    calibration: Calibration
-
-    @property
-    def fits(self) -> bool:
-        return self.memory.peak_bytes <= self.cluster.device_memory_bytes
-
-    def memory_report(self) -> MemoryReport:
-        """The memory of the most loaded device, and of every stage."""
-        peak = self.memory.peak_stage
-        return MemoryReport(peak.peak_bytes, self.fits, self.cluster.device_memory_bytes, peak.memory.bytes,
-                            peak.memory.redundant, peak_stage=peak.stage, stages=self.memory, stage_units=True)
-
-    def time_report(self) -> TimeReport:
-        """The step time, throughput and every stage's seconds."""
-        s, t = self.strategy, self.time
-        return TimeReport(t.step_seconds, t.tokens_per_second,
-                          s.global_batch / t.step_seconds if t.step_seconds else 0.0, self.calibration.source,
-                          time_accuracy(self.calibration, self.cluster.gpu.name, s.runtime.value),
-                          bubble_fraction=t.bubble_fraction, stages=t, cp_comm=s.cp > 1, ep_comm=s.expert_parallel > 1)
-
-    def model_report(self) -> ModelReport:
-        return ModelReport(self.model, self.parameters, self.seq_len)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-able data (keys per docs/design.md's contract)."""
-        return evaluation_document(self)
 
 
 class GraphProvider:

@@ -25,11 +25,12 @@ from parplan.solver.baselines import (
 from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.dp.space import SpaceOptions
 from parplan.solver.errors import SolverError
-from parplan.solver.evaluate import Evaluation, GraphProvider
+from parplan.solver.evaluate import GraphProvider
 from parplan.solver.objective import Objective as ObjectiveRule
 from parplan.solver.progress import ProgressFn
 from parplan.solver.request import PlanRequest
 from parplan.solver.result import (
+    Evaluation,
     ModelReport,
     ObjectiveReport,
     ParetoPoint,

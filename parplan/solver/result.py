@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
+from parplan.solver.time_accuracy import time_accuracy
 
 if TYPE_CHECKING:
     from parplan.solver.calibration import Calibration
     from parplan.solver.cluster import Cluster
     from parplan.solver.cost.plan_evaluator import LayerPlan, PlanEvaluator, PlanMemory, PlanTime
-    from parplan.solver.evaluate import Evaluation
     from parplan.solver.strategy import ParallelConfig
 
 Document = dict[str, Any]
@@ -434,3 +434,43 @@ def plan_document(r: PlanResult) -> Document:
     if r.cluster is not None:
         doc["cluster"] = cluster_document(r.cluster)
     return doc
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Memory and time of one uniform strategy for one model on one cluster (what ``parplan memory``
+    prints, and each baseline of a plan)."""
+
+    model: str
+    parameters: int
+    seq_len: int
+    cluster: Cluster
+    strategy: ParallelConfig
+    memory: PlanMemory
+    time: PlanTime
+    calibration: Calibration
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.peak_bytes <= self.cluster.device_memory_bytes
+
+    def memory_report(self) -> MemoryReport:
+        """The memory of the most loaded device, and of every stage."""
+        peak = self.memory.peak_stage
+        return MemoryReport(peak.peak_bytes, self.fits, self.cluster.device_memory_bytes, peak.memory.bytes,
+                            peak.memory.redundant, peak_stage=peak.stage, stages=self.memory, stage_units=True)
+
+    def time_report(self) -> TimeReport:
+        """The step time, throughput and every stage's seconds."""
+        s, t = self.strategy, self.time
+        return TimeReport(t.step_seconds, t.tokens_per_second,
+                          s.global_batch / t.step_seconds if t.step_seconds else 0.0, self.calibration.source,
+                          time_accuracy(self.calibration, self.cluster.gpu.name, s.runtime.value),
+                          bubble_fraction=t.bubble_fraction, stages=t, cp_comm=s.cp > 1, ep_comm=s.expert_parallel > 1)
+
+    def model_report(self) -> ModelReport:
+        return ModelReport(self.model, self.parameters, self.seq_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-able data (keys per docs/design.md's contract)."""
+        return evaluation_document(self)

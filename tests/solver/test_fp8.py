@@ -17,10 +17,11 @@ from parplan.solver.cost.op_layout import Mesh, OpStrategy
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.rules import compute_dtype, op_seconds, parameter_states
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.evaluate import Evaluation, evaluate_graph
+from parplan.solver.evaluate import evaluate_graph
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.ir import Graph, OpKind, make_node
+from parplan.solver.result import Evaluation
 from parplan.solver.strategy import ParallelConfig
 
 H100 = gpu_preset("H100-80GB")
