@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from parplan.solver import models
-from parplan.solver.planner import parse_plan_request, solve
+from parplan.solver.planner import solve
+from parplan.solver.request import parse_plan_request
 
 
 @pytest.fixture

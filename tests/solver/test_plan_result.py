@@ -11,7 +11,8 @@ import pytest
 
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource
-from parplan.solver.planner import parse_plan_request, solve_plan
+from parplan.solver.planner import solve_plan
+from parplan.solver.request import parse_plan_request
 from parplan.solver.result import (
     IntraOperatorStrategy,
     PerLayerStrategy,
