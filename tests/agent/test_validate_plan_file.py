@@ -94,7 +94,7 @@ def test_a_plan_splitting_fc1s_contraction_is_over_predicted_not_under(
 def test_a_llama_plan_converting_gradients_in_backward_is_not_under_predicted(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Measured before the ILP counted the buffers converting gradients back in backward
-    (``moments._Terms.gradient_conversions``): +1.2% on every rank, the temporaries at the peak 2.5 MiB
+    (``ilp.terms.Terms.gradient_conversions``): +1.2% on every rank, the temporaries at the peak 2.5 MiB
     (the loss's gradient, an all-gather's buffer, its concatenation) where the ILP counted 1.5."""
     path = exported(tmp_path, hf_config=LLAMA, target="parplan", search="ilp")
     assert main(["validate", "--plan", str(path), "--device", "cpu", "--json"]) == 0
