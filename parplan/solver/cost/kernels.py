@@ -154,7 +154,7 @@ TENSOR_CORE_DTYPES = frozenset({"bf16", "fp16", "fp8", "tf32"})
 ATTENTION_DTYPES = frozenset({"bf16", "fp16", "fp8"})
 
 #: By GPU family (a preset's name up to its memory size). Where each figure comes from (the
-#: measurements and fits in full: bench/RESULTS.md):
+#: measurements and fits in full: docs/notes/time-model.md and docs/notes/h100.md):
 #:
 #: - SMs: the vendors' datasheets (A100 108, H100/H200 SXM 132, V100 80, L4 58, RTX 4090 128, MI300X
 #:   304 CUs); B200/GB200 148 (Chips and Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling").

@@ -7,7 +7,7 @@ that chunk's backward, adding the chunk's hidden-state gradient into an fp32 buf
 backward then starts from that buffer (cast to the compute type and saved by an autograd function).
 So no logits are kept for backward, and the loop's own buffers peak at the end of forward, while
 every block's saved tensors are alive. Measured with ``parplan validate --torchtitan`` on its debug
-model (bench/RESULTS.md); per device, bytes:
+model (docs/notes/torchtitan-run.md); per device, bytes:
 
 - for the whole loop: the model's output (the hidden states, compute type), its chunked copies (the
   output layer's saved input; the same size as the saved gradient that replaces them after the loop,

@@ -45,7 +45,7 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
 
 torchtitan's trainer (runtimes ``torchtitan``, ``torchtitan-cpu``) is PyTorch-native with three
 differences of its own, measured by running its code on an export (``parplan validate --torchtitan``,
-bench/RESULTS.md):
+docs/notes/torchtitan-run.md):
 
 - its weights are fp32 and are the optimizer's master copy: FSDP2's mixed precision casts them to
   bf16 only when it gathers them (16 bytes a parameter with Adam, not 18);

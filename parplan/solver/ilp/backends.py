@@ -19,7 +19,7 @@ Status = Literal["optimal", "feasible", "infeasible"]
 #: A solve stops once its answer is proven within this fraction of the optimum (HiGHS's and CBC's
 #: relative MIP gap; HiGHS's own default is 1e-4). Memory answers are then at most 0.2% above the
 #: least; the plan reports the gap it reached. At 1e-3 a large memory solve (t5-11b) spent four
-#: fifths of its time proving the last 0.1% and improved its answer by 0.001% (bench/RESULTS.md). A
+#: fifths of its time proving the last 0.1% and improved its answer by 0.001% (docs/notes/planning-speed.md). A
 #: ``cutoff`` likewise asks only for a choice better than the known one by more than this fraction.
 MIP_REL_GAP = 2e-3
 
@@ -28,7 +28,7 @@ MIP_REL_GAP = 2e-3
 #: - presolve and root restarts off: the models come out of :func:`~.model.formulate` with little
 #:   left for presolve to remove, and restarting the root after fixing columns repeats most of a
 #:   solve. Without them the large ILP cases solve in 0.57 to 0.71 of the time with the same memory
-#:   (bench/RESULTS.md); where several plans hold the same memory within the gap, the solver may
+#:   (docs/notes/planning-speed.md); where several plans hold the same memory within the gap, the solver may
 #:   return another of them. The two go together: with restarts alone off, t5-11b's solve runs out
 #:   of its time limit.
 #: - the feasibility-jump heuristic off: it does not give the answer on these models (the root LP of
