@@ -2,14 +2,18 @@
 
 :data:`STRATEGIES` (the base matrix, 28 runs): TP 2, DP 2, ZeRO-3 over 4, PP 2 with GPipe and with 1F1B,
 TP 2 x PP 2, and TP 2 x DP 2 with sequence parallelism, each without and with full activation
-checkpointing. :data:`EXTENDED` adds the other kinds: ZeRO-1 (DDP +
+checkpointing. In CI (the tests' default) each strategy runs without checkpointing on both models
+and with full checkpointing on one of them, alternating (21 runs); the full matrix runs both on both.
+:data:`EXTENDED` adds the other kinds: ZeRO-1 (DDP +
 ``ZeroRedundancyOptimizer``), ZeRO-2, gradient accumulation without pipelining under DDP, ZeRO-2
 and ZeRO-3, ZeRO-2/3 with TP (with and without sequence parallelism) and inside pipeline stages,
 interleaved 1F1B, uneven pipeline partitions, selective recomputation (the searches' default),
 DP-inner nesting (TP ranks strided), per-block mixes of ZeRO stage and recomputation as the DP
 search returns them, and, as a trainer's alternative the cost model does not express, FSDP2
-reduce-scattering every accumulated micro-batch. Each extended kind is marked for CI or for the full matrix only
-(``bench/model_accuracy.py``, or the tests with ``PARPLAN_AGENT_MATRIX=full``). At most 4 ranks.
+reduce-scattering every accumulated micro-batch. Each extended kind is marked for CI (each marked
+recomputation on one model: both models differ in the model's code, not in the strategy's) or for
+the full matrix only (``bench/model_accuracy.py``, or the tests with ``PARPLAN_AGENT_MATRIX=full``).
+At most 4 ranks.
 Shared by the tests (``tests/agent``) and ``bench/model_accuracy.py``.
 """
 
@@ -106,12 +110,16 @@ EXTENDED: tuple[Kind, ...] = (
 )
 
 
-def matrix_specs(models: tuple[TransformerConfig, ...] = MODELS, **overrides: Any) -> list[RunSpec]:
-    """Every (model, strategy, recompute) of the base matrix as a run spec."""
+def matrix_specs(models: tuple[TransformerConfig, ...] = MODELS, full: bool = True,
+                 **overrides: Any) -> list[RunSpec]:
+    """Every (model, strategy, recompute) of the base matrix as a run spec; without ``full``, CI's
+    set: full checkpointing on one model per strategy, alternating."""
     out = []
-    for cfg in models:
-        for name, fields in STRATEGIES:
+    for m, cfg in enumerate(models):
+        for i, (name, fields) in enumerate(STRATEGIES):
             for rec in RECOMPUTE:
+                if not full and rec != "none" and i % len(models) != m:
+                    continue
                 out.append(RunSpec(model=asdict(cfg), recompute=rec, seq_len=cfg.seq_len,
                                    label=f"{cfg.name}/{name}/{rec}", **{**fields, **overrides}))
     return out
@@ -119,14 +127,16 @@ def matrix_specs(models: tuple[TransformerConfig, ...] = MODELS, **overrides: An
 
 def extended_specs(full: bool = False, models: tuple[TransformerConfig, ...] = MODELS,
                    **overrides: Any) -> list[RunSpec]:
-    """The extended kinds as run specs: CI's representative set, or all of them with ``full``."""
+    """The extended kinds as run specs: CI's representative set (a kind marked for every model runs
+    on one, alternating from kind to kind), or all of them with ``full``."""
     out = []
-    for cfg in models:
-        for kind in EXTENDED:
+    for m, cfg in enumerate(models):
+        for i, kind in enumerate(EXTENDED):
             if cfg.name not in kind.models:
                 continue
             for rec in kind.recompute:
-                if not (full or kind.in_ci(cfg.name, rec)):
+                if not (full or (kind.in_ci(cfg.name, rec) and (f"{cfg.name}:{rec}" in kind.ci
+                                                                   or i % len(models) == m))):
                     continue
                 fields = {**kind.fields, **({} if rec == "mixed" else {"recompute": rec})}
                 out.append(RunSpec(model=asdict(cfg), seq_len=cfg.seq_len, label=f"{cfg.name}/{kind.name}/{rec}",
@@ -136,4 +146,4 @@ def extended_specs(full: bool = False, models: tuple[TransformerConfig, ...] = M
 
 def all_specs(full: bool = False, **overrides: Any) -> list[RunSpec]:
     """The base matrix followed by the extended kinds (CI's set, or all with ``full``)."""
-    return matrix_specs(**overrides) + extended_specs(full, **overrides)
+    return matrix_specs(full=full, **overrides) + extended_specs(full, **overrides)
