@@ -83,6 +83,11 @@ def _run(lines: list[str], out: Script) -> None:
         if not line or line.startswith("#"):
             continue
         head = line.split(None, 1)[0].rstrip(";")
+        if head in ("if", *_OPENERS) and line.split()[-1] in ("fi", "done", "esac"):
+            for name in re.findall(rf"(?:^|[;\s])({_NAME})\+?=", line):  # a one-line compound: not followed
+                out.unresolved[name] = f"assigned inside the one-line `{head}` block"
+                out.variables.pop(name, None)
+            continue
         cond = re.sub(r";?\s*then\s*$", "", line.split(None, 1)[1]) if " " in line else ""
         if head == "if":
             stack.append((active, why, False, ""))
@@ -117,12 +122,36 @@ def _statement(line: str, out: Script, active: bool, why: str) -> None:
                 out.unresolved[name] = why
                 out.variables.pop(name, None)
             return
+        end = _first_word_end(rest)
+        if not rest.startswith("(") and rest[end:].strip():  # NAME=value command ...: the command's own
+            if active:
+                words = [w for w in _words(rest[end:], out) if w]
+                if words:
+                    out.commands.append(words)
+            return
         _assign(name, append == "+", rest, out)
         return
     if active and not line.startswith(("set ", "cd ", "echo ", "mkdir ", "source ", ". ", "unset ", "exit")):
         words = [w for w in _words(line, out) if w]  # an empty "${A[@]}" is no word
         if words:
             out.commands.append(words)
+
+
+def _first_word_end(text: str) -> int:
+    """The index where the shell word at the start of ``text`` ends (quotes and escapes followed)."""
+    quote, i = "", 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "\\":
+            i += 1
+        elif c.isspace() or c == ";":
+            return i
+        i += 1
+    return i
 
 
 def _assign(name: str, append: bool, rest: str, out: Script) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from parplan.cli import main
-from parplan.imports import ImportProblemError, read_config
+from parplan.imports import Imported, ImportProblemError, read_config
+from parplan.imports.shell import read_script
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource
 
@@ -180,6 +181,7 @@ def test_deepspeed_auto_batch_sizes_are_resolved_as_deepspeed_derives_them() -> 
     cfg = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2}
     got = read_config("ds-config", json.dumps(cfg), model=ModelSource("gpt-1.7b", config=get_preset("gpt-1.7b")),
                       gpus=8)
+    assert isinstance(got, Imported)
     assert got.strategy.micro_batch == 4 and got.strategy.num_microbatches == 2
     assert got.report()["adjusted"][-1] == ('train_micro_batch_size_per_gpu "auto": 4, as DeepSpeed derives '
                                             'it from the other batch sizes')
@@ -192,6 +194,7 @@ def test_launch_lines_as_people_write_them() -> None:
              "--micro-batch-size 1 --bf16 --tensor-model-parallel-size $TP")
     script = f'GPUS=4\nTP=2\nSCRIPT="pretrain_gpt.py"\ntorchrun --nproc_per_node=$GPUS "$SCRIPT" {flags}\n'
     got = read_config("megatron-args", script)
+    assert isinstance(got, Imported)
     assert got.gpus == 4 and got.strategy.tp == 2 and got.strategy.dp == 2
     assert any("torchrun without --nnodes: its default 1" in a for a in got.report()["adjusted"])
     overridden = read_config("megatron-args", script, gpus=8)
@@ -226,3 +229,14 @@ def test_megatron_export_writes_the_gradient_type_its_import_reads(
     back = run(capsys, "--from", "megatron-args", str(tmp_path / "out" / "megatron_args.txt"), "--gpus", "8")
     assert back["strategy"]["precision"] == precision
     assert back["memory"]["peak_bytes"] == priced["memory"]["peak_bytes"]
+
+
+def test_a_script_is_read_as_bash_would_run_it_without_arguments_or_environment() -> None:
+    """if/elif/else on string tests (an unset variable is empty), an environment prefix before the
+    launcher, and a variable a loop assigns refused where it is used."""
+    script = read_script('GPUS=4\nfor i in 1 2; do X=$i; done\nif [ "$MODE" = "a" ]; then\n  TP=2\n'
+                         'elif [[ "$GPUS" == "4" ]]; then\n  TP=4\nelse\n  TP=8\nfi\n'
+                         'CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc_per_node $GPUS pretrain_gpt.py '
+                         '--tp $TP --x $X\n')
+    assert script.commands == [["torchrun", "--nproc_per_node", "4", "pretrain_gpt.py", "--tp", "4", "--x", "$X"]]
+    assert script.unresolved == {"X": "assigned inside the one-line `for` block"} and script.defaults == {"MODE": ""}
