@@ -240,3 +240,16 @@ def test_a_script_is_read_as_bash_would_run_it_without_arguments_or_environment(
                          '--tp $TP --x $X\n')
     assert script.commands == [["torchrun", "--nproc_per_node", "4", "pretrain_gpt.py", "--tp", "4", "--x", "$X"]]
     assert script.unresolved == {"X": "assigned inside the one-line `for` block"} and script.defaults == {"MODE": ""}
+
+
+def test_hugging_face_auto_buckets_are_filled_as_the_trainer_fills_them() -> None:
+    """``transformers.integrations.deepspeed``: ``reduce_bucket_size = hidden^2`` and
+    ``stage3_prefetch_bucket_size = 0.9 x hidden^2``; gpt-1.7b's hidden is 2304."""
+    cfg = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}}
+    got = read_config("ds-config", json.dumps(cfg), model=ModelSource("gpt-1.7b", config=get_preset("gpt-1.7b")),
+                      gpus=8)
+    adjusted = " | ".join(got.report()["adjusted"])
+    assert "reduce_bucket_size \"auto\": 5,308,416 elements" in adjusted
+    assert "stage3_prefetch_bucket_size \"auto\": 4,777,574 elements" in adjusted
+    assert 'train_batch_size "auto": 16' in adjusted
