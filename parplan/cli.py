@@ -186,9 +186,9 @@ def _memory_from(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     print(_memory_table(doc) if doc["strategy"].get("kind") != "per-layer" else _layer_table(doc))
-    for what in ("unknown", "ignored", "unpriced"):
+    for what in ("adjusted", "unknown", "ignored", "unpriced"):
         if imported.report()[what]:
-            print(f"{what} in {path}: {', '.join(imported.report()[what])}")
+            print(f"{what} in {path}: {('; ' if what == 'adjusted' else ', ').join(imported.report()[what])}")
     if args.suggest:
         sug = doc["suggestion"]
         if sug["memory"] is None:

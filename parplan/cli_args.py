@@ -103,8 +103,10 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                    help="attention materialises the s x s scores (adds Korthikanti's 5as/h term)")
     p.add_argument("--precision", choices=list(PRECISIONS), default=DEFAULT_PRECISION,
                    help="bf16 (default: fp32 grads + master + Adam, 18 B/param), bf16-grad16 (16 B/param), "
-                        "fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, 20 B/param), fp8-cs (the same "
-                        "with current scaling)")
+                        "bf16-states16 (every model state in bf16, DeepSpeed's bf16 master weights and optimizer "
+                        "states, 10 B/param), fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, "
+                        "20 B/param), fp8-cs (the same with current scaling), fp8-grad16 and fp8-cs-grad16 (those "
+                        "with 16-bit gradients)")
     p.add_argument("--expert-parallel", type=positive, default=1, help="expert-parallel degree (MoE), divides dp")
     p.add_argument("--cp", type=positive, default=1,
                    help="context-parallel degree (ring attention, Megatron-LM's --context-parallel-size): the "

@@ -47,6 +47,13 @@ DECLARED_FLAGS = frozenset({
     "--num-layers-per-virtual-pipeline-stage", "--use-flash-attn", "--vocab-size",
 })
 #: Flags made from megatron-core's DistributedDataParallelConfig fields (``--`` + the field with dashes).
+#: parplan precision -> Megatron-LM's flags (``megatron/training/arguments.py``: with ``--bf16`` the
+#: gradients are accumulated and reduced in fp32 unless ``--grad-reduce-in-bf16``; with ``--fp16``
+#: only with ``--accumulate-allreduce-grads-in-fp32``)
+PRECISION_FLAGS: Mapping[str, tuple[str, ...]] = {
+    "bf16": ("--bf16",), "bf16-grad16": ("--bf16", "--grad-reduce-in-bf16"),
+    "fp16": ("--fp16", "--accumulate-allreduce-grads-in-fp32"), "fp16-grad16": ("--fp16",),
+}
 DDP_FLAGS = frozenset({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"})
 #: Flags made from megatron.training's TrainingConfig (not shipped with megatron-core).
 TRAINING_FLAGS = frozenset({"--micro-batch-size", "--global-batch-size"})
@@ -94,7 +101,7 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
     reasons: list[str] = []
     if plan.schedule == "gpipe":
         reasons.append("the GPipe schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are given)")
-    if plan.precision not in ("bf16", "fp16"):
+    if plan.precision not in PRECISION_FLAGS:
         reasons.append(f"precision {plan.precision}")
     if plan.cp > 1 and ctx.seq_len % (2 * plan.cp * (plan.tp if plan.sequence_parallel else 1)):
         each = ", each a multiple of tp with sequence parallelism" if plan.sequence_parallel else ""
@@ -181,7 +188,7 @@ def _step_flags(plan: UniformPlan) -> list[str]:
     elif plan.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     return [*args, "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch),
-            f"--{plan.precision}", "--use-flash-attn"]
+            *PRECISION_FLAGS[plan.precision], "--use-flash-attn"]
 
 
 def _partition_flags(plan: UniformPlan, layers: int, reasons: list[str]) -> list[str]:

@@ -18,15 +18,14 @@ __all__ = ["IMPORT_KINDS", "ImportProblemError", "Imported", "LayerImport", "pri
 def read_config(kind: str, text: str, *, model: ModelSource | None = None, gpus: int | None = None,
                 seq_len: int | None = None, launch: str | None = None) -> Imported | LayerImport:
     """Read a trainer's configuration of kind ``kind`` (see :data:`IMPORT_KINDS`). ``model``,
-    ``gpus`` and ``seq_len`` fill in what the file does not say (a file that says overrides them
-    only where they are not given: a conflict is an error). ``launch``: the launch line of a
-    Galvatron strategy file (its sequence parallelism, precision and flash attention flags)."""
+    ``gpus`` and ``seq_len`` fill in what the file does not say (``gpus`` overrides a Megatron-LM
+    launch line's count, said in the report's ``adjusted``; other conflicts are errors). ``launch``:
+    the launch line of a Galvatron strategy file (its sequence parallelism, precision and flash
+    attention flags)."""
     if kind == "megatron-args":
         from parplan.imports.megatron import read_megatron_args
 
         imported = read_megatron_args(text, gpus)
-        if gpus is not None and imported.gpus != gpus:
-            raise ImportProblemError(kind, [f"the torchrun line starts {imported.gpus} processes, --gpus says {gpus}"])
         if model is not None:
             raise ImportProblemError(kind, ["the arguments describe the model; leave out --model"])
         return imported

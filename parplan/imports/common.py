@@ -3,7 +3,9 @@ strategy and batch, with every setting that was not used said out loud.
 
 An import never guesses: a setting that changes memory or time and that parplan does not model is
 an error naming it (:class:`ImportProblemError`); a setting it does not know is listed in ``unknown``; a
-known one that does not change the prediction (data paths, learning rates, logging) in ``ignored``.
+known one that does not change the prediction (data paths, learning rates, logging) in ``ignored``;
+what the trainer itself would change or fill in (its defaults for what the file leaves out, its own
+corrections, a GPU count the caller overrides) in ``adjusted``, one sentence each.
 """
 
 from __future__ import annotations
@@ -47,10 +49,11 @@ class Imported:
     unknown: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     unpriced: list[str] = field(default_factory=list)  # what the trainer holds beyond the prediction
+    adjusted: list[str] = field(default_factory=list)  # the trainer's defaults and corrections, said
 
     def report(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "unknown": list(self.unknown),
-                "ignored": list(self.ignored), "unpriced": list(self.unpriced)}
+                "ignored": list(self.ignored), "unpriced": list(self.unpriced), "adjusted": list(self.adjusted)}
 
 
 @dataclass(frozen=True)
@@ -67,10 +70,11 @@ class LayerImport:
     unknown: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     unpriced: list[str] = field(default_factory=list)
+    adjusted: list[str] = field(default_factory=list)
 
     def report(self) -> dict[str, Any]:
         return {"kind": self.kind, "target": self.target, "unknown": list(self.unknown),
-                "ignored": list(self.ignored), "unpriced": list(self.unpriced)}
+                "ignored": list(self.ignored), "unpriced": list(self.unpriced), "adjusted": list(self.adjusted)}
 
 
 def json_object(kind: str, text: str) -> Mapping[str, Any]:

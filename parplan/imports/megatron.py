@@ -13,10 +13,11 @@ an error.
 
 from __future__ import annotations
 
-import shlex
+from dataclasses import dataclass
 from typing import Literal
 
-from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems, world_size
+from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems
+from parplan.imports.shell import read_script
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.frontends.config import TransformerConfig, dropout_field
 from parplan.solver.models import ModelSource
@@ -25,7 +26,16 @@ from parplan.solver.strategy import CP_COMM, ParallelConfig, Schedule
 KIND = "megatron-args"
 #: Megatron-LM's ``--hidden-dropout`` and ``--attention-dropout`` when not given
 MEGATRON_DROPOUT = 0.1
+#: commands that start the training script (torchrun's and Python's)
+_LAUNCHERS = ("torchrun", "python", "python3")
 
+#: switches that change memory or time in ways parplan does not model (refused, naming what they do)
+_REFUSED = (("--fp8-dot-product-attention", "FP8 attention"), ("--fp8-multi-head-attention", "FP8 attention"),
+            ("--first-last-layers-bf16", "FP8 with the first and last layers in bf16"),
+            ("--fp4-param-gather", "FP4 weights"), ("--cpu-offloading", "activation offloading"),
+            ("--optimizer-cpu-offload", "the optimizer's offloading to the CPU"),
+            ("--use-megatron-fsdp", "Megatron-FSDP's sharded data parallelism"),
+            ("--use-torch-fsdp2", "PyTorch FSDP2 inside Megatron-LM"))
 #: flags that take a value (the others are switches)
 _VALUED = {
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
@@ -34,48 +44,104 @@ _VALUED = {
     "--pipeline-model-parallel-size", "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--context-parallel-size",
-    "--hidden-dropout", "--attention-dropout",
-    "--expert-tensor-parallel-size", "--fp8-format", "--cp-comm-type",
+    "--hidden-dropout", "--attention-dropout", "--make-vocab-size-divisible-by",
+    "--expert-tensor-parallel-size", "--fp8-format", "--fp8-recipe", "--cp-comm-type", "--main-grads-dtype",
+    "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--moe-token-dispatcher-type", "--optimizer",
 }
 _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--untie-embeddings-and-output-weights",
              "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--add-qkv-bias",
-             "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce"}
+             "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce",
+             "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--fp8-param-gather",
+             "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
+             *(f for f, _ in _REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
     "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--lr",
     "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-warmup-iters", "--lr-warmup-fraction",
     "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2", "--adam-eps", "--init-method-std",
     "--train-iters", "--train-samples", "--save", "--load", "--save-interval", "--log-interval", "--eval-iters",
-    "--eval-interval", "--seed", "--norm-epsilon", "--rotary-base",
-    "--make-vocab-size-divisible-by", "--tensorboard-dir", "--distributed-backend", "--ckpt-format",
-    "--distributed-timeout-minutes", "--num-workers", "--exit-duration-in-mins", "--wandb-project",
+    "--eval-interval", "--seed", "--norm-epsilon", "--rotary-base", "--rotary-percent",
+    "--tensorboard-dir", "--distributed-backend", "--ckpt-format",
+    "--distributed-timeout-minutes", "--num-workers", "--exit-duration-in-mins", "--wandb-project", "--wandb-exp-name",
     "--transformer-impl", "--attention-backend",  # flash attention is priced either way
+    "--lr-decay-samples", "--lr-warmup-samples", "--decoupled-lr", "--decoupled-min-lr", "--data-cache-path",
+    "--tiktoken-pattern", "--profile-step-start", "--profile-step-end", "--moe-aux-loss-coeff",
+    # the caching allocator's release of unused blocks: what is reserved, not what tensors hold
+    "--empty-unused-memory-level",
+    # Transformer Engine's amax history and margin: the scaling state, far below what the FP8 model over-counts
+    "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin", "--fp8-interval",
+    # the router's auxiliary loss: a few reductions over the router's logits
+    "--moe-router-load-balancing-type",
 }
 _IGNORED_SWITCHES = {"--mock-data", "--no-masked-softmax-fusion", "--use-mcore-models", "--no-load-optim",
                      "--no-load-rng", "--log-throughput", "--use-rotary-position-embeddings", "--no-bias-gelu-fusion",
-                     "--no-bias-dropout-fusion", "--no-rope-fusion", "--use-flash-attn"}
+                     "--no-bias-dropout-fusion", "--no-rope-fusion", "--use-flash-attn", "--apply-layernorm-1p",
+                     "--calculate-per-token-loss", "--manual-gc", "--profile", "--no-mmap-bin-files",
+                     "--no-create-attention-mask-in-dataloader",
+                     # the fused and the plain vocabulary-parallel cross entropy both keep the softmax
+                     # and turn it into the gradient in place, as the megatron runtime prices the loss
+                     "--cross-entropy-loss-fusion"}
 
 
-def _tokens(text: str) -> tuple[list[str], int | None, int | None]:
-    """The flags after the training script (or all of them), and torchrun's nodes and processes."""
-    try:
-        words = shlex.split(text.replace("\\\n", " "), comments=True)
-    except ValueError as e:
-        raise ImportProblemError(KIND, [f"cannot split the arguments: {e}"]) from None
-    nodes = procs = None
-    script = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-    if script is not None:
-        launcher = words[:script]
-        for i, w in enumerate(launcher[:-1]):
-            if w in ("--nnodes",):
-                nodes = _int(launcher[i + 1], w)
-            if w in ("--nproc-per-node", "--nproc_per_node"):
-                procs = _int(launcher[i + 1], w)
-        words = words[script + 1:]
-    return words, nodes, procs
+@dataclass(frozen=True)
+class _Launch:
+    """The training script's words, and what the launch line says of the GPUs."""
+
+    words: list[str]
+    nodes: int | None
+    procs: int | None
+    notes: list[str]
+    unresolved: dict[str, str]  # variable -> why the script's value is not known
+
+
+def _launch(text: str) -> _Launch:
+    """The flags after the training script of the script's launch command (or every flag line), with
+    torchrun's nodes and processes per node (its defaults, 1 and 1, when it leaves them out)."""
+    script = read_script(text)
+    command = next((c[i:] for c in script.commands for i, w in enumerate(c)
+                    if w.rsplit("/", 1)[-1] in _LAUNCHERS), None)  # after a prefix such as `uv run`
+    if command is None:
+        return _Launch([w for c in script.commands if c[0].startswith("-") for w in c], None, None, [],
+                       script.unresolved)
+    at = next((i for i, w in enumerate(command) if w.endswith(".py")), None)
+    if at is None:
+        raise ImportProblemError(KIND, [f"the launch line `{' '.join(command[:6])} ...` names no training script"])
+    launcher, words = command[:at], command[at + 1:]
+    if command[at].rsplit("/", 1)[-1] != "pretrain_gpt.py":
+        raise ImportProblemError(KIND, [f"the training script {command[at]}: parplan reads the arguments of "
+                                        "pretrain_gpt.py (GPT, Llama and Mixtral models)"])
+    used = {name: value for name, value in script.defaults.items() if value}
+    notes = ["variables the script leaves to its caller, their defaults used: "
+             + ", ".join(f"{name}={value}" for name, value in used.items())] if used else []
+    if launcher[0].rsplit("/", 1)[-1] != "torchrun" and "torch.distributed.run" not in launcher:
+        return _Launch(words, None, None, notes, script.unresolved)
+    opts = _launcher_options(launcher[1:])
+    nodes, procs = opts.get("--nnodes"), opts.get("--nproc-per-node")
+    for flag, value in (("--nnodes", nodes), ("--nproc-per-node", procs)):
+        if value is None:
+            notes.append(f"torchrun without {flag}: its default 1")
+    return _Launch(words, _int(nodes or "1", "--nnodes"), _int(procs or "1", "--nproc-per-node"), notes,
+                   script.unresolved)
+
+
+def _launcher_options(words: list[str]) -> dict[str, str]:
+    """torchrun's ``--nnodes`` and ``--nproc-per-node`` (either spelling, ``=`` or a separate value)."""
+    out: dict[str, str] = {}
+    for i, w in enumerate(words):
+        name, eq, inline = w.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--nnodes", "--nproc-per-node"):
+            value = inline if eq else (words[i + 1] if i + 1 < len(words) else "")
+            if name == "--nnodes" and ":" in value:
+                raise ImportProblemError(KIND, [f"torchrun --nnodes {value}: an elastic range of nodes; give one "
+                                                "count"])
+            out[name] = value
+    return out
 
 
 def _int(text: str, flag: str) -> int:
+    if text.startswith("$"):
+        raise ImportProblemError(KIND, [f"{flag} {text}: the variable is not set to a plain value in the script"])
     try:
         value = int(text)
     except ValueError:
@@ -86,9 +152,25 @@ def _int(text: str, flag: str) -> int:
 
 
 def read_megatron_args(text: str, gpus: int | None = None) -> Imported:
-    """The model, strategy and batch of Megatron-LM arguments on ``gpus`` devices (from a torchrun
-    line when it says, else ``gpus``)."""
-    words, nodes, procs = _tokens(text)
+    """The model, strategy and batch of Megatron-LM arguments: a flag file, a command line or a
+    launch script. The GPU count is ``gpus`` when given (it overrides a torchrun line's, said in
+    ``adjusted``), else the torchrun line's."""
+    launch = _launch(text)
+    flags, unknown, ignored = _flags(launch.words, launch.unresolved)
+    adjusted = list(launch.notes)
+    world = launch.nodes * launch.procs if launch.nodes and launch.procs else None
+    if gpus is not None and world is not None and gpus != world:
+        adjusted.append(f"--gpus {gpus} overrides the launch line's {world} processes "
+                        f"({launch.nodes} node(s) x {launch.procs})")
+    world = gpus if gpus is not None else world
+    if world is None:
+        raise ImportProblemError(KIND, ["the GPU count: give --gpus (the arguments have no torchrun line)"])
+    return _imported(flags, world, launch.procs, unknown, ignored, adjusted)
+
+
+def _flags(words: list[str], unresolved: dict[str, str]) -> tuple[dict[str, str | bool], list[str], list[str]]:
+    """(the flags parplan reads, unknown words, ignored flags); a word that is a variable the script
+    does not set (``unresolved``: why) is refused, naming it."""
     flags: dict[str, str | bool] = {}
     unknown: list[str] = []
     ignored: list[str] = []
@@ -96,10 +178,9 @@ def read_megatron_args(text: str, gpus: int | None = None) -> Imported:
     while i < len(words):
         w = words[i]
         name, eq, inline = w.partition("=")
-        if w.startswith("$"):  # a shell variable of a launch script (EXTRA_ARGS): not ours to read
-            ignored.append(w)
-            i += 1
-            continue
+        if w.startswith("$"):  # a variable the script does not set: its flags are unknown
+            why = unresolved.get(w.lstrip("${").rstrip("}"), "not set to a plain value in the script")
+            raise ImportProblemError(KIND, [f"{w}: {why}, so the flags it holds are unknown"])
         if not name.startswith("--"):
             unknown.append(w)
             i += 1
@@ -109,7 +190,7 @@ def read_megatron_args(text: str, gpus: int | None = None) -> Imported:
         if eq:
             value = inline
         elif takes or (name not in _SWITCHES and name not in _IGNORED_SWITCHES and i + 1 < len(words)
-                       and not words[i + 1].startswith("--")):
+                       and not words[i + 1].startswith(("--", "$"))):
             if i + 1 >= len(words):
                 raise ImportProblemError(KIND, [f"{name} needs a value"])
             value = words[i + 1]
@@ -121,7 +202,7 @@ def read_megatron_args(text: str, gpus: int | None = None) -> Imported:
             ignored.append(name)
         else:
             unknown.append(name if value is True else f"{name} {value}")
-    return _imported(flags, world_size(KIND, nodes, procs, gpus), procs, unknown, ignored)
+    return flags, unknown, ignored
 
 
 def _get(flags: dict[str, str | bool], name: str, default: int | None = None) -> int | None:
@@ -134,31 +215,133 @@ def _get(flags: dict[str, str | bool], name: str, default: int | None = None) ->
 
 
 def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, unknown: list[str],
-              ignored: list[str]) -> Imported:
+              ignored: list[str], adjusted: list[str]) -> Imported:
     _require(flags)
-    problems: list[str] = []
+    problems = [f"{f} ({why}) is not modelled" for f, why in _REFUSED if f in flags]
+    if str(flags.get("--optimizer", "adam")) != "adam":
+        problems.append(f"--optimizer {flags['--optimizer']}: parplan prices Adam's states")
+    unpriced: list[str] = []
     cp_comm = str(flags.get("--cp-comm-type", "p2p"))
     if (_get(flags, "--context-parallel-size", 1) or 1) > 1 and cp_comm not in CP_COMM:
         problems.append(f"context parallelism with --cp-comm-type {cp_comm}: parplan prices the p2p ring and "
                         "the all-to-all (a2a)")
-    if "--fp8-format" in flags:
-        problems.append("FP8 training (--fp8-format) is not modelled yet")
     ept = _get(flags, "--expert-tensor-parallel-size")
     tp = _get(flags, "--tensor-model-parallel-size", 1) or 1
     if ept is not None and ept != tp:
         problems.append("an expert tensor-parallel size other than the tensor-parallel size is not modelled")
     family = _family(flags, problems)
     recompute = _recompute(flags, problems)
-    if "--fp16" in flags and "--bf16" in flags:
-        problems.append("both --fp16 and --bf16")
+    precision = _precision(flags, problems, adjusted)
+    ignored += _read_but_inert(flags, problems, adjusted)
+    if tp == 1 and "--sequence-parallel" in flags:
+        adjusted.append("--sequence-parallel with tensor-parallel size 1: Megatron-LM turns it off (\"Disabling "
+                        "sequence parallelism because tensor model parallelism is disabled\")")
+        del flags["--sequence-parallel"]
     if problems:
         raise ImportProblemError(KIND, problems)
     assert recompute is not None
     with refusals_as_problems(KIND):
-        cfg, seq = _config(flags, family)
-        strategy = _strategy(flags, world, cfg.layers, tp, recompute, cp_comm)
+        cfg, seq = _config(flags, family, adjusted)
+        strategy = _strategy(flags, world, cfg.layers, tp, recompute, cp_comm, precision, adjusted)
+    unpriced += _moe_notes(flags, strategy.expert_parallel) + _padding_note(flags, cfg.vocab, tp)
     return Imported(KIND, ModelSource(cfg.name, config=cfg), strategy, seq, world, per_node, "megatron", unknown,
-                    ignored)
+                    ignored, unpriced, adjusted)
+
+
+def _read_but_inert(flags: dict[str, str | bool], problems: list[str], adjusted: list[str]) -> list[str]:
+    """Known flags that change nothing priced in this configuration (Megatron-LM reads them only with
+    another setting), taken out of ``flags``; ``problems`` gets those that would change the model."""
+    inert = []
+    if "--no-position-embedding" in flags:
+        if str(flags.get("--position-embedding-type", "learned_absolute")) != "rope":
+            problems.append("--no-position-embedding with learned positions (a model without a position table) "
+                            "is not modelled")
+        inert.append("--no-position-embedding")
+    if "--grad-reduce-in-bf16" in flags and "--bf16" not in flags:
+        adjusted.append("--grad-reduce-in-bf16 without --bf16: Megatron-LM reads it with --bf16 only")
+        inert.append("--grad-reduce-in-bf16")
+    if "--fp8-recipe" in flags and "--fp8-format" not in flags:
+        inert.append("--fp8-recipe")
+    for flag in ("--use-precision-aware-optimizer", "--accumulate-allreduce-grads-in-fp32"):
+        if flag in flags and ("--fp16" not in flags or flag != "--accumulate-allreduce-grads-in-fp32"):
+            inert.append(flag)  # the dtypes it reads are checked by _precision; fp32 is bf16's default
+    for flag in inert:
+        if flag != "--accumulate-allreduce-grads-in-fp32":
+            flags.pop(flag, None)
+    return inert
+
+
+def _precision(flags: dict[str, str | bool], problems: list[str], adjusted: list[str]) -> str:
+    """parplan's precision for Megatron-LM's mixed-precision flags (``megatron/training/arguments.py``:
+    with ``--bf16``, ``--grad-reduce-in-bf16`` sets ``accumulate_allreduce_grads_in_fp32 = False``, else
+    it is turned on; with ``--fp16`` it stays off unless given; the DDP's gradient buffers take
+    ``grad_reduce_in_fp32`` from it)."""
+    if "--fp16" in flags and "--bf16" in flags:
+        problems.append("both --fp16 and --bf16")
+    for flag in ("--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"):
+        if str(flags.get(flag, "fp32")) != "fp32":
+            problems.append(f"{flag} {flags[flag]} (the precision-aware optimizer's states) is not modelled")
+    grads16 = ("--grad-reduce-in-bf16" in flags or str(flags.get("--main-grads-dtype", "fp32")) == "bf16")
+    if "--bf16" in flags:
+        base = "bf16"
+        if grads16:
+            adjusted.append("--grad-reduce-in-bf16: Megatron-LM accumulates and reduces the gradients in bf16 "
+                            "(accumulate_allreduce_grads_in_fp32 off): precision bf16-grad16")
+    elif "--fp16" in flags:
+        base, grads16 = "fp16", "--accumulate-allreduce-grads-in-fp32" not in flags
+        if grads16:
+            adjusted.append("--fp16 without --accumulate-allreduce-grads-in-fp32: Megatron-LM accumulates and "
+                            "reduces the gradients in fp16: precision fp16-grad16")
+    else:
+        base, grads16 = "fp32", False
+    if "--fp8-format" not in flags:
+        if "--fp8-param-gather" in flags:
+            problems.append("--fp8-param-gather without --fp8-format")
+        return base + ("-grad16" if grads16 else "")
+    return _fp8(flags, base, grads16, problems, adjusted)
+
+
+def _fp8(flags: dict[str, str | bool], base: str, grads16: bool, problems: list[str], adjusted: list[str]) -> str:
+    """Transformer Engine's FP8 (``--fp8-format``), priced with parplan's FP8 model."""
+    fmt, recipe = str(flags["--fp8-format"]), str(flags.get("--fp8-recipe", "delayed"))
+    name = {"delayed": "fp8", "tensorwise": "fp8-cs"}.get(recipe)
+    if base != "bf16":
+        problems.append(f"--fp8-format with {base} weights: parplan's FP8 model keeps bf16 weights (give --bf16)")
+    if fmt not in ("e4m3", "hybrid"):
+        problems.append(f"--fp8-format {fmt}: Megatron-LM's formats are e4m3 and hybrid")
+    if name is None:
+        problems.append(f"--fp8-recipe {recipe}: parplan prices the delayed and tensorwise (current) scaling recipes")
+        return "fp8"
+    if "--fp8-param-gather" in flags:
+        adjusted.append("--fp8-param-gather: Megatron-LM keeps the weights in FP8 only and gathers them in FP8; "
+                        "priced as bf16 weights with their FP8 copies, gathered in bf16 (an upper bound on both)")
+    return name + ("-grad16" if grads16 else "")
+
+
+def _moe_notes(flags: dict[str, str | bool], ep: int) -> list[str]:
+    """What a mixture of experts runs that the prediction does not price as Megatron-LM runs it."""
+    if not _get(flags, "--num-experts", 0):
+        return []
+    out = []
+    dispatcher = str(flags.get("--moe-token-dispatcher-type", "allgather"))
+    if ep > 1 and dispatcher != "alltoall":
+        out.append(f"--moe-token-dispatcher-type {dispatcher} (Megatron-LM's default: allgather) is priced as the "
+                   "all-to-all dispatcher")
+    if "--moe-grouped-gemm" in flags:
+        out.append("--moe-grouped-gemm: the experts' GEMMs are priced one expert at a time (the grouped kernel's "
+                   "speed-up is not counted)")
+    return out
+
+
+def _padding_note(flags: dict[str, str | bool], vocab: int, tp: int) -> list[str]:
+    """Megatron-LM pads the vocabulary to a multiple of ``--make-vocab-size-divisible-by`` (128) x tp
+    (``_vocab_size_with_padding``); the prediction prices the vocabulary given."""
+    multiple = (_get(flags, "--make-vocab-size-divisible-by", 128) or 128) * tp
+    padded = -(-vocab // multiple) * multiple
+    if padded == vocab:
+        return []
+    return [f"Megatron-LM pads the vocabulary {vocab} to {padded} (a multiple of {multiple}): the {padded - vocab} "
+            "padded rows of the embedding and output layer are not priced"]
 
 
 def _require(flags: dict[str, str | bool]) -> None:
@@ -207,31 +390,48 @@ def _recompute(flags: dict[str, str | bool], problems: list[str]) -> Recompute |
     return recompute
 
 
-def _config(flags: dict[str, str | bool], family: Literal["gpt", "llama", "mixtral"]) -> tuple[TransformerConfig, int]:
-    """(the model the size flags describe, ``--seq-length``)."""
+def _config(flags: dict[str, str | bool], family: Literal["gpt", "llama", "mixtral"],
+            adjusted: list[str]) -> tuple[TransformerConfig, int]:
+    """(the model the size flags describe, ``--seq-length``); Megatron-LM's defaults for the size
+    flags left out (``megatron/training/arguments.py``, ``TransformerConfig``) are said in ``adjusted``."""
     layers = _get(flags, "--num-layers")
     hidden, heads = _get(flags, "--hidden-size"), _get(flags, "--num-attention-heads")
     seq, vocab = _get(flags, "--seq-length"), _get(flags, "--vocab-size")
     assert layers and hidden and heads and seq and vocab
     # a GPT's learned position table has --max-position-embeddings rows (parplan's config seq_len)
     positions = max(seq, _get(flags, "--max-position-embeddings", seq) or seq)
-    kv = _get(flags, "--num-query-groups") if "--group-query-attention" in flags else None
+    kv = None
+    if "--group-query-attention" in flags:
+        kv = _get(flags, "--num-query-groups", 1)
+        if "--num-query-groups" not in flags:
+            adjusted.append("--group-query-attention without --num-query-groups: Megatron-LM's default, 1 group")
+    ffn = _get(flags, "--ffn-hidden-size")
+    if ffn is None:
+        # Megatron-LM: with --swiglu, int((4 * hidden * 2 / 3) / 64) * 64, else 4 * hidden
+        ffn = int((4 * hidden * 2 / 3) / 64) * 64 if "--swiglu" in flags else 4 * hidden
+        adjusted.append(f"no --ffn-hidden-size: Megatron-LM's default, {ffn}")
     # Megatron-LM's dropouts default to 0.1. parplan's model has one probability for both; a dropout
     # keeps its mask whatever the probability, so the larger stands for both (a mask more, never one
     # less, when they differ)
     dropout = max(_probability(flags, "--hidden-dropout"), _probability(flags, "--attention-dropout"))
+    missing = [f for f in ("--hidden-dropout", "--attention-dropout") if f not in flags]
+    if missing:
+        adjusted.append(f"no {' or '.join(missing)}: Megatron-LM's default, {MEGATRON_DROPOUT}")
+    experts = _get(flags, "--num-experts", 0) or 0
+    if experts and "--moe-router-topk" not in flags:
+        adjusted.append("no --moe-router-topk: Megatron-LM's default, 2")
     cfg = TransformerConfig(
         family=family, name="megatron-args", layers=layers, hidden=hidden, heads=heads,
-        ffn=_get(flags, "--ffn-hidden-size", 4 * hidden) or 4 * hidden, vocab=vocab, seq_len=positions, kv_heads=kv,
+        ffn=ffn, vocab=vocab, seq_len=positions, kv_heads=kv,
         head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
-        num_experts=_get(flags, "--num-experts", 0) or 0, top_k=_get(flags, "--moe-router-topk", 2) or 2,
+        num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2,
         qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags,
         dropout=dropout_field(family, dropout))
     return cfg, seq
 
 
 def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, recompute: Recompute,
-              cp_comm: str) -> ParallelConfig:
+              cp_comm: str, precision: str, adjusted: list[str]) -> ParallelConfig:
     """The degrees, batch, pipeline and overlaps the flags give on ``world`` GPUs."""
     pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
     cp = _get(flags, "--context-parallel-size", 1) or 1
@@ -241,6 +441,8 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
     dp = world // (tp * pp * cp)
     mb = _get(flags, "--micro-batch-size") or 1
     gb = _get(flags, "--global-batch-size", mb * dp) or mb * dp
+    if "--global-batch-size" not in flags:
+        adjusted.append(f"no --global-batch-size: Megatron-LM's default, micro-batch x data-parallel size = {gb}")
     if gb % (mb * dp):
         raise ImportProblemError(KIND, [f"--global-batch-size {gb} is not a multiple of --micro-batch-size {mb} x "
                                         f"data-parallel size {dp}"])
@@ -256,7 +458,7 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
         sequence_parallel="--sequence-parallel" in flags, recompute=recompute, micro_batch=mb,
         num_microbatches=gb // (mb * dp),
         schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B, virtual_stages=virtual,
-        precision="fp16" if "--fp16" in flags else ("bf16" if "--bf16" in flags else "fp32"),
+        precision=precision,
         expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
         cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
         overlap_param_gather="--overlap-param-gather" in flags,

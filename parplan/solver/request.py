@@ -120,8 +120,10 @@ PresetName = Annotated[str, _one_of(tuple(PRESETS), "model preset", PRESETS, "kn
     {"type": "string", "enum": list(PRESETS), "description": "A model preset (GET /v1/models)."})]
 PrecisionName = Annotated[str, _one_of(tuple(PRECISIONS), "precision", PRECISIONS), WithJsonSchema(
     {"type": "string", "enum": list(PRECISIONS), "default": DEFAULT_PRECISION, "description": "Training "
-     "precision: bf16 (Megatron-LM's default), bf16-grad16, fp16, fp16-grad16, fp32, fp8 (Transformer Engine's "
-     "FP8 recipe, delayed scaling) or fp8-cs (the same with current scaling); FP8 needs a GPU with FP8 math."})]
+     "precision: bf16 (Megatron-LM's default), bf16-grad16, bf16-states16 (every model state in bf16: DeepSpeed's "
+     "bf16_master_weights_and_grads with bf16_optimizer_states), fp16, fp16-grad16, fp32, fp8 (Transformer "
+     "Engine's FP8 recipe, delayed scaling), fp8-cs (the same with current scaling) or fp8-grad16 and fp8-cs-grad16 "
+     "(those with 16-bit gradients); FP8 needs a GPU with FP8 math."})]
 TargetName = Annotated[str, _one_of(tuple(t.value for t in Target), "target", [t.value for t in Target]),
                        WithJsonSchema({"type": "string", "enum": [t.value for t in Target], "default": "any"})]
 

@@ -73,16 +73,31 @@ FP8_WEIGHT_COPY_BYTES = 2
 #: inverse scale and an amax history of at most 1,024 fp32 values per GEMM operand: about 20 KB per
 #: linear layer) is far below the copies' over-count and not counted. ``fp8-cs`` is the same with
 #: current scaling (Megatron-LM's ``--fp8-recipe tensorwise``, the "FP8-CS" of NVIDIA's recipes): the
-#: same bytes, each cast reading its tensor once more for the amax (time only).
+#: same bytes, each cast reading its tensor once more for the amax (time only). ``fp8-grad16`` and
+#: ``fp8-cs-grad16`` are those with 16-bit gradients (Megatron-LM's ``--grad-reduce-in-bf16``, as
+#: ``bf16-grad16``: 18 bytes/parameter). ``bf16-states16``
+#: keeps every model state in bf16: weights, gradients, the master copy and Adam's two moments
+#: (10 bytes/parameter), DeepSpeed's ``bf16.bf16_master_weights_and_grads`` with
+#: ``bf16.bf16_optimizer_states``: ZeRO's master partition is made in ``master_weights_and_grads_dtype``
+#: (``deepspeed/runtime/zero/stage_1_and_2.py``: ``weights_partition = ....clone().to(dtype=
+#: self.master_weights_and_grads_dtype)``), the gradient partition handed to the optimizer is cast to
+#: it, and the moments are made like the master partition (``zeros_like``), so in bf16. Under ZeRO-3
+#: DeepSpeed reuses the bf16 weight partition as the master when the types match
+#: (``stage3.py``'s ``_create_fp32_partitions``): the master's 2 bytes/parameter counted there are an
+#: upper bound.
 PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "bf16": Precision("bf16", 2, 4, 4, 8, 2, "bf16"),
     "bf16-grad16": Precision("bf16-grad16", 2, 2, 4, 8, 2, "bf16"),
     "fp16": Precision("fp16", 2, 4, 4, 8, 2, "fp16"),
     "fp16-grad16": Precision("fp16-grad16", 2, 2, 4, 8, 2, "fp16"),
+    "bf16-states16": Precision("bf16-states16", 2, 2, 2, 4, 2, "bf16"),
     "fp32": Precision("fp32", 4, 4, 0, 8, 4, "fp32"),
     "fp8": Precision("fp8", 2 + FP8_WEIGHT_COPY_BYTES, 4, 4, 8, 2, "bf16", matmul_dtype="fp8"),
     "fp8-cs": Precision("fp8-cs", 2 + FP8_WEIGHT_COPY_BYTES, 4, 4, 8, 2, "bf16", matmul_dtype="fp8",
                         fp8_current_scaling=True),
+    "fp8-grad16": Precision("fp8-grad16", 2 + FP8_WEIGHT_COPY_BYTES, 2, 4, 8, 2, "bf16", matmul_dtype="fp8"),
+    "fp8-cs-grad16": Precision("fp8-cs-grad16", 2 + FP8_WEIGHT_COPY_BYTES, 2, 4, 8, 2, "bf16", matmul_dtype="fp8",
+                               fp8_current_scaling=True),
 })
 
 
