@@ -108,7 +108,14 @@ def read_torchtitan_config(text: str, gpus: int | None = None) -> Imported | Lay
         if gpus is None:
             raise ImportProblemError(KIND, ["a TOML job file does not say the GPU count: give --gpus"])
         return price_job(read_toml_job(text, gpus))
-    return price_job(_line_job(text, gpus))
+    return read_torchtitan_args(text, gpus)
+
+
+def read_torchtitan_args(text: str, gpus: int | None = None) -> Imported:
+    """The model, strategy and batch of torchtitan 0.3.0 arguments (uniform: 0.3.0 has no layer interval)."""
+    imported = price_job(_line_job(text, gpus))
+    assert isinstance(imported, Imported)
+    return imported
 
 
 def _launcher(launcher: list[str]) -> tuple[int | None, int | None]:
@@ -121,6 +128,18 @@ def _launcher(launcher: list[str]) -> tuple[int | None, int | None]:
         if name in ("--nproc-per-node", "--nproc_per_node") and given.isdigit():
             procs = int(given)
     return nodes, procs
+
+
+def _world(launcher: list[str], nodes: int | None, procs: int | None, gpus: int | None, adjusted: list[str]) -> int:
+    """The GPU count: ``gpus`` when given (said when the launch line starts another count), else the
+    launch line's nodes (torchrun's default, one, when it does not say) x processes per node."""
+    if launcher and procs and nodes is None:
+        nodes = 1
+        adjusted.append("torchrun without --nnodes: one node (torchrun's default)")
+    line = nodes * procs if nodes and procs else None
+    if gpus is not None and line is not None and gpus != line:
+        adjusted.append(f"--gpus {gpus} in place of the {line} processes of the launch line")
+    return world_size(KIND, None, None, gpus) if gpus is not None else world_size(KIND, nodes, procs, None)
 
 
 def _line_job(text: str, gpus: int | None) -> Job:
@@ -146,7 +165,7 @@ def _line_job(text: str, gpus: int | None) -> Job:
     adjusted = [f"the {config} recipe sets " + ", ".join(f"{k} {v}" for k, v in kept.items())
                 + f" ({recipe.source.split(':')[0]})"] if kept else []
     values = {**TRAINER_DEFAULTS, **recipe.fields, **line}
-    world = world_size(KIND, nodes, procs, gpus)
+    world = _world(launcher, nodes, procs, gpus, adjusted)
     unpriced = [] if values["training.disable_cuda_graphs"] == "true" else [
         "CUDA graphs (torchtitan's default without --training.disable_cuda_graphs) keep memory pools the "
         "prediction leaves out"]
@@ -274,10 +293,14 @@ def _interval_import(job: Job, model: ModelSource, strategy: ParallelConfig, seq
         counts[rank] = counts.get(rank, 0) + 1
         full = counts[rank] % every == 0
         layers[block] = replace(plan.layers[block], recompute=Recompute.FULL if full else Recompute.SELECTIVE)
-    adjusted.append(f"selective_ac_option {every}: every {every}{'st' if every == 1 else 'th'} block of each rank "
-                    "checkpointed whole, the others not")
+    adjusted.append(f"selective_ac_option {every}: every {every}{_ordinal(every)} block of each rank (counted from "
+                    "1) checkpointed whole, the others not")
     return LayerImport(KIND, model, replace(plan, layers=layers), seq, job.world, job.per_node, "torchtitan",
                        job.unknown, job.ignored, job.unpriced, adjusted=adjusted)
+
+
+def _ordinal(n: int) -> str:
+    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
 
 
 def _preset_of(flavor: Flavor) -> str | None:
