@@ -130,23 +130,55 @@ def _launcher(launcher: list[str]) -> tuple[int | None, int | None]:
     return nodes, procs
 
 
-def _world(launcher: list[str], nodes: int | None, procs: int | None, gpus: int | None, adjusted: list[str]) -> int:
+def _world(line: int | None, gpus: int | None, adjusted: list[str]) -> int:
     """The GPU count: ``gpus`` when given (said when the launch line starts another count), else the
-    launch line's nodes (torchrun's default, one, when it does not say) x processes per node."""
-    if launcher and procs and nodes is None:
-        nodes = 1
-        adjusted.append("torchrun without --nnodes: one node (torchrun's default)")
-    line = nodes * procs if nodes and procs else None
+    launch line's (``line``)."""
     if gpus is not None and line is not None and gpus != line:
         adjusted.append(f"--gpus {gpus} in place of the {line} processes of the launch line")
-    return world_size(KIND, None, None, gpus) if gpus is not None else world_size(KIND, nodes, procs, None)
+    return world_size(KIND, None, None, gpus if gpus is not None else line)
+
+
+#: ``run_train.sh``'s variables and their defaults (torchtitan's launcher script: ``NGPU=${NGPU:-"8"}``,
+#: ``MODULE=${MODULE:-"llama3"}``, ``CONFIG=${CONFIG:-"llama3_debugmodel"}``; one node)
+RUN_TRAIN_DEFAULTS = {"NGPU": "8", "MODULE": "llama3", "CONFIG": "llama3_debugmodel"}
+
+
+def _run_train(words: list[str], adjusted: list[str]) -> tuple[list[str], int, int | None, list[str]]:
+    """(torchtitan's arguments, GPUs, GPUs per node, ignored variables) of ``[VAR=value ...] ./run_train.sh [args]``: the
+    script passes ``--module $MODULE --config $CONFIG`` and its arguments to ``torchrun --nproc_per_node=$NGPU``."""
+    at = next(i for i, w in enumerate(words) if w.endswith("run_train.sh"))
+    env = dict(w.split("=", 1) for w in words[:at] if "=" in w)
+    used = {k: env.get(k, v) for k, v in RUN_TRAIN_DEFAULTS.items()}
+    said = [f"{k} {v} (its default)" for k, v in used.items() if k not in env]
+    if said:
+        adjusted.append("run_train.sh without " + ", ".join(said))
+    if not used["NGPU"].isdigit():
+        raise ImportProblemError(KIND, [f"NGPU={used['NGPU']!r} is not a GPU count"])
+    if env.get("COMM_MODE"):
+        adjusted.append(f"COMM_MODE {env['COMM_MODE']}: run_train.sh runs one process standing in for NGPU "
+                        f"{used['NGPU']} ranks (--comm.mode); priced as {used['NGPU']} GPUs")
+    args = ["--module", used["MODULE"], "--config", used["CONFIG"], *words[at + 1:]]
+    gpus = int(used["NGPU"])
+    return args, gpus, None if env.get("COMM_MODE") else gpus, [k for k in env if k not in RUN_TRAIN_DEFAULTS]
 
 
 def _line_job(text: str, gpus: int | None) -> Job:
     """The job of torchtitan 0.3.0 arguments: the recipe's fields under the line's."""
     launcher, words = split_launch(text)
     nodes, procs = _launcher(launcher)
+    adjusted: list[str] = []
+    env_ignored: list[str] = []
+    if launcher and procs and nodes is None:
+        nodes = 1
+        adjusted.append("torchrun without --nnodes: one node (torchrun's default)")
+    line_gpus = nodes * procs if nodes and procs else None
+    if not launcher and any(w.endswith("run_train.sh") for w in words):
+        words, line_gpus, procs, env_ignored = _run_train(words, adjusted)
     line, parts, ac, unknown, ignored = _parse_words(words)
+    variables = [f"--{k} {v}" for k, v in line.items() if v.startswith("$")]
+    if variables:
+        raise ImportProblemError(KIND, [f"{', '.join(variables)}: a shell variable parplan does not expand "
+                                        "(write its value)"])
     module, config = line.pop("module", None), line.pop("config", None)
     if module is None or config is None:
         raise ImportProblemError(KIND, ["torchtitan 0.3.0 needs --module and --config (e.g. --module llama3 --config "
@@ -162,14 +194,16 @@ def _line_job(text: str, gpus: int | None) -> Job:
     kept = {k: v for k, v in recipe.fields.items() if k not in line}
     if ac is None:
         kept["activation_checkpoint"] = recipe.ac
-    adjusted = [f"the {config} recipe sets " + ", ".join(f"{k} {v}" for k, v in kept.items())
-                + f" ({recipe.source.split(':')[0]})"] if kept else []
+    if kept:
+        adjusted.append(f"the {config} recipe sets " + ", ".join(f"{k} {v}" for k, v in kept.items())
+                        + f" ({recipe.source.split(':')[0]})")
     values = {**TRAINER_DEFAULTS, **recipe.fields, **line}
-    world = _world(launcher, nodes, procs, gpus, adjusted)
+    world = _world(line_gpus, gpus, adjusted)
     unpriced = [] if values["training.disable_cuda_graphs"] == "true" else [
         "CUDA graphs (torchtitan's default without --training.disable_cuda_graphs) keep memory pools the "
         "prediction leaves out"]
-    return Job(flavor, values, ac or recipe.ac, tuple(parts), world, procs, adjusted, unknown, ignored, unpriced)
+    return Job(flavor, values, ac or recipe.ac, tuple(parts), world, procs, adjusted, unknown,
+               ignored + env_ignored, unpriced)
 
 
 def _parse_words(words: list[str]) -> tuple[dict[str, str], list[str], str | None, list[str], list[str]]:
@@ -229,7 +263,7 @@ def _num(values: Mapping[str, str], key: str) -> int:
 def price_job(job: Job) -> Imported | LayerImport:
     """The job priced as torchtitan 0.3.0 runs it (ImportProblemError naming all it cannot price)."""
     values, adjusted = job.values, list(job.adjusted)
-    problems = _unmodelled(values)
+    problems = unmodelled(values)
     replicate, shard, tp, pp = _degrees(values, job.world, problems, adjusted)
     zero = _zero(values, shard, pp, problems, adjusted)
     recompute, approximated = _recompute(job.ac, problems)
@@ -311,7 +345,7 @@ def _preset_of(flavor: Flavor) -> str | None:
                       "ffn": c.ffn, "vocab": c.vocab, "head_dim": c.d_head} == sizes), None)
 
 
-def _unmodelled(values: Mapping[str, str]) -> list[str]:
+def unmodelled(values: Mapping[str, str]) -> list[str]:
     """The settings parplan does not price as torchtitan would run them, each named."""
     problems: list[str] = []
     if values["training.dtype"] != "float32":

@@ -14,7 +14,7 @@ from typing import Any
 
 from parplan.exports.torchtitan import FLAVORS, Flavor
 from parplan.imports.common import ImportProblemError
-from parplan.imports.torchtitan import KIND, Job
+from parplan.imports.torchtitan import KIND, Job, unmodelled
 from parplan.imports.torchtitan_recipes import TRAINER_DEFAULTS
 
 #: file fields -> the 0.3.0 field they set (the same name where none is given)
@@ -109,7 +109,7 @@ def read_toml_job(text: str, gpus: int) -> Job:
     ac, adjusted = _activation_checkpoint(fields, problems)
     parts = _parts(fields, problems)
     if problems:
-        raise ImportProblemError(KIND, problems)
+        raise ImportProblemError(KIND, problems + unmodelled(values))
     assert flavor is not None
     adjusted.insert(0, "a TOML job file of torchtitan before 0.3.0, priced as torchtitan 0.3.0 runs its settings "
                        "(without CUDA graphs, which the earlier releases do not capture)")
