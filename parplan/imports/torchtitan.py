@@ -19,12 +19,12 @@ from __future__ import annotations
 import itertools
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from parplan.exports.torchtitan import FLAVORS, SCHEDULES, Flavor
 from parplan.imports.common import Imported, ImportProblemError, LayerImport, refusals_as_problems, world_size
+from parplan.imports.torchtitan_job import KIND, Job, unmodelled
 from parplan.imports.torchtitan_recipes import (
-    DEFAULT_AC,
     RECIPES,
     SWITCHES,
     TRAINER_DEFAULTS,
@@ -32,17 +32,13 @@ from parplan.imports.torchtitan_recipes import (
     recipe_of,
     stages_per_rank,
 )
+from parplan.imports.torchtitan_toml import is_toml, read_toml_job
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import PRESETS
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig, Schedule
-
-KIND = "torchtitan-config"
-
-#: ``parallelism.spmd_backend`` values of torchtitan 0.3.0 (priced alike).
-SPMD_BACKENDS = ("spmd_types", "partial_dtensor", "full_dtensor")
 
 #: what torchtitan's per-operator selective checkpointing is priced as, and why
 OP_SAC_APPROXIMATION = (
@@ -61,25 +57,6 @@ _IGNORED = {"training.steps", "training.dataset", "training.dataset_path", "trai
             "parallelism.context_parallel_ptrr_mask_key"}
 #: activation_checkpoint subcommands of torchtitan 0.3.0 (``distributed/activation_checkpoint.py``)
 _AC_MODES = ("selective", "full", "none", "memory-budget")
-
-
-@dataclass(frozen=True)
-class Job:
-    """A torchtitan job as its trainer resolves it, before the degrees: the model's flavor, every field
-    of :data:`TRAINER_DEFAULTS` (text), activation checkpointing (``none``, ``full``, ``selective``:
-    per operator, or a layer interval ``"2"``...), the modules per pipeline stage when given, and what
-    was said about the file."""
-
-    flavor: Flavor
-    values: Mapping[str, str]
-    ac: str
-    parts: tuple[str, ...]
-    world: int
-    per_node: int | None
-    adjusted: list[str] = field(default_factory=list)
-    unknown: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
-    unpriced: list[str] = field(default_factory=list)
 
 
 def _key(flag: str) -> str:
@@ -102,8 +79,6 @@ def split_launch(text: str) -> tuple[list[str], list[str]]:
 def read_torchtitan_config(text: str, gpus: int | None = None) -> Imported | LayerImport:
     """The model, strategy and batch of a torchtitan job on ``gpus`` devices (from a torchrun line
     when it says): torchtitan 0.3.0 arguments, or a TOML job file of an earlier release."""
-    from parplan.imports.torchtitan_toml import is_toml, read_toml_job
-
     if is_toml(text):
         if gpus is None:
             raise ImportProblemError(KIND, ["a TOML job file does not say the GPU count: give --gpus"])
@@ -144,8 +119,9 @@ RUN_TRAIN_DEFAULTS = {"NGPU": "8", "MODULE": "llama3", "CONFIG": "llama3_debugmo
 
 
 def _run_train(words: list[str], adjusted: list[str]) -> tuple[list[str], int, int | None, list[str]]:
-    """(torchtitan's arguments, GPUs, GPUs per node, ignored variables) of ``[VAR=value ...] ./run_train.sh [args]``: the
-    script passes ``--module $MODULE --config $CONFIG`` and its arguments to ``torchrun --nproc_per_node=$NGPU``."""
+    """(torchtitan's arguments, GPUs, GPUs per node, ignored variables) of ``[VAR=value ...]
+    ./run_train.sh [args]``: the script passes ``--module $MODULE --config $CONFIG`` and its arguments
+    to ``torchrun --nproc_per_node=$NGPU`` (one process standing in for all with ``COMM_MODE``)."""
     at = next(i for i, w in enumerate(words) if w.endswith("run_train.sh"))
     env = dict(w.split("=", 1) for w in words[:at] if "=" in w)
     used = {k: env.get(k, v) for k, v in RUN_TRAIN_DEFAULTS.items()}
@@ -345,34 +321,6 @@ def _preset_of(flavor: Flavor) -> str | None:
                       "ffn": c.ffn, "vocab": c.vocab, "head_dim": c.d_head} == sizes), None)
 
 
-def unmodelled(values: Mapping[str, str]) -> list[str]:
-    """The settings parplan does not price as torchtitan would run them, each named."""
-    problems: list[str] = []
-    if values["training.dtype"] != "float32":
-        problems.append(f"training.dtype {values['training.dtype']}: parplan keeps float32 weights and "
-                        "optimizer states")
-    if values["training.mixed_precision_reduce"] != "float32":
-        problems.append(f"gradients reduced in {values['training.mixed_precision_reduce']} "
-                        "(training.mixed_precision_reduce)")
-    flags = {"training.enable_cpu_offload": "CPU offloading of weights, gradients and optimizer states",
-             "parallelism.enable_fsdp_symm_mem": "FSDP2's symmetric-memory buffers",
-             "compile.enable": "torch.compile (its fusions keep fewer activations than the eager kernels priced)",
-             "compile.enable_async_tensor_parallel": "async tensor parallelism"}
-    problems += [f"{key}: {what} is not modelled" for key, what in flags.items() if values[key] == "true"]
-    for key, what in (("parallelism.context_parallel_degree", "context parallelism is not modelled for torchtitan"),
-                      ("parallelism.expert_parallel_degree", "expert parallelism of a dense Llama")):
-        if values[key] != "1":
-            problems.append(f"{key} {values[key]}: {what}")
-    if values["loss.num_chunks"] != "8":
-        problems.append(f"loss.num_chunks {values['loss.num_chunks']}: parplan prices ChunkedLossWrapper's 8 chunks")
-    if values["parallelism.pipeline_parallel_schedule_csv"]:
-        problems.append("parallelism.pipeline_parallel_schedule_csv: a schedule from a file is not modelled")
-    if values["parallelism.spmd_backend"] not in SPMD_BACKENDS:
-        problems.append(f"parallelism.spmd_backend {values['parallelism.spmd_backend']} (torchtitan 0.3.0 has "
-                        f"{', '.join(SPMD_BACKENDS)})")
-    return problems
-
-
 def _degrees(values: Mapping[str, str], world: int, problems: list[str],
              adjusted: list[str]) -> tuple[int, int, int, int]:
     """(replicate, shard, tp, pp) on ``world`` GPUs (shard -1: the GPUs the others leave)."""
@@ -482,3 +430,7 @@ def _count(values: Mapping[str, str], key: str) -> int:
     if not text.isdigit():
         raise ImportProblemError(KIND, [f"{key} {text!r} is not a whole number"])
     return int(text)
+
+
+__all__ = ["KIND", "OP_SAC_APPROXIMATION", "RUN_TRAIN_DEFAULTS", "Job", "price_job", "read_torchtitan_args",
+           "read_torchtitan_config", "split_launch"]

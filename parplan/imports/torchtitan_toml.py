@@ -14,7 +14,7 @@ from typing import Any
 
 from parplan.exports.torchtitan import FLAVORS, Flavor
 from parplan.imports.common import ImportProblemError
-from parplan.imports.torchtitan import KIND, Job, unmodelled
+from parplan.imports.torchtitan_job import KIND, Job, unmodelled
 from parplan.imports.torchtitan_recipes import TRAINER_DEFAULTS
 
 #: file fields -> the 0.3.0 field they set (the same name where none is given)
