@@ -415,7 +415,7 @@ def _stages(job: Job, values: Mapping[str, str], pp: int, schedule: Schedule,
         per_stage = values["parallelism.pipeline_parallel_layers_per_stage"]
         try:
             per = stages_per_rank(schedule is Schedule.INTERLEAVED, pp, layers, first, last,
-                                  int(per_stage) if per_stage.isdigit() else None)
+                                  _num(values, "parallelism.pipeline_parallel_layers_per_stage") if per_stage else None)
             counts = default_stage_layers(pp * per, layers, first, last)
         except ValueError as e:
             raise ImportProblemError(KIND, [str(e)]) from None

@@ -9,7 +9,7 @@ line gives them. Each entry carries the one line of torchtitan's code it was rea
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 #: torchtitan's trainer config fields parplan prices, with 0.3.0's defaults (``TrainingConfig``,
@@ -66,7 +66,6 @@ class Recipe:
     source: str
     refused: str | None = None
     module: str = "llama3"
-    sets: tuple[str, ...] = field(default=())  # what else it sets that parplan reads as it is
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", MappingProxyType(dict(self.fields)))

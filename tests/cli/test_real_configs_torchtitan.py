@@ -10,6 +10,8 @@ is one line naming what is not modelled.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 
 from parplan.cli import main
 from parplan.imports import ImportProblemError, LayerImport, read_config
+from parplan.imports.torchtitan_recipes import RECIPES, TRAINER_DEFAULTS
 from parplan.solver.cost.activations import Recompute
 
 CORPUS = Path(__file__).parents[1] / "data" / "real_configs" / "torchtitan"
@@ -197,3 +200,53 @@ def test_lines_torchtitan_would_not_run_as_priced_are_refused(text: str, named: 
 def test_a_toml_file_needs_the_gpu_count() -> None:
     with pytest.raises(ImportProblemError, match="give --gpus"):
         read_config("torchtitan-config", (CORPUS / "v0.2.2_llama3_8b.toml").read_text())
+
+
+def _torchtitan_source(relative: str) -> ast.Module:
+    """A module of the installed torchtitan, parsed (not imported: it needs triton), or a skip."""
+    spec = importlib.util.find_spec("torchtitan")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torchtitan is not installed")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    version = next(root.parent.glob("torchtitan-*.dist-info"), None)
+    if version is None or not version.name.startswith("torchtitan-0.3.0"):
+        pytest.skip("the recipes are torchtitan 0.3.0's")
+    return ast.parse((root / relative).read_text())
+
+
+def _keywords(call: ast.Call) -> dict[str, str]:
+    return {k.arg: str(ast.literal_eval(k.value)) for k in call.keywords
+            if k.arg is not None and isinstance(k.value, ast.Constant)}
+
+
+def test_the_recipes_are_torchtitans_own() -> None:
+    """Every llama3 recipe of the installed torchtitan 0.3.0 is known, with the batch, sequence length,
+    degrees and checkpointing its function sets (read from its source), and the trainer's defaults are
+    its dataclasses' (an oracle independent of the data module: torchtitan's code itself)."""
+    tree = _torchtitan_source("models/llama3/config_registry.py")
+    known = {r.config: r for r in RECIPES if r.module == "llama3"}
+    functions = [f for f in tree.body if isinstance(f, ast.FunctionDef)]
+    assert sorted(f.name for f in functions) == sorted(known)
+    for f in functions:
+        calls = [n for n in ast.walk(f) if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))]
+        names = {ast.unparse(c.func): c for c in calls}
+        base = next((known[n] for n in names if n in known), None)  # `config = llama3_8b()` and changes
+        fields = dict(base.fields) if base else {}
+        ac = base.ac if base else None
+        for section, call in (("training", "TrainingConfig"), ("parallelism", "ParallelismConfig")):
+            if call in names:
+                fields.update({f"{section}.{k}": v for k, v in _keywords(names[call]).items()})
+        ac = {"SelectiveAC.Config": "selective", "FullAC.Config": "full"}.get(
+            next((n for n in names if n in ("SelectiveAC.Config", "FullAC.Config")), ""), ac)
+        fields.pop("training.steps", None)
+        assert (dict(known[f.name].fields), known[f.name].ac) == (fields, ac), f.name
+    configs = _torchtitan_source("config/configs.py")
+    defaults = {f"{cls.name.removesuffix('Config').lower()}.{a.target.id}": a.value
+                for cls in configs.body if isinstance(cls, ast.ClassDef)
+                for a in cls.body if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)}
+    for key, value in TRAINER_DEFAULTS.items():
+        if key in defaults:
+            given = ast.literal_eval(defaults[key])
+            text = "" if given is None else str(given).lower() if isinstance(given, bool) else str(given)
+            assert text == value, key
+    assert len([k for k in TRAINER_DEFAULTS if k in defaults]) == len(TRAINER_DEFAULTS) - 1  # but loss.num_chunks
