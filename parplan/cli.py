@@ -152,7 +152,6 @@ def _memory_from(args: argparse.Namespace) -> int:
     """``parplan memory --from KIND FILE``: the trainer's configuration, priced (and ``--suggest``:
     the best plan for the same trainer beside it)."""
     from parplan.imports import IMPORT_KINDS, price, read_config
-    from parplan.imports.common import REPORT_LISTS
 
     kind, path = args.from_
     if kind not in IMPORT_KINDS:
@@ -187,12 +186,9 @@ def _memory_from(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     print(_memory_table(doc) if doc["strategy"].get("kind") != "per-layer" else _layer_table(doc))
-    for what in REPORT_LISTS:
-        items = imported.report()[what]
-        if items and what in ("adjusted", "approximated"):  # sentences: one a line
-            print("\n".join(f"{what}: {item}" for item in items))
-        elif items:
-            print(f"{what} in {path}: {', '.join(items)}")
+    for what in ("adjusted", "unknown", "ignored", "unpriced"):
+        if imported.report()[what]:
+            print(f"{what} in {path}: {('; ' if what == 'adjusted' else ', ').join(imported.report()[what])}")
     if args.suggest:
         sug = doc["suggestion"]
         if sug["memory"] is None:

@@ -10,7 +10,8 @@ Degrees, batch, pipeline stages and FSDP resharding are resolved as the trainer 
 each value it chose is said in ``adjusted``. Activation checkpointing: ``full`` is parplan's full
 recomputation; ``none`` parplan's selective one (with flash attention they keep the same tensors);
 torchtitan's per-operator ``selective`` policy is not modelled and is priced as ``none`` (an upper
-bound on its activations), said in ``approximated``; a TOML file's layer interval is a per-layer plan.
+bound on its activations), said in ``adjusted`` as an approximation; a TOML file's layer interval is
+a per-layer plan.
 Priced with the buffers of torchtitan's runtime.
 """
 
@@ -42,10 +43,10 @@ from parplan.solver.strategy import ParallelConfig, Schedule
 
 #: what torchtitan's per-operator selective checkpointing is priced as, and why
 OP_SAC_APPROXIMATION = (
-    "activation checkpointing 'selective' (torchtitan's per-operator policy: it keeps the outputs of every "
-    "other matmul and of attention, and recomputes the rest) is not modelled: priced as no checkpointing, which "
-    "keeps all it keeps and more (activation memory: an upper bound) without its recomputation (step time: a "
-    "lower bound)")
+    "approximated: activation checkpointing 'selective' (torchtitan's per-operator policy: it keeps the outputs "
+    "of every other matmul and of attention, and recomputes the rest) is not modelled: priced as no "
+    "checkpointing, which keeps all it keeps and more (activation memory: an upper bound) without its "
+    "recomputation (step time: a lower bound)")
 
 #: sections and fields that do not change memory or time as parplan prices them
 _IGNORED_SECTIONS = ("job.", "metrics.", "checkpoint.", "optimizer.", "lr_scheduler.", "dataloader.", "comm.",
@@ -267,7 +268,7 @@ def price_job(job: Job) -> Imported | LayerImport:
     if job.ac.isdigit():
         return _interval_import(job, model, strategy, seq, adjusted)
     return Imported(KIND, model, strategy, seq, job.world, job.per_node, "torchtitan", job.unknown, job.ignored,
-                    job.unpriced, adjusted=adjusted, approximated=approximated)
+                    job.unpriced, adjusted=adjusted + approximated)
 
 
 def _recompute(ac: str, problems: list[str]) -> tuple[Recompute, list[str]]:
