@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--from", dest="from_", nargs=2, metavar=("KIND", "FILE"), default=None,
                      help="price a trainer's own configuration: megatron-args FILE (pretrain_gpt.py flags or its "
                           "torchrun line), ds-config FILE (DeepSpeed; give --model and --gpus), torchtitan-config "
-                          "FILE, or galvatron-config FILE (galvatron_config.json or its train_galvatron.sh; give "
-                          "--model and --gpus); the strategy flags are then not used")
+                          "FILE (0.3.0 arguments or their launch line, or a TOML job file of an earlier release: "
+                          "give --gpus), or galvatron-config FILE (galvatron_config.json or its train_galvatron.sh; "
+                          "give --model and --gpus); the strategy flags are then not used")
     mem.add_argument("--suggest", action="store_true",
                      help="with --from: also plan for the same trainer and show the best plan beside it")
     mem.add_argument("--runtime", choices=[r.value for r in Runtime], default="megatron",

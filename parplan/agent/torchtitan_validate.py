@@ -18,7 +18,7 @@ from parplan.agent.torchtitan_exec import (
 )
 from parplan.imports import price
 from parplan.imports.common import ImportProblemError
-from parplan.imports.torchtitan import KIND, read_torchtitan_config
+from parplan.imports.torchtitan import KIND, read_torchtitan_args
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.runtime import Runtime
 
@@ -51,7 +51,7 @@ def compare_torchtitan(text: str, device: str, gpus: int | None = None, max_proc
     world = world_of(config, gpus)
     if world > max_procs:
         raise LaunchError(f"the job needs {world} ranks; --max-procs is {max_procs}")
-    imported = read_torchtitan_config(text, world)
+    imported = read_torchtitan_args(text, world)
     runtime = Runtime.TORCHTITAN_CPU if device == "cpu" else Runtime.TORCHTITAN
     imported = dataclasses.replace(imported, strategy=dataclasses.replace(imported.strategy, runtime=runtime))
     predicted = price(imported, make_cluster(world))

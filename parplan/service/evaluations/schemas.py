@@ -32,8 +32,9 @@ class EvaluationCluster(BaseModel):
 
 class EvaluationIn(BaseModel):
     """A trainer's configuration as its file's text: Megatron-LM arguments (or their torchrun line),
-    a DeepSpeed ``ds_config.json`` (give ``model``), torchtitan 0.3.0 arguments, or Galvatron's
-    ``galvatron_config.json`` (give ``model``; ``launch``: its launch script)."""
+    a DeepSpeed ``ds_config.json`` (give ``model``), torchtitan 0.3.0 arguments or a TOML job file of
+    an earlier torchtitan release (give ``cluster.gpus``), or Galvatron's ``galvatron_config.json``
+    (give ``model``; ``launch``: its launch script)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"kind": "ds-config", "text": '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, '
