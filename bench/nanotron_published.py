@@ -196,8 +196,9 @@ def main() -> None:
     rows = playbook_rows()
     chosen = rows if args.all else sample(rows, args.rows, args.seed)
     prices = [price_playbook_row(r) for r in chosen]
-    text = header("The Ultra-Scale Playbook's nanotron runs, priced with the runtime nanotron") + "\n" + \
-        report(chosen, prices) + "\n"
+    scope = "every row" if args.all else f"{len(chosen)} rows sampled"
+    text = header(f"The Ultra-Scale Playbook's nanotron runs, priced with the runtime nanotron ({scope})") + \
+        "\n" + report(chosen, prices) + "\n"
     print(text, end="")
     if args.out:
         args.out.write_text(text)

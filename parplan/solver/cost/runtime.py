@@ -60,6 +60,11 @@ docs/notes/torchtitan-run.md):
   forward on :data:`TORCHTITAN_LOSS_CHUNKS` sequence chunks, each chunk's backward at once, so no
   logits are kept for backward; the loop's own buffers are priced by :mod:`.loss_loop`.
 
+nanotron's trainer (runtime ``nanotron``) keeps Megatron-LM's activations and loss with its own
+gradient buffers: an fp32 accumulation buffer never sharded, DDP's buckets beside it, and compute-type
+gradients made anew by every micro-batch; its rules and their sources are listed in
+:mod:`parplan.solver.cost.nanotron`.
+
 On a CPU, PyTorch's RMSNorm is a composite that computes in fp32: with bf16 inputs it keeps an fp32
 copy of its input and the fp32 normalised input for backward (measured on torchtitan's debug model).
 """
