@@ -85,6 +85,7 @@ def nanotron_config(plan: UniformPlan, arch: Mapping[str, Any], seq_len: int) ->
                                                   "min_decay_lr": 3e-5}},
         "data_stages": [{"name": "Stable Training Stage", "start_training_step": 1,
                          "data": {"dataset": None, "seed": 42, "num_loading_workers": 1}}],
+        "tokenizer": {"tokenizer_name_or_path": None},
         "checkpoints": {"checkpoints_path": "checkpoints", "checkpoint_interval": 1000},
         "logging": {"log_level": "info", "log_level_replica": "info", "iteration_step_info_interval": 1},
     }
