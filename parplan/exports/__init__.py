@@ -2,7 +2,7 @@
 
 One module per target, each pinned to a stated version of its project (``VERSIONS``):
 Megatron-LM arguments and ``torchrun`` lines, a torchtitan job, a DeepSpeed ``ds_config.json``,
-Galvatron's strategy JSON, and parplan's own plan file for the validation agent. A plan a target
+Galvatron's strategy JSON, nanotron's YAML config, and parplan's own plan file for the validation agent. A plan a target
 cannot run raises :class:`NotExpressibleError` naming every reason (never an approximation).
 """
 
@@ -18,7 +18,7 @@ from parplan.exports.common import Export, NotExpressible, NotExpressibleError, 
 __all__ = ["EXPORT_TARGETS", "Export", "NotExpressible", "NotExpressibleError", "export_plan"]
 
 #: Targets that have an export (``any`` is not one: it names no trainer).
-EXPORT_TARGETS = ("megatron", "torchtitan", "deepspeed", "galvatron", "parplan")
+EXPORT_TARGETS = ("megatron", "torchtitan", "deepspeed", "galvatron", "nanotron", "parplan")
 
 
 def _parplan(doc: Mapping[str, Any]) -> Export:

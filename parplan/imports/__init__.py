@@ -37,6 +37,12 @@ def read_config(kind: str, text: str, *, model: ModelSource | None = None, gpus:
         from parplan.imports.torchtitan import read_torchtitan_config
 
         return read_torchtitan_config(text, gpus)
+    if kind == "nanotron-config":
+        from parplan.imports.nanotron import read_nanotron_config
+
+        if model is not None:
+            raise ImportProblemError(kind, ["the config describes the model; leave out --model"])
+        return read_nanotron_config(text, gpus)
     if kind == "galvatron-config":
         from parplan.imports.galvatron import read_galvatron_config
 

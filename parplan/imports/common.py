@@ -22,7 +22,7 @@ from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
 
 #: What ``--from`` accepts.
-IMPORT_KINDS = ("megatron-args", "ds-config", "torchtitan-config", "galvatron-config")
+IMPORT_KINDS = ("megatron-args", "ds-config", "torchtitan-config", "galvatron-config", "nanotron-config")
 
 
 class ImportProblemError(ConfigError):

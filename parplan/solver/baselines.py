@@ -21,6 +21,7 @@ from parplan.solver.cluster import Cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.compute import backward_flops, forward_flops, math_peak
 from parplan.solver.cost.kernels import efficiency_bound
+from parplan.solver.cost.nanotron import partition_of
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.precision import get_precision
@@ -123,7 +124,9 @@ class UniformEvaluator:
                               micro_batch=c.micro_batch, num_microbatches=self.global_batch // (c.micro_batch * c.dp),
                               precision=self.precision, runtime=self.runtime, schedule=c.schedule,
                               virtual_stages=c.virtual, expert_parallel=c.ep,
-                              overlap_param_gather=self.runtime is Runtime.MEGATRON and c.zero == 1 and c.dp > 1)
+                              overlap_param_gather=self.runtime is Runtime.MEGATRON and c.zero == 1 and c.dp > 1,
+                              partition=partition_of(self.model.config, c.pp) if self.runtime is Runtime.NANOTRON
+                              else None)
 
     def evaluate(self, c: Candidate) -> Evaluation | None:
         """The evaluation, or None when the strategy does not apply to the model (e.g. TP > heads)."""

@@ -279,7 +279,7 @@ def uniform_strategy_document(s: ParallelConfig) -> Document:
         "overlap_param_gather": s.overlap_param_gather, "overlap_grad_reduce": s.overlap_grad_reduce,
         "pp_scatter_gather": s.pp_scatter_gather,
         "summary": s.describe(),
-    }
+    } | ({"partition": list(s.partition)} if s.partition else {})  # blocks per stage, where not even
 
 
 def plan_summary(plan: LayerPlan) -> str:

@@ -16,6 +16,10 @@
   model's own code); priced with the ``deepspeed`` runtime (Megatron-LM's data-parallel buffers,
   PyTorch's loss, its communication buckets as set by the export);
 - ``galvatron``: per-layer hybrid strategies, which the DP search (Galvatron's own space) returns;
+- ``nanotron``: Hugging Face's nanotron trainer: TP inside a node (``tp_mode`` ALL_REDUCE or
+  REDUCE_SCATTER, its sequence parallelism), PP with its 1F1B or all-forward-all-backward engine and
+  its own split of the layers (:func:`~parplan.solver.cost.nanotron.partition_of`), DP with ZeRO 0 or
+  1, no or full recomputation (``recompute_layer``); priced with the ``nanotron`` runtime;
 - ``parplan``: what the validation agent runs (``parplan validate --plan``): the ILP's per-operator
   plans (DTensor) and the uniform baselines, priced with PyTorch-native buffers (the agent's).
 
@@ -47,6 +51,7 @@ class Target(StrEnum):
     DEEPSPEED = "deepspeed"
     GALVATRON = "galvatron"
     PARPLAN = "parplan"
+    NANOTRON = "nanotron"
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ SPECS: dict[Target, TargetSpec] = {
         "measured; a config with larger buckets holds more",)),
     Target.GALVATRON: TargetSpec(Runtime.MEGATRON, False, ("dp",), "megatron"),
     Target.PARPLAN: TargetSpec(Runtime.TORCH, False, ("ilp",), "megatron"),
+    Target.NANOTRON: TargetSpec(Runtime.NANOTRON, True, ("uniform",), "megatron", (
+        "the updated weights' all-gather under ZeRO-1 and DDP's bucket rebuild in the second step (each below "
+        "the end of a backward)",)),
 }
 
 
@@ -97,6 +105,16 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
             # runtime prices it
             if node % c.tp == 0:
                 yield from _with_schedules_and_experts(c, global_batch, num_blocks, 0)
+    elif target is Target.NANOTRON:
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs):
+            # its engines: 1F1B (at least pp - 1 micro-batches) and all-forward-all-backward; the layers
+            # split as nanotron splits them (UniformEvaluator.config)
+            microbatches = global_batch // (c.micro_batch * c.dp)
+            if node % c.tp == 0:
+                if c.pp == 1 or microbatches >= c.pp - 1:
+                    yield c
+                if c.pp > 1:
+                    yield replace(c, schedule=Schedule.GPIPE)
     elif target is Target.DEEPSPEED:
         yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), recomputes=rcs)
     else:

@@ -1,7 +1,7 @@
 """Export, then import: the configuration a trainer is given prices the same as the plan it came from.
 
 For each target with an import (Megatron-LM arguments, DeepSpeed config, torchtitan arguments,
-Galvatron's strategy file with its launch flags), on
+Galvatron's strategy file with its launch flags, nanotron's YAML config: its Llama only), on
 GPT, Llama and Mixtral presets at 8, 64 and 1,024 GPUs: the target's plan, exported, read back
 from the exported files and priced again with ``parplan memory --from``'s path, gives the plan's
 memory and step time (to rounding) and its strategy.
@@ -28,6 +28,7 @@ TARGETS = {
     "deepspeed": ("ds-config", "ds_config.json", ["gpt-7.5b", "llama-2-7b", "mixtral-8x7b"]),
     "torchtitan": ("torchtitan-config", "launch_torchtitan.sh", ["llama-3-8b", "llama-3-70b", "llama-3-405b"]),
     "galvatron": ("galvatron-config", "galvatron_config.json", ["gpt-7.5b", "llama-2-7b", "mixtral-8x7b"]),
+    "nanotron": ("nanotron-config", "nanotron_config.yaml", ["llama-2-7b", "llama-3-8b", "llama-3-70b"]),
 }
 #: what a trainer cannot run by design (the test expects exactly these refusals besides "nothing fits")
 BY_DESIGN = {"galvatron": "mixture-of-experts"}

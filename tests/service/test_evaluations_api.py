@@ -114,3 +114,19 @@ def test_a_galvatron_strategy_file_is_priced_as_its_per_layer_plan(client: TestC
         "kind": "galvatron-config", "text": out.files["galvatron_config.json"], "model": {"preset": "llama-2-7b"},
         "cluster": {"gpus": 16}}, headers=reader)
     assert bad.status_code == 422 and "block strategies" in bad.text
+
+
+def test_a_nanotron_config_is_priced_and_one_whose_sizes_disagree_is_422(client: TestClient,
+                                                                         reader: Headers) -> None:
+    import yaml
+
+    from tests.exports.test_nanotron_export import CONFIG
+
+    ok = client.post("/v1/evaluations", json={"kind": "nanotron-config", "text": yaml.safe_dump(CONFIG),
+                                              "cluster": {"gpu": "H100-80GB"}}, headers=reader)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["strategy"]["runtime"] == "nanotron" and ok.json()["cluster"]["gpus"] == 8
+    bad = client.post("/v1/evaluations", json={"kind": "nanotron-config", "text": yaml.safe_dump(CONFIG),
+                                               "cluster": {"gpus": 16}}, headers=reader)
+    assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
+    assert "is not the 16 GPUs" in bad.text and '"text"' in bad.text, bad.text

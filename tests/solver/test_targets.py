@@ -52,6 +52,8 @@ def dominated(doc: dict[str, Any], other: dict[str, Any]) -> bool:
     # the limit once counted from the documented plans only: torchtitan answered a plan 15% slower
     # than the fastest it runs (the ZeRO-3 baseline, within 10% of its own min-memory answer)
     (Target.TORCHTITAN, "min-memory", "mixtral-8x7b", 16, 4),
+    # nanotron: its engines, ZeRO 0/1 and its own layer split (priced by the evaluator it searches with)
+    (Target.NANOTRON, "min-memory", "llama-2-7b", 8, 2),
 ])
 def test_the_answer_is_the_best_strategy_the_target_runs_by_brute_force(target: Target, objective: str, preset: str,
                                                                         gpus: int, per_gpu: int) -> None:

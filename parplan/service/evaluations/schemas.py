@@ -33,15 +33,15 @@ class EvaluationCluster(BaseModel):
 class EvaluationIn(BaseModel):
     """A trainer's configuration as its file's text: Megatron-LM arguments (or their torchrun line),
     a DeepSpeed ``ds_config.json`` (give ``model``), torchtitan 0.3.0 arguments or a TOML job file of
-    an earlier torchtitan release (give ``cluster.gpus``), or Galvatron's ``galvatron_config.json``
-    (give ``model``; ``launch``: its launch script)."""
+    an earlier torchtitan release (give ``cluster.gpus``), Galvatron's ``galvatron_config.json``
+    (give ``model``; ``launch``: its launch script), or a nanotron YAML config."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"kind": "ds-config", "text": '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, '
                                       '"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}',
          "model": {"preset": "llama-2-7b"}, "cluster": {"gpus": 8}}]})
 
-    kind: Literal["megatron-args", "ds-config", "torchtitan-config", "galvatron-config"]
+    kind: Literal["megatron-args", "ds-config", "torchtitan-config", "galvatron-config", "nanotron-config"]
     text: str = Field(min_length=1, max_length=1 << 20, description="The file's text.")
     launch: str | None = Field(default=None, max_length=1 << 20,
                                description="galvatron-config: the launch script's text (its sequence parallelism, "

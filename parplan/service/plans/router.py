@@ -64,7 +64,8 @@ async def read_plan(plan_id: str, uow: UoW, _: Annotated[Principal, require(Scop
 
 @router.get("/{plan_id}/export", response_model=ExportOut, responses={404: _PROBLEM, 422: _PROBLEM})
 async def export_plan(plan_id: str, uow: UoW, _: Annotated[Principal, require(Scope.PLANS_READ)],
-                      target: Annotated[Literal["megatron", "torchtitan", "deepspeed", "galvatron", "parplan"],
+                      target: Annotated[Literal["megatron", "torchtitan", "deepspeed", "galvatron", "nanotron",
+                                                      "parplan"],
                                         Query(description="The trainer to write the plan for.")]) -> JSONResponse:
     """The plan as the target trainer's files and launch lines, for the version in ``version``.
     422 when the trainer cannot run the plan, with every reason in ``errors``."""

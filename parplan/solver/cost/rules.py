@@ -78,9 +78,10 @@ def search_recomputes(runtime: Runtime, flash_attention: bool, full: bool = True
     (``full``). The lighter is selective recomputation, or none where selective would keep the same
     buffers and still run the attention core again: a flash kernel (it keeps no scores) in a runtime
     that keeps K and V as they are and checkpoints the core (:attr:`Runtime.recomputes_flash_core`:
-    Megatron-LM). There selective only adds time, so a plan with it is never the better one."""
-    light = (Recompute.NONE if flash_attention and runtime.recomputes_flash_core and not runtime.repeats_kv_heads
-             else Recompute.SELECTIVE)
+    Megatron-LM). There selective only adds time, so a plan with it is never the better one. A runtime
+    without selective recomputation (:attr:`Runtime.selective_recomputation`) offers none instead."""
+    light = (Recompute.NONE if (flash_attention and runtime.recomputes_flash_core and not runtime.repeats_kv_heads)
+             or not runtime.selective_recomputation else Recompute.SELECTIVE)
     return (light, Recompute.FULL) if full else (light,)
 
 

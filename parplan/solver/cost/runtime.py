@@ -60,6 +60,11 @@ docs/notes/torchtitan-run.md):
   forward on :data:`TORCHTITAN_LOSS_CHUNKS` sequence chunks, each chunk's backward at once, so no
   logits are kept for backward; the loop's own buffers are priced by :mod:`.loss_loop`.
 
+nanotron's trainer (runtime ``nanotron``) keeps Megatron-LM's activations and loss with its own
+gradient buffers: an fp32 accumulation buffer never sharded, DDP's buckets beside it, and compute-type
+gradients made anew by every micro-batch; its rules and their sources are listed in
+:mod:`parplan.solver.cost.nanotron`.
+
 On a CPU, PyTorch's RMSNorm is a composite that computes in fp32: with bf16 inputs it keeps an fp32
 copy of its input and the fp32 normalised input for backward (measured on torchtitan's debug model).
 """
@@ -95,6 +100,10 @@ class DataParallelBuffers:
     #: DDP rebuilds its gradient buckets once, in the second step's forward: the new buckets are made
     #: while the old ones (the gradients) still live, a second copy of the gradients for a moment
     rebuilds_buckets: bool = False
+    #: DDP without ``gradient_as_bucket_view`` beside a separate gradient buffer (nanotron): its buckets, a
+    #: copy of every gradient in the compute type, are resident besides the gradients the optimizer reads
+    #: (:meth:`Runtime.states_precision`)
+    bucket_copy: bool = False
 
 
 #: Sequence chunks of torchtitan's ``ChunkedLossWrapper`` (its default ``num_chunks`` in 0.3.0, which
@@ -107,6 +116,12 @@ CUBLAS_WORKSPACE_BYTES = 32 * 2**20
 
 IN_PLACE = DataParallelBuffers()
 DDP = DataParallelBuffers(rebuilds_buckets=True)
+#: nanotron's data parallelism: PyTorch's DDP (default bucket views) whose communication hook adds
+#: each bucket into the fp32 accumulation buffer (``nanotron/optim/gradient_accumulator.py``,
+#: ``get_fp32_accum_hook``). Its bucket rebuild in the second step holds less than the end of any
+#: backward (where every compute-type gradient is alive, :attr:`Runtime.grads_each_microbatch`), so it is
+#: not a moment of its own.
+NANOTRON_DDP = DataParallelBuffers(bucket_copy=True)
 FSDP = DataParallelBuffers(shards_parameters=True, gathers=True, reduce_buffers=1, gather_buffer=True)
 
 
@@ -138,6 +153,9 @@ class Runtime(StrEnum):
     #: docstring)
     TORCHTITAN = "torchtitan"
     TORCHTITAN_CPU = "torchtitan-cpu"  # the same with CPU kernels (parplan validate --torchtitan on gloo)
+    #: Hugging Face's nanotron trainer on GPUs: Megatron-LM's activations and loss (its code follows
+    #: Megatron-LM's), with its own gradient buffers (:mod:`parplan.solver.cost.nanotron`)
+    NANOTRON = "nanotron"
 
     @property
     def _pytorch_native(self) -> bool:
@@ -165,12 +183,23 @@ class Runtime(StrEnum):
         DDP's buckets, the agent's executor); torchtitan sets them to None before each step."""
         return not self._torchtitan
 
-    def states_precision(self, prec: Precision) -> Precision:
+    def states_precision(self, prec: Precision, buffers: DataParallelBuffers | None = None) -> Precision:
         """Bytes per parameter of the resident model states under this runtime: with
-        :attr:`master_is_parameter`, the master copy is the weight itself."""
+        :attr:`master_is_parameter`, the master copy is the weight itself; with ``buffers``'
+        :attr:`~DataParallelBuffers.bucket_copy`, the gradients add DDP's buckets (compute type)."""
+        if buffers is not None and buffers.bucket_copy:
+            prec = dataclasses.replace(prec, grad_bytes=prec.grad_bytes + prec.param_bytes)
         if not self.master_is_parameter or not prec.master_bytes:
             return prec
         return dataclasses.replace(prec, param_bytes=prec.master_bytes, master_bytes=0)
+
+    @property
+    def grads_each_microbatch(self) -> bool:
+        """Whether every micro-batch's backward makes the weights' gradients anew in the compute type
+        (autograd's ``param.grad``) and frees them after it, besides the resident accumulation buffer:
+        nanotron's ``FP32GradientAccumulator.backward`` adds them into its fp32 buffer and sets them to
+        None once ``loss.backward()`` returns, so at the end of each backward all of them are alive."""
+        return self is Runtime.NANOTRON
 
     @property
     def saves_gathered_sp_inputs(self) -> bool:
@@ -201,7 +230,8 @@ class Runtime(StrEnum):
         32 MiB at the first matmul, 32 MiB more at the first backward. None on the CPU. Megatron-LM
         holds them as well (and Transformer Engine's own); runtime ``megatron`` follows Megatron-LM's
         estimator, which leaves them out."""
-        return 2 * CUBLAS_WORKSPACE_BYTES if self in (Runtime.TORCH, Runtime.DEEPSPEED, Runtime.TORCHTITAN) else 0.0
+        gpu_torch = (Runtime.TORCH, Runtime.DEEPSPEED, Runtime.TORCHTITAN, Runtime.NANOTRON)
+        return 2 * CUBLAS_WORKSPACE_BYTES if self in gpu_torch else 0.0
 
     @property
     def held_through_step_bytes(self) -> float:
@@ -222,12 +252,18 @@ class Runtime(StrEnum):
         return self in (Runtime.MEGATRON, Runtime.TORCH, Runtime.TORCH_CPU)
 
     @property
+    def selective_recomputation(self) -> bool:
+        """Whether the trainer has a recomputation lighter than whole blocks: nanotron has only
+        ``recompute_layer`` (a whole decoder layer, parplan's full recomputation)."""
+        return self is not Runtime.NANOTRON
+
+    @property
     def fuses_projections(self) -> bool:
         """Whether the runtime's model code runs the projections of one input as one GEMM (a node's
         ``gemm_group``): Megatron-LM's ``linear_qkv`` (q, k and v) and a gated MLP's ``linear_fc1``
         (gate and up). torchtitan's Llama, Hugging Face's models (DeepSpeed's) and the agent's model
         keep them apart (``wq``/``wk``/``wv``, ``w1``/``w3``; ``q_proj``..., ``gate_proj``/``up_proj``)."""
-        return self is Runtime.MEGATRON
+        return self in (Runtime.MEGATRON, Runtime.NANOTRON)
 
     @property
     def repeats_kv_heads(self) -> bool:
@@ -243,7 +279,7 @@ class Runtime(StrEnum):
         ``cross_entropy`` (``log_softmax`` + ``nll_loss``: the log-probabilities' gradient); two
         under DTensor's loss parallelism (``classes_sharded``: a zeroed one-hot and the exponentiated
         log-probabilities, then their sum)."""
-        if self is Runtime.MEGATRON:
+        if self in (Runtime.MEGATRON, Runtime.NANOTRON):
             return 0
         return 2 if classes_sharded else 1
 
@@ -294,6 +330,8 @@ class Runtime(StrEnum):
             return IN_PLACE
         if zero >= 3:
             return FSDP
+        if self is Runtime.NANOTRON:
+            return NANOTRON_DDP
         if self._torchtitan and zero == 0:
             # torchtitan replicates with FSDP2 over a shard group of one (data_parallel_replicate_degree)
             return DataParallelBuffers(gathers=True, kept_from_forward=True, reduce_buffers=2)

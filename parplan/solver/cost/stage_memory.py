@@ -158,7 +158,7 @@ def unit_memory(p: Links, gc: GraphCosts, plan: LayerPlan, u: str, s: LayerStrat
     dp = plan.runtime.data_parallel(s.tp, s.data_ranks, s.zero)
     walk = stage_unit(u, gc, s.unit(plan.flash_attention, plan.runtime), c, u in plan.layers, dp, prec, seen,
                       tied_ids)
-    st = model_states(c.params, s, plan.runtime.states_precision(prec), dp.shards_parameters)
+    st = model_states(c.params, s, plan.runtime.states_precision(prec, dp), dp.shards_parameters)
     floats = (*st.bytes.as_floats().values(), *st.redundant.as_floats().values())
     return UnitMemory(walk, floats, dp.rebuilds_buckets, c.act_bytes, c.act_redundant_bytes, c.largest_param_elems)
 
@@ -170,7 +170,7 @@ def shared_states(gc: GraphCosts, plan: LayerPlan, units: list[str], first: Laye
     strategy's data-parallel buffers."""
     first_dp = plan.runtime.data_parallel(first.tp, first.data_ranks, first.zero)
     states = model_states(gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime)), first,
-                          plan.runtime.states_precision(prec), first_dp.shards_parameters)
+                          plan.runtime.states_precision(prec, first_dp), first_dp.shards_parameters)
     return states, first_dp
 
 
@@ -241,13 +241,17 @@ def stage_memory(p: MemoryPricer, plan: LayerPlan, stage: int, layout: PlanLayou
     # gradients made in backward (torchtitan sets them to None between steps); with pipelining
     # other micro-batches' backwards run before, so they count as resident there
     grads_later = not plan.runtime.keeps_gradients and plan.pp == 1
+    # nanotron: each micro-batch's backward makes compute-type gradients beside the resident buffer,
+    # freed when it ends (Runtime.grads_each_microbatch): the walk of every micro-batch is the first's
+    anew = plan.runtime.grads_each_microbatch
     walked = stage_peak(sums.walk, prec, shared_act, gc.tied_within(units, us), gc.tied_gradient_workspace(units, us),
                         accumulating=(plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded(plan.pp > 1)
                                       and not plan.sync_every_microbatch),
                         pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs,
-                        created_grads=sums.unit_grads if grads_later else None,
+                        created_grads=(sums.unit_grads if grads_later
+                                       else [u.own_param_bytes for u in sums.walk] if anew else None),
                         shared_grads=shared.bytes.gradients if grads_later else 0.0,
-                        later_microbatches=plan.num_microbatches > 1)
+                        later_microbatches=plan.num_microbatches > 1 and not anew)
     optimizer = optimizer_temporary_bytes(sums.largest, prec)
     resident = states.bytes.total
     walk_base = resident - states.bytes.gradients if grads_later else resident
@@ -318,7 +322,7 @@ def _add_chunk(p: Links, plan: LayerPlan, vs: int, chunk: list[str], all_by_vsta
         dp = plan.runtime.data_parallel(s.tp, s.data_ranks, s.zero)
         walk.append(stage_unit(u, p.costs_for(plan.local_batch(s)), s.unit(plan.flash_attention, plan.runtime), c,
                                u in plan.layers, dp, prec, seen, tied_ids))
-        acc.states = acc.states + model_states(c.params, s, plan.runtime.states_precision(prec),
+        acc.states = acc.states + model_states(c.params, s, plan.runtime.states_precision(prec, dp),
                                                dp.shards_parameters)
         act += c.act_bytes
         red += c.act_redundant_bytes
