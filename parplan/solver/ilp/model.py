@@ -275,9 +275,9 @@ def kept_peaks(problem: AuxProblem) -> list[int]:
         for ei, m in t.edges.items():
             first, size = groups[("e", ei)]
             A[r, first:first + size] = np.asarray(m, dtype=np.float64).ravel()
-        for gi, k in t.gates.items():
+        for gi, coef in t.gates.items():
             first, size = groups[("g", gi)]
-            A[r, first:first + size - 1] = k * np.asarray(problem.gates[gi].values, dtype=np.float64)
+            A[r, first:first + size - 1] = coef * np.asarray(problem.gates[gi].values, dtype=np.float64)
     idx = np.array(starts, dtype=np.intp)
     if width == 0:
         kept = list(range(n))
