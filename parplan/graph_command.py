@@ -4,7 +4,9 @@ sends as ``model.graph``) of a preset, a Hugging Face ``config.json`` or a Pytho
 
 Presets and hand-mapped configs are built by parplan's builder; other configs (or any config with
 ``--trace``) are built by transformers on the meta device and traced; a factory is called under
-``torch.device("meta")`` and traced on token ids of ``--batch`` x ``--seq-len``.
+``torch.device("meta")`` and traced on token ids of ``--batch`` x ``--seq-len``. A traced graph is
+resized to one sample after a trace at two (a size-1 axis would vanish from the trace), and the
+samples and tokens are traced at two sizes where they are equal (axes are named by their size).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from parplan.cli_args import int_at_least
 from parplan.solver.ir import DTYPE_BYTES, Graph
 
-#: sizes of at least two (a size-1 dim is dropped from the graph)
+#: a sequence of at least two tokens (a size-1 axis is dropped from a trace)
 _AT_LEAST_TWO = int_at_least(2, " (a size-1 dim is dropped)")
 
 
@@ -31,7 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "Python module:factory returning an nn.Module (traced on the meta device).")
     g.add_argument("model", help="preset name, HF config.json, or module:factory (also path/to/file.py:factory)")
     g.add_argument("--out", metavar="FILE", default=None, help="write the JSON to FILE (default: standard output)")
-    g.add_argument("--batch", type=_AT_LEAST_TWO, default=2,
+    g.add_argument("--batch", type=int_at_least(1), default=2,
                    help="samples the graph is built for (default 2; plans resize it to their micro-batch)")
     g.add_argument("--seq-len", type=_AT_LEAST_TWO, default=None,
                    help="tokens per sample (default: the model's maximum positions; a factory: 128)")
@@ -75,6 +77,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 def _model_graph(spec: str, batch: int, seq_len: int | None, trace: bool) -> Graph:
     """A preset's or config's graph: built, or traced (a config without a mapper, or ``trace``)."""
     from parplan.solver.frontends.hf_trace import trace_hf_config
+    from parplan.solver.frontends.resize import resize_graph
     from parplan.solver.models import resolve_model
 
     path = Path(spec)
@@ -88,16 +91,20 @@ def _model_graph(spec: str, batch: int, seq_len: int | None, trace: bool) -> Gra
         if not isinstance(cfg, dict):
             raise UsageError(f"{spec}: expected a JSON object")
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-        return trace_hf_config(cfg, name, seq_len=seq_len, batch=batch)
+        graph = trace_hf_config(cfg, name, seq_len=seq_len, batch=max(batch, 2))
+        return resize_graph(graph, {"batch": batch})
     model = resolve_model(spec, seq_len=seq_len)
     return model.build(batch, seq_len)
 
 
 def _factory_graph(spec: str, batch: int, seq_len: int, float_dtype: str) -> Graph:
     """Trace ``module:factory``'s module (built on the meta device) on ``batch`` x ``seq_len`` token
-    ids; the factory may also return ``(module, example_inputs)``."""
+    ids (traced at another batch, then resized, where ``batch`` is 1 or equals ``seq_len``); the
+    factory may also return ``(module, example_inputs)``, traced as they are (axes of ``batch`` and
+    ``seq_len`` elements named ``batch`` and ``seq``)."""
     from parplan.cli_args import UsageError
     from parplan.solver.frontends.hf_trace import import_torch, one_line, trace_model
+    from parplan.solver.frontends.resize import resize_graph
 
     torch = import_torch()
     module_name, _, attr = spec.rpartition(":")
@@ -112,10 +119,15 @@ def _factory_graph(spec: str, batch: int, seq_len: int, float_dtype: str) -> Gra
     module, inputs = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
     if not isinstance(module, torch.nn.Module):
         raise UsageError(f"{spec}() returned {type(module).__name__}, not a torch.nn.Module")
-    if inputs is None:
-        inputs = (torch.zeros(batch, seq_len, dtype=torch.long, device="meta"),)
-    dims = {batch: "batch", seq_len: "seq"}
-    return trace_model(module, inputs, attr, dim_names=dims, float_dtype=float_dtype)
+    if inputs is not None:
+        if batch == 1:
+            raise UsageError(f"--batch 1 with the inputs {spec}() returns: a size-1 axis vanishes from the trace; "
+                             f"return inputs of two samples (plans resize the graph to their micro-batch)")
+        return trace_model(module, inputs, attr, dim_names={batch: "batch", seq_len: "seq"}, float_dtype=float_dtype)
+    traced = batch if batch not in (1, seq_len) else next(b for b in (2, 3) if b != seq_len)
+    ids = torch.zeros(traced, seq_len, dtype=torch.long, device="meta")
+    graph = trace_model(module, (ids,), attr, dim_names={traced: "batch", seq_len: "seq"}, float_dtype=float_dtype)
+    return resize_graph(graph, {"batch": batch})
 
 
 def _import(module_name: str) -> Any:

@@ -169,7 +169,7 @@ def _validate_graph_plan(args: argparse.Namespace, doc: dict[str, Any]) -> int:
     from parplan.agent.launch import LaunchError
     from parplan.agent.traced_validate import run_traced
     from parplan.cli_args import UsageError
-    from parplan.solver.models import resize_graph
+    from parplan.solver.frontends.resize import resize_graph
     from parplan.solver.wire import graph_from_json
 
     strategy = doc["strategy"]

@@ -56,8 +56,8 @@ def traced_ilp_plan(graph: Graph, mesh: tuple[int, ...], objective: str = "min-m
     from parplan.solver.calibration import DEFAULT_CALIBRATION
     from parplan.solver.cluster import make_cluster
     from parplan.solver.cost.runtime import Runtime
+    from parplan.solver.frontends.resize import resize_graph
     from parplan.solver.ilp.search import search
-    from parplan.solver.models import resize_graph
 
     world = math.prod(mesh)
     batch = int(traced_spec(graph, {}, mesh, "").batch)

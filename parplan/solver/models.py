@@ -7,12 +7,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from parplan.solver.errors import ConfigError, GraphValidationError, UnknownModelError
+from parplan.solver.errors import ConfigError, UnknownModelError
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.hf import config_from_hf, has_mapper, supported_model_types
 from parplan.solver.frontends.presets import get_preset
-from parplan.solver.ir import Graph, Node
+from parplan.solver.frontends.resize import resize_graph
+from parplan.solver.ir import Graph
 from parplan.solver.validate import validate_graph
 
 
@@ -60,26 +61,6 @@ def _dim_size(graph: Graph, dim: str) -> int | None:
         if size is not None:
             return size
     return None
-
-
-def resize_graph(graph: Graph, sizes: dict[str, int]) -> Graph:
-    """The same graph with named dims set to new sizes on every non-parameter tensor (parameters
-    keep theirs); ConfigError when the graph's shape rules no longer hold afterwards."""
-    present = {d for n in graph.nodes for d, _ in n.dims}
-    todo = {d: s for d, s in sizes.items() if d in present}
-    if not todo:
-        return graph
-    nodes = [n if n.is_parameter else Node(n.id, n.kind, n.inputs,
-                                           tuple((d, todo.get(d, s)) for d, s in n.dims), n.dtype, n.layer, n.attrs)
-             for n in graph.nodes]
-    meta = dict(graph.meta) | ({"seq_len": todo["seq"]} if "seq" in todo else {})
-    out = Graph.of(graph.name, nodes, meta)
-    try:
-        validate_graph(out, resized_from=graph)
-    except GraphValidationError as e:
-        raise ConfigError(f"graph {graph.name!r} cannot be resized to {todo}: {e}; submit it built for "
-                          f"the micro-batch and sequence length you want") from None
-    return out
 
 
 def model_from_json(doc: dict[str, Any], name: str, *, trace: bool = False, seq_len: int | None = None,

@@ -107,7 +107,7 @@ def test_parplan_validate_runs_the_ilp_plan_of_a_traced_graph_file(tmp_path: Pat
     another batch than the file's: the graph is resized to the plan's micro-step)."""
     from parplan.agent.traced_validate import QWEN2_TINY, traced_graph, traced_ilp_plan
     from parplan.cli import main
-    from parplan.solver.models import resize_graph
+    from parplan.solver.frontends.resize import resize_graph
     from parplan.solver.wire import graph_to_json
 
     graph = traced_graph(QWEN2_TINY, "qwen2-tiny", batch=2, seq_len=32)

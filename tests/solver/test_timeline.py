@@ -3,8 +3,9 @@ whole-plan evaluator (cost/peak.py) and linear expressions of the operators' str
 (ilp/moments.py). The oracle here: the ILP's linear moments evaluated at a choice equal the walk
 over numbers at that choice (every unit's figures evaluated first, each unit's inner moments taken
 at their largest, each unit gathering or not as the choice has it), on choices the search could make
-(any candidate per operator, not only uniform strategies), and on the cases of the walk the ILP's
-plans leave out (accumulation, pipelining, gradients made in backward) too.
+(any candidate per operator, not only uniform strategies; on the torch runtimes with two micro-steps
+the ILP's own moments accumulate, a tied table's kept gradient an OR over its readers' choices), and
+on the cases of the walk the ILP's plans leave out (pipelining, gradients made in backward) too.
 """
 
 from __future__ import annotations

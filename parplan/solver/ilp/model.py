@@ -22,7 +22,7 @@ memory is in GiB (costs in bytes next to seconds span fifteen orders of magnitud
 does not tolerate); results are reported in bytes.
 """
 
-# ruff: noqa: N806  (X and B are the paper's variable names)
+# ruff: noqa: N803, N806  (X and B are the paper's variable names)
 
 from __future__ import annotations
 
@@ -93,22 +93,44 @@ class AuxEdge:
 
 
 @dataclass
+class Gate:
+    """Bytes of one node per strategy, held only while some strategy of ``when`` is chosen: the
+    product of one node's term and an OR over strategies of other nodes (a tied table's gradient,
+    which gradient accumulation keeps where any unit reading the table gathers its weights). In the
+    model (:func:`_gate_columns`): a binary ``Y`` for the OR, and per strategy ``s`` of ``node``
+    ``W_s = X[node][s]·Y``, each product by the standard linearisation."""
+
+    node: str
+    values: Sequence[float] | np.ndarray  # bytes per strategy of ``node``
+    when: dict[str, tuple[int, ...]]  # per node, the strategies that open the gate
+
+    def is_open(self, choice: dict[str, int]) -> bool:
+        return any(choice[k] in strategies for k, strategies in self.when.items())
+
+    def value(self, choice: dict[str, int]) -> float:
+        return float(self.values[choice[self.node]]) if self.is_open(choice) else 0.0
+
+
+@dataclass
 class PeakTerm:
     """Buffers that live at the same moment (one block's ZeRO-3 gathers and recomputed activations,
     one resharding buffer, the logits' gradient): bytes per strategy of some nodes and per class
-    pair of some edges. The temporary peak is the largest term, modelled as ``T >= term``."""
+    pair of some edges, and some of the problem's gates (each with a coefficient). The temporary
+    peak is the largest term, modelled as ``T >= term``."""
 
     #: per node, bytes per strategy; per edge, bytes per pair of classes (lists, or numpy arrays
     #: as :mod:`.moments` makes them)
     nodes: dict[str, Sequence[float] | np.ndarray] = field(default_factory=dict)
     edges: dict[int, Sequence[Sequence[float]] | np.ndarray] = field(default_factory=dict)
+    #: per gate (an index into ``AuxProblem.gates``), its coefficient
+    gates: dict[int, float] = field(default_factory=dict)
 
     def value(self, problem: AuxProblem, choice: dict[str, int]) -> float:
         v = sum(float(vals[choice[k]]) for k, vals in self.nodes.items())
         for ei, vals in self.edges.items():
             e = problem.edges[ei]
             v += float(vals[e.cls("src", choice[e.src])][e.cls("dst", choice[e.dst])])
-        return v
+        return v + sum(k * problem.gates[g].value(choice) for g, k in self.gates.items())
 
 
 @dataclass
@@ -127,6 +149,19 @@ class AuxProblem:
     #: bytes every choice is known to hold at least, from outside the terms (0: none known; see
     #: :func:`~parplan.solver.ilp.problem.least_bytes`); part of :meth:`memory_lower_bound`
     floor_bytes: float = 0.0
+    #: products of a node's term and an OR over strategies, which peak terms name by index
+    gates: list[Gate] = field(default_factory=list)
+
+    def gate(self, gate: Gate) -> int:
+        """The index of ``gate`` in :attr:`gates` (added unless an equal one is there)."""
+        import numpy as np
+
+        values = np.asarray(gate.values, dtype=np.float64)
+        for g, other in enumerate(self.gates):
+            if other.node == gate.node and other.when == gate.when and np.array_equal(other.values, values):
+                return g
+        self.gates.append(Gate(gate.node, values, dict(gate.when)))
+        return len(self.gates) - 1
 
     def edge_seconds(self, choice: dict[str, int]) -> float:
         """Seconds of every edge under a choice, shared groups at their costliest member."""
@@ -164,6 +199,7 @@ class AuxProblem:
             value = base + sum(min(v) for k, v in states.items() if k not in term.nodes)
             value += sum(min(a + b for a, b in zip(states[k], vals, strict=True)) for k, vals in term.nodes.items())
             value += sum(min(min(row) for row in m) for m in term.edges.values())
+            value += sum(min(0.0, min(k * float(v) for v in self.gates[g].values)) for g, k in term.gates.items())
             bound = max(bound, value)
         return bound
 
@@ -203,9 +239,10 @@ def kept_peaks(problem: AuxProblem) -> list[int]:
     """Indices of the peak terms that can be the largest (the others are implied).
 
     Term ``a`` is implied by a kept term ``b`` when ``a·x <= b·x`` for every choice ``x``: a choice
-    takes one strategy per node and one class pair per edge, so it suffices that the sum over
-    nodes and edges of the largest ``a - b`` among the node's strategies (the edge's class pairs)
-    is at most 0. Then ``T >= b·x`` already gives ``T >= a·x``: dropping ``a`` changes no optimum.
+    takes one strategy per node and one class pair per edge, and a gate is closed or at one of its
+    node's values, so it suffices that the sum over nodes, edges and gates of the largest ``a - b``
+    among the node's strategies (the edge's class pairs, the gate's values and 0) is at most 0.
+    Then ``T >= b·x`` already gives ``T >= a·x``: dropping ``a`` changes no optimum.
     Terms are examined from the largest possible value down, each against the terms kept so far
     (a term is only dropped for one that is kept; of equal terms the first is kept), so every
     dropped term is implied by a kept one. Cached on the problem (its terms do not
@@ -223,6 +260,8 @@ def kept_peaks(problem: AuxProblem) -> list[int]:
     for t in problem.peaks:
         sized: list[tuple[tuple[str, object], int]] = [(("n", k), len(vals)) for k, vals in t.nodes.items()]
         sized += [(("e", ei), len(m) * len(m[0])) for ei, m in t.edges.items()]
+        # a gate: its node's value per strategy while open, then 0 (closed)
+        sized += [(("g", gi), len(problem.gates[gi].values) + 1) for gi in t.gates]
         for g, size in sized:
             if g not in groups:
                 groups[g] = (width, size)
@@ -236,6 +275,9 @@ def kept_peaks(problem: AuxProblem) -> list[int]:
         for ei, m in t.edges.items():
             first, size = groups[("e", ei)]
             A[r, first:first + size] = np.asarray(m, dtype=np.float64).ravel()
+        for gi, coef in t.gates.items():
+            first, size = groups[("g", gi)]
+            A[r, first:first + size - 1] = coef * np.asarray(problem.gates[gi].values, dtype=np.float64)
     idx = np.array(starts, dtype=np.intp)
     if width == 0:
         kept = list(range(n))
@@ -365,9 +407,10 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
                       [(c, v / scale) for c, v in zip(cols, arr.tolist(), strict=True) if v] + [(y, -1.0)], 0.0, 0.0)
             return [(y, scale / _MEM)]
 
+        W = _gate_columns(f, problem, X, {gi for pi in kept for gi in problem.peaks[pi].gates}, start, values)
         for pi in kept:
             term = problem.peaks[pi]
-            held: list[tuple[int, float]] = []
+            held: list[tuple[int, float]] = [(w, k * v / _MEM) for gi, k in term.gates.items() for w, v in W[gi]]
             for k, vals in term.nodes.items():
                 held += part("n", k, vals, X[k], None if start is None else start[k])
             for ei, pairs in term.edges.items():
@@ -403,6 +446,47 @@ def formulate(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, 
     if start is not None:
         f.start = values
     return f, X
+
+
+def _gate_columns(f: Formulation, problem: AuxProblem, X: dict[str, list[int]], used: set[int],
+                  start: dict[str, int] | None, values: list[float]) -> dict[int, list[tuple[int, float]]]:
+    """The columns of the gates ``used`` (see :class:`Gate`): per gate, ``(W_s, bytes)`` for each
+    strategy ``s`` of its node with bytes, ``W_s = X[node][s]·Y`` where ``Y`` (one per OR, shared by
+    the gates that have it) is the OR of the ``X`` of the strategies that open the gate."""
+    ors: dict[tuple[tuple[str, tuple[int, ...]], ...], int] = {}
+    out: dict[int, list[tuple[int, float]]] = {}
+    for gi in sorted(used):
+        gate = problem.gates[gi]
+        opens = [X[k][j] for k, strategies in sorted(gate.when.items()) for j in strategies]
+        out[gi] = []
+        if not opens:
+            continue  # never open
+        key = tuple(sorted(gate.when.items()))
+        Y = ors.get(key)
+        if Y is None:
+            Y = ors[key] = f.col(f"Y_any_{len(ors)}", binary=True)
+            if start is not None:
+                values.append(1.0 if gate.is_open(start) else 0.0)
+            for x in opens:
+                # Y >= X[k][j]: the OR is 1 when any strategy that opens it is chosen
+                f.row(f"or_any__{Y}_{x}", [(x, 1.0), (Y, -1.0)], -math.inf, 0.0)
+            # Y <= sum of those X[k][j]: the OR is 0 when none of them is chosen
+            f.row(f"or_none__{Y}", [(Y, 1.0)] + [(x, -1.0) for x in opens], -math.inf, 0.0)
+        for s, v in enumerate(gate.values):
+            if not v:
+                continue
+            w, x = f.col(f"W_gate_{gi}_{s}"), X[gate.node][s]
+            if start is not None:
+                values.append(1.0 if start[gate.node] == s and gate.is_open(start) else 0.0)
+            # W_s = X[node][s]·Y, the standard linearisation of a product of binaries:
+            # W_s <= X[node][s]
+            f.row(f"and_x__{gi}_{s}", [(w, 1.0), (x, -1.0)], -math.inf, 0.0)
+            # W_s <= Y
+            f.row(f"and_y__{gi}_{s}", [(w, 1.0), (Y, -1.0)], -math.inf, 0.0)
+            # W_s >= X[node][s] + Y - 1
+            f.row(f"and_both__{gi}_{s}", [(w, 1.0), (x, -1.0), (Y, -1.0)], -1.0, math.inf)
+            out[gi].append((w, float(v)))
+    return out
 
 
 def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,

@@ -13,11 +13,12 @@ after the walk.
 
 The ILP's plans run one pipeline stage (no pipelining), on runtimes that keep gradients between
 steps and do not chunk the loss (torchtitan's trainer, which does both, is planned by the uniform
-search only): no gradients made in backward, no loss loop. Gradient accumulation that keeps FSDP2's
-unsharded gradients over several micro-steps (the torch runtimes' ZeRO-3 blocks) is a case of the
-walk (``StepOptions.accumulating``, a tied table's gradient kept where its owner gathers it) that
-the ILP's problem leaves out: its plans are priced, and their answers walked (:func:`walk_peak`),
-with reduce-scatters every micro-step.
+search only): no gradients made in backward, no loss loop. With several micro-steps on a runtime
+whose FSDP2 skips the reduce-scatter until the last (:meth:`Runtime.accumulates_unsharded`), the walk
+accumulates (``StepOptions.accumulating``): every gathering unit's unsharded gradients are kept from
+the first micro-step's backward to the last's, and a tied table's local gradient wherever any unit
+reading it gathers, as the evaluator keeps it; that last is a product of the owner's strategy and an
+OR over the readers' (a :class:`~parplan.solver.ilp.model.Gate`, linearised in the model).
 
 Alike blocks share variables and hold the same terms apart from the activations of the units
 before them, which only grow, and the buffers of their neighbours; of a run of alike blocks only
@@ -30,6 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
+
 from parplan.solver.cost.activations import Recompute, block_of, saved_items
 from parplan.solver.cost.backward import BackwardProfile, alive_at_operators, freed_by_operator
 from parplan.solver.cost.peak import StageUnit, stage_peak
@@ -37,7 +40,7 @@ from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.runtime import FSDP, IN_PLACE
 from parplan.solver.cost.timeline import Moment, StepOptions, StepUnit, Tied, step_moments
 from parplan.solver.ilp.graph_problem import GraphProblem
-from parplan.solver.ilp.model import AuxProblem, PeakTerm
+from parplan.solver.ilp.model import AuxProblem, Gate, PeakTerm
 from parplan.solver.ilp.terms import LINEAR, Lin, Terms, lin_sum
 from parplan.solver.ir import Node
 
@@ -93,13 +96,20 @@ class _Unit:
         return out
 
 
+def accumulates(gp: GraphProblem) -> bool:
+    """Whether the problem's plans keep unsharded gradients over their micro-steps (several of them,
+    on a runtime whose FSDP2 reduces after the last only)."""
+    return gp.ctx.microbatches > 1 and gp.ctx.runtime.accumulates_unsharded(False)
+
+
 def walk_peak(gp: GraphProblem, choice: dict[str, int]) -> tuple[float, float]:
     """(bytes above the model states at the step's busiest moment, the temporaries' peak) of a
     choice, by the whole-plan evaluator's own walk (:func:`parplan.solver.cost.peak.stage_peak`)
     over every unit's figures at that choice, each unit gathering or not as the choice has it: the
     independent check of the ILP's moments."""
     at = stage_at(gp, choice)
-    walked = stage_peak(at.units, gp.ctx.precision, at.shared_act, at.tied_elems, at.tied_workspace_elems)
+    walked = stage_peak(at.units, gp.ctx.precision, at.shared_act, at.tied_elems, at.tied_workspace_elems,
+                        accumulating=accumulates(gp))
     fixed = gp.problem.fixed_bytes
     return max(walked.above_resident, at.optimizer) + fixed, max(walked.temporary, at.optimizer) + fixed
 
@@ -171,13 +181,32 @@ def temporary_terms(gp: GraphProblem) -> list[PeakTerm]:
 
 def _moments(gp: GraphProblem, terms: Terms, units: list[_Unit], keep: set[int] | None = None,
              options: StepOptions[Lin] | None = None) -> Iterator[Moment[Lin]]:
-    """Every moment of the walk, as the ILP's plans run (``options`` None: see the module docstring
-    for the cases they leave out), or only those of the units in ``keep`` (the others' are not built)."""
+    """Every moment of the walk, as the ILP's plans run (``options`` None: see the module docstring),
+    or only those of the units in ``keep`` (the others' are not built)."""
+    if options is None:
+        options = StepOptions(accumulating=accumulates(gp))
     tied, tied_workspace, users = terms.tied(units)
-    # (what accumulation keeps of the table's gradient: where its owner gathers it)
-    kept = terms.tied(units, zero3_only=True)[0] if options is not None and options.accumulating else Lin()
+    kept = _tied_kept(gp, terms, units, users) if options.accumulating and users else Lin()
     both = Tied(tied, tied_workspace, kept) if users else None
     return step_moments(LINEAR, [u.step() for u in units], _shared_items(gp, terms), both, options, keep)
+
+
+def _tied_kept(gp: GraphProblem, terms: Terms, units: list[_Unit], users: list[int]) -> Lin:
+    """What accumulation keeps of a tied table's gradient: its local gradient at its owner's strategy
+    while any unit reading the table gathers some weight (as the evaluator's walk keeps it,
+    :func:`~parplan.solver.cost.peak.stage_peak`): a gate per owner, opened by every strategy under
+    which a reading unit gathers."""
+    opens: dict[str, set[int]] = {}
+    for k in users:
+        gathered = units[k].gathered
+        assert not gathered.edges, "gathered weights depend on their owner's strategy only"
+        for rep, vals in gathered.nodes.items():
+            opens.setdefault(rep, set()).update(int(j) for j in np.flatnonzero(vals > 0))
+    when = {rep: tuple(sorted(js)) for rep, js in opens.items() if js}
+    if not when:
+        return Lin()  # no reading unit ever gathers
+    grads = terms.tied(units)[0]
+    return Lin(gates={gp.problem.gate(Gate(rep, vals, when)): 1.0 for rep, vals in grads.nodes.items() if vals.any()})
 
 
 def _optimizer(terms: Terms, units: list[_Unit], keep: set[int] | None = None) -> Iterator[Lin]:

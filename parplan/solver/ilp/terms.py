@@ -37,19 +37,26 @@ class Lin:
 
     nodes: dict[str, np.ndarray] = field(default_factory=dict)
     edges: dict[int, np.ndarray] = field(default_factory=dict)
+    #: per gate of the problem (:class:`~parplan.solver.ilp.model.Gate`), its coefficient
+    gates: dict[int, float] = field(default_factory=dict)
 
     def add(self, other: Lin, k: float = 1.0) -> Lin:
         """A new expression: ``self + k·other`` (``self`` itself when ``other`` is empty)."""
-        if not other.nodes and not other.edges:
+        if not other.nodes and not other.edges and not other.gates:
             return self
-        return Lin(_plus(self.nodes, other.nodes, k), _plus(self.edges, other.edges, k))
+        return Lin(_plus(self.nodes, other.nodes, k), _plus(self.edges, other.edges, k),
+                   _plus(self.gates, other.gates, k))
 
     def term(self) -> PeakTerm:
         return PeakTerm(nodes={r: v for r, v in self.nodes.items() if v.any()},
-                        edges={e: m for e, m in self.edges.items() if m.any()})
+                        edges={e: m for e, m in self.edges.items() if m.any()},
+                        gates={g: k for g, k in self.gates.items() if k})
 
 
-def _plus(a: dict[_K, np.ndarray], b: dict[_K, np.ndarray], k: float) -> dict[_K, np.ndarray]:
+_V = TypeVar("_V", np.ndarray, float)
+
+
+def _plus(a: dict[_K, _V], b: dict[_K, _V], k: float) -> dict[_K, _V]:
     """``a + k·b`` key by key, as a new dict (no array is changed)."""
     out = dict(a)
     for key, v in b.items():
