@@ -62,7 +62,7 @@ from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.objective import Objective
 from parplan.solver.progress import ProgressFn
-from parplan.solver.strategy import Schedule, check_context_parallel
+from parplan.solver.strategy import Schedule, SplitDims, check_context_parallel
 
 #: Memory granularity of the DP: the budget is cut into this many units.
 MEMORY_UNITS = 512
@@ -94,6 +94,7 @@ class DpSearch:
         #: experts per MoE layer (0: a dense model); an expert-parallel degree must divide it
         self.experts = max((size for n in probe.graph.nodes for d, size in n.dims if d == "expert"), default=0)
         self.moe = self.experts > 0
+        self.splits = SplitDims.of(probe.graph)  # the rule every strategy offered obeys
         self.evaluations = 0
         self.seq_len = int(probe.graph.meta.get("seq_len", 0) or 0)
         self._cp_allowed: dict[tuple[int, int, str], bool] = {}
@@ -133,7 +134,7 @@ class DpSearch:
             eps = tuple(e for e in degrees(n // cp) if self.experts % e == 0)
             opts = dataclasses.replace(opts, expert_parallel=eps)
         out = []
-        for s in layer_strategies(n, opts, moe=self.moe, cp=cp, light=self.light):
+        for s in layer_strategies(n, opts, moe=self.moe, cp=cp, light=self.light, splits=self.splits):
             if self.B % (m * s.dp) or (s.cp_comm != "p2p" and not self.allows(s)):
                 continue
             out.append(s)
