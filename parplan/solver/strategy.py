@@ -168,6 +168,14 @@ class ParallelConfig:
         return " ".join(parts)
 
 
+def data_parallel_degrees(degrees: list[int], global_batch: int, micro_batch: int | None) -> list[int]:
+    """The data-parallel degrees among ``degrees`` a search considers at this batch: each replica runs
+    ``global_batch / (micro_batch x dp)`` micro-batches of ``micro_batch`` samples, so with a
+    ``micro_batch`` given only the ``dp`` for which ``global_batch`` is a multiple of
+    ``micro_batch x dp`` (none: the request is refused); all of them without one."""
+    return [d for d in degrees if micro_batch is None or global_batch % (micro_batch * d) == 0]
+
+
 def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
     """Micro-batches per replica for a global batch; StrategyError unless it divides exactly."""
     per = micro_batch * dp

@@ -28,11 +28,11 @@ from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource
 from parplan.solver.planner import solve
-from parplan.solver.request import parse_plan_request
+from parplan.solver.request import RequestError, parse_plan_request
 
 GPU_COUNTS = (*range(1, 13), 24, 48, 96)
 MODELS = ("gpt-1.7b", "qwen2.5-7b", "mixtral-8x7b", "t5-11b")  # 24 heads; 28 heads and 4 kv; 8 experts; enc-dec
-SEQ = 768  # divisible by 1, 2, 3, 4, 6, 8, 12, 16, 24, ... but not by 5, 7, 9, 10, 11
+SEQ = 384  # divisible by 1, 2, 3, 4, 6, 8, 12, 16, 24, ... but not by 5, 7, 9, 10, 11
 
 
 def _gpus_per_node(gpus: int) -> int:
@@ -115,7 +115,7 @@ def _check_per_operator(doc: dict[str, Any], model: ModelSource, seq: int) -> No
 
 # (model, GPUs, target, search): odd and non-power-of-two counts where dividing the devices is not
 # dividing the heads (7: gpt-1.7b's 24 heads; qwen2.5's 28 heads but 4 kv heads; 12: llama-3-8b's 32), the sequence (5
-# does not divide 768) or the experts (6 GPUs, 8 experts)
+# does not divide 384) or the experts (6 GPUs, 8 experts)
 CASES = [
     ("gpt-1.7b", 7, "any", "dp"), ("gpt-1.7b", 7, "galvatron", "auto"), ("gpt-1.7b", 6, "galvatron", "auto"),
     ("gpt-1.7b", 5, "any", "ilp"), ("gpt-1.7b", 6, "megatron", "auto"), ("qwen2.5-7b", 7, "any", "dp"),
@@ -147,3 +147,53 @@ def test_returned_plans_pass_parplan_memory_and_the_target_export(name: str, gpu
             assert json.loads(out)["memory"]["peak_bytes"] > 0
     if target != "any":
         export_plan(doc, target)  # NotExpressibleError if the trainer cannot run it
+
+
+def _micro_batches(doc: dict[str, Any]) -> set[int]:
+    """Samples per micro-batch of one data-parallel replica, for every layer of a uniform or per-layer
+    plan (a per-layer plan's replica of a layer is its dp ranks: global batch / (micro-batches x dp))."""
+    st = doc["strategy"]
+    if st["kind"] == "uniform":
+        return {st["micro_batch"]}
+    assert st["kind"] == "per-layer", st["kind"]
+    return {st["global_batch"] // (st["num_microbatches"] * r["dp"]) for r in st["layers"]}
+
+
+# (GPUs, global batch, micro-batch, target, search): the default would pick other micro-batches here
+MICRO = [(8, 64, 4, "any", "dp"), (8, 64, 1, "any", "dp"), (6, 24, 2, "galvatron", "auto"),
+         (4, 16, 2, "megatron", "auto"), (8, 64, 4, "deepspeed", "auto"), (4, 24, 3, "any", "ilp")]
+
+
+@pytest.mark.parametrize(("gpus", "batch", "micro", "target", "search"), MICRO)
+def test_a_given_micro_batch_is_the_plans(gpus: int, batch: int, micro: int, target: str, search: str) -> None:
+    body: dict[str, Any] = {"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": gpus, "gpu_memory_gib": 4096},
+                            "training": {"global_batch": batch, "seq_len": 256, "micro_batch": micro},
+                            "target": target, "time_limit": 20}
+    if search != "auto":
+        body["search"] = search
+    doc = solve(parse_plan_request(body))
+    st = doc["strategy"]
+    if st["kind"] == "intra-operator":
+        # micro-steps of micro_batch x the largest dp dividing the GPUs and the batch (24 % (3 x 4) == 0: 12)
+        assert st["micro_step_batch"] == micro * max(d for d in range(1, gpus + 1)
+                                                     if gpus % d == 0 and batch % (micro * d) == 0)
+    else:
+        assert _micro_batches(doc) == {micro}, st["summary"]
+    for name, b in doc["baselines"].items():
+        assert b is None or b["strategy"]["micro_batch"] == micro, name
+
+
+@pytest.mark.parametrize(("gpus", "batch", "micro", "target"), [
+    (8, 63, 2, "any"), (8, 64, 3, "megatron"), (8, 48, 4, "deepspeed")])  # deepspeed: dp is the 8 GPUs, 48 % 32
+def test_a_micro_batch_that_cannot_divide_the_batch_is_refused_naming_the_field(gpus: int, batch: int, micro: int,
+                                                                               target: str) -> None:
+    body = {"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": gpus},
+            "training": {"global_batch": batch, "micro_batch": micro}, "target": target}
+    with pytest.raises(RequestError) as e:
+        parse_plan_request(body)
+    assert e.value.field == "training.micro_batch" and f"global batch {batch}" in str(e.value)
+
+
+def test_the_cli_refuses_an_indivisible_micro_batch_in_one_line() -> None:
+    code, out = _run(["plan", "--model", "gpt-1.7b", "--gpus", "8", "--global-batch", "64", "--micro-batch", "3"])
+    assert code == 2 and len(out.strip().splitlines()) == 1 and "micro_batch 3" in out, out
