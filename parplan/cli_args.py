@@ -149,7 +149,8 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--seq-len", type=positive, default=None, help="tokens per sample (default: the model's)")
     plan.add_argument("--global-batch", type=positive, default=None, help="samples per step (default: the GPUs)")
     plan.add_argument("--micro-batch", type=positive, default=None,
-                      help="samples per micro-batch of one data-parallel replica (default: searched)")
+                      help="samples per micro-batch of one data-parallel replica (default: searched); the "
+                           "searches then use only the dp with the global batch a multiple of micro-batch x dp")
     plan.add_argument("--precision", choices=list(PRECISIONS), default=DEFAULT_PRECISION,
                       help="training precision, as for parplan memory (default bf16; fp8: Transformer Engine's FP8 "
                            "recipe; fp8-cs: with current scaling)")

@@ -181,7 +181,9 @@ class TrainingSpec(BaseModel):
     global_batch: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH), AS_INT] | None = Field(
         default=None, description="Samples per step (default: the GPU count).")
     seq_len: PositiveInteger | None = Field(default=None, description="Tokens per sample (default: the model's).")
-    micro_batch: PositiveInteger | None = Field(default=None, description="Default: searched.")
+    micro_batch: PositiveInteger | None = Field(default=None, description=(
+        "Samples per micro-batch of one data-parallel replica (default: searched). The searches then use only "
+        "the data-parallel degrees dp with global_batch a multiple of micro_batch x dp; none: 422."))
     precision: PrecisionName = DEFAULT_PRECISION
 
 
