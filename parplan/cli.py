@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     from parplan.server import register as register_server
     from parplan.service.commands import register as register_service
 
-    parser = Parser(prog="parplan", description="Automatic parallelism planner for training large models.")
+    parser: argparse.ArgumentParser = Parser(prog="parplan", description="Automatic parallelism planner for "
+                                             "training large models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
                          description="Predict per-device memory (by category) and step time of one strategy.")
