@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from parplan.cli_args import (
+    Parser,
     UsageError,
     add_plan_args,
     add_strategy_args,
     plan_request_and_model,
     strategy_from_args,
 )
-from parplan.cli_output import GIB, gib, plan_table, write_export
+from parplan.cli_output import GIB, gib, idle_time, plan_table, write_export
 from parplan.exports import EXPORT_TARGETS
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.memory import CATEGORIES
@@ -44,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     from parplan.server import register as register_server
     from parplan.service.commands import register as register_service
 
-    parser = argparse.ArgumentParser(prog="parplan", description="Automatic parallelism planner for training "
-                                     "large models.")
+    parser: argparse.ArgumentParser = Parser(prog="parplan", description="Automatic parallelism planner for "
+                                             "training large models.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
                          description="Predict per-device memory (by category) and step time of one strategy.")
@@ -88,11 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _step_time_lines(t: dict[str, Any]) -> list[str]:
-    """The step time line of ``parplan memory``'s table and, wrapped under it, the time model's
-    error on published runs (``time.accuracy``)."""
+def _step_time_lines(t: dict[str, Any], pp: int) -> list[str]:
+    """The step time line of ``parplan memory``'s table (``pp``: the plan's pipeline stages) and,
+    wrapped under it, the time model's error on published runs (``time.accuracy``)."""
     lines = ["", f"step time  {t['step_seconds']:.3f} s   {t['tokens_per_second']:,.0f} tokens/s   "
-             f"bubble {t['bubble_fraction']:.1%}   (calibration: {t['calibration']})"]
+             f"{idle_time(t, pp)}   (calibration: {t['calibration']})"]
     if t.get("accuracy"):
         lines += textwrap.wrap(t["accuracy"]["note"], 100, initial_indent=" " * 11, subsequent_indent=" " * 11)
     return lines
@@ -129,7 +130,7 @@ def _memory_table(doc: dict[str, Any]) -> str:
                 f"{b['optimizer_states'] / GIB:7.2f} {b['activations'] / GIB:8.2f} {b['temporary'] / GIB:7.2f} "
                 f"{st['peak_bytes'] / GIB:8.2f}   {st['in_flight_microbatches']:6.1f}    "
                 f"{st['first_unit']}..{st['last_unit']}")
-    return "\n".join(lines + _step_time_lines(t))
+    return "\n".join(lines + _step_time_lines(t, s["pp"]))
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -231,7 +232,7 @@ def _layer_table(doc: dict[str, Any]) -> str:
     for cat in CATEGORIES:
         lines.append(f"  {cat:<18s}          {gib(mem['breakdown'][cat])}  {gib(mem['redundant'][cat])}")
     lines.append(f"  {'peak':<18s}          {gib(mem['peak_bytes'])}  ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
-    return "\n".join(lines + _step_time_lines(t))
+    return "\n".join(lines + _step_time_lines(t, s["pp"]))
 
 
 def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from parplan.solver.cluster import GPU_PRESETS, make_cluster
 from parplan.solver.cost.activations import Recompute
@@ -29,6 +29,15 @@ from parplan.solver.targets import Target
 
 class UsageError(Exception):
     """A command-line argument that cannot be honoured (exit status 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a bad argument is one line on standard error (``parplan plan: error:
+    argument --gpus: expected a positive integer, got 0``) and exit status 2: the usage is printed by
+    ``--help`` only. Subcommands' parsers are of this class too (``add_subparsers`` uses the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def int_at_least(minimum: int, why: str = "") -> Callable[[str], int]:
@@ -142,7 +151,8 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--seq-len", type=positive, default=None, help="tokens per sample (default: the model's)")
     plan.add_argument("--global-batch", type=positive, default=None, help="samples per step (default: the GPUs)")
     plan.add_argument("--micro-batch", type=positive, default=None,
-                      help="samples per micro-batch of one data-parallel replica (default: searched)")
+                      help="samples per micro-batch of one data-parallel replica (default: searched); the "
+                           "searches then use only the dp with the global batch a multiple of micro-batch x dp")
     plan.add_argument("--precision", choices=list(PRECISIONS), default=DEFAULT_PRECISION,
                       help="training precision, as for parplan memory (default bf16; fp8: Transformer Engine's FP8 "
                            "recipe; fp8-cs: with current scaling)")

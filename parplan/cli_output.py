@@ -16,6 +16,23 @@ def gib(n: float) -> str:
     return f"{n / GIB:9.2f}"
 
 
+def idle_time(t: dict[str, Any], pp: int) -> str:
+    """The share of the step beyond the slowest stage's micro-batches (``time.bubble_fraction``), named
+    for what it is: with a pipeline, its fill and drain (the bubble) and, where the stages' times are
+    listed, the once-per-step work apart from it (the slowest stage's optimizer step and the
+    data-parallel traffic compute does not hide); without one, that once-per-step work alone."""
+    frac = t.get("bubble_fraction")
+    if frac is None:
+        return ""
+    if pp <= 1:
+        return f"optimizer + exposed DP {frac:.1%}"
+    stages = t.get("stages")
+    if stages and t["step_seconds"] > 0:
+        once = max(s["dp_exposed_seconds"] + s["optimizer_seconds"] for s in stages) / t["step_seconds"]
+        return f"bubble {frac - once:.1%}, optimizer + exposed DP {once:.1%}"
+    return f"bubble + optimizer + exposed DP {frac:.1%}"
+
+
 def plan_table(doc: dict[str, Any], pareto: bool = False) -> str:
     lines = []
     solver = doc["solver"]

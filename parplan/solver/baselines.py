@@ -60,10 +60,19 @@ class Candidate:
     ep: int = 1
 
 
+#: Micro-batch sizes the uniform families try when none is given.
+MICRO_BATCHES = (1, 2, 4, 8)
+
+
+def micro_batch_choices(micro_batch: int | None) -> tuple[int, ...]:
+    """The micro-batch sizes uniform strategies take: the one given, else :data:`MICRO_BATCHES`."""
+    return (micro_batch,) if micro_batch else MICRO_BATCHES
+
+
 def enumerate_uniform(cluster: Cluster, global_batch: int, num_blocks: int, *, tp_max: int | None = None,
                       pp_choices: Iterable[int] | None = None, zeros: Iterable[int] = (0, 1, 2, 3),
                       recomputes: Iterable[Recompute] = (Recompute.SELECTIVE, Recompute.FULL),
-                      micro_batches: Iterable[int] = (1, 2, 4, 8), allow_sp: bool = True) -> Iterator[Candidate]:
+                      micro_batches: Iterable[int] = MICRO_BATCHES, allow_sp: bool = True) -> Iterator[Candidate]:
     """Every uniform configuration whose degrees factor the devices and the batch."""
     n = cluster.num_devices
     tp_cap = tp_max if tp_max is not None else cluster.gpus_per_node
@@ -91,8 +100,10 @@ class UniformEvaluator:
 
     def __init__(self, model: ModelSource, cluster: Cluster, global_batch: int, seq_len: int | None,
                  calibration: Calibration = DEFAULT_CALIBRATION, precision: str = "bf16",
-                 runtime: Runtime = Runtime.MEGATRON, graphs: GraphProvider | None = None) -> None:
+                 runtime: Runtime = Runtime.MEGATRON, graphs: GraphProvider | None = None,
+                 micro_batch: int | None = None) -> None:
         self.model = model
+        self.micro_batch = micro_batch  # the micro-batch every family member takes (None: searched)
         self.graphs = graphs or GraphProvider(model, seq_len)
         self.runtime = runtime
         self.cluster = cluster
@@ -323,19 +334,21 @@ def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget
     return ev.evaluation(every[best[2]], best[3], best[4])
 
 
-def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int, runtime: Runtime) -> Iterator[Candidate]:
+def _family(name: str, cluster: Cluster, global_batch: int, num_blocks: int, runtime: Runtime,
+            mbs: tuple[int, ...] = MICRO_BATCHES) -> Iterator[Candidate]:
     rcs = search_recomputes(runtime, ParallelConfig.flash_attention)  # (the baselines price the default kernel)
     if name == "megatron":
         # TP inside a node (always with sequence parallelism), PP and DP for the rest.
-        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs):
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs,
+                                   micro_batches=mbs):
             if cluster.gpus_per_node % c.tp == 0 and (c.tp > 1) == c.sp:
                 yield c
     elif name == "zero3":
         yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(3,),
-                                     recomputes=rcs)
+                                     recomputes=rcs, micro_batches=mbs)
     elif name == "dp":
         yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), zeros=(0,),
-                                     recomputes=rcs)
+                                     recomputes=rcs, micro_batches=mbs)
     else:
         raise SolverError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
 
@@ -348,7 +361,8 @@ def least_memory_member(ev: UniformEvaluator, budget_bytes: float, num_blocks: i
     seen: set[Candidate] = set()
     members: list[Candidate] = []
     for name in BASELINES:
-        for c in _family(name, ev.cluster, ev.global_batch, num_blocks, ev.runtime):
+        for c in _family(name, ev.cluster, ev.global_batch, num_blocks, ev.runtime,
+                         micro_batch_choices(ev.micro_batch)):
             if c not in seen and (runnable is None or c in runnable):
                 seen.add(c)
                 members.append(c)
@@ -359,5 +373,5 @@ def baseline(name: str, ev: UniformEvaluator, budget_bytes: float, num_blocks: i
              runnable: Container[Candidate] | None = None) -> Evaluation | None:
     """The baseline ``name``: the fastest of its family that fits (or the smallest if none does);
     with ``runnable``, of those members only (a target's own baseline: what its trainer runs)."""
-    family = _family(name, ev.cluster, ev.global_batch, num_blocks, ev.runtime)
+    family = _family(name, ev.cluster, ev.global_batch, num_blocks, ev.runtime, micro_batch_choices(ev.micro_batch))
     return fastest_fitting(ev, (c for c in family if runnable is None or c in runnable), budget_bytes)

@@ -62,11 +62,11 @@ def _infeasible(req: PlanRequest, least_bytes: float | None, solver: SolverRepor
 def _ilp(req: PlanRequest, graphs: GraphProvider, report: ProgressFn, reference_seconds: float | None) -> PlanResult:
     from parplan.solver.ilp.search import search
 
-    mb = None
+    step = None  # samples per micro-step: micro_batch x the largest data-parallel degree the rule allows
     if req.micro_batch:
-        mb = min(req.global_batch, req.micro_batch * req.cluster.num_devices)
+        step = req.micro_batch * max(req.data_parallel_degrees())
     res = search(graphs.graph, req.cluster, global_batch=req.global_batch,
-                 micro_batch=mb if mb and req.global_batch % mb == 0 else None, objective=req.objective,
+                 micro_batch=step, objective=req.objective,
                  budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown, alpha_gib_per_s=req.alpha,
                  calibration=req.calibration, timeout_seconds=req.time_limit_seconds,
                  progress=lambda stage, f: report(stage, 0.3 + 0.65 * f), reference_seconds=reference_seconds,
@@ -180,10 +180,10 @@ def solve_plan(req: PlanRequest, progress: ProgressFn | None = None) -> PlanResu
     spec = SPECS[req.target]
     graphs = GraphProvider(req.model, req.seq_len)  # each micro-batch's graph built once in this solve
     ev = UniformEvaluator(req.model, req.cluster, req.global_batch, req.seq_len, req.calibration,
-                          precision=req.precision, runtime=spec.runtime, graphs=graphs)
+                          precision=req.precision, runtime=spec.runtime, graphs=graphs, micro_batch=req.micro_batch)
     num_blocks = len(blocks_of(ev.graph(req.micro_batch or 1)))
     report("baselines", 0.05)
-    runs = runnable(req.target, req.cluster, req.global_batch, ev.graph(req.micro_batch or 1))
+    runs = runnable(req.target, req.cluster, req.global_batch, ev.graph(req.micro_batch or 1), req.micro_batch)
     bases = _baselines(req, ev, num_blocks, runs, spec.baseline)
     method, why = choose_method(req, graphs)
     report("search", 0.3)
@@ -354,7 +354,7 @@ def _dp(req: PlanRequest, report: ProgressFn, megatron: Evaluation | None, graph
                  objective=req.objective, budget_bytes=req.budget_bytes, max_slowdown=req.max_slowdown,
                  alpha_gib_per_s=req.alpha, calibration=req.calibration, reference=reference,
                  timeout_seconds=req.time_limit_seconds, progress=report, pareto=req.pareto, graph_costs=graphs.costs,
-                 options=options, precision=req.precision)
+                 options=options, precision=req.precision, micro_batch=req.micro_batch)
     if res.plan is None:
         return Searched(_infeasible(req, res.least, SolverReport("dp", "infeasible", candidates=res.candidates,
                                                                  work=res.work)))

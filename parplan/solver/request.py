@@ -41,7 +41,8 @@ from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.frontends.presets import PRESETS, get_preset
 from parplan.solver.models import ModelSource, model_from_json
 from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
-from parplan.solver.targets import SPECS, Target
+from parplan.solver.strategy import data_parallel_degrees
+from parplan.solver.targets import SPECS, Target, data_parallel_choices
 
 Objective = Literal["min-memory", "max-throughput"]
 Search = Literal["auto", "ilp", "dp"]
@@ -182,7 +183,9 @@ class TrainingSpec(BaseModel):
     global_batch: Annotated[int, Field(ge=1, le=MAX_GLOBAL_BATCH), AS_INT] | None = Field(
         default=None, description="Samples per step (default: the GPU count).")
     seq_len: PositiveInteger | None = Field(default=None, description="Tokens per sample (default: the model's).")
-    micro_batch: PositiveInteger | None = Field(default=None, description="Default: searched.")
+    micro_batch: PositiveInteger | None = Field(default=None, description=(
+        "Samples per micro-batch of one data-parallel replica (default: searched). The searches then use only "
+        "the data-parallel degrees dp with global_batch a multiple of micro_batch x dp; none: 422."))
     precision: PrecisionName = DEFAULT_PRECISION
 
 
@@ -259,8 +262,10 @@ class PlanRequestIn(BaseModel):
         _check_precision(tr.precision, cluster)
         target = Target(self.target)
         self._check_search(target, cluster)
+        global_batch = tr.global_batch or cl.gpus
+        _check_micro_batch(global_batch, tr.micro_batch, target, cluster.num_devices)
         return PlanRequest(
-            model=model, cluster=cluster, global_batch=tr.global_batch or cl.gpus,
+            model=model, cluster=cluster, global_batch=global_batch,
             seq_len=tr.seq_len or model.default_seq_len, micro_batch=tr.micro_batch, objective=ob.kind,
             alpha=ob.alpha, max_slowdown=ob.max_slowdown,
             memory_budget_bytes=int(ob.memory_budget_gib * 2**30) if ob.memory_budget_gib else None,
@@ -285,6 +290,20 @@ class PlanRequestIn(BaseModel):
         if mesh is not None and "ilp" not in spec.searches:
             raise RequestError("mesh", f"a device mesh fixes the ILP's per-operator plans, which target "
                                        f"{target.value} does not run")
+
+
+def _check_micro_batch(global_batch: int, micro_batch: int | None, target: Target, devices: int) -> None:
+    """With a micro-batch given, some data-parallel degree the target's search can use divides the
+    global batch into whole micro-batches (:func:`~parplan.solver.strategy.data_parallel_degrees`)."""
+    if micro_batch is None:
+        return
+    usable = data_parallel_choices(target, devices)
+    if data_parallel_degrees(usable, global_batch, micro_batch):
+        return
+    dp = f"dp = {usable[0]} (target {target.value})" if len(usable) == 1 else f"any dp dividing the {devices} GPUs"
+    raise RequestError("training.micro_batch", f"global batch {global_batch} is not a multiple of micro_batch "
+                       f"{micro_batch} x dp for {dp}; give a global batch that is a multiple of "
+                       f"{micro_batch * min(usable)}")
 
 
 def _check_precision(name: str, cluster: Cluster) -> None:
@@ -323,6 +342,11 @@ class PlanRequest:
     #: The request's ``model`` as given (``{"preset": ...}``, ``{"hf_config": ...}`` or ``{"graph": ...}``):
     #: the cache key names the model by it.
     model_spec: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def data_parallel_degrees(self) -> list[int]:
+        """The data-parallel degrees the searches consider (every one with ``micro_batch`` None)."""
+        return data_parallel_degrees(data_parallel_choices(self.target, self.cluster.num_devices), self.global_batch,
+                                     self.micro_batch)
 
     @property
     def budget_bytes(self) -> int:

@@ -20,6 +20,8 @@ from parplan.solver.ir import Graph, OpKind
 
 #: Dims tensor parallelism splits, in order of preference when a tensor has several.
 TP_DIMS = ("heads", "kv_heads", "ffn", "vocab", "classes")
+#: Dims a TP degree must divide (the vocabulary and classes are padded to a multiple of it instead).
+TP_SPLIT_DIMS = ("heads", "kv_heads", "ffn")
 SEQ_DIMS = ("seq", "tgt_seq")
 #: Dims context parallelism splits: the sequence, or the tokens an expert receives (MoE capacity).
 CP_DIMS = ("seq", "capacity")
@@ -166,6 +168,14 @@ class ParallelConfig:
         return " ".join(parts)
 
 
+def data_parallel_degrees(degrees: list[int], global_batch: int, micro_batch: int | None) -> list[int]:
+    """The data-parallel degrees among ``degrees`` a search considers at this batch: each replica runs
+    ``global_batch / (micro_batch x dp)`` micro-batches of ``micro_batch`` samples, so with a
+    ``micro_batch`` given only the ``dp`` for which ``global_batch`` is a multiple of
+    ``micro_batch x dp`` (none: the request is refused); all of them without one."""
+    return [d for d in degrees if micro_batch is None or global_batch % (micro_batch * d) == 0]
+
+
 def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
     """Micro-batches per replica for a global batch; StrategyError unless it divides exactly."""
     per = micro_batch * dp
@@ -175,26 +185,56 @@ def microbatches_for(global_batch: int, micro_batch: int, dp: int) -> int:
     return global_batch // per
 
 
+@dataclass(frozen=True)
+class SplitDims:
+    """The sizes of the dims the parallel degrees split in one model (each dim's first size in the
+    graph): the one rule every strategy obeys, whether a user gives it (``parplan memory``) or a
+    search generates it (the uniform families, the DP's per-layer space). TP splits the attention
+    heads, the key/value heads and the MLP's hidden units; sequence parallelism splits the sequence
+    over the TP ranks; expert parallelism splits the experts. Each degree must divide what it splits
+    (Megatron-LM asserts it: ``num_attention_heads % tensor_model_parallel_size``,
+    ``num_query_groups % tensor_model_parallel_size``, ``seq_length % tensor_model_parallel_size``
+    with ``--sequence-parallel``, ``num_moe_experts % expert_model_parallel_size``). The vocabulary is
+    not in it: the trainers pad it to a multiple of the TP degree."""
+
+    sizes: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, graph: Graph) -> SplitDims:
+        sizes: dict[str, int] = {}
+        for n in graph.nodes:
+            for d, s in n.dims:
+                sizes.setdefault(d, s)
+        return cls(tuple((d, s) for d, s in sizes.items() if d in (*TP_SPLIT_DIMS, *SEQ_DIMS, "expert")))
+
+    def problem(self, tp: int = 1, sp: bool = False, ep: int = 1) -> str | None:
+        """Why ``tp`` (with sequence parallelism ``sp``) and ``ep`` cannot split this model; None when they can."""
+        sizes = dict(self.sizes)
+        for d in TP_SPLIT_DIMS:
+            if d in sizes and sizes[d] % tp:
+                return f"tp={tp} does not divide {d} ({sizes[d]})"
+        if sp:
+            for d in SEQ_DIMS:
+                if d in sizes and sizes[d] % tp:
+                    return f"sequence parallel tp={tp} does not divide {d} ({sizes[d]})"
+        if ep > 1:
+            if "expert" not in sizes:
+                return "expert parallelism needs a model with experts"
+            if sizes["expert"] % ep:
+                return f"ep={ep} does not divide the {sizes['expert']} experts"
+        return None
+
+    def allows(self, tp: int = 1, sp: bool = False, ep: int = 1) -> bool:
+        return self.problem(tp, sp, ep) is None
+
+
 def check_divisibility(graph: Graph, cfg: ParallelConfig) -> None:
-    """StrategyError when TP/SP/EP degrees do not divide the dims they split."""
-    sizes: dict[str, int] = {}
-    for n in graph.nodes:
-        for d, s in n.dims:
-            sizes.setdefault(d, s)
-    for d in ("heads", "kv_heads", "ffn"):
-        if d in sizes and sizes[d] % cfg.tp:
-            raise StrategyError(f"tp={cfg.tp} does not divide {d} ({sizes[d]})")
-    if cfg.sequence_parallel:
-        for d in SEQ_DIMS:
-            if d in sizes and sizes[d] % cfg.tp:
-                raise StrategyError(f"sequence parallel tp={cfg.tp} does not divide {d} ({sizes[d]})")
+    """StrategyError when TP/SP/EP/CP degrees do not divide the dims they split (:class:`SplitDims`)."""
+    problem = SplitDims.of(graph).problem(cfg.tp, cfg.sequence_parallel, cfg.expert_parallel)
+    if problem is not None:
+        raise StrategyError(problem)
     if cfg.cp > 1:
         check_context_parallel(graph, cfg.cp, cfg.cp_comm, cfg.tp)
-    if cfg.expert_parallel > 1:
-        if "expert" not in sizes:
-            raise StrategyError("expert parallelism needs a model with experts")
-        if sizes["expert"] % cfg.expert_parallel:
-            raise StrategyError(f"ep={cfg.expert_parallel} does not divide the {sizes['expert']} experts")
 
 
 def check_context_parallel(graph: Graph, cp: int, comm: str = "p2p", tp: int = 1) -> None:

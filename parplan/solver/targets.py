@@ -34,7 +34,7 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from parplan.solver.baselines import Candidate, enumerate_uniform
+from parplan.solver.baselines import Candidate, enumerate_uniform, micro_batch_choices
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.cost.rules import search_recomputes
@@ -87,20 +87,31 @@ SPECS: dict[Target, TargetSpec] = {
 VIRTUAL_STAGES = (2, 4)
 
 
+def data_parallel_choices(target: Target, devices: int) -> list[int]:
+    """The data-parallel degrees the target's search can give ``devices`` GPUs: all of them for
+    DeepSpeed (no TP or PP), any divisor for the others."""
+    if target is Target.DEEPSPEED:
+        return [devices]
+    return [d for d in range(1, devices + 1) if devices % d == 0]
+
+
 def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
-           experts: int = 0) -> Iterator[Candidate]:
+           experts: int = 0, micro_batch: int | None = None) -> Iterator[Candidate]:
     """Every uniform strategy the target runs on the cluster at this global batch (``experts``: the
-    model's experts per MoE layer, 0 for a dense model)."""
+    model's experts per MoE layer, 0 for a dense model; ``micro_batch``: the one given, else searched)."""
     node = cluster.gpus_per_node
     rcs = search_recomputes(SPECS[target].runtime, ParallelConfig.flash_attention)
+    mbs = micro_batch_choices(micro_batch)
     if target is Target.MEGATRON:
-        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs):
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs,
+                                   micro_batches=mbs):
             # pipeline stages of equal layer counts (the even split Megatron-LM makes; parplan's uneven
             # split of other counts is not one it runs)
             if node % c.tp == 0 and num_blocks % c.pp == 0:
                 yield from _with_schedules_and_experts(c, global_batch, num_blocks, experts)
     elif target is Target.TORCHTITAN:
-        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3), recomputes=rcs):
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3), recomputes=rcs,
+                                   micro_batches=mbs):
             # ZeRO-0 is torchtitan's replicate (FSDP2 over a shard group of one), as the torchtitan
             # runtime prices it
             if node % c.tp == 0:
@@ -116,7 +127,8 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
                 if c.pp > 1:
                     yield replace(c, schedule=Schedule.GPIPE)
     elif target is Target.DEEPSPEED:
-        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), recomputes=rcs)
+        yield from enumerate_uniform(cluster, global_batch, num_blocks, tp_max=1, pp_choices=(1,), recomputes=rcs,
+                                     micro_batches=mbs)
     else:
         raise SolverError(f"target {target.value} is not searched over uniform strategies")
 
@@ -142,7 +154,8 @@ class _GalvatronRuns:
         return isinstance(c, Candidate) and c.zero != 1 and c.ep == 1 and c.virtual == 1
 
 
-def runnable(target: Target, cluster: Cluster, global_batch: int, graph: Graph) -> Container[Candidate] | None:
+def runnable(target: Target, cluster: Cluster, global_batch: int, graph: Graph,
+             micro_batch: int | None = None) -> Container[Candidate] | None:
     """The uniform strategies the target runs for the model of ``graph`` (one micro-batch's): the
     whole :func:`family` of a uniform target, a test for Galvatron's, None for any."""
     if target is Target.GALVATRON:
@@ -150,4 +163,4 @@ def runnable(target: Target, cluster: Cluster, global_batch: int, graph: Graph) 
     if not SPECS[target].uniform:
         return None
     experts = max((size for n in graph.nodes for d, size in n.dims if d == "expert"), default=0)
-    return set(family(target, cluster, global_batch, len(blocks_of(graph)), experts))
+    return set(family(target, cluster, global_batch, len(blocks_of(graph)), experts, micro_batch))

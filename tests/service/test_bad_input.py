@@ -55,6 +55,8 @@ def test_json_that_is_not_an_object_is_422(client: TestClient, writer: Headers) 
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "training": {"global_batch": "16"}},
      "training.global_batch"),
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "objective": {"kind": "fastest"}}, "objective.kind"),
+    ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "training": {"global_batch": 63, "micro_batch": 2}},
+     "training.micro_batch"),
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "search": "simplex"}, "search"),
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "surprise": 1}, "surprise"),
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8, "gpu_memory_gib": -1}}, "cluster.gpu_memory_gib"),

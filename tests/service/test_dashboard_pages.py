@@ -47,11 +47,19 @@ def test_every_static_file_is_served_and_loads_nothing_from_elsewhere(client: Te
     assert client.get("/ui/static/ui.js").headers["content-type"].startswith("text/javascript")
 
 
-@pytest.mark.parametrize("path", ["/ui/static/nope.js", "/ui/static/..%2Fapp.py", "/ui/static/router.py",
-                                  "/ui/jobs/not-a-uuid", "/ui/plans/1"])
-def test_unknown_pages_and_files_are_problems(client: TestClient, path: str) -> None:
+@pytest.mark.parametrize("path", ["/ui/static/nope.js", "/ui/static/..%2Fapp.py", "/ui/static/router.py"])
+def test_unknown_files_are_problems(client: TestClient, path: str) -> None:
     r = client.get(path)
     assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize("path", ["/ui/jobs/not-a-uuid", "/ui/plans/not-a-uuid", "/ui/plans/1",
+                                  "/ui/validations/%3Cb%3E"])
+def test_a_bad_id_gets_the_dashboards_not_found_page(client: TestClient, path: str) -> None:
+    r = client.get(path)
+    assert r.status_code == 404 and r.headers["content-type"].startswith("text/html")
+    assert r.headers["content-security-policy"] == client.get("/ui").headers["content-security-policy"]
+    assert "<h1>Not found</h1>" in r.text and 'href="/ui"' in r.text and "<b>" not in r.text
 
 
 def test_the_page_id_is_the_parsed_uuid(client: TestClient) -> None:

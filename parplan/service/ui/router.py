@@ -56,9 +56,44 @@ _PAGE = """<!doctype html>
 """
 
 
+#: The page for an id that names nothing: the dashboard's frame and a way back, no script.
+_NOT_FOUND = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Not found · parplan</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/ui/static/ui.css">
+</head>
+<body>
+<header class="top">
+  <a class="brand" href="/ui">parplan</a>
+  <nav><a href="/ui">Jobs</a> <a href="/ui/new">New plan</a> <a href="/docs">API</a></nav>
+</header>
+<main>
+<h1>Not found</h1>
+<p class="status">{message}</p>
+<p><a href="/ui">Back to the jobs</a></p>
+</main>
+</body>
+</html>
+"""
+
+
 def page(title: str, script: str, ident: str = "") -> HTMLResponse:
     body = _PAGE.format(title=html.escape(title), script=script, ident=html.escape(ident))
     return HTMLResponse(body, headers=SECURITY_HEADERS)
+
+
+def resource_page(title: str, script: str, text: str, what: str) -> HTMLResponse:
+    """The page of one resource; for an id that is not one (not a UUID), the not-found page (404)."""
+    try:
+        ident = parse_id(text, what)
+    except NotFoundError:
+        message = html.escape(f"There is no {what} {text!r}: {what} ids are UUIDs, as the API gives them.")
+        return HTMLResponse(_NOT_FOUND.format(message=message), status_code=404, headers=SECURITY_HEADERS)
+    return page(title, script, str(ident))
 
 
 @cache
@@ -84,17 +119,17 @@ async def new_plan_page() -> HTMLResponse:
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 async def job_page(job_id: str) -> HTMLResponse:
-    return page("Job", "job", str(parse_id(job_id, "job")))
+    return resource_page("Job", "job", job_id, "job")
 
 
 @router.get("/plans/{plan_id}", response_class=HTMLResponse)
 async def plan_page(plan_id: str) -> HTMLResponse:
-    return page("Plan", "plan", str(parse_id(plan_id, "plan")))
+    return resource_page("Plan", "plan", plan_id, "plan")
 
 
 @router.get("/validations/{validation_id}", response_class=HTMLResponse)
 async def validation_page(validation_id: str) -> HTMLResponse:
-    return page("Validation", "validation", str(parse_id(validation_id, "validation")))
+    return resource_page("Validation", "validation", validation_id, "validation")
 
 
 @router.get("/static/{name}")

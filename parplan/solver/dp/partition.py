@@ -11,6 +11,7 @@ from typing import TypeVar
 import numpy as np
 
 from parplan.solver.dp.space import degrees
+from parplan.solver.strategy import data_parallel_degrees
 
 P = TypeVar("P")
 
@@ -61,8 +62,13 @@ def pipeline_degrees(devices: int, blocks: int) -> list[int]:
     return [p for p in degrees(devices) if p <= blocks]
 
 
-def microbatch_counts(global_batch: int, pp: int) -> list[int]:
-    """Micro-batch counts to try: the divisors of the global batch nearest to pp·{1, 2, 4, 8, 16}."""
+def microbatch_counts(global_batch: int, pp: int, micro_batch: int | None = None, devices: int = 1) -> list[int]:
+    """Micro-batch counts to try: the divisors of the global batch nearest to pp·{1, 2, 4, 8, 16}; with
+    a ``micro_batch`` given, ``global_batch / (micro_batch x dp)`` for each data-parallel degree the
+    rule allows a stage of ``devices`` (:func:`~parplan.solver.strategy.data_parallel_degrees`)."""
+    if micro_batch is not None:
+        dps = data_parallel_degrees([d for d in range(1, devices + 1) if devices % d == 0], global_batch, micro_batch)
+        return sorted({global_batch // (micro_batch * d) for d in dps})
     divs = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
     out = []
     for k in (1, 2, 4, 8, 16):

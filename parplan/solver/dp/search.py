@@ -23,6 +23,7 @@ re-evaluated by the cost model as a whole plan.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -62,7 +63,7 @@ from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.objective import Objective
 from parplan.solver.progress import ProgressFn
-from parplan.solver.strategy import Schedule, check_context_parallel
+from parplan.solver.strategy import Schedule, SplitDims, check_context_parallel
 
 #: Memory granularity of the DP: the budget is cut into this many units.
 MEMORY_UNITS = 512
@@ -73,8 +74,10 @@ class DpSearch:
 
     def __init__(self, graph_for: Callable[[int], Graph], cluster: Cluster, global_batch: int, calibration: Calibration,
                  budget_bytes: float, options: SpaceOptions | None = None, precision: str = "bf16",
-                 flash_attention: bool = True, graph_costs: Callable[[int], GraphCosts] | None = None) -> None:
+                 flash_attention: bool = True, graph_costs: Callable[[int], GraphCosts] | None = None,
+                 micro_batch: int | None = None) -> None:
         self.graph_for = graph_for
+        self.micro_batch = micro_batch  # when given, each block's dp is global_batch / (micro_batch x m)
         self._graph_costs = graph_costs  # where the graphs' costs come from (shared with the caller)
         self._graphs: dict[int, GraphCosts] = {}
         self.cluster = cluster
@@ -94,6 +97,7 @@ class DpSearch:
         #: experts per MoE layer (0: a dense model); an expert-parallel degree must divide it
         self.experts = max((size for n in probe.graph.nodes for d, size in n.dims if d == "expert"), default=0)
         self.moe = self.experts > 0
+        self.splits = SplitDims.of(probe.graph)  # the rule every strategy offered obeys
         self.evaluations = 0
         self.seq_len = int(probe.graph.meta.get("seq_len", 0) or 0)
         self._cp_allowed: dict[tuple[int, int, str], bool] = {}
@@ -133,8 +137,9 @@ class DpSearch:
             eps = tuple(e for e in degrees(n // cp) if self.experts % e == 0)
             opts = dataclasses.replace(opts, expert_parallel=eps)
         out = []
-        for s in layer_strategies(n, opts, moe=self.moe, cp=cp, light=self.light):
-            if self.B % (m * s.dp) or (s.cp_comm != "p2p" and not self.allows(s)):
+        for s in layer_strategies(n, opts, moe=self.moe, cp=cp, light=self.light, splits=self.splits):
+            if (self.B % (m * s.dp) or (s.cp_comm != "p2p" and not self.allows(s))
+                    or self.micro_batch not in (None, self.B // (m * s.dp))):
                 continue
             out.append(s)
         return out
@@ -396,7 +401,8 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
            timeout_seconds: float = 60.0, progress: ProgressFn | None = None,
            pareto: bool = False, pp_choices: list[int] | None = None,
            m_choices: list[int] | None = None, prune: bool = True,
-           graph_costs: Callable[[int], GraphCosts] | None = None, precision: str = "bf16") -> DpOutcome:
+           graph_costs: Callable[[int], GraphCosts] | None = None, precision: str = "bf16",
+           micro_batch: int | None = None) -> DpOutcome:
     """Run the search (see the module docstring).
 
     ``pp_choices`` / ``m_choices`` restrict the pipeline degrees and micro-batch counts tried.
@@ -410,7 +416,7 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     report = progress or (lambda stage, fraction: None)
     goal = Objective.of(objective, max_slowdown, alpha_gib_per_s)
     ds = DpSearch(graph_for, cluster, global_batch, calibration, budget_bytes, options, precision=precision,
-                  graph_costs=graph_costs)
+                  graph_costs=graph_costs, micro_batch=micro_batch)
 
     def evaluate(plan: LayerPlan) -> tuple[float, float]:
         mem = ds.ev.memory(plan)
@@ -478,7 +484,7 @@ def _groups(ds: DpSearch, pp_choices: list[int] | None,
     groups = []  # (bound on step seconds, pp, micro-batches, strategies)
     for pp in pp_choices or pipeline_degrees(ds.cluster.num_devices, len(ds.blocks)):
         for cp in ds.context_degrees(pp):
-            for m in m_choices or microbatch_counts(ds.B, pp):
+            for m in m_choices or microbatch_counts(ds.B, pp, ds.micro_batch, ds.cluster.num_devices // pp):
                 strats = ds.strategies(pp, m, cp)
                 if strats:
                     groups.append((ds.group_bound(pp, m, strats), pp, m, strats))
@@ -580,8 +586,8 @@ def _least_memory(ds: DpSearch, cands: list[Candidate]) -> float | None:
     """The least per-device memory of any strategy assignment: every block at its leanest."""
     least = math.inf
     for pp in pipeline_degrees(ds.cluster.num_devices, len(ds.blocks)):
-        m = max(microbatch_counts(ds.B, pp))
-        for cp in ds.context_degrees(pp):
+        counts = microbatch_counts(ds.B, pp, ds.micro_batch, ds.cluster.num_devices // pp)
+        for m, cp in itertools.product(counts if ds.micro_batch else counts[-1:], ds.context_degrees(pp)):
             strats = ds.strategies(pp, m, cp)
             if not strats:
                 continue

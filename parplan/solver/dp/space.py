@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.plan_evaluator import LayerStrategy
+from parplan.solver.strategy import SplitDims
 
 
 @dataclass(frozen=True)
@@ -62,24 +63,28 @@ def context_degrees(n: int, seq_len: int, opts: SpaceOptions) -> list[int]:
 
 
 def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False, cp: int = 1,
-                     light: Recompute = Recompute.SELECTIVE) -> list[LayerStrategy]:
+                     light: Recompute = Recompute.SELECTIVE, splits: SplitDims | None = None) -> list[LayerStrategy]:
     """Every distinct strategy of one block on a stage of ``n`` devices with context-parallel degree
     ``cp``; its recomputation ``light`` (:func:`~parplan.solver.cost.rules.search_recomputes`) or, with
-    ``opts.checkpointing``, full."""
+    ``opts.checkpointing``, full. ``splits``: the model's dims, whose rule
+    (:class:`~parplan.solver.strategy.SplitDims`) every TP, sequence-parallel and expert degree offered
+    obeys (a TP degree whose sequence split does not divide is offered without sequence parallelism)."""
+    rule = splits or SplitDims(())
     out: list[LayerStrategy] = []
     recomputes = (light, Recompute.FULL) if opts.checkpointing else (light,)
     if n % cp:
         return out
     n //= cp
     for t in degrees(n):
-        if opts.max_tp is not None and t > opts.max_tp:
+        if (opts.max_tp is not None and t > opts.max_tp) or not rule.allows(t):
             continue
         d = n // t
         zeros = opts.zero_stages if d * cp > 1 else (0,)
         orders = (True, False) if (t > 1 and d > 1 and opts.both_orders) else (True,)
-        sps = {"always": (t > 1,), "never": (False,), "choice": (False, True) if t > 1 else (False,)}[
+        with_sp = t > 1 and rule.allows(t, sp=True)
+        sps = {"always": (with_sp,), "never": (False,), "choice": (False, True) if with_sp else (False,)}[
             opts.sequence_parallel]
-        eps = [e for e in (opts.expert_parallel if moe else (1,)) if d % e == 0]
+        eps = [e for e in (opts.expert_parallel if moe else (1,)) if d % e == 0 and rule.allows(ep=e)]
         for z in zeros:
             for order in orders:
                 for sp in sps:

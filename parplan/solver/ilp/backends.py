@@ -5,9 +5,6 @@ PuLP, the fallback where highspy is missing. :mod:`.model` formulates; this modu
 from __future__ import annotations
 
 import math
-import os
-import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -100,30 +97,16 @@ def _highs_available() -> bool:
     return True
 
 
-_BANNER_LOCK = threading.Lock()
-_banner_shown = False
-
-
 def _new_highs() -> Any:
-    """A silent HiGHS instance. HiGHS (1.12 and later) prints its banner on the process's first
-    instance from C++, to file descriptor 1, before any option can turn output off; that would
-    corrupt ``parplan plan --json``. The first instance is made with descriptor 1 pointed at 2."""
-    global _banner_shown
-    import highspy
+    """A silent HiGHS instance. HiGHS logs its banner ("Running HiGHS ...") at the first call on an
+    instance while ``output_flag`` is on, and highspy's ``Highs()`` makes that call in its own
+    constructor (it enables its Python callbacks, which parplan does not use). HiGHS's maintainers'
+    way to silence it is to turn ``output_flag`` off before any other call (ERGO-Code/HiGHS issue
+    1702), so the instance is highspy's C++ class ``_Highs``, which the Python one wraps, and its
+    first call turns the output off."""
+    from highspy._core import _Highs
 
-    with _BANNER_LOCK:
-        if _banner_shown:
-            h = highspy.Highs()  # type: ignore[no-untyped-call]
-        else:
-            sys.stdout.flush()
-            saved = os.dup(1)
-            try:
-                os.dup2(2, 1)
-                h = highspy.Highs()  # type: ignore[no-untyped-call]
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
-            _banner_shown = True
+    h = _Highs()
     h.setOptionValue("output_flag", False)
     return h
 

@@ -88,12 +88,28 @@
         "(the busiest moment, at most their sum); the red line is the device's memory." })];
   }
 
+  // The step beyond the slowest stage's micro-batches (time.bubble_fraction), named for what it is:
+  // with a pipeline its fill and drain (the bubble), apart from the once-per-step work where the
+  // stages are listed; without one only the optimizer step and the data-parallel traffic not hidden.
+  function idleParts(doc) {
+    const t = doc.time || {};
+    const f = t.bubble_fraction;
+    if (typeof f !== "number") return [];
+    const pp = (doc.strategy && doc.strategy.pp) || 1;
+    if (pp <= 1) return [["optimizer + exposed DP", f]];
+    if (t.stages && t.stages.length && t.step_seconds > 0) {
+      const once = Math.max(...t.stages.map((s) => s.dp_exposed_seconds + s.optimizer_seconds)) / t.step_seconds;
+      return [["pipeline bubble", f - once], ["optimizer + exposed DP", once]];
+    }
+    return [["bubble + optimizer + exposed DP", f]];
+  }
+
   function stepTime(doc) {
     const t = doc.time || {};
     const out = [];
-    const bubble = t.bubble_fraction || 0;
-    const rows = [["step", PP.seconds(t.step_seconds)], ["pipeline bubble", `${PP.seconds(t.step_seconds * bubble)} ` +
-      `(${PP.pct(bubble)})`], ["tokens/s", Math.round(t.tokens_per_second || 0).toLocaleString()],
+    const idle = idleParts(doc).map(([name, f]) => [name, `${PP.seconds(t.step_seconds * f)} (${PP.pct(f)})`]);
+    const rows = [["step", PP.seconds(t.step_seconds)], ...idle,
+      ["tokens/s", Math.round(t.tokens_per_second || 0).toLocaleString()],
       ["samples/s", (t.samples_per_second || 0).toFixed(2)], ["calibration", t.calibration || "default"]];
     out.push(PP.table(["", "value"], rows, { id: "step-time" }));
     if (t.stages && t.stages.length) {
@@ -117,7 +133,8 @@
       ["fits", ...cols.map(([, b]) => cell(b, (x) => ((x.fits ?? x.memory.fits) ? "yes" : "no")))],
       ["step time", ...cols.map(([, b]) => cell(b, (x) => PP.seconds(x.time.step_seconds)))],
       ["tokens/s", ...cols.map(([, b]) => cell(b, (x) => Math.round(x.time.tokens_per_second).toLocaleString()))],
-      ["bubble", ...cols.map(([, b]) => cell(b, (x) => PP.pct(x.time.bubble_fraction)))],
+      ["beyond the micro-batches", ...cols.map(([, b]) => cell(b, (x) => idleParts(x).map(([name, f]) =>
+        `${name} ${PP.pct(f)}`).join(", ") || "–"))],
       ["plan's memory ÷ this", "1", ...cols.slice(1).map(([n]) => ratio(rel[n] && rel[n].memory))],
       ["plan's throughput ÷ this", "1", ...cols.slice(1).map(([n]) => ratio(rel[n] && rel[n].throughput))]];
     return [PP.table(["", ...cols.map(([n]) => n)], rows, { id: "baselines", class: "side-by-side" })];
