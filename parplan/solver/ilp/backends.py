@@ -103,8 +103,12 @@ def _new_highs() -> Any:
     constructor (it enables its Python callbacks, which parplan does not use). HiGHS's maintainers'
     way to silence it is to turn ``output_flag`` off before any other call (ERGO-Code/HiGHS issue
     1702), so the instance is highspy's C++ class ``_Highs``, which the Python one wraps, and its
-    first call turns the output off."""
-    from highspy._core import _Highs
+    first call turns the output off. A highspy without that class gets its public ``Highs`` (the
+    banner then shows once)."""
+    try:
+        from highspy._core import _Highs
+    except ImportError:
+        from highspy import Highs as _Highs
 
     h = _Highs()
     h.setOptionValue("output_flag", False)
