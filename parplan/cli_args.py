@@ -8,7 +8,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from parplan.solver.cluster import GPU_PRESETS, make_cluster
 from parplan.solver.cost.activations import Recompute
@@ -16,15 +16,12 @@ from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.models import ModelSource, resolve_model
 from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
-from parplan.solver.request import (
-    DEFAULT_GPU,
-    DEFAULT_PRECISION,
-    DEFAULT_TIME_LIMIT_SECONDS,
-    PlanRequestIn,
-    read_body,
-)
+from parplan.solver.request_defaults import DEFAULT_GPU, DEFAULT_PRECISION, DEFAULT_TIME_LIMIT_SECONDS
 from parplan.solver.strategy import ParallelConfig, Schedule, microbatches_for
 from parplan.solver.targets import Target
+
+if TYPE_CHECKING:
+    from parplan.solver.request import PlanRequestIn
 
 
 class UsageError(Exception):
@@ -223,6 +220,8 @@ def plan_request_and_model(args: argparse.Namespace) -> tuple[PlanRequestIn, Mod
     model its ``graph`` stands for as :meth:`~parplan.solver.request.ModelSpec.source` would read it
     back (None for a preset or an HF config): the CLI plans with it rather than reading the graph it
     just wrote (thousands of nodes for a traced config, validated again)."""
+    from parplan.solver.request import read_body  # pydantic: only for commands that send a request
+
     body, model = _plan_body(args)
     return read_body(body), model
 

@@ -41,6 +41,9 @@ from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.frontends.presets import PRESETS, get_preset
 from parplan.solver.models import ModelSource, model_from_json
 from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
+from parplan.solver.request_defaults import DEFAULT_GPU as DEFAULT_GPU
+from parplan.solver.request_defaults import DEFAULT_PRECISION as DEFAULT_PRECISION
+from parplan.solver.request_defaults import DEFAULT_TIME_LIMIT_SECONDS as DEFAULT_TIME_LIMIT_SECONDS
 from parplan.solver.strategy import data_parallel_degrees
 from parplan.solver.targets import SPECS, Target, data_parallel_choices
 
@@ -57,9 +60,6 @@ MAX_MEMORY_GIB = 2**20
 #: Longest search time limit one request may ask for, seconds (a service may allow less).
 MAX_TIME_LIMIT_SECONDS = 3600
 
-DEFAULT_GPU = "A100-80GB"
-DEFAULT_PRECISION = "bf16"
-DEFAULT_TIME_LIMIT_SECONDS = 60.0
 
 
 class RequestError(ConfigError):
