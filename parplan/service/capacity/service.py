@@ -31,6 +31,7 @@ from parplan.service.problems import InvalidError, ProblemError, field_error
 from parplan.service.queue import JobQueue
 from parplan.service.settings import Settings
 from parplan.solver.capacity import CapacityError, CellOutcome, Goal, Pool, gpu_counts
+from parplan.solver.cluster import gpu_preset
 from parplan.solver.replan import new_gpu_count
 from parplan.solver.request import PlanRequestIn
 
@@ -78,7 +79,8 @@ def prepare_capacity(payload: CapacityIn, settings: Settings) -> Prepared:
         if p.max_gpus > settings.max_devices:
             raise _invalid(["pools", i, "max_gpus"], f"must be <= {settings.max_devices} on this service")
         first = _cell(_cell_body(payload, training, p.gpu, p.gpus_per_node, 1), ["pools", i, "gpu"], settings)
-        gpu, per_node = first.request.cluster.gpu.name, first.request.cluster.gpus_per_node
+        gpu = first.request.cluster.gpu.name
+        per_node = p.gpus_per_node or gpu_preset(gpu).default_gpus_per_node
         try:
             counts = gpu_counts(per_node, p.max_gpus)
         except CapacityError as e:
@@ -126,6 +128,7 @@ def prepare_replan(payload: ReplanIn, session: Session, settings: Settings) -> P
 
 def _cell_body(payload: CapacityIn, training: dict[str, Any], gpu: str, per_node: int | None,
                gpus: int) -> dict[str, Any]:
+    """One cell's plan request: what ``POST /v1/plans`` would be sent for that allocation."""
     cluster: dict[str, Any] = {"gpus": gpus, "gpu": gpu}
     if per_node is not None:
         cluster["gpus_per_node"] = per_node
