@@ -112,8 +112,8 @@ def test_replan_of_llama3_70b_after_losing_a_node(client: TestClient, writer: He
                                                   db: SF, settings: Settings) -> None:
     """64 H100s, Megatron-LM, 112 samples a step. After one node is lost: a plan on 56 GPUs; the
     distributed checkpoint (fully reshardable optimizer) resumes into it, the DP-only optimizer
-    format does not when TP or PP changed. With 128 samples no plan on 56 exists (no DP degree of
-    56 divides 128 with a TP x PP that Megatron runs): the replan says so."""
+    format does not when TP or PP changed. With 128 samples no plan on 56 exists (56 = 7 x 8, and 7
+    divides none of the 64 heads, 80 layers and 128 samples TP, PP and DP split): the replan says so."""
     for batch in (112, 128):
         plan_body = {"model": {"preset": "llama-3-70b"}, "cluster": {"gpus": 64, "gpu": "H100-80GB"},
                      "training": {"global_batch": batch, "seq_len": 8192}, "objective": {"kind": "max-throughput"},
