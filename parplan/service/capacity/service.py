@@ -80,6 +80,8 @@ def prepare_capacity(payload: CapacityIn, settings: Settings) -> Prepared:
             raise _invalid(["pools", i, "max_gpus"], f"must be <= {settings.max_devices} on this service")
         first = _cell(_cell_body(payload, training, p.gpu, p.gpus_per_node, 1), ["pools", i, "gpu"], settings)
         gpu = first.request.cluster.gpu.name
+        if any(q["gpu"] == gpu for q in pools):
+            raise _invalid(["pools", i, "gpu"], f"{gpu} is in an earlier pool; each GPU type appears in one pool")
         per_node = p.gpus_per_node or gpu_preset(gpu).default_gpus_per_node
         try:
             counts = gpu_counts(per_node, p.max_gpus)
@@ -177,18 +179,18 @@ def cancel(session: Session, job: Job) -> None:
 
 def outcome(row: CellRow) -> CellOutcome:
     """A cell as the solver library's summary reads it."""
-    base = {"gpu": row.gpu, "gpus": row.gpus}
+    gpu, gpus = row.gpu, row.gpus
     if row.status in (JobStatus.QUEUED.value, JobStatus.RUNNING.value):
-        return CellOutcome(**base, status="pending")
+        return CellOutcome(gpu, gpus, status="pending")
     if row.status == JobStatus.SUCCEEDED.value:
         # A plan document with no memory is the solver's "infeasible": nothing fits.
-        return CellOutcome(**base, status="done", plan_id=str(row.plan_id) if row.plan_id else None,
+        return CellOutcome(gpu, gpus, status="done", plan_id=str(row.plan_id) if row.plan_id else None,
                            fits=bool(row.fits), step_seconds=row.step_seconds, tokens_per_second=row.tokens_per_second)
     err = row.error or {}
     if err.get("code") == "unsolvable":
-        return CellOutcome(**base, status="unsolvable", fits=False, error=str(err.get("message")))
+        return CellOutcome(gpu, gpus, status="unsolvable", fits=False, error=str(err.get("message")))
     status = "cancelled" if row.status == JobStatus.CANCELLED.value else "failed"
-    return CellOutcome(**base, status=status, error=str(err.get("message")) if err else None)
+    return CellOutcome(gpu, gpus, status=status, error=str(err.get("message")) if err else None)
 
 
 def pools_of(request: Mapping[str, Any]) -> tuple[Pool, ...]:
