@@ -19,7 +19,7 @@ from parplan.solver.capacity import (
     gpu_counts,
     summarise,
 )
-from parplan.solver.replan import Layout, blocked, new_gpu_count, rule_for, switch_cost
+from parplan.solver.replan import Layout, blocked, layout_of, new_gpu_count, rule_for, switch_cost
 
 POOLS = (Pool("A100-80GB", 8, 64, 1.5), Pool("H100-80GB", 8, 64, 2.5))
 
@@ -119,6 +119,11 @@ def test_resume_rules_per_target() -> None:
     ds = rule_for("deepspeed")
     assert ds is not None and len(blocked(ds, old, _layout(8, 4, 1))) == 1
     assert rule_for("any") is None
+    # A per-operator (ILP) plan has no degrees: it loads only where every axis reshards.
+    assert layout_of({"strategy": {"kind": "intra-operator", "mesh": {"shape": [2]}}}) is None
+    assert blocked(titan, None, new) == () and len(blocked(dp_only, None, new)) == 1
+    per_layer = {"strategy": {"kind": "per-layer", "pp": 2, "layers": [{"tp": 4, "dp": 2}, {"tp": 2, "dp": 4}]}}
+    assert layout_of(per_layer) == Layout((("tp", (2, 4)), ("pp", (2,)), ("dp", (2, 4)), ("cp", (1,)), ("ep", (1,))))
 
 
 def test_switch_cost_by_hand() -> None:
