@@ -107,14 +107,15 @@ def changes(before: Layout | None, after: Layout | None) -> tuple[Change, ...] |
 def blocked(rule: ResumeRule, before: Layout | None, after: Layout | None) -> tuple[str, ...]:
     """Why ``rule``'s checkpoint cannot be loaded into ``after`` (empty: it can). A per-operator
     plan loads only where every axis reshards (any placement of every tensor)."""
-    if before is None or after is None:
+    changed = changes(before, after)
+    if changed is None:
         if rule.reshards == frozenset(AXES):
             return ()
         return (f"a per-operator plan's placements are not a TP/PP/DP layout, and a {rule.target} checkpoint "
                 f"({rule.checkpoint}) reshards only {', '.join(sorted(rule.reshards)) or 'nothing'}",)
     return tuple(f"{c.axis} changes {'/'.join(map(str, c.before))} -> {'/'.join(map(str, c.after))}, which a "
                  f"{rule.target} checkpoint ({rule.checkpoint}) does not reshard"
-                 for c in changes(before, after) if c.axis not in rule.reshards)
+                 for c in changed if c.axis not in rule.reshards)
 
 
 def new_gpu_count(gpus: int, gpus_per_node: int, *, new_gpus: int | None = None,
