@@ -15,7 +15,6 @@ from parplan.solver.capacity import (
     CellOutcome,
     Goal,
     Pool,
-    check_pool,
     gpu_counts,
     summarise,
 )
@@ -31,8 +30,8 @@ def test_gpu_counts_are_sub_node_powers_of_two_and_whole_nodes() -> None:
     assert gpu_counts(6, 12) == (1, 2, 4, 6, 12)
     assert gpu_counts(1, 3) == (1, 2, 3)
     with pytest.raises(CapacityError) as e:
-        check_pool(Pool("H100-80GB", 8, 8, 0.0))
-    assert e.value.field == "price_per_gpu_hour"
+        gpu_counts(8, 0)
+    assert e.value.field == "max_gpus"
 
 
 @given(st.integers(1, 16), st.integers(1, 300))
