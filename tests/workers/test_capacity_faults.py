@@ -4,6 +4,7 @@ its cells. One test, so the processes start once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from parplan.client import AsyncClient
 from parplan.service.auth.service import Scope
 from parplan.service.models import Job, JobEvent, Plan, SweepCell
 from tests.support.service import (
@@ -102,6 +104,9 @@ def test_a_killed_worker_loses_no_cell_and_cancel_ends_the_cells(pg_url: str, re
         assert out.returncode == 0, out.stderr
         cli = json.loads(out.stdout)
         assert cli["id"] != doc["id"] and {**cli, "id": doc["id"]} == doc
+        # And so does the asyncio client.
+        same = asyncio.run(_async_sweep(base, token, _body("gpt-7.5b")))
+        assert same["id"] not in (doc["id"], cli["id"]) and {**same, "id": doc["id"]} == doc
 
         # Cancel a second sweep while its cells run: every cell ends cancelled, none runs on.
         sub = c.post("/v1/capacity", json=_body("gpt-3.6b")).json()
@@ -114,6 +119,11 @@ def test_a_killed_worker_loses_no_cell_and_cancel_ends_the_cells(pg_url: str, re
         after = {j.id: j.status for j in _cells(committed_db, sub["job"]["id"])}
         assert all(after[i] == "cancelled" for i in queued) and "cancelled" in after.values(), after
         assert set(after.values()) <= {"cancelled", "succeeded"}, after  # running at the cancel: stopped or done
+
+
+async def _async_sweep(base: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with AsyncClient(base, token) as client:
+        return await client.sweep_and_wait("capacity", body, timeout=60)
 
 
 def _parent(pid: int) -> int:
