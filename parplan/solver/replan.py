@@ -77,9 +77,12 @@ class Layout:
 
 
 def layout_of(document: Mapping[str, Any]) -> Layout | None:
-    """The layout of a plan document (``strategy``: ``pp``, ``cp`` and each layer group's degrees);
-    None for a per-operator plan (a device mesh whose axes split operators' dimensions, no degrees)."""
+    """The layout of a plan document's ``strategy``: a uniform one's degrees, or a per-layer one's
+    ``pp``, ``cp`` and each layer group's degrees; None for a per-operator plan (a device mesh whose
+    axes split operators' dimensions: no degrees)."""
     st = document.get("strategy") or {}
+    if st.get("kind") == "uniform":
+        return Layout(tuple((a, (int(st.get(key) or 1),)) for a, key in _KEYS))
     if st.get("kind") != "per-layer":
         return None
     layers = [x for x in st.get("layers") or [] if isinstance(x, Mapping)]
@@ -88,6 +91,10 @@ def layout_of(document: Mapping[str, Any]) -> Layout | None:
         return tuple(sorted({int(x.get(key) or 1) for x in layers})) or (1,)
     return Layout((("tp", per_layer("tp")), ("pp", (int(st.get("pp") or 1),)), ("dp", per_layer("dp")),
                    ("cp", (int(st.get("cp") or 1),)), ("ep", per_layer("expert_parallel"))))
+
+
+#: Each axis and its key in a strategy document.
+_KEYS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "expert_parallel"))
 
 
 @dataclass(frozen=True)

@@ -138,4 +138,8 @@ def test_replan_of_llama3_70b_after_losing_a_node(client: TestClient, writer: He
         assert new["cluster"]["gpus"] == 56
         assert full["switch_cost"]["lost_steps"] == 500 and full["switch_cost"]["save_seconds"] == 0
         changed = set(full["changes"])
+        assert changed, "64 -> 56 GPUs changes some parallel degree"
+        degrees = {a: full["changes"].get(a, {"after": [new["strategy"][k]]})["after"][0]
+                   for a, k in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"))}
+        assert degrees["tp"] * degrees["pp"] * degrees["dp"] * degrees["cp"] == 56, degrees
         assert dp_only["resumable"] is (not changed & {"tp", "pp", "cp", "ep"})

@@ -123,6 +123,8 @@ def test_resume_rules_per_target() -> None:
     assert blocked(titan, None, new) == () and len(blocked(dp_only, None, new)) == 1
     per_layer = {"strategy": {"kind": "per-layer", "pp": 2, "layers": [{"tp": 4, "dp": 2}, {"tp": 2, "dp": 4}]}}
     assert layout_of(per_layer) == Layout((("tp", (2, 4)), ("pp", (2,)), ("dp", (2, 4)), ("cp", (1,)), ("ep", (1,))))
+    uniform = {"strategy": {"kind": "uniform", "tp": 8, "pp": 4, "dp": 2, "cp": 1, "expert_parallel": 1}}
+    assert layout_of(uniform) == old
 
 
 def test_switch_cost_by_hand() -> None:

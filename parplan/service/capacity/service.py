@@ -116,10 +116,12 @@ def prepare_replan(payload: ReplanIn, session: Session, settings: Settings) -> P
         new = new_gpu_count(gpus, per_node, new_gpus=payload.gpus, nodes_lost=payload.nodes_lost)
     except CapacityError as e:
         raise _invalid([e.field], str(e)) from None
-    training = {**(old_request.get("training") or {}),
-                "global_batch": int((old_doc.get("strategy") or {}).get("global_batch") or gpus)}
-    body = {**old_request, "cluster": {**old_request["cluster"], "gpus": new, "gpus_per_node": per_node},
-            "training": training}
+    training = dict(old_request.get("training") or {})
+    training["global_batch"] = int(training.get("global_batch") or (old_doc.get("strategy") or {}).get("global_batch")
+                                   or gpus)  # the batch the plan ran (its default was its GPU count)
+    # A fixed device mesh factors the old allocation only: the search picks the new one.
+    body = {**{k: v for k, v in old_request.items() if k != "mesh"},
+            "cluster": {**old_request["cluster"], "gpus": new, "gpus_per_node": per_node}, "training": training}
     v = _cell(body, [where], settings)
     request = {"plan_id": payload.plan_id, "gpus_before": gpus, "gpus": new, "nodes_lost": payload.nodes_lost,
                "target": old_request.get("target", "any"), "storage_gb_per_second": payload.storage_gb_per_second,
