@@ -189,9 +189,10 @@ class JobRepository:
 
     # -- sweep jobs (capacity, replan): no lease; they end when their cells have ---------------------
     def sweep_progress(self, job_id: uuid.UUID, stage: str, fraction: float, now: datetime) -> bool:
-        """Record a running sweep job's progress (an event when it changed)."""
+        """Record a running sweep job's progress (an event when it grew: two workers settling at once
+        never move it back)."""
         res = self.session.execute(update(Job).where(Job.id == job_id, Job.status == R, Job.lease_owner.is_(None),
-                                                     (Job.progress_stage != stage[:200]) | Job.progress_stage.is_(None))
+                                                     Job.progress_fraction < fraction)
                                    .values(progress_stage=stage[:200], progress_fraction=fraction, updated_at=now)
                                    .execution_options(synchronize_session=False))
         return self._record(job_id, _matched(res)) is not None
