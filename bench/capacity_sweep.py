@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     body = sweep_body(args)
     cells = 2 * len(gpu_counts(8, args.max_gpus))
+    head = header("capacity sweep wall time (bench/capacity_sweep.py)")  # the load average before the run
     rows = run(1, body, True, args.timeout) + run(2, body, False, args.timeout)
-    lines = [header("capacity sweep wall time (bench/capacity_sweep.py)"),
+    lines = [head,
              f"sweep: {args.model}, global batch {args.global_batch}, seq {args.seq_len}, DP search, two pools "
              f"(H100-80GB, A100-80GB; 8 per node, up to {args.max_gpus} GPUs each): {cells} cells  ",
              "layout: parplan serve + Celery workers (concurrency 1 each), PostgreSQL and Redis on this machine  "]
