@@ -37,8 +37,9 @@ def test_pages_are_shells_with_security_headers(client: TestClient, path: str) -
 
 
 def test_every_static_file_is_served_and_loads_nothing_from_elsewhere(client: TestClient) -> None:
-    names = sorted(p.name for p in STATIC.iterdir())
-    assert {"ui.js", "ui.css", "jobs.js", "new.js", "job.js", "plan.js", "validation.js"} <= set(names)
+    names = sorted(p.relative_to(STATIC).as_posix() for p in STATIC.rglob("*") if p.suffix in (".js", ".css"))
+    assert {"ui.js", "ui.css", "jobs.js", "new.js", "job.js", "plan.js", "validation.js", "charts.js",
+            "vendor/uplot/uPlot.iife.min.js", "vendor/uplot/uPlot.min.css"} <= set(names)
     for name in names:
         r = client.get(f"/ui/static/{name}")
         assert r.status_code == 200 and r.content == (STATIC / name).read_bytes()
@@ -48,6 +49,8 @@ def test_every_static_file_is_served_and_loads_nothing_from_elsewhere(client: Te
 
 
 @pytest.mark.parametrize("path", ["/ui/static/nope.js", "/ui/static/..%2Fapp.py", "/ui/static/router.py",
+                                  "/ui/static/vendor/..%2F..%2Frouter.py", "/ui/static/vendor/uplot/LICENSE",
+                                  "/ui/static/vendor//uplot/uPlot.min.css", "/ui/static/vendor/uplot/.x.js",
                                   "/ui/jobs/not-a-uuid", "/ui/plans/1"])
 def test_unknown_pages_and_files_are_problems(client: TestClient, path: str) -> None:
     r = client.get(path)

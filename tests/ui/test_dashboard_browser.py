@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support.service import FAST_REQUEST, SLOW_REQUEST, finished, poll_job
 
@@ -18,6 +19,59 @@ HF_CONFIGS = Path(__file__).parents[1] / "data" / "hf"
 Login = Callable[[Any, str, str], None]
 HARDWARE = {"key": "A100-80GB", "device": "cuda", "device_name": "NVIDIA A100-SXM4-80GB", "device_count": 8,
             "memory_bytes": 80 * GIB, "torch_version": "2.13.0"}
+
+
+def _chart(page: Any, chart: str) -> dict[str, list[Any]]:
+    """A chart's data by series label, once it is drawn (uPlot's instance, kept in PP.charts)."""
+    page.wait_for_selector(f"#{chart} .uplot")
+    return dict(page.evaluate("id => PP.charts[id].series.map((s, i) => [s.label, PP.charts[id].data[i]])", chart))
+
+
+def _hover(page: Any, chart: str, x: float) -> None:
+    """Put the mouse on the chart at data value ``x``, half way up."""
+    at = page.evaluate("""([id, x]) => { const u = PP.charts[id]; u.root.scrollIntoView({ block: "center" });
+        const r = u.over.getBoundingClientRect();
+        return [r.left + u.valToPos(x, "x"), r.top + r.height / 2]; }""", [chart, x])
+    page.mouse.move(*at)
+
+
+def _legend(page: Any, chart: str) -> dict[str, str]:
+    """The legend's rows (uPlot's: the values at the cursor), label to text."""
+    rows = page.query_selector_all(f"#{chart} .u-legend .u-series")
+    return {r.query_selector(".u-label").inner_text(): (r.query_selector(".u-value").inner_text()
+                                                        if r.query_selector(".u-value") else "") for r in rows}
+
+
+_OUTSIDE = """id => { const u = PP.charts[id], out = [], px = uPlot.pxRatio;
+  u.axes.forEach((a, k) => { if (!a.show) return; u.ctx.font = a.font[0];
+    (a._values || []).forEach((v, i) => { if (v === null || v === "") return;
+      const w = u.ctx.measureText(String(v)).width / px;
+      if (a.side % 2 === 0) { const x = u.bbox.left / px + u.valToPos(a._splits[i], a.scale);
+        if (x - w / 2 < 0 || x + w / 2 > u.width) out.push([k, v]); }
+      else if (w + a.ticks.size + a.gap > a._size) out.push([k, v]); }); });
+  return out; }"""
+
+
+def _labels_outside(page: Any, chart: str) -> list[Any]:
+    """Tick labels that do not fit in the chart: wider than their axis, or past the canvas' edge."""
+    return list(page.evaluate(_OUTSIDE, chart))
+
+
+def _zoom_and_reset(page: Any, chart: str) -> None:
+    """Drag across the middle of the plot: the x scale narrows to it; a double-click restores it."""
+    scale = "id => [PP.charts[id].scales.x.min, PP.charts[id].scales.x.max]"
+    full = page.evaluate(scale, chart)
+    page.locator(f"#{chart}").scroll_into_view_if_needed()
+    box = page.locator(f"#{chart} .u-over").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.3, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.6, y, steps=5)
+    page.mouse.up()
+    lo, hi = page.evaluate(scale, chart)
+    assert full[0] < lo < hi < full[1] and (hi - lo) < 0.5 * (full[1] - full[0]), (full, lo, hi)
+    page.mouse.dblclick(box["x"] + box["width"] / 2, y)
+    assert page.evaluate(scale, chart) == pytest.approx(full)
 
 
 def _client(d: Any, token: str) -> httpx.Client:
@@ -76,15 +130,29 @@ def test_a_submitted_plan_is_followed_live_to_its_page(page: Any, dashboard: Any
     page.wait_for_function("() => document.getElementById('job-status').textContent === 'running'")
     assert page.inner_text("#job-stage").strip() != ""
     page.wait_for_url("**/ui/plans/*", timeout=60_000)
-    chart = page.wait_for_selector("#stage-memory-chart")
-    stages = page.locator("#layer-groups tbody tr").count()
-    assert stages >= 1
-    bars = chart.query_selector_all("rect[data-category]")
-    assert {b.get_attribute("data-category") for b in bars} >= {"parameters", "optimizer_states", "activations"}
-    assert chart.query_selector("line.device") is not None
-    pareto = page.wait_for_selector("#pareto-chart")
-    assert pareto.query_selector("#chosen-point") is not None
-    assert len(pareto.query_selector_all("rect.baseline-point")) >= 2
+    with _client(dashboard, dashboard.writer) as c:
+        doc = c.get(f"/v1/plans/{page.url.rsplit('/', 1)[1]}").json()
+    memory = _chart(page, "stage-memory-chart")
+    assert page.locator("#layer-groups tbody tr").count() >= 1
+    assert {"parameters", "optimizer_states", "activations", "stage peak", "device memory"} <= set(memory)
+    stages = doc["memory"]["stages"]
+    for c in ("parameters", "optimizer_states", "activations"):  # the bars are the API's bytes, in GiB
+        assert memory[c] == pytest.approx([s["breakdown"][c] / GIB for s in stages], rel=1e-9)
+    assert memory["stage peak"] == pytest.approx([s["peak_bytes"] / GIB for s in stages], rel=1e-9)
+    _hover(page, "stage-memory-chart", 0)  # the legend shows the bar under the cursor
+    legend = _legend(page, "stage-memory-chart")
+    assert legend["stage"] == f"stage {stages[0]['stage']}"
+    assert legend["activations"] == f"{stages[0]['breakdown']['activations'] / GIB:.2f}"
+    pareto = _chart(page, "pareto-chart")
+    baselines = set(pareto) - {"step time", "frontier", "chosen", "device memory"}
+    assert "megatron" in baselines and len(baselines) >= 2
+    assert [v for v in pareto["chosen"] if v is not None] == pytest.approx([doc["memory"]["peak_bytes"] / GIB])
+    _hover(page, "pareto-chart", doc["time"]["step_seconds"])
+    assert _legend(page, "pareto-chart")["chosen"] == f"{doc['memory']['peak_bytes'] / GIB:.2f}"
+    assert doc["strategy"]["summary"] in page.inner_text("#pareto-chart-readout")
+    for chart in ("stage-memory-chart", "pareto-chart"):
+        assert _labels_outside(page, chart) == [], chart
+    _zoom_and_reset(page, "pareto-chart")
     assert "megatron" in page.inner_text("#baselines thead")
     page.screenshot(path=str(artifacts / "plan-page.png"), full_page=True)
 
@@ -145,11 +213,10 @@ def test_a_per_operator_plan_shows_its_operators_and_one_memory_bar(page: Any, d
     login(page, dashboard.base + f"/ui/plans/{job['plan_id']}", dashboard.writer)
     ops = page.wait_for_selector("#unit-strategies")
     assert len(ops.query_selector_all("tbody tr")) >= 5
-    chart = page.wait_for_selector("#stage-memory-chart")
-    assert len(chart.query_selector_all("text.axis")) >= 1 and len(chart.query_selector_all("line.peak")) == 1
-    assert {b.get_attribute("data-category") for b in chart.query_selector_all("rect[data-category]")} >= {
-        "parameters", "optimizer_states", "activations"}
-    assert page.query_selector("#pareto-chart #chosen-point") is not None
+    memory = _chart(page, "stage-memory-chart")
+    assert memory["stage"] == [0] and len(memory["stage peak"]) == 1  # one bar: the device
+    assert {"parameters", "optimizer_states", "activations"} <= set(memory)
+    assert [v for v in _chart(page, "pareto-chart")["chosen"] if v is not None] != []
 
 
 def test_a_plan_with_a_target_exports_from_its_page(page: Any, dashboard: Any, login: Login) -> None:
