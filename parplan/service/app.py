@@ -13,6 +13,7 @@ from parplan import __version__ as package_version
 from parplan.service import openapi, problems, redaction, security
 from parplan.service.agents.router import router as agents_router
 from parplan.service.auth.router import router as auth_router
+from parplan.service.capacity.router import router as capacity_router
 from parplan.service.catalog.router import router as catalog_router
 from parplan.service.evaluations.router import router as evaluations_router
 from parplan.service.health.metrics import Metrics, MetricsMiddleware
@@ -71,7 +72,7 @@ def create_app(settings: Settings | None = None, *, runtime: Runtime | None = No
     problems.install(app)
     openapi.install(app, settings)
     for r in (plans_router, jobs_router, validations_router, agents_router, profiles_router, catalog_router,
-              evaluations_router, health_router, auth_router, ui_router):
+              evaluations_router, health_router, auth_router, ui_router, capacity_router):
         app.include_router(r)
 
     def current_metrics() -> Metrics | None:

@@ -85,6 +85,8 @@ class Job(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=new_id)
+    #: ``plan`` (a worker solves it), ``capacity`` or ``replan`` (a sweep: its cells are plan jobs).
+    kind: Mapped[str] = mapped_column(String(16), default="plan", server_default="plan")
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value)
     # Deferred: only workers read them (JobRepository.claim loads them).
     request: Mapped[dict[str, Any]] = mapped_column(JSONType, deferred=True)
@@ -124,6 +126,34 @@ class JobEvent(Base):
     status: Mapped[str] = mapped_column(String(16))
     document: Mapped[dict[str, Any]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Sweep(Base):
+    """A capacity sweep or a replan: its job (``kind`` capacity or replan; it ends when its cells
+    have) and the request. Its cells are plan jobs, listed in ``sweep_cells``."""
+
+    __tablename__ = "sweeps"
+
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    request: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SweepCell(Base):
+    """One plan of a sweep: the pool's GPU and count, and the plan job that answers it (a job this
+    sweep created, ``owned``, or one it joined: the same request already queued, running or
+    solved)."""
+
+    __tablename__ = "sweep_cells"
+    __table_args__ = (Index("ix_sweep_cells_job", "job_id"),)
+
+    sweep_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("sweeps.job_id"), primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    gpu: Mapped[str] = mapped_column(String(64))
+    gpus: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("jobs.id"))
+    owned: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Agent(Base):

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
+from parplan.service.capacity.settle import settle_running
 from parplan.service.database import utcnow
 from parplan.service.dispatch import Dispatcher
 from parplan.service.jobs.repository import JobRepository
@@ -93,6 +94,7 @@ def sweep(session_factory: Callable[[], Session], queue: JobQueue, settings: Set
         for v in vals.abandoned(now - timedelta(seconds=settings.agent_timeout_seconds)):
             if vals.requeue(v.id, v.agent_id):
                 report.requeued_validations.append(str(v.id))
+        settle_running(s)  # capacity sweeps and replans whose last cell ended without telling them
         s.commit()
     for job_id in to_send:
         queue.enqueue(job_id)

@@ -22,6 +22,7 @@ from parplan.service.models import Job
 from parplan.service.settings import Settings
 from parplan.workers.execute import TransientError, execute_job
 from parplan.workers.fair import FairQueue
+from parplan.workers.sweeps import settle_after
 
 log = logging.getLogger("parplan.workers")
 
@@ -93,6 +94,7 @@ class InProcessJobQueue:
                     return
                 try:
                     execute_job(job_id, self.session_factory, self.settings, stop=self._stop)
+                    settle_after(job_id, self.session_factory)
                     return
                 except TransientError as e:
                     log.warning("job %s: database unavailable (%s); retrying in %.1fs", job_id, e, delay)

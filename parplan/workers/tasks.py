@@ -19,6 +19,7 @@ from parplan.service.dispatch import Dispatcher
 from parplan.service.settings import Settings
 from parplan.workers.celery_app import RUN_JOB, CeleryJobQueue
 from parplan.workers.execute import TransientError, execute_job
+from parplan.workers.sweeps import settle_after
 
 log = logging.getLogger("parplan.workers")
 
@@ -91,4 +92,6 @@ def register_tasks(app: Celery, settings: Settings) -> None:
             log.error("run_job: %r is not a job id; dropping the message", job_id)
             return "invalid"
         top_up(settings)
-        return execute_job(ident, CONTEXT.session_factory(settings), settings).value
+        outcome = execute_job(ident, CONTEXT.session_factory(settings), settings)
+        settle_after(ident, CONTEXT.session_factory(settings))
+        return outcome.value

@@ -187,6 +187,25 @@ class JobRepository:
             .execution_options(synchronize_session=False))
         return self._record(job_id, _matched(res)) is not None
 
+    # -- sweep jobs (capacity, replan): no lease; they end when their cells have ---------------------
+    def sweep_progress(self, job_id: uuid.UUID, stage: str, fraction: float, now: datetime) -> bool:
+        """Record a running sweep job's progress (an event when it changed)."""
+        res = self.session.execute(update(Job).where(Job.id == job_id, Job.status == R, Job.lease_owner.is_(None),
+                                                     (Job.progress_stage != stage[:200]) | Job.progress_stage.is_(None))
+                                   .values(progress_stage=stage[:200], progress_fraction=fraction, updated_at=now)
+                                   .execution_options(synchronize_session=False))
+        return self._record(job_id, _matched(res)) is not None
+
+    def close_sweep(self, job_id: uuid.UUID, status: JobStatus, now: datetime,
+                    error: dict[str, Any] | None = None) -> bool:
+        """End a running sweep job (False: it had already ended)."""
+        values: dict[str, Any] = {"status": status.value, "finished_at": now, "updated_at": now, "error": error}
+        if status is JobStatus.SUCCEEDED:
+            values.update(progress_stage="done", progress_fraction=1.0)
+        res = self.session.execute(update(Job).where(Job.id == job_id, Job.status == R, Job.lease_owner.is_(None))
+                                   .values(**values).execution_options(synchronize_session=False))
+        return self._record(job_id, _matched(res)) is not None
+
     # -- writes from the sweeper ------------------------------------------------------------------
     def expired_running(self, now: datetime, limit: int = 500) -> list[Job]:
         stmt = select(Job).where(Job.status == R, Job.deadline_at < now).order_by(Job.deadline_at).limit(limit)

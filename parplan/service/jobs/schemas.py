@@ -38,6 +38,9 @@ class JobOut(BaseModel):
     finished_at: datetime | None
     updated_at: datetime
     url: str
+    kind: Literal["plan", "capacity", "replan"] = "plan"
+    result_url: str | None = Field(default=None, description="Finished with a result: the plan "
+                                   "(/v1/plans/{id}), the capacity result or the replan result.")
 
 
 class JobEnvelope(BaseModel):
@@ -60,4 +63,14 @@ def job_out(job: Job) -> dict[str, Any]:
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "updated_at": job.updated_at.isoformat(), "url": f"/v1/jobs/{job.id}",
+        "kind": job.kind or "plan", "result_url": result_url(job),
     }
+
+
+def result_url(job: Job) -> str | None:
+    """Where a succeeded job's result is: its plan, or its sweep's result document."""
+    if job.status != "succeeded":
+        return None
+    if job.kind in ("capacity", "replan"):
+        return f"/v1/{job.kind}/{job.id}"
+    return f"/v1/plans/{job.plan_id}" if job.plan_id else None

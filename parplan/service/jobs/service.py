@@ -39,5 +39,10 @@ def cancel_job(session: Session, job_id: str) -> Job:
     if JobStatus(job.status).terminal:
         raise ConflictError(f"job {job.id} already {job.status}; nothing to cancel")
     repo = JobRepository(session)
+    if job.kind in ("capacity", "replan"):  # a sweep: its cells, then its job
+        from parplan.service.capacity.service import cancel
+
+        cancel(session, job)
+        return repo.refresh(job)
     repo.request_cancel(job.id, utcnow())
     return repo.refresh(job)
