@@ -18,7 +18,7 @@ from parplan.service.models import Job, JobStatus
 Headers = dict[str, str]
 STATIC = Path(__file__).parents[2] / "parplan" / "service" / "ui" / "static"
 PAGES = ["/ui", "/ui/new", f"/ui/jobs/{uuid.uuid4()}", f"/ui/plans/{uuid.uuid4()}",
-         f"/ui/validations/{uuid.uuid4()}"]
+         f"/ui/validations/{uuid.uuid4()}", f"/ui/capacity/{uuid.uuid4()}"]
 
 
 @pytest.mark.parametrize("path", PAGES)
@@ -38,7 +38,7 @@ def test_pages_are_shells_with_security_headers(client: TestClient, path: str) -
 
 def test_every_static_file_is_served_and_loads_nothing_from_elsewhere(client: TestClient) -> None:
     names = sorted(p.relative_to(STATIC).as_posix() for p in STATIC.rglob("*") if p.suffix in (".js", ".css"))
-    assert {"ui.js", "ui.css", "jobs.js", "new.js", "job.js", "plan.js", "validation.js", "charts.js",
+    assert {"ui.js", "ui.css", "jobs.js", "new.js", "job.js", "plan.js", "validation.js", "charts.js", "capacity.js",
             "vendor/uplot/uPlot.iife.min.js", "vendor/uplot/uPlot.min.css"} <= set(names)
     for name in names:
         r = client.get(f"/ui/static/{name}")

@@ -1,6 +1,9 @@
 """The dashboard in a real browser: the form shows the API's field errors beside the fields; a
 plan is followed live to its page with the stage memory chart and the Pareto plot; a running job
-is cancelled from the jobs table; a validation's measured-vs-predicted table."""
+is cancelled from the jobs table; a validation's measured-vs-predicted table; a capacity sweep's
+page filled in live from the real ``POST /v1/capacity``. The charts are uPlot's: the tests read
+each chart's data (PP.charts) against the API's documents, the legend and readout under the
+cursor, zoom, and that no tick label falls outside its chart."""
 
 from __future__ import annotations
 
@@ -251,3 +254,60 @@ def test_a_broken_events_stream_is_resumed_with_last_event_id(page: Any, dashboa
     login(page, dashboard.base + f"/ui/jobs/{job['id']}", dashboard.writer)
     page.wait_for_url("**/ui/plans/*", timeout=60_000)
     assert sent[:2] == [None, "1"], sent
+
+
+#: A small sweep (2 pools x the GPU counts up to 4: a few seconds a cell) whose goal picks two cells.
+CAPACITY = {"model": {"preset": "bert-large"}, "training": {"global_batch": 64, "seq_len": 512, "tokens": 2e10},
+            "pools": [{"gpu": "A100-80GB", "gpus_per_node": 4, "max_gpus": 4, "price_per_gpu_hour": 2.0},
+                      {"gpu": "H100-80GB", "gpus_per_node": 4, "max_gpus": 4, "price_per_gpu_hour": 4.0}],
+            "goal": {"deadline_hours": 30, "budget": 210}, "search": "dp"}
+_LIVE = """() => { const rows = [...document.querySelectorAll("#cells-body tr")];
+  const answered = rows.filter((r) => r.dataset.status !== "pending").length;
+  const drawn = PP.charts["throughput-chart"].data.slice(1).flat().filter((v) => v !== null).length;
+  return rows.length > 0 && answered > 0 && answered < rows.length && drawn > 0; }"""
+
+
+def _points(series: dict[str, list[Any]], label: str, x: str) -> dict[float, float]:
+    return {xv: yv for xv, yv in zip(series[x], series[label], strict=True) if yv is not None}
+
+
+def _at(cells: list[dict[str, Any]]) -> dict[float, float]:
+    return {cell["time_to_train_hours"]: cell["cost"] for cell in cells}
+
+
+def test_a_capacity_sweep_fills_its_page_live(page: Any, dashboard: Any, login: Login, artifacts: Path) -> None:
+    with _client(dashboard, dashboard.writer) as c:
+        r = c.post("/v1/capacity", json=CAPACITY)
+        assert r.status_code == 202, r.text
+        sweep = r.json()["job"]["id"]
+        login(page, dashboard.base + f"/ui/capacity/{sweep}", dashboard.writer)
+        page.wait_for_function(_LIVE, timeout=60_000)  # some cells drawn while others are still pending
+        assert "cells" in page.inner_text("#sweep-stage")
+        page.wait_for_selector("#sweep-status:text('succeeded')", timeout=120_000)
+        page.wait_for_function("() => !document.querySelector('#cells-body tr[data-status=pending]')")
+        doc = c.get(r.json()["result_url"]).json()
+    assert doc["complete"] and doc["cheapest_meeting_deadline"] and doc["fastest_within_budget"], doc
+    rows = page.query_selector_all("#cells-body tr")
+    assert [(r.get_attribute("data-gpu"), int(r.get_attribute("data-gpus") or 0)) for r in rows] == [
+        (cell["gpu"], cell["gpus"]) for cell in doc["cells"]]
+    throughput = _chart(page, "throughput-chart")
+    for gpu in ("A100-80GB", "H100-80GB"):  # each pool's curve is its fitting cells' tokens/s
+        fitting = [cell for cell in doc["cells"] if cell["gpu"] == gpu and cell["fits"]]
+        assert _points(throughput, gpu, "GPUs") == pytest.approx({c["gpus"]: c["tokens_per_second"] for c in fitting})
+    cost = _chart(page, "cost-chart")
+    assert _points(cost, "frontier", "time to train (hours)") == pytest.approx(_at(doc["frontier"]))
+    cheapest, fastest = doc["cheapest_meeting_deadline"], doc["fastest_within_budget"]
+    assert _points(cost, "cheapest by the deadline", "time to train (hours)") == pytest.approx(_at([cheapest]))
+    assert _points(cost, "fastest within budget", "time to train (hours)") == pytest.approx(_at([fastest]))
+    _hover(page, "cost-chart", cheapest["time_to_train_hours"])
+    assert f"cheapest by the deadline: {cheapest['gpus']} × {cheapest['gpu']}" in page.inner_text("#cost-chart-readout")
+    answers = page.inner_text("#answers")
+    for gpu, fewest in doc["fewest_gpus_that_fit"].items():
+        assert f"fewest {gpu} that fit\n{fewest}" in answers
+    assert f"{fastest['gpus']} × {fastest['gpu']}" in answers
+    for chart in ("throughput-chart", "cost-chart"):
+        assert _labels_outside(page, chart) == [], chart
+    page.mouse.move(0, 0)
+    page.screenshot(path=str(artifacts / "capacity-page.png"), full_page=True)
+    page.goto(dashboard.base + f"/ui/jobs/{sweep}")  # the sweep's job page hands over to this page
+    page.wait_for_url(f"**/ui/capacity/{sweep}")

@@ -105,6 +105,11 @@ async def plan_page(plan_id: str) -> HTMLResponse:
     return page("Plan", "plan", str(parse_id(plan_id, "plan")), charts=True)
 
 
+@router.get("/capacity/{sweep_id}", response_class=HTMLResponse)
+async def capacity_page(sweep_id: str) -> HTMLResponse:
+    return page("Capacity sweep", "capacity", str(parse_id(sweep_id, "capacity sweep")), charts=True)
+
+
 @router.get("/validations/{validation_id}", response_class=HTMLResponse)
 async def validation_page(validation_id: str) -> HTMLResponse:
     return page("Validation", "validation", str(parse_id(validation_id, "validation")))

@@ -31,21 +31,28 @@ const Charts = (() => {
   /** The plot's width: the page's content column, at most 880 px. */
   const width = () => Math.max(320, Math.min(880, (document.getElementById("content").clientWidth || 880) - 8));
 
-  /** A plugin that draws a horizontal line across the plot at each limit's value (dashed, the series'
-   *  colour); the limit is also a series, so the legend names it. */
+  /** A plugin that draws a line across the plot at each limit's value (dashed, its colour): horizontal
+   *  at a y value, vertical at an x value (``axis: "x"``); the limit is also a series, so the legend names it. */
   function limitLines(limits) {
     return { hooks: { draw: [(u) => {
       const { ctx, bbox } = u;
       ctx.save();
       for (const lim of limits) {
-        const y = Math.round(u.valToPos(lim.value, "y", true));
-        if (y < bbox.top || y > bbox.top + bbox.height) continue;
+        const vertical = lim.axis === "x";
+        const at = Math.round(u.valToPos(lim.value, vertical ? "x" : "y", true));
+        const [lo, hi] = vertical ? [bbox.left, bbox.left + bbox.width] : [bbox.top, bbox.top + bbox.height];
+        if (!Number.isFinite(at) || at < lo || at > hi) continue;
         ctx.strokeStyle = lim.color;
         ctx.lineWidth = 2 * uPlot.pxRatio;
         ctx.setLineDash([6 * uPlot.pxRatio, 3 * uPlot.pxRatio]);
         ctx.beginPath();
-        ctx.moveTo(bbox.left, y);
-        ctx.lineTo(bbox.left + bbox.width, y);
+        if (vertical) {
+          ctx.moveTo(at, bbox.top);
+          ctx.lineTo(at, bbox.top + bbox.height);
+        } else {
+          ctx.moveTo(bbox.left, at);
+          ctx.lineTo(bbox.left + bbox.width, at);
+        }
         ctx.stroke();
       }
       ctx.restore();
@@ -81,7 +88,7 @@ const Charts = (() => {
   function readout(node, infos) {
     return { hooks: { setCursor: [(u) => {
       const i = u.cursor.idx;
-      const lines = i === null || i === undefined ? [] : infos.flatMap((info, s) => {
+      const lines = i === null || i === undefined ? [] : infos().flatMap((info, s) => {
         const text = info && info[i];
         return text && u.series[s + 1].show ? [`${u.series[s + 1].label}: ${text}`] : [];
       });
@@ -111,44 +118,56 @@ const Charts = (() => {
   }
 
   /** Points over a numeric x. ``series``: [{label, points: [{x, y, info?}], color?, line?, size?,
-   *  labelled?}]: a ``line`` joins its points, ``labelled`` writes its name beside them. ``x``/``y``:
-   *  {label, format, log?, max?}: a point above ``y.max`` is drawn on the top edge (its label says ↑ and
-   *  the legend its value). ``limits``: [{label, value, color}], lines across the plot. */
+   *  labelled?}]: a ``line`` joins its points, ``labelled`` writes its name beside them, ``info`` is shown
+   *  under the chart when the cursor is at the point. ``x``/``y``: {label, format, log?, max?}: a point above
+   *  ``y.max`` is drawn on the top edge (its label says ↑, the legend its value). ``limits``: [{label, value,
+   *  color, axis?}], lines across the plot. Returns the nodes, and ``update(points)`` that redraws with each
+   *  series' new points (the same series, in order). */
   function scatter(id, { series, x, y, limits = [] }) {
-    const [xs, raw] = align(series, (p) => p.y);
-    const [, infos] = align(series, (p) => p.info || null);
-    const shown = raw.map((col) => col.map((v) => (v !== null && y.max !== undefined && v > y.max ? y.max : v)));
+    const state = { raw: [], shown: [], infos: [], top: null };
     const fmtY = (v) => (v === null || v === undefined ? "–" : y.format(v));
-    const uSeries = [{ label: x.label, value: (u, v) => (v === null || v === undefined ? "–" : x.format(v)) }];
+    const fmtX = (v) => (v === null || v === undefined ? "–" : x.format(v));
+    function compute(pointLists) {
+      const sets = series.map((s, k) => ({ points: pointLists[k] || [] }));
+      const [xs, raw] = align(sets, (p) => p.y);
+      state.raw = raw;
+      state.infos = align(sets, (p) => p.info || null)[1];
+      state.shown = raw.map((col) => col.map((v) => (v !== null && y.max !== undefined && v > y.max ? y.max : v)));
+      const highest = y.max !== undefined ? y.max : Math.max(...limits.filter((l) => l.axis !== "x").map((l) => l.value),
+        ...state.shown.flat().filter((v) => v !== null));
+      state.top = Number.isFinite(highest) && highest > 0 ? highest : null;
+      return [xs, ...state.shown, ...limits.map((lim) => xs.map(() => (lim.axis === "x" ? null : lim.value)))];
+    }
+    const data = compute(series.map((s) => s.points));
+    const uSeries = [{ label: x.label, value: (u, v) => fmtX(v) }];
     series.forEach((s, k) => {
       const color = s.color || PALETTE[k % PALETTE.length];
       uSeries.push({ label: s.label, stroke: color, width: s.line ? 2 : 0, spanGaps: true,
         fill: s.line ? undefined : color, paths: s.line ? undefined : () => null,
         points: { show: true, size: s.size || 8, width: s.size ? 2 : 1, stroke: s.size ? "#1d232b" : color,
           fill: color },
-        value: (u, v, si, i) => (i === null || i === undefined ? "–" : fmtY(raw[k][i])) });
+        value: (u, v, si, i) => (i === null || i === undefined ? "–" : fmtY(state.raw[k][i])) });
     });
     for (const lim of limits) {
       uSeries.push({ label: lim.label, stroke: lim.color, width: 2, dash: [6, 3], paths: () => null,
-        points: { show: false }, value: () => fmtY(lim.value) });
+        points: { show: false }, value: () => (lim.axis === "x" ? fmtX : fmtY)(lim.value) });
     }
-    const data = [xs, ...shown, ...limits.map((lim) => xs.map(() => lim.value))];
-    const highest = y.max !== undefined ? y.max
-      : Math.max(...limits.map((l) => l.value), ...shown.flat().filter((v) => v !== null));
-    const top = Number.isFinite(highest) && highest > 0 ? highest : null;
-    const labelled = series.flatMap((s, k) => (s.labelled ? [{ seriesIdx: k + 1,
-      label: (i) => (raw[k][i] > shown[k][i] ? `${s.label} ↑ ${fmtY(raw[k][i])}` : s.label) }] : []));
+    const labelled = series.flatMap((s, k) => (s.labelled ? [{ seriesIdx: k + 1, label: (i) =>
+      (state.raw[k][i] > state.shown[k][i] ? `${s.label} ↑ ${fmtY(state.raw[k][i])}` : s.label) }] : []));
     const info = el("p", { class: "readout hint", id: `${id}-readout`, text: "\u00a0" });
-    const pad = (lo, hi) => (hi > lo ? [lo - (hi - lo) * 0.06, hi + (hi - lo) * 0.06] : [lo * 0.9, hi * 1.1 + 1e-9]);
+    const pad = (lo, hi) => (lo === null || lo === undefined ? [0, 1]
+      : hi > lo ? [lo - (hi - lo) * 0.06, hi + (hi - lo) * 0.06] : [lo * 0.9, hi * 1.1 + 1e-9]);
     const xScale = x.log ? { time: false, distr: 3, log: x.log } : { time: false, range: (u, lo, hi) => pad(lo, hi) };
-    return make(id, {
+    const yRange = (u, lo, hi) => [y.min !== undefined ? y.min : Math.min(0, lo || 0), (state.top || hi || 1) * 1.06];
+    const nodes = make(id, {
       series: uSeries,
-      scales: { x: xScale, y: { range: (u, lo, hi) => [y.min !== undefined ? y.min : Math.min(0, lo), (top || hi || 1) * 1.06] } },
+      scales: { x: xScale, y: { range: yRange } },
       axes: [axis(x.label, x.format), axis(y.label, y.format)],
       legend: { live: true },
       cursor: { drag: { x: true, y: false }, focus: { prox: 24 } },
-      plugins: [limitLines(limits), pointLabels(labelled), readout(info, infos)],
+      plugins: [limitLines(limits), pointLabels(labelled), readout(info, () => state.infos)],
     }, data, [info]);
+    return { nodes, update: (pointLists) => PP.charts[id].setData(compute(pointLists)) };
   }
 
   /** Stacked bars, one per group: ``stack`` [{label, values, color}] bottom up; ``marks`` [{label, values,

@@ -26,6 +26,8 @@
     actions.replaceChildren();
     if (job.plan_id) actions.append(el("a", { id: "plan-link", class: "button", href: `/ui/plans/${job.plan_id}`,
       text: "Open the plan" }));
+    else if (job.result_url) actions.append(el("a", { id: "result-link", class: "button", href: job.result_url,
+      text: "The result (JSON)" }));
     if (!PP.TERMINAL.has(job.status) && !job.cancel_requested && scopes.includes("plans:write")) {
       const b = el("button", { type: "button", class: "cancel", text: "Cancel" });
       b.addEventListener("click", async () => {
@@ -41,7 +43,12 @@
   }
 
   try {
-    show((await api(`/v1/jobs/${id}`)).data.job);
+    const first = (await api(`/v1/jobs/${id}`)).data.job;
+    if (first.kind === "capacity") {  // a sweep has a page of its own, live too
+      location.replace(`/ui/capacity/${id}`);
+      return;
+    }
+    show(first);
     const job = await PP.follow(id, show);
     if (job.status === "succeeded" && job.plan_id) {
       status("done; opening the plan…");

@@ -125,7 +125,7 @@
       y: { label: "peak memory (GiB)", format: (v) => v.toFixed(2),
         max: Math.max(device, ...inScale.map((p) => p.peak_bytes)) / GIB },
       limits: [{ label: "device memory", color: DEVICE, value: device / GIB }] });
-    return [...chart, el("p", { class: "hint", text: `${frontier.length} frontier point(s) (joined), the baselines ` +
+    return [...chart.nodes, el("p", { class: "hint", text: `${frontier.length} frontier point(s) (joined), the baselines ` +
       "and the chosen plan (large). Point for values; drag across to zoom, double-click to reset." })];
   }
 
