@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole CLI: this module's subcommands plus the service's and the agent's. Every
     subparser sets ``handler`` (a function of the parsed arguments returning the exit status)."""
     from parplan.agent.commands import register as register_agent
+    from parplan.capacity_command import register as register_capacity
     from parplan.graph_command import register as register_graph
     from parplan.remote_command import register as register_remote
     from parplan.server import register as register_server
@@ -84,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_service(sub)
     register_agent(sub)
     register_remote(sub)
+    register_capacity(sub)
     return parser
 
 

@@ -150,6 +150,25 @@ class AsyncClient:
             follow.error = e
         return True
 
+    async def capacity(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/capacity``: ``{"job", "result_url"}`` (the result is readable at once, partial)."""
+        return await self._json("POST", "/v1/capacity", json=request)
+
+    async def replan(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/replan``: ``{"job", "result_url"}``."""
+        return await self._json("POST", "/v1/replan", json=request)
+
+    async def result(self, result_url: str) -> dict[str, Any]:
+        """A capacity or replan result document (``result_url`` of the submission or the job)."""
+        return await self._json("GET", result_url)
+
+    async def sweep_and_wait(self, kind: str, request: dict[str, Any], *, timeout: float | None = None,
+                       on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Submit a ``capacity`` or ``replan`` request, follow its job, return the result document."""
+        submitted = await (self.capacity(request) if kind == "capacity" else self.replan(request))
+        await self.wait(submitted["job"]["id"], timeout=timeout, on_progress=on_progress)
+        return await self.result(submitted["result_url"])
+
     async def plan_and_wait(self, request: dict[str, Any], *, timeout: float | None = None,
                             on_progress: ProgressCallback | None = None) -> dict[str, Any]:
         submitted = await self.submit(request)

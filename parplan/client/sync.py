@@ -170,6 +170,25 @@ class Client:
             follow.error = e
         return True
 
+    def capacity(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/capacity``: ``{"job", "result_url"}`` (the result is readable at once, partial)."""
+        return self._json("POST", "/v1/capacity", json=request)
+
+    def replan(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/replan``: ``{"job", "result_url"}``."""
+        return self._json("POST", "/v1/replan", json=request)
+
+    def result(self, result_url: str) -> dict[str, Any]:
+        """A capacity or replan result document (``result_url`` of the submission or the job)."""
+        return self._json("GET", result_url)
+
+    def sweep_and_wait(self, kind: str, request: dict[str, Any], *, timeout: float | None = None,
+                       on_progress: ProgressCallback | None = None) -> dict[str, Any]:
+        """Submit a ``capacity`` or ``replan`` request, follow its job, return the result document."""
+        submitted = (self.capacity(request) if kind == "capacity" else self.replan(request))
+        self.wait(submitted["job"]["id"], timeout=timeout, on_progress=on_progress)
+        return self.result(submitted["result_url"])
+
     def plan_and_wait(self, request: dict[str, Any], *, timeout: float | None = None,
                       on_progress: ProgressCallback | None = None) -> dict[str, Any]:
         """Submit, wait, and return the plan document."""

@@ -15,7 +15,8 @@ from parplan.service.database import Base
 from parplan.service.migrate import current_revision, downgrade, head_revision, upgrade
 from tests.support.service import create_database, drop_database
 
-TABLES = {"api_tokens", "plans", "jobs", "job_events", "sweeps", "sweep_cells", "agents", "validations", "profiles", "alembic_version"}
+TABLES = {"api_tokens", "plans", "jobs", "job_events", "sweeps", "sweep_cells", "agents", "validations", "profiles",
+          "alembic_version"}
 
 
 def _check(url: str) -> None:

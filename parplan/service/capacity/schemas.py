@@ -70,13 +70,6 @@ class CapacityIn(BaseModel):
     objective: Objective = Field(default="max-throughput", description="Each cell's plan objective.")
     search: Search = "auto"
 
-    @model_validator(mode="after")
-    def _distinct_pools(self) -> CapacityIn:
-        seen = [p.gpu.upper() for p in self.pools]
-        if len(set(seen)) != len(seen):
-            raise ValueError("pools: each GPU type appears in one pool")
-        return self
-
 
 class ReplanIn(BaseModel):
     """``POST /v1/replan``: the best plan on a new allocation that the plan's trainer can resume into."""

@@ -31,6 +31,7 @@ from parplan.service.problems import InvalidError, ProblemError, field_error
 from parplan.service.queue import JobQueue
 from parplan.service.settings import Settings
 from parplan.solver.capacity import CapacityError, CellOutcome, Goal, Pool, gpu_counts
+from parplan.solver.cluster import gpu_preset
 from parplan.solver.replan import new_gpu_count
 from parplan.solver.request import PlanRequestIn
 
@@ -78,7 +79,10 @@ def prepare_capacity(payload: CapacityIn, settings: Settings) -> Prepared:
         if p.max_gpus > settings.max_devices:
             raise _invalid(["pools", i, "max_gpus"], f"must be <= {settings.max_devices} on this service")
         first = _cell(_cell_body(payload, training, p.gpu, p.gpus_per_node, 1), ["pools", i, "gpu"], settings)
-        gpu, per_node = first.request.cluster.gpu.name, first.request.cluster.gpus_per_node
+        gpu = first.request.cluster.gpu.name
+        if any(q["gpu"] == gpu for q in pools):
+            raise _invalid(["pools", i, "gpu"], f"{gpu} is in an earlier pool; each GPU type appears in one pool")
+        per_node = p.gpus_per_node or gpu_preset(gpu).default_gpus_per_node
         try:
             counts = gpu_counts(per_node, p.max_gpus)
         except CapacityError as e:
@@ -126,6 +130,7 @@ def prepare_replan(payload: ReplanIn, session: Session, settings: Settings) -> P
 
 def _cell_body(payload: CapacityIn, training: dict[str, Any], gpu: str, per_node: int | None,
                gpus: int) -> dict[str, Any]:
+    """One cell's plan request: what ``POST /v1/plans`` would be sent for that allocation."""
     cluster: dict[str, Any] = {"gpus": gpus, "gpu": gpu}
     if per_node is not None:
         cluster["gpus_per_node"] = per_node
@@ -174,18 +179,18 @@ def cancel(session: Session, job: Job) -> None:
 
 def outcome(row: CellRow) -> CellOutcome:
     """A cell as the solver library's summary reads it."""
-    base = {"gpu": row.gpu, "gpus": row.gpus}
+    gpu, gpus = row.gpu, row.gpus
     if row.status in (JobStatus.QUEUED.value, JobStatus.RUNNING.value):
-        return CellOutcome(**base, status="pending")
+        return CellOutcome(gpu, gpus, status="pending")
     if row.status == JobStatus.SUCCEEDED.value:
         # A plan document with no memory is the solver's "infeasible": nothing fits.
-        return CellOutcome(**base, status="done", plan_id=str(row.plan_id) if row.plan_id else None,
+        return CellOutcome(gpu, gpus, status="done", plan_id=str(row.plan_id) if row.plan_id else None,
                            fits=bool(row.fits), step_seconds=row.step_seconds, tokens_per_second=row.tokens_per_second)
     err = row.error or {}
     if err.get("code") == "unsolvable":
-        return CellOutcome(**base, status="unsolvable", fits=False, error=str(err.get("message")))
+        return CellOutcome(gpu, gpus, status="unsolvable", fits=False, error=str(err.get("message")))
     status = "cancelled" if row.status == JobStatus.CANCELLED.value else "failed"
-    return CellOutcome(**base, status=status, error=str(err.get("message")) if err else None)
+    return CellOutcome(gpu, gpus, status=status, error=str(err.get("message")) if err else None)
 
 
 def pools_of(request: Mapping[str, Any]) -> tuple[Pool, ...]:
