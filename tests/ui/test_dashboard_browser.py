@@ -256,14 +256,16 @@ def test_a_broken_events_stream_is_resumed_with_last_event_id(page: Any, dashboa
     assert sent[:2] == [None, "1"], sent
 
 
-#: A small sweep (2 pools x the GPU counts up to 4: a few seconds a cell) whose goal picks two cells.
+#: A small sweep (2 pools x 4 GPU counts, up to 8: a few seconds a cell) whose goal picks two cells.
 CAPACITY = {"model": {"preset": "bert-large"}, "training": {"global_batch": 64, "seq_len": 512, "tokens": 2e10},
-            "pools": [{"gpu": "A100-80GB", "gpus_per_node": 4, "max_gpus": 4, "price_per_gpu_hour": 2.0},
-                      {"gpu": "H100-80GB", "gpus_per_node": 4, "max_gpus": 4, "price_per_gpu_hour": 4.0}],
+            "pools": [{"gpu": "A100-80GB", "gpus_per_node": 4, "max_gpus": 8, "price_per_gpu_hour": 2.0},
+                      {"gpu": "H100-80GB", "gpus_per_node": 4, "max_gpus": 8, "price_per_gpu_hour": 4.0}],
             "goal": {"deadline_hours": 30, "budget": 210}, "search": "dp"}
-_LIVE = """() => { const rows = [...document.querySelectorAll("#cells-body tr")];
+_LIVE = """() => { const u = typeof PP === "object" && PP.charts && PP.charts["throughput-chart"];
+  if (!u) return false;
+  const rows = [...document.querySelectorAll("#cells-body tr")];
   const answered = rows.filter((r) => r.dataset.status !== "pending").length;
-  const drawn = PP.charts["throughput-chart"].data.slice(1).flat().filter((v) => v !== null).length;
+  const drawn = u.data.slice(1).flat().filter((v) => v !== null).length;
   return rows.length > 0 && answered > 0 && answered < rows.length && drawn > 0; }"""
 
 
@@ -276,11 +278,12 @@ def _at(cells: list[dict[str, Any]]) -> dict[float, float]:
 
 
 def test_a_capacity_sweep_fills_its_page_live(page: Any, dashboard: Any, login: Login, artifacts: Path) -> None:
+    login(page, dashboard.base + "/ui", dashboard.writer)  # the token is kept for the tab: the page opens at once
     with _client(dashboard, dashboard.writer) as c:
         r = c.post("/v1/capacity", json=CAPACITY)
         assert r.status_code == 202, r.text
         sweep = r.json()["job"]["id"]
-        login(page, dashboard.base + f"/ui/capacity/{sweep}", dashboard.writer)
+        page.goto(dashboard.base + f"/ui/capacity/{sweep}")
         page.wait_for_function(_LIVE, timeout=60_000)  # some cells drawn while others are still pending
         assert "cells" in page.inner_text("#sweep-stage")
         page.wait_for_selector("#sweep-status:text('succeeded')", timeout=120_000)

@@ -144,7 +144,7 @@ const Charts = (() => {
       const color = s.color || PALETTE[k % PALETTE.length];
       uSeries.push({ label: s.label, stroke: color, width: s.line ? 2 : 0, spanGaps: true,
         fill: s.line ? undefined : color, paths: s.line ? undefined : () => null,
-        points: { show: true, size: s.size || 8, width: s.size ? 2 : 1, stroke: s.size ? "#1d232b" : color,
+        points: { show: true, size: s.size || (s.line ? 5 : 8), width: s.size ? 2 : 1, stroke: s.size ? "#1d232b" : color,
           fill: color },
         value: (u, v, si, i) => (i === null || i === undefined ? "–" : fmtY(state.raw[k][i])) });
     });
