@@ -314,3 +314,18 @@ def test_a_capacity_sweep_fills_its_page_live(page: Any, dashboard: Any, login: 
     page.screenshot(path=str(artifacts / "capacity-page.png"), full_page=True)
     page.goto(dashboard.base + f"/ui/jobs/{sweep}")  # the sweep's job page hands over to this page
     page.wait_for_url(f"**/ui/capacity/{sweep}")
+
+
+def test_a_capacity_sweep_is_cancelled_from_its_page(page: Any, dashboard: Any, login: Login) -> None:
+    slow = CAPACITY | {"model": {"preset": "llama-2-70b"},  # 11 cells of a few seconds each
+                       "pools": [{"gpu": "H100-80GB", "gpus_per_node": 8, "max_gpus": 64, "price_per_gpu_hour": 4.0}]}
+    login(page, dashboard.base + "/ui", dashboard.writer)
+    with _client(dashboard, dashboard.writer) as c:
+        r = c.post("/v1/capacity", json=slow)
+        assert r.status_code == 202, r.text
+        sweep = r.json()["job"]["id"]
+        page.goto(dashboard.base + f"/ui/capacity/{sweep}")
+        page.click("#sweep-cancel")
+        page.wait_for_selector("#sweep-status:text('cancelled')", timeout=20_000)
+        assert c.get(f"/v1/jobs/{sweep}").json()["job"]["status"] == "cancelled"
+        assert page.locator("#sweep-cancel").count() == 0

@@ -26,8 +26,6 @@
     actions.replaceChildren();
     if (job.plan_id) actions.append(el("a", { id: "plan-link", class: "button", href: `/ui/plans/${job.plan_id}`,
       text: "Open the plan" }));
-    else if (job.result_url) actions.append(el("a", { id: "result-link", class: "button", href: job.result_url,
-      text: "The result (JSON)" }));
     if (!PP.TERMINAL.has(job.status) && !job.cancel_requested && scopes.includes("plans:write")) {
       const b = el("button", { type: "button", class: "cancel", text: "Cancel" });
       b.addEventListener("click", async () => {
