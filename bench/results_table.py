@@ -41,6 +41,7 @@ ORDER: dict[str, str] = {
     "traced_plan_speed": "planning a traced config.json against its preset",
     "load_presets": "loading and evaluating the largest presets",
     "service_load": "the planning service under load",
+    "capacity_sweep": "a capacity sweep's wall time on 1 and 2 Celery workers, and cached",
 }
 
 

@@ -94,7 +94,7 @@ def capacity_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace, kind: str, body: dict[str, Any]) -> dict[str, Any]:
     from parplan.cli_args import UsageError
-    from parplan.client import ApiError, Client
+    from parplan.client import ApiError, Client, ParplanError
 
     if not (args.url or os.environ.get("PARPLAN_URL")):
         raise UsageError("give --url or set PARPLAN_URL (e.g. http://127.0.0.1:8000)")
@@ -106,6 +106,9 @@ def _run(args: argparse.Namespace, kind: str, body: dict[str, Any]) -> dict[str,
                            if str(x.get("message")) not in e.detail)
         raise UsageError(f"the service answered {e.status}: {e.detail}" + (f" ({fields})" if fields else "")) \
             from None
+    except ParplanError as e:  # unreachable, or the job failed or was cancelled
+        print(f"parplan {kind}: error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _num(x: float | None, fmt: str) -> str:

@@ -21,7 +21,7 @@ pool's smallest fitting cell (1.0 at that cell; below 1 when more GPUs add less 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from parplan.solver.errors import ConfigError
 
@@ -108,13 +108,6 @@ def gpu_counts(gpus_per_node: int, max_gpus: int) -> tuple[int, ...]:
     return tuple(sorted(set(below) | set(nodes)))
 
 
-def check_pool(pool: Pool) -> None:
-    """Raise :class:`CapacityError` naming the first bad field of ``pool``."""
-    if not pool.price_per_gpu_hour > 0:
-        raise CapacityError("price_per_gpu_hour", f"must be greater than 0 (got {pool.price_per_gpu_hour:g})")
-    gpu_counts(pool.gpus_per_node, pool.max_gpus)
-
-
 def _cell(o: CellOutcome, pool: Pool, base_per_gpu: float | None, tokens: float) -> Cell:
     tps = o.tokens_per_second
     if not o.fits or tps is None or tps <= 0:
@@ -180,11 +173,3 @@ def summarise(pools: Sequence[Pool], outcomes: Iterable[CellOutcome], tokens: fl
                    fewest_gpus_that_fit=tuple((p.gpu, fewest_that_fit(cells, p.gpu)) for p in pools),
                    cheapest_meeting_deadline=cheapest, fastest_within_budget=fastest,
                    frontier=frontier(cells), goal_met=goal_met, complete=complete)
-
-
-def pending(gpu: str, gpus: int) -> CellOutcome:
-    return CellOutcome(gpu=gpu, gpus=gpus, status="pending")
-
-
-def with_status(o: CellOutcome, status: str) -> CellOutcome:
-    return replace(o, status=status)

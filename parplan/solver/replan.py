@@ -76,9 +76,12 @@ class Layout:
         return dict(self.degrees).get(axis, (1,))
 
 
-def layout_of(document: Mapping[str, Any]) -> Layout:
-    """The layout of a plan document (``strategy``: ``pp``, ``cp`` and each layer group's degrees)."""
+def layout_of(document: Mapping[str, Any]) -> Layout | None:
+    """The layout of a plan document (``strategy``: ``pp``, ``cp`` and each layer group's degrees);
+    None for a per-operator plan (a device mesh whose axes split operators' dimensions, no degrees)."""
     st = document.get("strategy") or {}
+    if st.get("kind") != "per-layer":
+        return None
     layers = [x for x in st.get("layers") or [] if isinstance(x, Mapping)]
 
     def per_layer(key: str) -> tuple[int, ...]:
@@ -94,15 +97,25 @@ class Change:
     after: tuple[int, ...]
 
 
-def changes(before: Layout, after: Layout) -> tuple[Change, ...]:
+def changes(before: Layout | None, after: Layout | None) -> tuple[Change, ...] | None:
+    """The degrees that differ; None when either plan is per-operator (no degrees to compare)."""
+    if before is None or after is None:
+        return None
     return tuple(Change(a, before.of(a), after.of(a)) for a in AXES if before.of(a) != after.of(a))
 
 
-def blocked(rule: ResumeRule, before: Layout, after: Layout) -> tuple[str, ...]:
-    """Why ``rule``'s checkpoint cannot be loaded into ``after`` (empty: it can)."""
+def blocked(rule: ResumeRule, before: Layout | None, after: Layout | None) -> tuple[str, ...]:
+    """Why ``rule``'s checkpoint cannot be loaded into ``after`` (empty: it can). A per-operator
+    plan loads only where every axis reshards (any placement of every tensor)."""
+    changed = changes(before, after)
+    if changed is None:
+        if rule.reshards == frozenset(AXES):
+            return ()
+        return (f"a per-operator plan's placements are not a TP/PP/DP layout, and a {rule.target} checkpoint "
+                f"({rule.checkpoint}) reshards only {', '.join(sorted(rule.reshards)) or 'nothing'}",)
     return tuple(f"{c.axis} changes {'/'.join(map(str, c.before))} -> {'/'.join(map(str, c.after))}, which a "
                  f"{rule.target} checkpoint ({rule.checkpoint}) does not reshard"
-                 for c in changes(before, after) if c.axis not in rule.reshards)
+                 for c in changed if c.axis not in rule.reshards)
 
 
 def new_gpu_count(gpus: int, gpus_per_node: int, *, new_gpus: int | None = None,

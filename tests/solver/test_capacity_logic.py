@@ -15,11 +15,10 @@ from parplan.solver.capacity import (
     CellOutcome,
     Goal,
     Pool,
-    check_pool,
     gpu_counts,
     summarise,
 )
-from parplan.solver.replan import Layout, blocked, new_gpu_count, rule_for, switch_cost
+from parplan.solver.replan import Layout, blocked, layout_of, new_gpu_count, rule_for, switch_cost
 
 POOLS = (Pool("A100-80GB", 8, 64, 1.5), Pool("H100-80GB", 8, 64, 2.5))
 
@@ -31,8 +30,8 @@ def test_gpu_counts_are_sub_node_powers_of_two_and_whole_nodes() -> None:
     assert gpu_counts(6, 12) == (1, 2, 4, 6, 12)
     assert gpu_counts(1, 3) == (1, 2, 3)
     with pytest.raises(CapacityError) as e:
-        check_pool(Pool("H100-80GB", 8, 8, 0.0))
-    assert e.value.field == "price_per_gpu_hour"
+        gpu_counts(8, 0)
+    assert e.value.field == "max_gpus"
 
 
 @given(st.integers(1, 16), st.integers(1, 300))
@@ -119,6 +118,11 @@ def test_resume_rules_per_target() -> None:
     ds = rule_for("deepspeed")
     assert ds is not None and len(blocked(ds, old, _layout(8, 4, 1))) == 1
     assert rule_for("any") is None
+    # A per-operator (ILP) plan has no degrees: it loads only where every axis reshards.
+    assert layout_of({"strategy": {"kind": "intra-operator", "mesh": {"shape": [2]}}}) is None
+    assert blocked(titan, None, new) == () and len(blocked(dp_only, None, new)) == 1
+    per_layer = {"strategy": {"kind": "per-layer", "pp": 2, "layers": [{"tp": 4, "dp": 2}, {"tp": 2, "dp": 4}]}}
+    assert layout_of(per_layer) == Layout((("tp", (2, 4)), ("pp", (2,)), ("dp", (2, 4)), ("cp", (1,)), ("ep", (1,))))
 
 
 def test_switch_cost_by_hand() -> None:

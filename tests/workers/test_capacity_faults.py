@@ -4,6 +4,9 @@ its cells. One test, so the processes start once."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -80,10 +83,25 @@ def test_a_killed_worker_loses_no_cell_and_cancel_ends_the_cells(pg_url: str, re
             done = s.scalars(select(func.count()).select_from(JobEvent)
                              .where(JobEvent.job_id.in_(ids), JobEvent.status == "succeeded")).one()
             plans = s.scalars(select(func.count()).select_from(Plan)).one()
+            # The sweep's own events count the cells answered, in order, then its end.
+            stages = [d["progress"]["stage"] for d in s.scalars(select(JobEvent.document).where(
+                JobEvent.job_id == uuid.UUID(sweep_id)).order_by(JobEvent.id))]
         assert done == 4 and plans == 4
+        counted = [int(x.split("/")[0]) for x in stages[:-1]]
+        assert stages[0] == "0/4 cells" and stages[-1] == "done" and counted == sorted(set(counted)), stages
+        assert len(counted) >= 2, stages
         assert max(j.attempts for j in cells) <= 2
         again = next(j for j in cells if j.id == held[0].id)  # the victim's cell ran again, elsewhere
         assert again.attempts == 2 and not (again.worker or "").endswith(f":{pool_pid}")
+
+        # The CLI prints the API's document (the same sweep again: every cell cached, a new sweep id).
+        out = subprocess.run([sys.executable, "-m", "parplan.cli", "capacity", "--model", "gpt-7.5b", "--pool",
+                              "H100-80GB:8:8:2.0", "--tokens", "1e9", "--global-batch", "8", "--seq-len", "1024",
+                              "--json"], env={**env, "PARPLAN_URL": base, "PARPLAN_TOKEN": token},
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        cli = json.loads(out.stdout)
+        assert cli["id"] != doc["id"] and {**cli, "id": doc["id"]} == doc
 
         # Cancel a second sweep while its cells run: every cell ends cancelled, none runs on.
         sub = c.post("/v1/capacity", json=_body("gpt-3.6b")).json()

@@ -89,8 +89,9 @@ def replan_document(session: Session, sweep_id: str) -> dict[str, Any]:
                           f"over {solver.get('candidates')} candidates ({solver.get('why')})"]
         return out
     before, after = replan.layout_of(old_doc), replan.layout_of(new[1])
-    out["changes"] = {c.axis: {"before": list(c.before), "after": list(c.after)}
-                      for c in replan.changes(before, after)}
+    changed = replan.changes(before, after)
+    out["changes"] = None if changed is None else {c.axis: {"before": list(c.before), "after": list(c.after)}
+                                                   for c in changed}
     if rule is not None:
         out["reasons"] = list(replan.blocked(rule, before, after))
         out["resumable"] = not out["reasons"]
