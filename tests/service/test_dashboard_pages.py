@@ -18,7 +18,7 @@ from parplan.service.models import Job, JobStatus
 Headers = dict[str, str]
 STATIC = Path(__file__).parents[2] / "parplan" / "service" / "ui" / "static"
 PAGES = ["/ui", "/ui/new", f"/ui/jobs/{uuid.uuid4()}", f"/ui/plans/{uuid.uuid4()}",
-         f"/ui/validations/{uuid.uuid4()}"]
+         f"/ui/validations/{uuid.uuid4()}", f"/ui/capacity/{uuid.uuid4()}"]
 
 
 @pytest.mark.parametrize("path", PAGES)
@@ -37,8 +37,9 @@ def test_pages_are_shells_with_security_headers(client: TestClient, path: str) -
 
 
 def test_every_static_file_is_served_and_loads_nothing_from_elsewhere(client: TestClient) -> None:
-    names = sorted(p.name for p in STATIC.iterdir())
-    assert {"ui.js", "ui.css", "jobs.js", "new.js", "job.js", "plan.js", "validation.js"} <= set(names)
+    names = sorted(p.relative_to(STATIC).as_posix() for p in STATIC.rglob("*") if p.suffix in (".js", ".css"))
+    assert {"ui.js", "ui.css", "jobs.js", "new.js", "job.js", "plan.js", "validation.js", "charts.js", "capacity.js",
+            "vendor/uplot/uPlot.iife.min.js", "vendor/uplot/uPlot.min.css"} <= set(names)
     for name in names:
         r = client.get(f"/ui/static/{name}")
         assert r.status_code == 200 and r.content == (STATIC / name).read_bytes()
@@ -47,13 +48,15 @@ def test_every_static_file_is_served_and_loads_nothing_from_elsewhere(client: Te
     assert client.get("/ui/static/ui.js").headers["content-type"].startswith("text/javascript")
 
 
-@pytest.mark.parametrize("path", ["/ui/static/nope.js", "/ui/static/..%2Fapp.py", "/ui/static/router.py"])
-def test_unknown_files_are_problems(client: TestClient, path: str) -> None:
+@pytest.mark.parametrize("path", ["/ui/static/nope.js", "/ui/static/..%2Fapp.py", "/ui/static/router.py",
+                                  "/ui/static/vendor/..%2F..%2Frouter.py", "/ui/static/vendor/uplot/LICENSE",
+                                  "/ui/static/vendor//uplot/uPlot.min.css", "/ui/static/vendor/uplot/.x.js"])
+def test_unknown_pages_and_files_are_problems(client: TestClient, path: str) -> None:
     r = client.get(path)
     assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
 
 
-@pytest.mark.parametrize("path", ["/ui/jobs/not-a-uuid", "/ui/plans/not-a-uuid", "/ui/plans/1",
+@pytest.mark.parametrize("path", ["/ui/jobs/not-a-uuid", "/ui/plans/not-a-uuid", "/ui/plans/1", "/ui/capacity/x",
                                   "/ui/validations/%3Cb%3E"])
 def test_a_bad_id_gets_the_dashboards_not_found_page(client: TestClient, path: str) -> None:
     r = client.get(path)

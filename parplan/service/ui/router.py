@@ -4,7 +4,7 @@ token); its script reads the ``/v1`` API with the token the user gave, sent as a
 from __future__ import annotations
 
 import html
-from functools import cache
+from functools import lru_cache
 from importlib import resources
 
 from fastapi import APIRouter
@@ -31,7 +31,7 @@ _PAGE = """<!doctype html>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="/ui/static/ui.css">
 <script src="/ui/static/ui.js" defer></script>
-<script src="/ui/static/{script}.js" defer></script>
+{charts}<script src="/ui/static/{script}.js" defer></script>
 </head>
 <body data-page="{script}" data-id="{ident}">
 <header class="top">
@@ -53,6 +53,13 @@ _PAGE = """<!doctype html>
 </main>
 </body>
 </html>
+"""
+
+
+#: What a page with charts loads after ui.js and before its own script: uPlot (vendored, see its README) and charts.js.
+_CHARTS = """<link rel="stylesheet" href="/ui/static/vendor/uplot/uPlot.min.css">
+<script src="/ui/static/vendor/uplot/uPlot.iife.min.js" defer></script>
+<script src="/ui/static/charts.js" defer></script>
 """
 
 
@@ -81,24 +88,30 @@ _NOT_FOUND = """<!doctype html>
 """
 
 
-def page(title: str, script: str, ident: str = "") -> HTMLResponse:
-    body = _PAGE.format(title=html.escape(title), script=script, ident=html.escape(ident))
+def page(title: str, script: str, ident: str = "", charts: bool = False) -> HTMLResponse:
+    body = _PAGE.format(title=html.escape(title), script=script, ident=html.escape(ident),
+                        charts=_CHARTS if charts else "")
     return HTMLResponse(body, headers=SECURITY_HEADERS)
 
 
-def resource_page(title: str, script: str, text: str, what: str) -> HTMLResponse:
+def resource_page(title: str, script: str, text: str, what: str, charts: bool = False) -> HTMLResponse:
     """The page of one resource; for an id that is not one (not a UUID), the not-found page (404)."""
     try:
         ident = parse_id(text, what)
     except NotFoundError:
         message = html.escape(f"There is no {what} {text!r}: {what} ids are UUIDs, as the API gives them.")
         return HTMLResponse(_NOT_FOUND.format(message=message), status_code=404, headers=SECURITY_HEADERS)
-    return page(title, script, str(ident))
+    return page(title, script, str(ident), charts)
 
 
-@cache
+@lru_cache(maxsize=128)
 def _static(name: str) -> bytes | None:
-    path = resources.files("parplan.service.ui").joinpath("static", name)
+    """A file under static/ (a path such as ``vendor/uplot/uPlot.min.css``); None for a name that is not
+    one, or that tries to leave the folder (an empty or dot-led part)."""
+    parts = name.split("/")
+    if any(not p or p.startswith(".") or "\\" in p for p in parts):
+        return None
+    path = resources.files("parplan.service.ui").joinpath("static", *parts)
     return path.read_bytes() if path.is_file() else None
 
 
@@ -124,7 +137,12 @@ async def job_page(job_id: str) -> HTMLResponse:
 
 @router.get("/plans/{plan_id}", response_class=HTMLResponse)
 async def plan_page(plan_id: str) -> HTMLResponse:
-    return resource_page("Plan", "plan", plan_id, "plan")
+    return resource_page("Plan", "plan", plan_id, "plan", charts=True)
+
+
+@router.get("/capacity/{sweep_id}", response_class=HTMLResponse)
+async def capacity_page(sweep_id: str) -> HTMLResponse:
+    return resource_page("Capacity sweep", "capacity", sweep_id, "capacity sweep", charts=True)
 
 
 @router.get("/validations/{validation_id}", response_class=HTMLResponse)
@@ -132,11 +150,11 @@ async def validation_page(validation_id: str) -> HTMLResponse:
     return resource_page("Validation", "validation", validation_id, "validation")
 
 
-@router.get("/static/{name}")
+@router.get("/static/{name:path}")
 async def static_file(name: str) -> Response:
-    """The dashboard's scripts and style sheet (package data)."""
+    """The dashboard's scripts and style sheets, its own and the vendored chart library (package data)."""
     suffix = name[name.rfind("."):] if "." in name else ""
-    data = _static(name) if suffix in _MEDIA_TYPES and "/" not in name and not name.startswith(".") else None
+    data = _static(name) if suffix in _MEDIA_TYPES else None
     if data is None:
         raise NotFoundError(f"no file {name!r}")
     headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}

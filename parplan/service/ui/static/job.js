@@ -41,7 +41,12 @@
   }
 
   try {
-    show((await api(`/v1/jobs/${id}`)).data.job);
+    const first = (await api(`/v1/jobs/${id}`)).data.job;
+    if (first.kind === "capacity") {  // a sweep has a page of its own, live too
+      location.replace(`/ui/capacity/${id}`);
+      return;
+    }
+    show(first);
     const job = await PP.follow(id, show);
     if (job.status === "succeeded" && job.plan_id) {
       status("done; opening the plan…");

@@ -30,7 +30,9 @@
 
   function row(job) {
     const s = job.request_summary || {};
-    const actions = el("span", { class: "actions" }, el("a", { href: `/ui/jobs/${job.id}`, text: "job" }));
+    const sweep = job.kind === "capacity";
+    const actions = el("span", { class: "actions" }, el("a", { href: sweep ? `/ui/capacity/${job.id}`
+      : `/ui/jobs/${job.id}`, text: sweep ? "capacity" : "job" }));
     if (job.plan_id) actions.append(" ", el("a", { href: `/ui/plans/${job.plan_id}`, text: "plan" }));
     if (canWrite && !PP.TERMINAL.has(job.status) && !job.cancel_requested) {
       const b = el("button", { type: "button", class: "cancel", "data-job": job.id, text: "cancel" });
@@ -42,7 +44,7 @@
         ? "cancelling" : job.status })),
       el("td", {}, PP.progressCell(job)),
       el("td", { text: s.model || "–" }),
-      el("td", { text: s.gpus ? `${s.gpus} × ${s.gpu}` : "–" }),
+      el("td", { text: s.gpus ? `${s.gpus} × ${s.gpu}` : job.kind && job.kind !== "plan" ? `${job.kind} sweep` : "–" }),
       el("td", { text: s.objective || "–" }),
       el("td", { text: s.target || "–" }),
       el("td", { text: PP.when(job.created_at) }),

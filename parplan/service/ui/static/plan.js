@@ -1,12 +1,16 @@
 // /ui/plans/{id}: strategy, memory per pipeline stage, step time, baselines, the Pareto frontier
-// and the exports (all charts are inline SVG built here).
+// and the exports (charts by charts.js).
 "use strict";
 
 (async () => {
-  const { el, svg, api, fail, gib } = PP;
+  const { el, api, fail, gib, GIB } = PP;
   const id = PP.pageId();
   const content = document.getElementById("content");
   const CATEGORIES = ["parameters", "gradients", "optimizer_states", "activations", "temporary"];
+  const COLORS = { parameters: "#4e79a7", gradients: "#f28e2b", optimizer_states: "#76b7b2", activations: "#e15759",
+    temporary: "#b07aa1" };
+  const BASELINE_COLORS = ["#59a14f", "#8a8f96", "#9c755f", "#edc948", "#ff9da7"];
+  const ACCENT = "#2457a6", DEVICE = "#b3261e";
   document.getElementById("title").textContent = `Plan ${id}`;
   PP.who();
 
@@ -48,44 +52,21 @@
     return out.length ? out : [el("p", { text: "no per-layer detail in this plan" })];
   }
 
-  function legend() {
-    return el("p", { class: "legend" }, CATEGORIES.map((c) => el("span", { class: `key cat-${c}` }, c)));
-  }
-
-  /** One stacked bar per pipeline stage: bytes by category, against the device's memory. */
+  /** One stacked bar per pipeline stage: GiB by category, a dot at the stage's peak, the device's memory. */
   function stageMemoryChart(doc) {
     // Per-operator (ILP) plans have no pipeline: one bar for the device.
     const stages = doc.memory.stages && doc.memory.stages.length ? doc.memory.stages
       : [{ stage: 0, breakdown: doc.memory.breakdown, peak_bytes: doc.memory.peak_bytes }];
     const device = doc.memory.device_memory_bytes || doc.cluster.device_memory_bytes;
-    const W = 640, rowH = 28, left = 70, right = 20, top = 20;
-    const H = top + stages.length * (rowH + 10) + 30;
-    const sums = stages.map((s) => CATEGORIES.reduce((a, c) => a + (s.breakdown[c] || 0), 0));
-    const scaleMax = Math.max(device, ...sums, 1);
-    const x = (b) => left + (b / scaleMax) * (W - left - right);
-    const chart = svg("svg", { id: "stage-memory-chart", class: "chart", viewBox: `0 0 ${W} ${H}`, width: W,
-      height: H, role: "img", "aria-label": "memory per pipeline stage by category" });
-    stages.forEach((s, i) => {
-      const y = top + i * (rowH + 10);
-      let at = 0;
-      chart.append(svg("text", { x: 4, y: y + rowH / 2 + 4, class: "axis", text: `stage ${s.stage}` }));
-      for (const c of CATEGORIES) {
-        const b = s.breakdown[c] || 0;
-        if (b <= 0) continue;
-        chart.append(svg("rect", { x: x(at), y, width: Math.max(0.5, x(at + b) - x(at)), height: rowH,
-          class: `cat-${c}`, "data-category": c }, svg("title", { text: `stage ${s.stage} ${c}: ${gib(b)} GiB` })));
-        at += b;
-      }
-      chart.append(svg("line", { x1: x(s.peak_bytes), x2: x(s.peak_bytes), y1: y - 3, y2: y + rowH + 3,
-        class: "peak" }, svg("title", { text: `stage ${s.stage} peak: ${gib(s.peak_bytes)} GiB` })));
-    });
-    const yEnd = H - 24;
-    chart.append(svg("line", { x1: x(device), x2: x(device), y1: 8, y2: yEnd, class: "device" }),
-      svg("text", { x: x(device) - 4, y: H - 8, class: "axis end", text: `device ${gib(device)} GiB` }),
-      svg("text", { x: left, y: H - 8, class: "axis", text: "0" }));
-    return [legend(), chart,
-      el("p", { class: "hint", text: "Bars: each category at its own peak; the dark tick is the stage's peak " +
-        "(the busiest moment, at most their sum); the red line is the device's memory." })];
+    const chart = Charts.stackedBars("stage-memory-chart", {
+      groups: stages.map((s) => `stage ${s.stage}`),
+      stack: CATEGORIES.map((c) => ({ label: c, color: COLORS[c], values: stages.map((s) => (s.breakdown[c] || 0) / GIB) })),
+      marks: [{ label: "stage peak", color: "#111", values: stages.map((s) => s.peak_bytes / GIB) }],
+      limits: [{ label: "device memory", color: DEVICE, value: device / GIB }],
+      y: { label: "GiB", format: (v) => v.toFixed(2) } });
+    return [...chart, el("p", { class: "hint", text: "Bars: each category at its own peak; the dark dot is the stage's " +
+      "peak (the busiest moment, at most their sum); the dashed red line is the device's memory. Point at a bar " +
+      "for its values." })];
   }
 
   // The step beyond the slowest stage's micro-batches (time.bubble_fraction), named for what it is:
@@ -146,55 +127,23 @@
       .sort((a, b) => a.step_seconds - b.step_seconds);
     const others = Object.entries(doc.baselines || {}).filter(([, b]) => b && b.memory)
       .map(([n, b]) => ({ name: n, step_seconds: b.time.step_seconds, peak_bytes: b.memory.peak_bytes }));
-    const chosen = { name: "chosen", step_seconds: doc.time.step_seconds, peak_bytes: doc.memory.peak_bytes };
-    const pts = [...frontier, ...others, chosen];
-    const W = 640, H = 360, L = 64, R = 20, T = 16, B = 44;
+    const chosen = { step_seconds: doc.time.step_seconds, peak_bytes: doc.memory.peak_bytes };
     const device = doc.memory.device_memory_bytes;
-    // Points far above the device's memory (a baseline that does not fit) are drawn on the top edge.
+    // Baselines far above the device's memory (one that does not fit) are drawn on the top edge.
     const inScale = [...frontier, chosen, ...others.filter((p) => p.peak_bytes <= 1.5 * device)];
-    const xs = pts.map((p) => p.step_seconds), ys = inScale.map((p) => p.peak_bytes).concat([device]);
-    const pad = (lo, hi) => (hi > lo ? [lo - (hi - lo) * 0.08, hi + (hi - lo) * 0.08] : [lo * 0.9, hi * 1.1 + 1e-9]);
-    const [x0, x1] = pad(Math.min(...xs), Math.max(...xs));
-    const y0 = 0, y1 = Math.max(...ys) * 1.08;
-    const X = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R);
-    const Y = (v) => H - B - ((v - y0) / (y1 - y0)) * (H - T - B);
-    const chart = svg("svg", { id: "pareto-chart", class: "chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H,
-      role: "img", "aria-label": "peak memory against step time" });
-    chart.append(svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axisline" }),
-      svg("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axisline" }));
-    for (let i = 0; i <= 4; i++) {
-      const xv = x0 + ((x1 - x0) * i) / 4, yv = y0 + ((y1 - y0) * i) / 4;
-      chart.append(svg("text", { x: X(xv), y: H - B + 16, class: "axis middle", text: PP.seconds(xv) }),
-        svg("text", { x: L - 6, y: Y(yv) + 4, class: "axis end", text: gib(yv) }));
-    }
-    chart.append(svg("text", { x: (L + W) / 2, y: H - 6, class: "axis middle", text: "step time" }),
-      svg("text", { x: 12, y: (T + H - B) / 2, class: "axis", text: "GiB",
-        transform: `rotate(-90 12 ${(T + H - B) / 2})` }));
-    if (device <= y1) {
-      chart.append(svg("line", { x1: L, x2: W - R, y1: Y(device), y2: Y(device), class: "device" }),
-        svg("text", { x: L + 6, y: Y(device) - 4, class: "axis", text: "device memory" }));
-    }
-    if (frontier.length > 1) {
-      chart.append(svg("polyline", { class: "frontier", points: frontier.map((p) => `${X(p.step_seconds)},${Y(p.peak_bytes)}`).join(" ") }));
-    }
-    for (const p of frontier) {
-      chart.append(svg("circle", { cx: X(p.step_seconds), cy: Y(p.peak_bytes), r: 4, class: "point frontier-point" },
-        svg("title", { text: `${p.summary || "frontier"}: ${gib(p.peak_bytes)} GiB, ${PP.seconds(p.step_seconds)}` })));
-    }
-    for (const p of others) {
-      const off = p.peak_bytes > y1;
-      const py = off ? T : Y(p.peak_bytes);
-      chart.append(svg("rect", { x: X(p.step_seconds) - 4, y: py - 4, width: 8, height: 8,
-        class: "point baseline-point", "data-baseline": p.name },
-        svg("title", { text: `${p.name}: ${gib(p.peak_bytes)} GiB, ${PP.seconds(p.step_seconds)}` })),
-        svg("text", { x: X(p.step_seconds) + (X(p.step_seconds) > W * 0.75 ? -7 : 7), y: py + (off ? 14 : -6),
-          class: X(p.step_seconds) > W * 0.75 ? "axis end" : "axis", text: off ? `${p.name} ↑ ${gib(p.peak_bytes)} GiB` : p.name }));
-    }
-    chart.append(svg("circle", { id: "chosen-point", cx: X(chosen.step_seconds), cy: Y(chosen.peak_bytes), r: 7,
-      class: "point chosen" }, svg("title", { text: `chosen: ${gib(chosen.peak_bytes)} GiB, ${PP.seconds(chosen.step_seconds)}` })),
-    svg("text", { x: X(chosen.step_seconds) + 9, y: Y(chosen.peak_bytes) + 14, class: "axis chosen-label", text: "chosen" }));
-    return [chart, el("p", { class: "hint", text: `${frontier.length} frontier point(s) (circles, joined), ` +
-      "baselines (squares), the chosen plan (large circle)." })];
+    const point = (p, info) => ({ x: p.step_seconds, y: p.peak_bytes / GIB, info });
+    const series = [{ label: "frontier", color: ACCENT, line: true,
+      points: frontier.map((p) => point(p, p.summary || null)) },
+    ...others.map((p, k) => ({ label: p.name, color: BASELINE_COLORS[k % BASELINE_COLORS.length], labelled: true,
+      points: [point(p, null)] })),
+    { label: "chosen", color: "#f2a900", size: 14, labelled: true, points: [point(chosen, (doc.strategy || {}).summary)] }];
+    const chart = Charts.scatter("pareto-chart", { series,
+      x: { label: "step time", format: PP.seconds },
+      y: { label: "peak memory (GiB)", format: (v) => v.toFixed(2),
+        max: Math.max(device, ...inScale.map((p) => p.peak_bytes)) / GIB },
+      limits: [{ label: "device memory", color: DEVICE, value: device / GIB }] });
+    return [...chart.nodes, el("p", { class: "hint", text: `${frontier.length} frontier point(s) (joined), the baselines ` +
+      "and the chosen plan (large). Point for values; drag across to zoom, double-click to reset." })];
   }
 
   function exports(doc) {

@@ -1,10 +1,9 @@
 // parplan dashboard: what every page shares. Plain DOM built from text (never parsed HTML), fetch with the
-// token from sessionStorage as a header, Server-Sent Events read from fetch, SVG helpers.
+// token from sessionStorage as a header, Server-Sent Events read from fetch.
 "use strict";
 
 const PP = (() => {
   const TOKEN_KEY = "parplan.token";
-  const SVG_NS = "http://www.w3.org/2000/svg";
   const GIB = 2 ** 30;
   const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 
@@ -24,16 +23,6 @@ const PP = (() => {
       if (k === "text") node.textContent = String(v);
       else if (k === "on") for (const [ev, fn] of Object.entries(v)) node.addEventListener(ev, fn);
       else node.setAttribute(k, v === true ? "" : String(v));
-    }
-    return append(node, children);
-  }
-
-  function svg(tag, attrs, ...children) {
-    const node = document.createElementNS(SVG_NS, tag);
-    for (const [k, v] of Object.entries(attrs || {})) {
-      if (v === null || v === undefined) continue;
-      if (k === "text") node.textContent = String(v);
-      else node.setAttribute(k, String(v));
     }
     return append(node, children);
   }
@@ -216,6 +205,6 @@ const PP = (() => {
 
   const pageId = () => document.body.dataset.id;
 
-  return { el, svg, api, ApiError, status, fail, who, gib, pct, seconds, when, duration, progressCell, follow,
+  return { el, api, ApiError, status, fail, who, gib, pct, seconds, when, duration, progressCell, follow,
            table, pageId, TERMINAL, GIB, append };
 })();
