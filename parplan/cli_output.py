@@ -61,8 +61,8 @@ def plan_table(doc: dict[str, Any], pareto: bool = False) -> str:
             lines.append(f"  {name:<16s}  (none applies)")
             continue
         rel = (doc.get("relative") or {}).get(name) or {}
-        ratio = f"{rel['memory']:.2f}" if rel else "-"
-        thr = f"{rel['throughput']:.2f}" if rel else "-"
+        ratio = f"{rel['memory']:.2f}" if rel.get("memory") is not None else "-"
+        thr = f"{rel['throughput']:.2f}" if rel.get("throughput") is not None else "-"
         fit = "" if b["fits"] else " (does not fit)"
         lines.append(f"  {name:<16s} {b['memory']['peak_bytes'] / GIB:9.2f} {b['time']['step_seconds']:8.3f}   "
                      f"{ratio:>10s}   {thr:>12s}        {b['strategy']['summary']}{fit}")

@@ -373,12 +373,18 @@ def evaluation_document(e: Evaluation) -> Document:
             "memory": memory_document(e.memory_report()), "time": time_document(e.time_report())}
 
 
-def _relative(r: PlanResult, base: Evaluation | None) -> dict[str, float] | None:
+def _ratio(value: float, base: float) -> float | None:
+    """``value / base``; None (JSON null) where the base is 0 (a graph that names no tokens has no
+    throughput to compare)."""
+    return value / base if base else None
+
+
+def _relative(r: PlanResult, base: Evaluation | None) -> dict[str, float | None] | None:
     if base is None or r.memory is None or r.time is None:
         return None
-    return {"memory": round(r.memory.peak_bytes) / base.memory.peak_bytes,
-            "time": r.time.step_seconds / base.time.step_seconds,
-            "throughput": r.time.tokens_per_second / base.time.tokens_per_second}
+    return {"memory": _ratio(round(r.memory.peak_bytes), base.memory.peak_bytes),
+            "time": _ratio(r.time.step_seconds, base.time.step_seconds),
+            "throughput": _ratio(r.time.tokens_per_second, base.time.tokens_per_second)}
 
 
 def _target_document(r: PlanResult, t: TargetReport) -> Document:

@@ -26,3 +26,19 @@ def test_the_target_line_says_less_or_more(saved: float, secs: float, words: str
     line = next(ln for ln in text.splitlines() if ln.startswith("target"))
     assert line == f"target    megatron (buffers of the megatron runtime): vs its baseline megatron, {words}"
     assert "saved" not in text and "-21.41" not in text
+
+
+def test_a_graph_without_tokens_plans_with_no_throughput_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    """A graph that names no tokens (an MLP) has 0 tokens/s: its baselines' throughput ratio is null
+    in JSON and "-" in the table, not a division by zero."""
+    import json
+
+    from parplan.cli import main
+
+    args = ["plan", "--model", "tests/data/mlp_graph.json", "--gpus", "1", "--global-batch", "1024"]
+    assert main([*args, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["time"]["tokens_per_second"] == 0
+    assert all(rel is None or rel["throughput"] is None for rel in doc["relative"].values())
+    assert main(args) == 0
+    assert "throughput ratio" in capsys.readouterr().out
