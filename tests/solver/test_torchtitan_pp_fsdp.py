@@ -25,7 +25,6 @@ from parplan.solver.cost.runtime import CUBLAS_WORKSPACE_BYTES, FSDP, IN_PLACE, 
 from parplan.solver.cost.timeline import NUMBERS, StepOptions, StepUnit, kept_between_microbatches
 from parplan.solver.frontends.builder import build_graph
 from parplan.solver.frontends.config import TransformerConfig
-
 from parplan.solver.strategy import ParallelConfig, Schedule
 
 
