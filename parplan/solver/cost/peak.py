@@ -19,7 +19,7 @@ from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.loss_loop import LossLoop, loop_peak
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.runtime import DataParallelBuffers
-from parplan.solver.cost.timeline import NUMBERS, StepOptions, StepUnit, Tied, step_moments
+from parplan.solver.cost.timeline import NUMBERS, StepOptions, StepUnit, Tied, kept_between_microbatches, step_moments
 from parplan.solver.cost.unit_strategy import UnitStrategy, local_elems
 from parplan.solver.cost.units import GraphCosts, UnitCost
 
@@ -46,6 +46,10 @@ class StageUnit:
 class StagePeak:
     above_resident: float  # one micro-batch's saved tensors + every temporary, at the busiest moment
     temporary: float  # the temporaries' own peak over the step (gathered weights, gradients, buffers)
+    #: weights and gradients kept unsharded between micro-batches (pipelining with accumulation),
+    #: :func:`~parplan.solver.cost.timeline.kept_between_microbatches`
+    kept_weights: float = 0.0
+    kept_grads: float = 0.0
 
 
 def stage_unit(name: str, costs: GraphCosts, strategy: UnitStrategy, cost: UnitCost, is_block: bool,
@@ -85,7 +89,7 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     for m in step_moments(NUMBERS, walked, shared_act_bytes, tied, options):
         above = max(above, m.total(NUMBERS))
         temporary = max(temporary, m.temporaries(NUMBERS))
-    return StagePeak(above, temporary)
+    return StagePeak(above, temporary, *kept_between_microbatches(NUMBERS, walked, tied, options))
 
 
 def _numeric(u: StageUnit, created_grads: float, prec: Precision) -> StepUnit[float]:

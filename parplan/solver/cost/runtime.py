@@ -34,7 +34,12 @@ Megatron-LM frees or never makes; each rule below was found by the agent's measu
   (not under ``torch.distributed.pipelining``, which drives DDP's synchronisation itself);
 - gradient accumulation under FSDP2 (and ``replicate``) skips gradient synchronisation until the
   last micro-batch, so every gathering unit's unsharded gradient lives from the first
-  micro-batch's backward to the last's;
+  micro-batch's backward to the last's; under ``torch.distributed.pipelining`` its
+  ``backward_maybe_with_nosync`` also turns resharding after backward off for every backward of a
+  stage but its last, and torchtitan does not reshard after forward with pipelining
+  (``reshard_after_forward = not pp_enabled``), so a stage's weights stay gathered from its first
+  forward to its last backward: under the interleaved schedules each chunk of a device is such a
+  stage, and all of them hold theirs while any one runs (:func:`~.timeline.kept_between_microbatches`);
 - pipelining: ``torch.distributed.pipelining`` keeps the output a stage sent for each micro-batch
   until that micro-batch's backward (Megatron-LM frees the output's data once it is sent), and
   allocates, before the step, a receive buffer for every micro-batch's input activation and output

@@ -245,9 +245,7 @@ def stage_memory(p: MemoryPricer, plan: LayerPlan, stage: int, layout: PlanLayou
     # freed when it ends (Runtime.grads_each_microbatch): the walk of every micro-batch is the first's
     anew = plan.runtime.grads_each_microbatch
     walked = stage_peak(sums.walk, prec, shared_act, gc.tied_within(units, us), gc.tied_gradient_workspace(units, us),
-                        accumulating=(plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded(plan.pp > 1)
-                                      and not plan.sync_every_microbatch),
-                        pipelined=plan.pp > 1 and plan.runtime.holds_stage_outputs,
+                        accumulating=_accumulating(plan), pipelined=_pipelined(plan),
                         created_grads=(sums.unit_grads if grads_later
                                        else [u.own_param_bytes for u in sums.walk] if anew else None),
                         shared_grads=shared.bytes.gradients if grads_later else 0.0,
@@ -262,6 +260,18 @@ def stage_memory(p: MemoryPricer, plan: LayerPlan, stage: int, layout: PlanLayou
                                 temporary=max(walked.temporary, optimizer, rebuilt_buckets) + fixed)
     red = states.redundant.replace(activations=act_red * flight)
     return StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + fixed + pinned)
+
+
+def _accumulating(plan: LayerPlan) -> bool:
+    """Whether gathering units keep their unsharded gradients over the step's micro-batches
+    (:meth:`~parplan.solver.cost.runtime.Runtime.accumulates_unsharded`)."""
+    return (plan.num_microbatches > 1 and plan.runtime.accumulates_unsharded(plan.pp > 1)
+            and not plan.sync_every_microbatch)
+
+
+def _pipelined(plan: LayerPlan) -> bool:
+    """Whether ``torch.distributed.pipelining`` runs the stages (its FSDP2 handling, stage outputs)."""
+    return plan.pp > 1 and plan.runtime.holds_stage_outputs
 
 
 def pipeline_boundaries(p: Links, plan: LayerPlan, stage: int, by_stage: list[list[str]],
@@ -303,6 +313,7 @@ class _Interleaved:
     walks: list[float] = dataclasses.field(default_factory=list)  # each chunk's walk above resident
     sent: list[float] = dataclasses.field(default_factory=list)  # each chunk's output sent
     grads_sent: list[float] = dataclasses.field(default_factory=list)  # each chunk's input gradient sent back
+    kept: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # (weights, grads) kept unsharded
 
 
 def _add_chunk(p: Links, plan: LayerPlan, vs: int, chunk: list[str], all_by_vstage: list[list[str]],
@@ -336,8 +347,10 @@ def _add_chunk(p: Links, plan: LayerPlan, vs: int, chunk: list[str], all_by_vsta
         acc.receive += plan.num_microbatches * (received + out)  # activations in, gradients in
     acc.acts.append(act + shared_act)
     acc.reds.append(red + shared_red)
-    acc.walks.append(stage_peak(walk, prec, shared_act, gc.tied_within(chunk, us),
-                                gc.tied_gradient_workspace(chunk, us)).above_resident)
+    walked = stage_peak(walk, prec, shared_act, gc.tied_within(chunk, us), gc.tied_gradient_workspace(chunk, us),
+                        accumulating=_accumulating(plan), pipelined=_pipelined(plan))
+    acc.walks.append(walked.above_resident)
+    acc.kept.append((walked.kept_weights, walked.kept_grads))
     acc.sent.append(out)
     acc.grads_sent.append(received)  # the input gradient sent back is the size of the input received
 
@@ -347,9 +360,10 @@ def _rank_order_peaks(acc: _Interleaved, plan: LayerPlan, stage: int) -> tuple[f
     forwards and backwards."""
     v = len(acc.acts)
     torch = plan.runtime.holds_stage_outputs
+    m = plan.num_microbatches
     live, forwards, backwards = [0] * v, [0] * v, [0] * v
     above = act_peak = 0.0
-    for kind, k in interleaved_rank_order(plan.pp, v, plan.num_microbatches, stage):
+    for kind, k in interleaved_rank_order(plan.pp, v, m, stage):
         if kind == "F":
             live[k] += 1
             forwards[k] += 1
@@ -357,8 +371,14 @@ def _rank_order_peaks(acc: _Interleaved, plan: LayerPlan, stage: int) -> tuple[f
         # PyTorch keeps every send's handle, and what it sent, until the step ends
         handles = sum((f - n) * o + b * g for f, n, b, o, g in zip(forwards, live, backwards, acc.sent,
                                                                   acc.grads_sent, strict=True)) if torch else 0.0
+        # the other chunks' weights, gathered since their first forward, and their unsharded
+        # gradients, accumulated since their first backward, until their last backward (the chunk's
+        # own are in its walk): torch.distributed.pipelining's stage.backward_maybe_with_nosync
+        # turns FSDP2's reshard after backward and gradient sync off for all but a stage's last
+        others = sum((w if forwards[j] else 0.0) + (g if backwards[j] else 0.0)
+                     for j, (w, g) in enumerate(acc.kept) if j != k and backwards[j] < m)
         act_peak = max(act_peak, held + handles)
-        above = max(above, held - acc.acts[k] + acc.walks[k] + handles)
+        above = max(above, held - acc.acts[k] + acc.walks[k] + handles + others)
         if kind == "B":
             live[k] -= 1
             backwards[k] += 1

@@ -157,6 +157,19 @@ def step_moments(alg: Algebra[Q], units: Sequence[StepUnit[Q]], shared_act: Q, t
     yield from w.last_backward(tied, keep)
 
 
+def kept_between_microbatches(alg: Algebra[Q], units: Sequence[StepUnit[Q]], tied: Tied[Q] | None,
+                              options: StepOptions[Q]) -> tuple[Q, Q]:
+    """(weights, gradients) ``units`` keep unsharded between their micro-batches, from their first
+    forward (weights) or first backward (gradients) to their last backward: under pipelining with
+    accumulation every gathering unit's weights (FSDP2 without resharding, as ``torch.distributed.
+    pipelining`` runs every backward but a stage's last) and its accumulated unsharded gradients;
+    nothing otherwise. What another chunk of the same device holds while one runs (interleaved)."""
+    w = _Walk(alg, units, alg.zero(), options)
+    w.set_tied(tied)
+    weights = alg.add(w.root_params, w.all_gathered) if w.still_gathered else alg.zero()
+    return weights, w.accumulated
+
+
 class _Walk(Generic[Q]):
     """The walk's running state: saved tensors before each unit, gathered weights, made gradients."""
 
