@@ -43,7 +43,6 @@ from typing import Any
 from _common import header
 
 from parplan.solver.baselines import Candidate, UniformEvaluator
-from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.planner import solve
 from parplan.solver.request import PlanRequest, parse_plan_request
@@ -54,7 +53,8 @@ from parplan.solver.targets import SPECS, Target, runnable
 CASES = [("llama-3-8b", 8, "A100-80GB", 32), ("gpt-18.4b", 64, "H100-80GB", 256),
          ("mixtral-8x7b", 64, "H100-80GB", 128), ("llama-3-70b", 256, "H100-80GB", 512),
          ("mixtral-8x22b", 512, "B200-180GB", 1024), ("llama-2-70b", 1024, "A100-80GB", 1024),
-         ("gpt3-175b", 2048, "B200-180GB", 1536), ("llama-3-405b", 16384, "H100-80GB", 2048)]
+         ("gpt3-175b", 2048, "B200-180GB", 1536), ("gpt-145.6b", 16384, "H100-80GB", 4096),
+         ("llama-3-405b", 16384, "H100-80GB", 2048)]
 QUICK = CASES[:1]
 
 
