@@ -185,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         if gr.step_seconds and meg_s and any_s:
             sp_meg.append(gr.step_seconds / meg_s)
             sp_any.append(gr.step_seconds / any_s)
-        g_s = f"{gr.step_seconds:.3f}" if gr.step_seconds else "-"
+        g_s, m_s, a_s = (f"{s:.3f}" if s else "-" for s in (gr.step_seconds, meg_s, any_s))
         print(f"| {model} | {gpus} | {gpu} | {gb} | {gr.size} ({gr.pruned}) | {gr.best or 'nothing fits'} | {g_s} "
-              f"| {meg} | {meg_s or 0:.3f} | {anyp} | {any_s or 0:.3f} | {ratio[0]} | {ratio[1]} "
+              f"| {meg} | {m_s} | {anyp} | {a_s} | {ratio[0]} | {ratio[1]} "
               f"| {few['grid']} / {few['megatron']} / {few['any']} | {time.perf_counter() - t0:.0f} |", flush=True)
     if sp_any:
         gm = [math.exp(sum(map(math.log, xs)) / len(xs)) for xs in (sp_meg, sp_any)]
