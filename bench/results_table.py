@@ -38,6 +38,8 @@ ORDER: dict[str, str] = {
     "search_speed": "the per-layer DP search",
     "ilp_solve_time": "the ILP search",
     "target_speed": "planning for a target trainer",
+    "plan_vs_tuned": "parplan's max-throughput plans (targets megatron and any) against the best uniform "
+                     "Megatron-LM configuration of an exhaustive grid, predicted",
     "traced_plan_speed": "planning a traced config.json against its preset",
     "load_presets": "loading and evaluating the largest presets",
     "service_load": "the planning service under load",

@@ -1,0 +1,26 @@
+"""bench/plan_vs_tuned.py's grid prices every Megatron-LM configuration (model-states floor aside);
+the ``megatron`` target's plan skips what its time floors rule out. Both search the same
+enumeration, so the exhaustive grid is the oracle of the target's pruned search."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from parplan.solver.planner import solve
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+
+
+def test_exhaustive_grid_finds_the_megatron_plan() -> None:
+    sys.path.insert(0, BENCH)
+    try:
+        import plan_vs_tuned as bench
+    finally:
+        sys.path.remove(BENCH)
+    case = ("gpt-1.7b", 8, "A100-40GB", 32)
+    grid = bench.grid(bench.request(*case, "megatron"))
+    doc = solve(bench.request(*case, "megatron"))
+    assert grid.size > 100 and grid.step_seconds is not None
+    assert doc["strategy"]["summary"] == grid.best
+    assert doc["time"]["step_seconds"] == grid.step_seconds
