@@ -34,8 +34,8 @@ from _common import header
 
 from parplan.solver.cluster import GIB, Cluster, make_cluster
 from parplan.solver.cost.activations import Recompute
-from parplan.solver.cost.units import GraphCosts
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.units import GraphCosts
 from parplan.solver.device_memory import device_memory, verdict
 from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.evaluate import evaluate_graph
@@ -265,15 +265,17 @@ def _fmt(x: float | None, pct: bool = False) -> str:
 def row_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Every row but the Playbook's (summarised by :func:`playbook_lines`), one line each."""
     lines = ["| row | counter | outcome | layout | published GiB | allocated GiB | reserved GiB | usable GiB | "
-             "error | verdict | shown apart |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+             "error | verdict | shown apart |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
         if r["source"] == "ultrascale_playbook":
             continue
         verdict_text = "-" if "fits" not in r else ("fits" if r["fits"] else "does not fit") + (
             " (WRONG)" if r["wrong_verdict"] else "")
-        lines.append(f"| {r['id']} | {r['counter']} | {r['outcome']} | {r.get('layout', r.get('not_priced', '-'))} | "
-                     f"{_fmt(r.get('published_gib'))} | {_fmt(r.get('allocated_gib'))} | {_fmt(r.get('reserved_gib'))} | "
-                     f"{_fmt(r.get('usable_gib'))} | {_fmt(r.get('error'), True)} | {verdict_text} | {r['apart'] or ''} |")
+        cells = [r["id"], r["counter"], r["outcome"], r.get("layout", r.get("not_priced", "-")),
+                 _fmt(r.get("published_gib")), _fmt(r.get("allocated_gib")), _fmt(r.get("reserved_gib")),
+                 _fmt(r.get("usable_gib")), _fmt(r.get("error"), True), verdict_text, r["apart"] or ""]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
 
 
