@@ -31,6 +31,8 @@ ORDER: dict[str, str] = {
     "ilp_plan_accuracy": "memory of ILP plans executed with DTensor, against their prediction",
     "gloo_held_gathers": "the gloo all-gather outputs that outlive their call, and what they add to a peak",
     "time_model_accuracy": "step time predicted against published training runs",
+    "memory_accuracy_published": "allocated and reserved peaks and the fit verdict against the published memory of "
+                                 "multi-GPU training runs",
     "kernel_model_accuracy": "the kernel time model against kernels timed on an H100",
     "reprice_gpu_single": "single-GPU H100 runs, their measured step time against today's prediction",
     "paper_table2": "the memory-redundancy paper's Table 2 in parplan's cost model",

@@ -116,9 +116,7 @@ def _memory_table(doc: dict[str, Any]) -> str:
     ]
     for cat in CATEGORIES:
         lines.append(f"  {cat:<18s}          {gib(mem['breakdown'][cat])}  {gib(mem['redundant'][cat])}")
-    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
-    lines.append(f"  {'peak':<18s}          {gib(mem['peak_bytes'])}  ({verdict} in "
-                 f"{mem['device_memory_bytes'] / GIB:.1f} GiB)")
+    lines.append(f"  {'peak':<18s}          {gib(mem['peak_bytes'])}  ({_verdict(mem)})")
     total = sum(mem["breakdown"][cat] for cat in CATEGORIES)
     if mem["peak_bytes"] < total * (1 - 1e-9):
         lines.append(f"  (each category at its own peak; they add up to {total / GIB:.2f} GiB, but they do not "
@@ -233,8 +231,15 @@ def _layer_table(doc: dict[str, Any]) -> str:
     lines += ["", f"most loaded device: stage {mem['peak_stage']}  (GiB)       held  redundant"]
     for cat in CATEGORIES:
         lines.append(f"  {cat:<18s}          {gib(mem['breakdown'][cat])}  {gib(mem['redundant'][cat])}")
-    lines.append(f"  {'peak':<18s}          {gib(mem['peak_bytes'])}  ({'fits' if mem['fits'] else 'DOES NOT FIT'})")
+    lines.append(f"  {'peak':<18s}          {gib(mem['peak_bytes'])}  ({_verdict(mem)})")
     return "\n".join(lines + _step_time_lines(t, s["pp"]))
+
+
+def _verdict(mem: dict[str, Any]) -> str:
+    """The fit verdict in words: the reserved peak against the device's usable memory."""
+    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
+    return (f"reserved {mem['reserved_peak_bytes'] / GIB:.2f} GiB {verdict} in {mem['usable_bytes'] / GIB:.2f} "
+            f"GiB usable of {mem['device_memory_bytes'] / GIB:.1f}")
 
 
 def _model_spec(model: ModelSource, seq_len: int) -> dict[str, Any]:

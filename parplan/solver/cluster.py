@@ -85,6 +85,11 @@ class GpuSpec:
     #: fewer than a node's NVLink domain: a GB200 compute tray holds 4 of its rack's 72. None: a node
     #: is one machine.
     gpus_per_host: int | None = None
+    #: The memory CUDA reports (``torch.cuda.get_device_properties().total_memory``) where a reading of
+    #: this model exists; None: derived by :func:`parplan.solver.device_memory.visible_bytes`.
+    visible_memory_bytes: int | None = None
+    #: ``memory_bytes`` is an ``nvidia-smi`` reading rather than the datasheet's figure.
+    memory_is_smi_reading: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
@@ -102,7 +107,7 @@ class GpuSpec:
     def __hash__(self) -> int:
         return hash((self.name, self.memory_bytes, tuple(sorted(self.peak_flops.items())),
                      self.hbm_bandwidth_bytes_per_s, self.intra_node, self.inter_node,
-                     self.default_gpus_per_node))
+                     self.default_gpus_per_node, self.visible_memory_bytes))
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; ConfigError if the GPU has no such math."""
@@ -159,14 +164,14 @@ def _v100(memory_gib: int) -> GpuSpec:
         default_gpus_per_node=8)
 
 
-def _a100(memory_gib: int, hbm_bytes_per_s: float) -> GpuSpec:
+def _a100(memory_gib: int, hbm_bytes_per_s: float, visible_bytes: int) -> GpuSpec:
     # NVIDIA A100 Tensor Core GPU datasheet (SXM): FP32 19.5 TFLOPS, TF32 156, BF16 312, FP16 312
     # (dense; the datasheet's doubled figures are with sparsity). No fp8.
     return GpuSpec(
         name=f"A100-{memory_gib}GB", memory_bytes=memory_gib * GIB,
         peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
         hbm_bandwidth_bytes_per_s=hbm_bytes_per_s, intra_node=_NVLINK3, inter_node=_IB_HDR,
-        default_gpus_per_node=8)
+        default_gpus_per_node=8, visible_memory_bytes=visible_bytes)
 
 
 # NVIDIA H100 / H200 datasheets (SXM): FP32 67 TFLOPS; TF32 989, BF16/FP16 1979, FP8 3958 TFLOPS
@@ -177,14 +182,18 @@ _HOPPER_FLOPS = {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.
 GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
     "V100-16GB": _v100(16),
     "V100-32GB": _v100(32),
-    # A100 datasheet: 40GB SXM HBM2 1,555 GB/s; 80GB SXM HBM2e 2,039 GB/s.
-    "A100-40GB": _a100(40, 1555e9),
-    "A100-80GB": _a100(80, 2039e9),
+    # A100 datasheet: 40GB SXM HBM2 1,555 GB/s; 80GB SXM HBM2e 2,039 GB/s. CUDA's total, as PyTorch's
+    # out-of-memory messages print it: 39.50 GiB on an A100 40GB (github.com/TianheWu/CoSeR/issues/10),
+    # 79.25 GiB on an A100 80GB (github.com/levihsu/OOTDiffusion/issues/235; an A800 80GB printed 79.33).
+    "A100-40GB": _a100(40, 1555e9, round(39.50 * GIB)),
+    "A100-80GB": _a100(80, 2039e9, round(79.25 * GIB)),
     # H100 datasheet (SXM): 80 GB HBM3, 3.35 TB/s.
     "H100-80GB": GpuSpec(
         name="H100-80GB", memory_bytes=80 * GIB, peak_flops=_HOPPER_FLOPS,
         hbm_bandwidth_bytes_per_s=3.35e12, intra_node=_NVLINK4, inter_node=_IB_NDR,
-        default_gpus_per_node=8),
+        default_gpus_per_node=8,
+        # measured: torch.cuda.get_device_properties().total_memory (bench/out/gpu-2026-11-23/env.json)
+        visible_memory_bytes=85_017_493_504),
     # H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s; same compute as H100 SXM.
     "H200-141GB": GpuSpec(
         name="H200-141GB", memory_bytes=141 * GIB, peak_flops=_HOPPER_FLOPS,
@@ -199,7 +208,7 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
         name="B200-180GB", memory_bytes=179 * GIB,
         peak_flops={"fp32": 75e12, "tf32": 1125e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12},
         hbm_bandwidth_bytes_per_s=8e12, intra_node=_NVLINK5, inter_node=_IB_NDR,
-        default_gpus_per_node=8),
+        default_gpus_per_node=8, memory_is_smi_reading=True),
     # NVIDIA GB200 NVL72 specifications (72 Blackwell GPUs at 1,200 W in one NVLink domain): FP32 5,760
     # TFLOPS; TF32 180, BF16/FP16 360, FP8 720 PFLOPS *with sparsity*, i.e. per GPU dense FP32 80 TFLOPS,
     # TF32 1,250, BF16/FP16 2,500, FP8 5,000 TFLOPS; HBM3e 13.4 TB and 576 TB/s for 72 (186 GB, 8 TB/s a
@@ -212,7 +221,7 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
         name="GB200-186GB", memory_bytes=185 * GIB,
         peak_flops={"fp32": 80e12, "tf32": 1250e12, "bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12},
         hbm_bandwidth_bytes_per_s=8e12, intra_node=_NVLINK5, inter_node=_IB_NDR,
-        default_gpus_per_node=72, gpus_per_host=4),
+        default_gpus_per_node=72, gpus_per_host=4, memory_is_smi_reading=True),
     # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s; FP32 30.3 TFLOPS; TF32 120, BF16/FP16 242,
     # FP8 485 TFLOPS with sparsity → dense 60, 121, 242.5.
     "L4": GpuSpec(
@@ -227,7 +236,10 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
         name="RTX-4090", memory_bytes=24 * GIB,
         peak_flops={"fp32": 82.6e12, "tf32": 82.6e12, "bf16": 165.2e12, "fp16": 165.2e12, "fp8": 330.3e12},
         hbm_bandwidth_bytes_per_s=1008e9, intra_node=_PCIE4, inter_node=_ETH_25G,
-        default_gpus_per_node=8),
+        default_gpus_per_node=8,
+        # CUDA's total as PyTorch's out-of-memory message prints it on an RTX 4090: 23.68 GiB
+        # (github.com/zai-org/CogVideo/issues/36)
+        visible_memory_bytes=round(23.68 * GIB)),
     # AMD Instinct MI300X datasheet: 192 GB HBM3, 5.3 TB/s; FP32 163.4 TFLOPS (matrix and vector);
     # dense TF32 653.7, BF16/FP16 1307.4, FP8 2614.9 TFLOPS.
     "MI300X": GpuSpec(

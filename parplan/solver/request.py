@@ -37,6 +37,7 @@ from parplan.solver import SOLVER_VERSION
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import GPU_PRESETS, Cluster, make_cluster
 from parplan.solver.cost.precision import PRECISIONS
+from parplan.solver.device_memory import allocated_budget_bytes
 from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.frontends.presets import PRESETS, get_preset
 from parplan.solver.models import ModelSource, model_from_json
@@ -350,8 +351,10 @@ class PlanRequest:
 
     @property
     def budget_bytes(self) -> int:
-        """Memory each device may use: the budget if given, else the device's memory."""
-        return self.memory_budget_bytes or self.cluster.device_memory_bytes
+        """The allocated peak a plan may reach: the budget if given, and in any case no more than fits the
+        device (:func:`parplan.solver.device_memory.allocated_budget_bytes`, the fit verdict)."""
+        fits = allocated_budget_bytes(self.cluster)
+        return min(self.memory_budget_bytes, fits) if self.memory_budget_bytes else fits
 
 
 # -- reading bodies and hashing -----------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
+from parplan.solver.device_memory import FitVerdict, verdict
 from parplan.solver.time_accuracy import time_accuracy
 
 if TYPE_CHECKING:
@@ -32,12 +33,14 @@ Document = dict[str, Any]
 class MemoryReport:
     """Per-device memory of a plan, bytes: the most loaded device's peak and its breakdown.
 
-    ``peak_stage``: its pipeline stage (None: the ILP's plans have no pipeline); ``budget_bytes``:
+    ``peak_bytes``: the allocated peak; ``verdict``: that peak, the reserved peak the caching allocator
+    holds at it and the device's usable memory (:mod:`parplan.solver.device_memory`), whose comparison is
+    ``fits``. ``peak_stage``: its pipeline stage (None: the ILP's plans have no pipeline); ``budget_bytes``:
     the budget the ILP searched under (None elsewhere); ``stages``: every stage (None: the ILP's),
     listed with their units and per-micro-batch activations when ``stage_units``."""
 
     peak_bytes: float
-    fits: bool
+    verdict: FitVerdict
     device_memory_bytes: int
     breakdown: MemoryBreakdown
     redundant: MemoryBreakdown
@@ -45,6 +48,11 @@ class MemoryReport:
     budget_bytes: float | None = None
     stages: PlanMemory | None = None
     stage_units: bool = False
+
+    @property
+    def fits(self) -> bool:
+        """The reserved peak within the device's usable memory."""
+        return self.verdict.fits
 
 
 @dataclass(frozen=True)
@@ -211,7 +219,7 @@ def per_layer_result(plan: LayerPlan, ev: PlanEvaluator, cluster: Cluster, calib
     mem = ev.memory(plan)
     t = ev.time(plan)
     peak = mem.peak_stage
-    memory = MemoryReport(peak.peak_bytes, peak.peak_bytes <= cluster.device_memory_bytes,
+    memory = MemoryReport(peak.peak_bytes, verdict(peak.peak_bytes, cluster),
                           cluster.device_memory_bytes, peak.memory.bytes, peak.memory.redundant, peak_stage=peak.stage,
                           stages=mem)
     times = TimeReport(t.step_seconds, t.tokens_per_second,
@@ -228,7 +236,9 @@ def memory_document(m: MemoryReport) -> Document:
     doc: Document = {"peak_bytes": round(m.peak_bytes)}
     if m.peak_stage is not None:
         doc["peak_stage"] = m.peak_stage
-    doc |= {"fits": m.fits, "device_memory_bytes": m.device_memory_bytes}
+    doc |= {"fits": m.fits, "device_memory_bytes": m.device_memory_bytes,
+            "allocated_peak_bytes": round(m.verdict.allocated_peak_bytes),
+            "reserved_peak_bytes": m.verdict.reserved_peak_bytes, "usable_bytes": m.verdict.usable_bytes}
     if m.budget_bytes is not None:
         doc["budget_bytes"] = round(m.budget_bytes)
     doc |= {"breakdown": m.breakdown.as_dict(), "redundant": m.redundant.as_dict()}
@@ -458,12 +468,14 @@ class Evaluation:
 
     @property
     def fits(self) -> bool:
-        return self.memory.peak_bytes <= self.cluster.device_memory_bytes
+        """The reserved peak within the device's usable memory (:func:`verdict`)."""
+        return verdict(self.memory.peak_bytes, self.cluster).fits
 
     def memory_report(self) -> MemoryReport:
         """The memory of the most loaded device, and of every stage."""
         peak = self.memory.peak_stage
-        return MemoryReport(peak.peak_bytes, self.fits, self.cluster.device_memory_bytes, peak.memory.bytes,
+        return MemoryReport(peak.peak_bytes, verdict(peak.peak_bytes, self.cluster), self.cluster.device_memory_bytes,
+                            peak.memory.bytes,
                             peak.memory.redundant, peak_stage=peak.stage, stages=self.memory, stage_units=True)
 
     def time_report(self) -> TimeReport:

@@ -56,7 +56,9 @@ def test_deepseek_v3_does_not_fit_64_h100s(capsys: pytest.CaptureFixture[str]) -
     assert doc["solver"]["status"] == "infeasible"  # type: ignore[index]
     params = _parameters("deepseek-v3")
     assert doc["least_memory_bytes"] >= 18 * params / 64  # type: ignore[operator]
-    assert "no strategy fits 80.0 GiB" in str(doc["message"])
+    # the bound is what an H100 leaves a process of a 64-GPU job: 79.18 GiB CUDA reports, less 0.51 GiB of
+    # context and 0.57 GiB of NCCL buffers, less the allocator's 22 MiB of shared segments (docs/fit.md)
+    assert "no strategy fits 78.1 GiB" in str(doc["message"])
     # no more than any baseline needs (Megatron-LM's plan needed 200.3 GiB, below the DP's own least)
     baselines: dict[str, Any] = doc["baselines"]  # type: ignore[assignment]
     peaks = [b["memory"]["peak_bytes"] for b in baselines.values() if b]

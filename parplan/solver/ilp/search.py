@@ -45,6 +45,7 @@ from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.resharding import edge_seconds, reshard_seconds
 from parplan.solver.cost.rules import search_recomputes
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.device_memory import verdict
 from parplan.solver.errors import SolverError
 from parplan.solver.ilp.costs import op_cost
 from parplan.solver.ilp.model import MIP_REL_GAP, ROW_TOLERANCE, IlpResult, InfeasibleError, kept_peaks, solve_aux
@@ -447,7 +448,7 @@ def _result(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes:
                 f"{m} micro-steps of {b} samples, recompute {gp.ctx.recompute.value}",
         mesh_axes=tuple(c.mesh.axes), micro_step_batch=b, num_microbatches=m, recompute=gp.ctx.recompute.value,
         flash_attention=gp.ctx.flash_attention, precision=gp.ctx.precision.name, units=_unit_choices(c))
-    memory = MemoryReport(cert.peak_bytes, cert.peak_bytes <= cluster.device_memory_bytes,
+    memory = MemoryReport(cert.peak_bytes, verdict(cert.peak_bytes, cluster),
                           cluster.device_memory_bytes, cert.memory, cert.redundant, budget_bytes=budget)
     step = cert.seconds
     times = TimeReport(step, tokens / step if step else 0.0, b * m / step if step else 0.0,
