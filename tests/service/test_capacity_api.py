@@ -93,6 +93,20 @@ def test_bad_input_names_the_field(client: TestClient, writer: Headers) -> None:
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "plan_id"
 
 
+def test_a_replan_to_more_gpus_than_a_request_may_name_is_a_422(client: TestClient, writer: Headers,
+                                                                db: SF, settings: Settings) -> None:
+    """Schemathesis's case: an existing plan replanned on 116,466,169 GPUs (more than a plan request
+    may name) is a 422 naming ``gpus``, not a 500."""
+    plan_body = {"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8, "gpu": "A100-80GB"},
+                 "training": {"global_batch": 16}}
+    r = client.post("/v1/plans", json=plan_body, headers=writer)
+    execute_job(uuid.UUID(r.json()["job"]["id"]), db, settings)
+    plan_id = client.get(r.json()["job"]["url"], headers=writer).json()["job"]["plan_id"]
+    r = client.post("/v1/replan", json={"plan_id": plan_id, "gpus": 116466169.0}, headers=writer)
+    assert r.status_code == 422 and r.headers["content-type"].startswith("application/problem+json"), r.text
+    assert r.json()["errors"][0]["field"] == "gpus"
+
+
 def test_a_deadline_no_allocation_meets_is_said_and_cancel_ends_the_cells(
         client: TestClient, writer: Headers, reader: Headers, db: SF, settings: Settings) -> None:
     body = {"model": {"preset": "bert-large"}, "training": {**TRAINING, "tokens": 1e15},

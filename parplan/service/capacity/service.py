@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from parplan.service.capacity.repository import CellRow, SweepRepository
@@ -64,6 +65,10 @@ def _cell(body: dict[str, Any], loc: Sequence[str | int], settings: Settings) ->
     """One cell's plan request validated as ``POST /v1/plans`` does; a failure names ``loc``."""
     try:
         return plans.validate(PlanRequestIn.model_validate(body), settings)
+    except ValidationError as e:  # the cell's body breaks a bound of the plan request (GPUs, batch)
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise _invalid(loc, f"{body['cluster']['gpus']} GPUs: {where}: {first['msg']}") from None
     except ProblemError as e:
         errors = e.extra.get("errors") or []
         reason = errors[0]["message"] if errors else e.detail
