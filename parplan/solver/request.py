@@ -39,6 +39,7 @@ from parplan.solver.cluster import GPU_PRESETS, Cluster, make_cluster
 from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.device_memory import allocated_budget_bytes
 from parplan.solver.errors import ConfigError, SolverError
+from parplan.solver.frontends.builder import check_seq_len
 from parplan.solver.frontends.presets import PRESETS, get_preset
 from parplan.solver.models import ModelSource, model_from_json
 from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
@@ -264,6 +265,11 @@ class PlanRequestIn(BaseModel):
         target = Target(self.target)
         self._check_search(target, cluster)
         global_batch = tr.global_batch or cl.gpus
+        if model.config is not None and tr.seq_len:
+            try:
+                check_seq_len(model.config, tr.seq_len)
+            except ConfigError as e:
+                raise RequestError("training.seq_len", str(e)) from None
         _check_micro_batch(global_batch, tr.micro_batch, target, cluster.num_devices)
         return PlanRequest(
             model=model, cluster=cluster, global_batch=global_batch,

@@ -295,8 +295,8 @@ def uniform_strategy_document(s: ParallelConfig) -> Document:
 def plan_summary(plan: LayerPlan) -> str:
     """A per-layer plan in one line: pipeline, micro-batches, partition, the strategies used."""
     kinds = sorted({s.describe() for s in plan.layers.values()})
-    return (f"pp{plan.pp} x {plan.num_microbatches} micro-batches, partition {list(plan.partition or [])}: "
-            + "; ".join(kinds))
+    split = f"partition {list(plan.partition)}" if plan.partition else "blocks split evenly"
+    return f"pp{plan.pp} x {plan.num_microbatches} micro-batches, {split}: " + "; ".join(kinds)
 
 
 def _stage_of(plan: LayerPlan, index: int) -> int:
