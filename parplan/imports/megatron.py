@@ -48,6 +48,8 @@ _VALUED = {
     "--expert-tensor-parallel-size", "--fp8-format", "--fp8-recipe", "--cp-comm-type", "--main-grads-dtype",
     "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--moe-token-dispatcher-type", "--optimizer",
 }
+#: flags that take a list of words (argparse ``nargs="*"``)
+_LISTS = {"--recompute-modules"}
 _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--untie-embeddings-and-output-weights",
              "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--add-qkv-bias",
              "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce",
@@ -187,6 +189,13 @@ def _flags(words: list[str], unresolved: dict[str, str]) -> tuple[dict[str, str 
             continue
         takes = name in _VALUED or name in _IGNORED_VALUED
         value: str | bool = True
+        if name in _LISTS and not eq:  # nargs="*": the words up to the next flag
+            j = i + 1
+            while j < len(words) and not words[j].startswith(("--", "$")):
+                j += 1
+            flags[name] = " ".join(words[i + 1:j])
+            i = j
+            continue
         if eq:
             value = inline
         elif takes or (name not in _SWITCHES and name not in _IGNORED_SWITCHES and i + 1 < len(words)
@@ -196,8 +205,8 @@ def _flags(words: list[str], unresolved: dict[str, str]) -> tuple[dict[str, str 
             value = words[i + 1]
             i += 1
         i += 1
-        if name in _VALUED or name in _SWITCHES:
-            flags[name] = value
+        if name in _VALUED or name in _SWITCHES or name in _LISTS:
+            flags[name] = value.replace(",", " ") if name in _LISTS and isinstance(value, str) else value
         elif name in _IGNORED_VALUED or name in _IGNORED_SWITCHES:
             ignored.append(name)
         else:
@@ -379,8 +388,14 @@ def _recompute(flags: dict[str, str | bool], problems: list[str]) -> Recompute |
     """The recomputation ``--recompute-*`` ask for; None (and a problem) when parplan does not model it."""
     granularity = str(flags.get("--recompute-granularity", "none"))
     recompute = {"none": Recompute.NONE, "selective": Recompute.SELECTIVE, "full": Recompute.FULL}.get(granularity)
+    modules = set(str(flags.get("--recompute-modules") or "core_attn").split())
     if recompute is None:
         problems.append(f"--recompute-granularity {granularity}")
+    elif recompute is Recompute.SELECTIVE and modules != {"core_attn"}:
+        # Megatron-LM's selective recomputation checkpoints each listed submodule (core_attn: the attention
+        # core, parplan's selective; mlp, layernorm, moe_act, moe, mla_up_proj, shared_experts: others)
+        problems.append(f"--recompute-modules {' '.join(sorted(modules))}: selective recomputation of modules other "
+                        "than core_attn (the attention core) is not modelled")
     elif recompute is Recompute.FULL:
         method = str(flags.get("--recompute-method", ""))
         per = _get(flags, "--recompute-num-layers", 1)
