@@ -181,6 +181,9 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
                            "own baseline (default any; see docs/plan-to-launch.md)")
     plan.add_argument("--export", metavar="DIR", default=None,
                       help="also write the plan for --target into DIR (its config files and launch lines)")
+    plan.add_argument("--no-optimizer-offload", action="store_true",
+                      help="targets megatron and deepspeed: do not try their strategies with part of the optimizer "
+                           "on the host when none fits without (they do by default)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -260,4 +263,8 @@ def _plan_body(args: argparse.Namespace) -> tuple[dict[str, Any], ModelSource | 
         "pareto": args.pareto,
         "target": args.target,
     }
+    if getattr(args, "host_memory_gib", None) is not None:
+        body["cluster"]["host_memory_gib"] = args.host_memory_gib
+    if getattr(args, "no_optimizer_offload", False):
+        body["training"]["optimizer_offload"] = False
     return body, same
