@@ -11,6 +11,7 @@ from plan_docs import doc_for
 
 from parplan.exports import NotExpressibleError, export_plan
 from parplan.imports import read_config
+from parplan.imports.common import Imported
 from parplan.solver.frontends.presets import get_preset
 from parplan.solver.models import ModelSource
 
@@ -23,6 +24,7 @@ def test_megatron_flags_read_back_as_the_fraction(fraction: float) -> None:
     args = exported.files["megatron_args.txt"]
     assert f"--optimizer-offload-fraction {fraction:g}" in args and "--use-precision-aware-optimizer" in args
     imported = read_config("megatron-args", exported.files["launch_megatron.sh"], gpus=8)
+    assert isinstance(imported, Imported)
     assert imported.strategy.optimizer_offload == fraction and imported.strategy.zero == 1
     assert not imported.unknown, imported.report()
 
@@ -45,6 +47,7 @@ def test_deepspeed_offload_optimizer_round_trip() -> None:
     assert zero.offload_optimizer is not None and zero.offload_optimizer.device == "cpu"
     model = ModelSource("llama-3-8b", config=get_preset("llama-3-8b"))
     imported = read_config("ds-config", text, model=model, gpus=8)
+    assert isinstance(imported, Imported)
     assert imported.strategy.optimizer_offload == 1.0 and imported.strategy.zero == 2
 
 
