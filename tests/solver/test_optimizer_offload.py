@@ -109,3 +109,24 @@ def test_deepspeed_offloads_the_whole_optimizer() -> None:
     stage = _evaluate(1.0, runtime=Runtime.DEEPSPEED).memory.stages[0]
     assert stage.memory.bytes.optimizer_states == 0.0
     assert stage.host_bytes == pytest.approx(psi / D * 16)
+
+
+def _plan(memory_gib: float, offload: bool) -> dict[str, object]:
+    from parplan.solver.planner import solve
+    from parplan.solver.request import parse_plan_request
+
+    body = {"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 2, "gpu": "A100-80GB", "gpu_memory_gib": memory_gib},
+            "training": {"global_batch": 8, "optimizer_offload": offload}, "objective": {"kind": "max-throughput"},
+            "target": "megatron"}
+    return solve(parse_plan_request(body))
+
+
+def test_the_search_offloads_only_when_nothing_fits_without() -> None:
+    # 18 GiB: a plan fits without offloading; the search's answer and its work are the same either way
+    on, off = _plan(18, True), _plan(18, False)
+    assert on["strategy"] == off["strategy"] and on["solver"]["work"] == off["solver"]["work"]  # type: ignore[index]
+    assert "offload" not in on["strategy"]["summary"]  # type: ignore[index]
+    # 14 GiB: nothing fits without; with part of the optimizer on the host a plan does
+    assert _plan(14, False)["strategy"] is None
+    found = _plan(14, True)["strategy"]
+    assert found is not None and found["optimizer_offload"] in (0.5, 1.0) and found["zero"] == 1  # type: ignore[index]
