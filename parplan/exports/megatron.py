@@ -55,6 +55,9 @@ PRECISION_FLAGS: Mapping[str, tuple[str, ...]] = {
     "fp16": ("--fp16", "--accumulate-allreduce-grads-in-fp32"), "fp16-grad16": ("--fp16",),
 }
 DDP_FLAGS = frozenset({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"})
+#: Flags made from megatron-core's OptimizerConfig fields: the hybrid CPU/GPU optimizer's.
+OPTIMIZER_FLAGS = frozenset({"--optimizer-cpu-offload", "--optimizer-offload-fraction",
+                             "--use-precision-aware-optimizer"})
 #: Flags made from megatron.training's TrainingConfig (not shipped with megatron-core).
 TRAINING_FLAGS = frozenset({"--micro-batch-size", "--global-batch-size"})
 
@@ -114,6 +117,9 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
     if plan.overlap_param_gather and (plan.zero != 1 or plan.dp * plan.cp == 1):
         reasons.append("--overlap-param-gather: Megatron-LM overlaps the distributed optimizer's weight all-gather "
                        "(ZeRO-1 over more than one data-parallel rank)")
+    if plan.optimizer_offload and plan.zero != 1:
+        reasons.append("--optimizer-cpu-offload: Megatron-LM offloads the distributed optimizer's shard (ZeRO-1; it "
+                       "needs --use-precision-aware-optimizer, which needs --use-distributed-optimizer)")
     if plan.tp_comm_overlap and not (plan.sequence_parallel and plan.tp > 1):
         reasons.append("--tp-comm-overlap: Megatron-LM overlaps tensor-parallel communication only with sequence "
                        "parallelism")
@@ -177,6 +183,11 @@ def _parallel_flags(plan: UniformPlan, layers: int, partition: list[str]) -> lis
         args.append("--overlap-param-gather")
     if plan.tp_comm_overlap:
         args.append("--tp-comm-overlap")
+    if plan.optimizer_offload:
+        # the hybrid CPU/GPU optimizer (megatron/core/optimizer/cpu_offloading): Megatron-LM asserts the
+        # precision-aware optimizer with it, which asserts the distributed optimizer
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{plan.optimizer_offload:g}",
+                 "--use-precision-aware-optimizer"]
     return args
 
 

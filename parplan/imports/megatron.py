@@ -33,7 +33,6 @@ _LAUNCHERS = ("torchrun", "python", "python3")
 _REFUSED = (("--fp8-dot-product-attention", "FP8 attention"), ("--fp8-multi-head-attention", "FP8 attention"),
             ("--first-last-layers-bf16", "FP8 with the first and last layers in bf16"),
             ("--fp4-param-gather", "FP4 weights"), ("--cpu-offloading", "activation offloading"),
-            ("--optimizer-cpu-offload", "the optimizer's offloading to the CPU"),
             ("--use-megatron-fsdp", "Megatron-FSDP's sharded data parallelism"),
             ("--use-torch-fsdp2", "PyTorch FSDP2 inside Megatron-LM"))
 #: flags that take a value (the others are switches)
@@ -47,6 +46,7 @@ _VALUED = {
     "--hidden-dropout", "--attention-dropout", "--make-vocab-size-divisible-by",
     "--expert-tensor-parallel-size", "--fp8-format", "--fp8-recipe", "--cp-comm-type", "--main-grads-dtype",
     "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--moe-token-dispatcher-type", "--optimizer",
+    "--optimizer-offload-fraction",
 }
 #: flags that take a list of words (argparse ``nargs="*"``)
 _LISTS = {"--recompute-modules"}
@@ -55,6 +55,7 @@ _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--
              "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--fp8-param-gather",
              "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
+             "--optimizer-cpu-offload",
              *(f for f, _ in _REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
@@ -272,6 +273,8 @@ def _read_but_inert(flags: dict[str, str | bool], problems: list[str], adjusted:
     if "--fp8-recipe" in flags and "--fp8-format" not in flags:
         inert.append("--fp8-recipe")
     for flag in ("--use-precision-aware-optimizer", "--accumulate-allreduce-grads-in-fp32"):
+        if flag == "--use-precision-aware-optimizer" and "--optimizer-cpu-offload" in flags:
+            continue  # what the hybrid optimizer asserts (read with the offload's fraction)
         if flag in flags and ("--fp16" not in flags or flag != "--accumulate-allreduce-grads-in-fp32"):
             inert.append(flag)  # the dtypes it reads are checked by _precision; fp32 is bf16's default
     for flag in inert:
@@ -477,7 +480,24 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
         expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
         cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
         overlap_param_gather="--overlap-param-gather" in flags,
-        overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1)
+        overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1,
+        optimizer_offload=_offload_fraction(flags))
+
+
+def _offload_fraction(flags: dict[str, str | bool]) -> float:
+    """``--optimizer-offload-fraction`` under ``--optimizer-cpu-offload`` (Megatron-LM's default fraction 0
+    without it: ``OptimizerConfig.optimizer_offload_fraction``); the precision-aware optimizer it asserts
+    must be given too (``megatron/training/arguments.py``)."""
+    if "--optimizer-cpu-offload" not in flags:
+        return 0.0
+    if "--use-precision-aware-optimizer" not in flags:
+        raise ImportProblemError(KIND, ["--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM "
+                                        "asserts it)"])
+    text = str(flags.get("--optimizer-offload-fraction", "0"))
+    try:
+        return float(text)
+    except ValueError:
+        raise ImportProblemError(KIND, [f"--optimizer-offload-fraction {text!r} is not a number"]) from None
 
 
 def _probability(flags: dict[str, str | bool], name: str) -> float:

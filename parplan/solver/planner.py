@@ -42,7 +42,7 @@ from parplan.solver.result import (
     plan_document,
     plan_summary,
 )
-from parplan.solver.targets import SPECS, Target, runnable
+from parplan.solver.targets import SPECS, Target, offload_variants, runnable
 
 
 def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
@@ -335,7 +335,7 @@ def _part(report: ProgressFn, start: float, width: float) -> ProgressFn:
 def _candidate(e: Evaluation) -> Candidate:
     s = e.strategy
     return Candidate(s.tp, s.pp, s.dp, s.zero, s.sequence_parallel, s.recompute, s.micro_batch, s.schedule,
-                     s.virtual_stages, s.expert_parallel)
+                     s.virtual_stages, s.expert_parallel, s.optimizer_offload)
 
 
 def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate],
@@ -346,6 +346,12 @@ def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate],
     cands = sorted(runnable, key=lambda c: (c.tp, c.pp, c.dp, c.zero, c.sp, c.recompute.value, c.micro_batch,
                                             c.schedule.value, c.virtual, c.ep))
     fastest = fastest_fitting(ev, cands, req.budget_bytes)
+    if fastest is None or not fastest.fits:
+        # none fits: the same strategies with part of the optimizer on the host (targets.offload_variants)
+        offloading = offload_variants(req.target, cands) if req.optimizer_offload else []
+        found = fastest_fitting(ev, offloading, req.budget_bytes) if offloading else None
+        if found is not None and found.fits:
+            fastest, cands = found, offloading
     if fastest is None or not fastest.fits:
         return _infeasible(req, fastest.memory.peak_bytes if fastest else None,
                            SolverReport("uniform", "infeasible", candidates=len(cands)))
