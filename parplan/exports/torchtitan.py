@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from parplan.exports import torchtitan_float8 as float8
 from parplan.exports.common import (
     SIZES_HINT,
     Export,
@@ -31,7 +32,6 @@ from parplan.exports.common import (
     context_of,
     uniform_of,
 )
-from parplan.exports import torchtitan_float8 as float8
 from parplan.solver.cost.pipeline import even_partition
 from parplan.solver.cost.runtime import TORCHTITAN_LOSS_CHUNKS
 
@@ -144,8 +144,8 @@ def export_torchtitan(doc: Mapping[str, Any]) -> Export:
     strategy = doc.get("strategy") or {}
     module_text = _CONFIG_MODULE_TEXT if flavor.written else None
     if plan.precision in float8.RECIPES:
-        module_text = (module_text or _CONFIG_MODULE_TEXT).replace("\n\n\ndef ", "\n" + float8.IMPORTS + "\n\ndef ", 1) \
-            + float8.function_text(flavor.flavor, flavor.config, flavor.written, plan.precision)
+        imported = (module_text or _CONFIG_MODULE_TEXT).replace("\n\n\ndef ", "\n" + float8.IMPORTS + "\n\ndef ", 1)
+        module_text = imported + float8.function_text(flavor.flavor, flavor.config, flavor.written, plan.precision)
         flavor = dataclasses.replace(flavor, config=float8.function_name(flavor.config, plan.precision), written=True)
     args = torchtitan_arguments(plan, ctx, flavor)
     summary = " ".join(str(strategy.get("summary") or _summary(plan)).split())  # one line
@@ -490,11 +490,11 @@ def _step_notes(plan: UniformPlan, flavor: Flavor, strategy: Mapping[str, Any]) 
         if plan.precision != "fp32" else "float32 throughout"
     notes.append(f"precision {plan.precision} -> {prec}")
     if plan.precision in float8.RECIPES:
-        notes.append(f"{CONFIG_MODULE}.py: {flavor.config} makes every linear layer but the output ({float8.OUTPUT_FQN}) "
-                     f"torchao Float8 ({float8.RECIPES[plan.precision]} recipe, Float8LinearConverter in the model "
-                     "spec, which no command-line option reaches); torch.compile stays off as for every export, so "
-                     "the casts run unfused (slower than torchtitan's compiled Float8, the same memory: torchao "
-                     "saves the bf16 inputs); torchao must be installed")
+        notes.append(f"{CONFIG_MODULE}.py: {flavor.config} makes every linear layer but the output "
+                     f"({float8.OUTPUT_FQN}) torchao Float8 ({float8.RECIPES[plan.precision]} recipe, "
+                     "Float8LinearConverter in the model spec, which no command-line option reaches); torch.compile "
+                     "stays off as for every export, so the casts run unfused (slower than torchtitan's compiled "
+                     "Float8, the same memory: torchao saves the bf16 inputs); torchao must be installed")
     notes.append("CUDA graphs and torch.compile are off (training.disable_cuda_graphs, compile.no_enable): the "
                  "step runs eagerly, as parplan's memory model assumes; CUDA graphs cannot run pipeline "
                  "parallelism in 0.3.0")

@@ -175,7 +175,8 @@ def _float8(fields: Mapping[str, Any], problems: list[str], adjusted: list[str])
     adjusted.append(f"torchao Float8 linear layers ({recipe}{', FSDP2 float8 all-gather' if gather else ''}): "
                     f"precision {name}" + ("" if "output" in fqns else
                                            "; the output layer, converted too (not in filter_fqns), is priced in "
-                                           "bf16 (its GEMM's time above, and with the float8 all-gather its gathered weight)"))
+                                           "bf16 (its GEMM's time above, and with the float8 all-gather its "
+                                           "gathered weight)"))
     return name
 
 

@@ -307,7 +307,8 @@ def test_llama2_reason_names_the_sizes() -> None:
 
 
 @pytest.mark.parametrize("preset", ["llama-3-8b", "llama-3-405b"])
-def test_float8_rowwise_model_spec(preset: str, loader: Loader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_float8_rowwise_model_spec(preset: str, loader: Loader, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """fp8-torchao-rowwise: a config function whose model spec converts every linear layer but the output with
     0.3.0's Float8LinearConverter (rowwise). torchao is not needed to read it back: the converters handed to
     ``model_registry`` are recorded, and the model built without them (building one checks for an FP8 GPU)."""
