@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from parplan.cli import main
 from parplan.solver.cluster import make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.precision import get_precision
@@ -90,3 +91,10 @@ def test_fsdp8_sends_half_and_fp8_gemms_are_faster() -> None:
 def test_other_runtimes_refuse_torchao_float8(runtime: Runtime) -> None:
     with pytest.raises(StrategyError, match="torchao's Float8 as torchtitan runs it"):
         ParallelConfig(dp=N, runtime=runtime, precision="fp8-torchao")
+
+
+def test_a_plan_request_needs_the_torchtitan_target(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "H100-80GB", "--precision", "fp8-torchao"]
+    assert main([*args, "--target", "megatron"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "target torchtitan" in err and "Traceback" not in err
