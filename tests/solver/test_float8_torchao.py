@@ -16,16 +16,17 @@ from __future__ import annotations
 import pytest
 
 from parplan.cli import main
-from parplan.solver.cluster import make_cluster
+from parplan.solver.cluster import gpu_preset, make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.rules import _torchao_cast_seconds
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
 from parplan.solver.evaluate import evaluate_graph
 from parplan.solver.frontends.config import TransformerConfig
-from parplan.solver.ir import Graph
+from parplan.solver.ir import Graph, make_node
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig
 
@@ -76,15 +77,33 @@ def test_states_and_activations_are_bf16s_and_fsdp8_gathers_one_byte() -> None:
     assert tensorwise_cost.param_gathered_bytes == 2 * (BLOCK_LINEAR + BLOCK_NORMS)
 
 
-def test_fsdp8_sends_half_and_fp8_gemms_are_faster() -> None:
+def test_fsdp8_sends_half_and_casts_no_weight() -> None:
     g = _graph()
     cl = make_cluster(N, N, "H100-80GB")
     t = {p: evaluate_graph(g, "small", g.parameter_count(), cl, ParallelConfig(
         dp=N, zero=3, micro_batch=1, runtime=Runtime.TORCHTITAN, precision=p)).time.step_seconds
-         for p in ("bf16", "fp8-torchao", "fp8-torchao-fsdp8")}
-    assert t["fp8-torchao-fsdp8"] < t["fp8-torchao"] < t["bf16"]
+         for p in ("fp8-torchao", "fp8-torchao-fsdp8")}
+    assert t["fp8-torchao-fsdp8"] < t["fp8-torchao"]
     assert get_precision("fp8-torchao-fsdp8").transfer_bytes(True) == 1
     assert get_precision("fp8-torchao-fsdp8").transfer_bytes(False) == 2
+
+
+@pytest.mark.parametrize("gathered_fp8", [False, True])
+def test_torchao_casts_of_one_linear(gathered_fp8: bool) -> None:
+    """float8_linear.py: forward casts input and weight (hp_tensor_to_float8_dynamic, each reading the
+    tensor for its amax, then reading it and writing one byte: 2 + 2 + 1 bytes an element); backward
+    casts grad_output twice (dim0 for grad_input, dim1 for grad_weight), the weight and the saved input
+    again. A weight already in float8 (FSDP2's float8 all-gather) is not cast."""
+    m, k, n = 4096, 1024, 2048
+    g = Graph.of("mm", [make_node("x", "input", dims={"m": m, "k": k}, dtype="bf16"),
+                        make_node("w", "parameter", dims={"k": k, "n": n}),
+                        make_node("y", "einsum", ["x", "w"], {"m": m, "n": n}, equation="m k, k n -> m n")])
+    gpu = gpu_preset("H100-80GB")
+    bw = gpu.hbm_bandwidth_bytes_per_s
+    w = 0 if gathered_fp8 else k * n
+    fwd, bwd = _torchao_cast_seconds(g.node("y"), g, gpu, [1, 1], 1, 1.0, gathered_fp8)
+    assert fwd == pytest.approx((m * k + w) * 5 / bw)
+    assert bwd == pytest.approx((2 * m * n + w + m * k) * 5 / bw)
 
 
 @pytest.mark.parametrize("runtime", [Runtime.MEGATRON, Runtime.TORCH, Runtime.DEEPSPEED])

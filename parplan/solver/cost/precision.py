@@ -110,9 +110,10 @@ FP8_GATHER_BYTES = 1
 #: ``fp8-torchao`` is torchao's Float8 training as torchtitan runs it (its Float8 converter, the
 #: tensorwise recipe: dynamic per-tensor scaling, torchao/float8/float8_linear.py): bf16's bytes
 #: throughout, the matmuls with a weight at the GPU's FP8 peak but those over the vocabulary (the
-#: output layer: torchtitan's configs filter it, ``filter_fqns = ["output"]``), each cast reading its
-#: tensor once more for the amax (as ``fp8-cs``: the scale is computed from the tensor just before
-#: the cast). torchao keeps no FP8 copy of a weight between micro-batches (each GEMM casts the weight
+#: output layer: torchtitan's configs filter it, ``filter_fqns = ["output"]``), at the GEMM speed of
+#: ``fp8-cs`` (cuBLAS's tensorwise-scaled FP8 GEMM, the scale computed from the tensor just before the
+#: cast, as Transformer Engine's current scaling); the casts are torchao's own, more than Transformer
+#: Engine's (:func:`~parplan.solver.cost.rules._torchao_cast_seconds`). torchao keeps no FP8 copy of a weight between micro-batches (each GEMM casts the weight
 #: anew), and ``matmul_with_hp_or_float8_args.forward`` saves the high-precision input and weight for
 #: backward (``ctx.save_for_backward(input_hp, weight_hp_t)``), so the saved activations are bf16's.
 #: The casts each GEMM makes (input, weight, output gradient: one byte an element, freed when the

@@ -27,6 +27,8 @@ from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
 from parplan.solver.cost.kernels import (
+    FP8_AMAX_BYTES,
+    FP8_CAST_BYTES,
     GEMM_SCORE_PASSES,
     SOFTMAX_SCORE_PASSES,
     attention_efficiency,
@@ -213,8 +215,10 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
     bwd = roofline_seconds(backward_flops(node, graph) / work, 2 * traffic, gpu, dt, b_m_eff, b_eff)
     if dt == "fp8" and shape is not None:
         out_shards = output_layout(node, s, mesh, partial).shards(sizes)
-        cast_in, cast_out = _fp8_cast_seconds(node, graph, gpu, ins, out_shards, b_eff, grouped,
-                                              prec.fp8_current_scaling)
+        cast_in, cast_out = (_torchao_cast_seconds(node, graph, gpu, ins, out_shards, b_eff, prec.fp8_weight_gather)
+                             if prec.torchao else
+                             _fp8_cast_seconds(node, graph, gpu, ins, out_shards, b_eff, grouped,
+                                               prec.fp8_current_scaling))
         fwd += cast_in
         bwd += cast_out
     return fwd, bwd
@@ -234,6 +238,28 @@ def _fp8_cast_seconds(node: Node, graph: Graph, gpu: GpuSpec, in_shards: list[in
     share = 1 / len(gemm_group(node, graph)) if grouped else 1.0
     x_elems = graph.node(node.inputs[pos]).numel / in_shards[pos]
     return x_elems * per_elem * share / bandwidth, node.numel / out_shards * per_elem / bandwidth
+
+
+def _torchao_cast_seconds(node: Node, graph: Graph, gpu: GpuSpec, in_shards: list[int], out_shards: int,
+                          b_eff: float, weight_gathered_fp8: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of the casts around a torchao Float8 GEMM (eager,
+    torchao/float8/float8_linear.py ``matmul_with_hp_or_float8_args``), each a dynamic per-tensor cast
+    (:data:`FP8_CAST_BYTES` plus :data:`FP8_AMAX_BYTES` an element of one device's share): forward
+    casts the input and the weight; backward casts the output gradient twice (for the input's and
+    the weight's gradient GEMMs), the weight again and the saved high-precision input again. A weight
+    FSDP2 gathered in float8 (``weight_gathered_fp8``) is cast before the all-gather, on its shard
+    only, which is not counted."""
+    per_elem = FP8_CAST_BYTES + FP8_AMAX_BYTES
+    bandwidth = gpu.hbm_bandwidth_bytes_per_s * b_eff
+    x_elems = w_elems = 0.0
+    for i, x in enumerate(node.inputs):
+        elems = graph.node(x).numel / in_shards[i]
+        if graph.node(x).is_parameter:
+            w_elems += 0.0 if weight_gathered_fp8 else elems
+        else:
+            x_elems += elems
+    out = node.numel / out_shards
+    return (x_elems + w_elems) * per_elem / bandwidth, (2 * out + w_elems + x_elems) * per_elem / bandwidth
 
 
 def _unfused_attention_seconds(node: Node, graph: Graph, gpu: GpuSpec, prec: Precision, dt: str,
