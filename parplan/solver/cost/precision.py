@@ -45,8 +45,8 @@ class Precision:
     def weight_transfer_bytes(self) -> int:
         """Bytes per weight element that data-parallel gathers and weight re-layouts move: the
         weight in its own type. The FP8 copies are cast on each rank from the gathered weight
-        (Megatron-LM's distributed optimizer gathers the bf16 weights; torchtitan's FP8 all-gather
-        for FSDP2, ``enable_fsdp_float8_all_gather``, is off by default)."""
+        (Megatron-LM's distributed optimizer gathers the bf16 weights); torchao keeps no copies. A
+        Float8 weight FSDP2 gathers in float8 (``fp8-torchao-fsdp8``) sends :meth:`transfer_bytes`."""
         return self.param_bytes - (FP8_WEIGHT_COPY_BYTES if self.matmul_dtype == "fp8" and not self.torchao else 0)
 
     def gathered_bytes(self, float8_weight: bool) -> int:
@@ -113,11 +113,12 @@ FP8_GATHER_BYTES = 1
 #: output layer: torchtitan's configs filter it, ``filter_fqns = ["output"]``), at the GEMM speed of
 #: ``fp8-cs`` (cuBLAS's tensorwise-scaled FP8 GEMM, the scale computed from the tensor just before the
 #: cast, as Transformer Engine's current scaling); the casts are torchao's own, more than Transformer
-#: Engine's (:func:`~parplan.solver.cost.rules._torchao_cast_seconds`). torchao keeps no FP8 copy of a weight between micro-batches (each GEMM casts the weight
-#: anew), and ``matmul_with_hp_or_float8_args.forward`` saves the high-precision input and weight for
-#: backward (``ctx.save_for_backward(input_hp, weight_hp_t)``), so the saved activations are bf16's.
-#: The casts each GEMM makes (input, weight, output gradient: one byte an element, freed when the
-#: layer's forward or backward returns) are not counted. ``fp8-torchao-fsdp8`` adds torchtitan's
+#: Engine's (:func:`~parplan.solver.cost.rules._torchao_cast_seconds`). torchao keeps no FP8 copy of
+#: a weight between micro-batches (each GEMM casts the weight anew), and
+#: ``matmul_with_hp_or_float8_args.forward`` saves the high-precision input and weight for backward
+#: (``ctx.save_for_backward(input_hp, weight_hp_t)``), so the saved activations are bf16's. The casts
+#: each GEMM makes (input, weight, output gradient: one byte an element, freed when the layer's
+#: forward or backward returns) are not counted in memory. ``fp8-torchao-fsdp8`` adds torchtitan's
 #: ``enable_fsdp_float8_all_gather`` (with ``precompute_float8_dynamic_scale_for_fsdp``): FSDP2
 #: casts each Float8 linear weight's shard to float8 before the all-gather, which sends and holds one
 #: byte per element (:data:`FP8_GATHER_BYTES`); the gathered float8 weight is the GEMM's operand and

@@ -69,8 +69,9 @@ def compute_dtype(node: Node, prec: Precision, graph: Graph | None = None) -> st
 def _float8_linear(weight: Node, matmul: Node, graph: Graph) -> bool:
     """torchtitan converts a linear layer whose in- and out-features are multiples of 16 (FP8 tensor
     cores' alignment; torchtitan/components/quantization/utils.py: ``module_filter_fn``): here the
-    weight's dims the matmul's input shares, and the rest. Experts' weights are torchtitan's
-    ``GroupedExperts``, not linear layers (another converter, not modelled)."""
+    weight's dims the matmul's input shares, and the rest. A weight with an expert dim is not
+    converted: the experts are torchtitan's ``GroupedExperts``, not linear layers (another converter,
+    not modelled), and its MoE configs filter the router (``filter_fqns``)."""
     if "expert" in weight.shape:
         return False
     read = {d for i in matmul.inputs if i != weight.id for d, _ in graph.node(i).dims}
@@ -376,8 +377,7 @@ def sharded_copy_seconds(runtime: Runtime, tp: int, ranks: int, zero: int, elems
         return 0.0
     gathers = microbatches * (1 if dp.kept_from_forward else 2)
     weights = elems * prec.weight_transfer_bytes if gathered_bytes is None else gathered_bytes
-    nbytes = gathers * 2 * weights + reductions * elems * (prec.activation_bytes
-                                                                                      + prec.grad_bytes)
+    nbytes = gathers * 2 * weights + reductions * elems * (prec.activation_bytes + prec.grad_bytes)
     return nbytes / (gpu.hbm_bandwidth_bytes_per_s * calibration.memory_efficiency)
 
 
