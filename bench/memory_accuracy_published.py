@@ -63,7 +63,7 @@ def apart_reason(r: dict[str, Any]) -> str | None:
         return "Colossal-AI Gemini runtime not built"
     if "per-op" in ac or "--recompute-modules" in launch:
         return "per-operator selective checkpointing not built"
-    if r.get("fp8"):
+    if r.get("fp8") and _float8(r) is None:
         return "Float8 training as this trainer runs it not built"
     if r.get("compile"):
         return "torch.compile (parplan prices eager kernels and buffers)"
@@ -80,6 +80,16 @@ def apart_reason(r: dict[str, Any]) -> str | None:
     if not ac or "not stated" in ac:
         return "recomputation not stated"
     return None
+
+
+def _float8(r: dict[str, Any]) -> str | None:
+    """The parplan precision of a torchtitan row's torchao Float8 (its tensorwise recipe, with FSDP2's float8
+    all-gather where the row's config sets it); None for other rows (Transformer Engine's FP8 is not mapped)."""
+    text = str(r.get("fp8") or "")
+    tensorwise = "tensorwise" in text or "quantize.linear.float8" in text  # the converter's default recipe
+    if _runtime(r) is not Runtime.TORCHTITAN or "torchao" not in text.lower() or not tensorwise:
+        return None
+    return "fp8-torchao-fsdp8" if "enable_fsdp_float8_all_gather" in text else "fp8-torchao"
 
 
 def _gpu(r: dict[str, Any]) -> tuple[str, float | None]:
@@ -138,7 +148,8 @@ def layout(r: dict[str, Any]) -> ParallelConfig:
     zero = _zero(r) if dp * cp > 1 else 0  # both trainers shard over the data- and context-parallel ranks
     return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
                           recompute=_recompute(r), micro_batch=mb, num_microbatches=max(1, m), schedule=sched,
-                          virtual_stages=v if sched is Schedule.INTERLEAVED else 1, cp=cp, runtime=_runtime(r))
+                          virtual_stages=v if sched is Schedule.INTERLEAVED else 1, cp=cp, runtime=_runtime(r),
+                          precision=_float8(r) or "bf16")
 
 
 def _vocab(r: dict[str, Any]) -> int:

@@ -115,7 +115,9 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                         "bf16-states16 (every model state in bf16, DeepSpeed's bf16 master weights and optimizer "
                         "states, 10 B/param), fp16, fp16-grad16, fp32, fp8 (Transformer Engine's FP8 recipe, "
                         "20 B/param), fp8-cs (the same with current scaling), fp8-grad16 and fp8-cs-grad16 (those "
-                        "with 16-bit gradients)")
+                        "with 16-bit gradients); torchao's Float8 as torchtitan runs it (--runtime torchtitan only): "
+                        "fp8-torchao (tensorwise, bf16's bytes), fp8-torchao-fsdp8 (the same with FSDP2's float8 "
+                        "all-gather) and fp8-torchao-rowwise")
     p.add_argument("--expert-parallel", type=positive, default=1, help="expert-parallel degree (MoE), divides dp")
     p.add_argument("--cp", type=positive, default=1,
                    help="context-parallel degree (ring attention, Megatron-LM's --context-parallel-size): the "
@@ -159,7 +161,8 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
                            "searches then use only the dp with the global batch a multiple of micro-batch x dp")
     plan.add_argument("--precision", choices=list(PRECISIONS), default=DEFAULT_PRECISION,
                       help="training precision, as for parplan memory (default bf16; fp8: Transformer Engine's FP8 "
-                           "recipe; fp8-cs: with current scaling)")
+                           "recipe; fp8-cs: with current scaling; fp8-torchao, fp8-torchao-fsdp8, fp8-torchao-rowwise: "
+                           "torchao's Float8 as torchtitan runs it, --target torchtitan only)")
     plan.add_argument("--objective", choices=["min-memory", "max-throughput"], default="min-memory")
     plan.add_argument("--alpha", type=float, default=None,
                       help="min-memory as memory + alpha x time: GiB per device one second of step time is worth")

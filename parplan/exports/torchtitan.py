@@ -16,11 +16,13 @@ step count stay the recipe's: the notes say so.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from parplan.exports import torchtitan_float8 as float8
 from parplan.exports.common import (
     SIZES_HINT,
     Export,
@@ -140,11 +142,16 @@ def export_torchtitan(doc: Mapping[str, Any]) -> Export:
         raise NotExpressible(TARGET, reasons)
     assert plan is not None and ctx is not None and flavor is not None
     strategy = doc.get("strategy") or {}
+    module_text = _CONFIG_MODULE_TEXT if flavor.written else None
+    if plan.precision in float8.RECIPES:
+        imported = (module_text or _CONFIG_MODULE_TEXT).replace("\n\n\ndef ", "\n" + float8.IMPORTS + "\n\ndef ", 1)
+        module_text = imported + float8.function_text(flavor.flavor, flavor.config, flavor.written, plan.precision)
+        flavor = dataclasses.replace(flavor, config=float8.function_name(flavor.config, plan.precision), written=True)
     args = torchtitan_arguments(plan, ctx, flavor)
     summary = " ".join(str(strategy.get("summary") or _summary(plan)).split())  # one line
     files = {ARGS_FILE: "\n".join(args) + "\n", SCRIPT_FILE: _script(plan, ctx, flavor, args, summary)}
-    if flavor.written:
-        files[CONFIG_MODULE + ".py"] = _CONFIG_MODULE_TEXT
+    if module_text is not None:
+        files[CONFIG_MODULE + ".py"] = module_text
     return Export(TARGET, TORCHTITAN_VERSION, files, _launch_lines(ctx, flavor, args),
                   _notes(plan, ctx, flavor, strategy))
 
@@ -159,7 +166,7 @@ def torchtitan_arguments(plan: UniformPlan, ctx: PlanContext, flavor: Flavor) ->
             "--training.local_batch_size", str(local),
             "--training.global_batch_size", str(plan.global_batch),
             "--training.dtype", "float32",
-            "--training.mixed_precision_param", "bfloat16" if plan.precision == "bf16" else "float32",
+            "--training.mixed_precision_param", "float32" if plan.precision == "fp32" else "bfloat16",
             "--training.mixed_precision_reduce", "float32",
             "--training.disable_cuda_graphs",
             "--parallelism.data_parallel_replicate_degree", str(1 if sharded else plan.dp),
@@ -274,7 +281,9 @@ def _check(plan: UniformPlan, ctx: PlanContext, flavor: Flavor | None, reasons: 
                        "them for backward (parallelism.context_parallel_degree), and shards the weights over the "
                        "context-parallel ranks with FSDP2; the plan prices Megatron-LM's p2p ring, which holds one "
                        "chunk, so its memory would be under-predicted (export it with --target megatron)")
-    if plan.precision not in ("bf16", "fp32"):
+    if plan.precision in float8.REFUSED:
+        reasons.append(f"precision {plan.precision}: {float8.REFUSED[plan.precision]}")
+    elif plan.precision not in ("bf16", "fp32", *float8.RECIPES):
         reasons.append(f"precision {plan.precision}: torchtitan 0.3.0 computes in bfloat16 or float32 and "
                        "reduces gradients in float32 only")
     if plan.micro_batch * plan.num_microbatches * plan.dp != plan.global_batch:
@@ -478,8 +487,14 @@ def _step_notes(plan: UniformPlan, flavor: Flavor, strategy: Mapping[str, Any]) 
     """Precision, eager execution, the loss, the runtime priced, the config module, and what is the user's."""
     notes: list[str] = []
     prec = "bfloat16 compute, float32 weights, gradient reduction and optimizer states (FSDP2 mixed precision)" \
-        if plan.precision == "bf16" else "float32 throughout"
+        if plan.precision != "fp32" else "float32 throughout"
     notes.append(f"precision {plan.precision} -> {prec}")
+    if plan.precision in float8.RECIPES:
+        notes.append(f"{CONFIG_MODULE}.py: {flavor.config} makes every linear layer but the output "
+                     f"({float8.OUTPUT_FQN}) torchao Float8 ({float8.RECIPES[plan.precision]} recipe, "
+                     "Float8LinearConverter in the model spec, which no command-line option reaches); torch.compile "
+                     "stays off as for every export, so the casts run unfused (slower than torchtitan's compiled "
+                     "Float8, the same memory: torchao saves the bf16 inputs); torchao must be installed")
     notes.append("CUDA graphs and torch.compile are off (training.disable_cuda_graphs, compile.no_enable): the "
                  "step runs eagerly, as parplan's memory model assumes; CUDA graphs cannot run pipeline "
                  "parallelism in 0.3.0")
@@ -490,7 +505,7 @@ def _step_notes(plan: UniformPlan, flavor: Flavor, strategy: Mapping[str, Any]) 
         notes.append(f"the plan's memory was estimated for runtime {runtime}; plan with --target torchtitan for "
                      "torchtitan's buffers (runtime torchtitan: fp32 weights as the master copy, gradients freed "
                      "between steps)")
-    if flavor.written:
+    if flavor.flavor == "405B" and plan.precision not in float8.RECIPES:
         notes.append(f"{CONFIG_MODULE}.py: torchtitan's llama3_405b recipe makes the linear layers but the output "
                      "Float8 (torchao) in its model spec, which no option undoes; this bf16 plan runs the "
                      f"{flavor.config} config written here (same model, learning rate and warm-up, no Float8); keep "

@@ -179,8 +179,12 @@ def _line_job(text: str, gpus: int | None) -> Job:
     unpriced = [] if values["training.disable_cuda_graphs"] == "true" else [
         "CUDA graphs (torchtitan's default without --training.disable_cuda_graphs) keep memory pools the "
         "prediction leaves out"]
+    if recipe.float8 is not None:
+        adjusted.append(f"the {config} recipe's Float8 linear layers (torchao, rowwise): precision {recipe.float8}"
+                        + ("" if recipe.module != "llama3" or recipe.flavor != "debugmodel" else
+                           "; its output layer, converted too (no filter_fqns), is priced in bf16"))
     return Job(flavor, values, ac or recipe.ac, tuple(parts), world, procs, adjusted, unknown,
-               ignored + env_ignored, unpriced)
+               ignored + env_ignored, unpriced, recipe.float8)
 
 
 def _parse_words(words: list[str]) -> tuple[dict[str, str], list[str], str | None, list[str], list[str]]:
@@ -247,6 +251,15 @@ def price_job(job: Job) -> Imported | LayerImport:
     precision = {"bfloat16": "bf16", "float32": "fp32"}.get(values["training.mixed_precision_param"])
     if precision is None:
         problems.append(f"training.mixed_precision_param {values['training.mixed_precision_param']}")
+    elif job.float8 is not None:
+        if precision != "bf16":
+            problems.append(f"Float8 linear layers with training.mixed_precision_param "
+                            f"{values['training.mixed_precision_param']}: parplan prices torchao's Float8 beside bf16")
+        precision = job.float8
+        if precision == "fp8-torchao-fsdp8" and shard == 1:  # float8.py: parallel_dims.dp_shard_enabled and ...
+            precision = "fp8-torchao"
+            adjusted.append("enable_fsdp_float8_all_gather without FSDP sharding (data_parallel_shard_degree 1): "
+                            "torchtitan leaves it off, precision fp8-torchao")
     schedule = _schedule(values, pp, problems)
     if pp > 1 and values["training.disable_cuda_graphs"] != "true":
         problems.append("pipeline parallelism with CUDA graphs: torchtitan 0.3.0 stops ('CUDA graphs do not support "

@@ -31,6 +31,8 @@ class Job:
     unknown: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
     unpriced: list[str] = field(default_factory=list)
+    #: the parplan precision of its torchao Float8 linear layers (``fp8-torchao``...), None without
+    float8: str | None = None
 
 
 def unmodelled(values: Mapping[str, str]) -> list[str]:

@@ -66,6 +66,8 @@ class Recipe:
     source: str
     refused: str | None = None
     module: str = "llama3"
+    #: the parplan precision of its Float8 linear layers (torchao, ``Float8LinearConverter``), None without
+    float8: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", MappingProxyType(dict(self.fields)))
@@ -90,8 +92,8 @@ RECIPES: tuple[Recipe, ...] = (
            refused="its async tensor parallelism (tp_gemm_backend dist_gemm, collectives folded into the GEMMs) "
                    "is not modelled"),
     Recipe("llama3_debugmodel_float8", "debugmodel", _DEBUG, "selective",
-           f"{_REGISTRY}: llama3_debugmodel_float8(): Float8LinearConverter",
-           refused="its Float8 linear layers (torchao) are not modelled (parplan's FP8 is Transformer Engine's)"),
+           f"{_REGISTRY}: llama3_debugmodel_float8(): Float8LinearConverter (recipe_name 'rowwise', its default)",
+           float8="fp8-torchao-rowwise"),
     Recipe("llama3_debugmodel_nvfp4", "debugmodel", _DEBUG, "selective",
            f"{_REGISTRY}: llama3_debugmodel_nvfp4(): NVFP4LinearConverter",
            refused="its NVFP4 linear layers are not modelled"),
@@ -119,14 +121,23 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("llama3_405b", "405B", {**_70B, "training.local_batch_size": "2"}, "full",
            f"{_REGISTRY}: llama3_405b(): Float8LinearConverter(filter_fqns=['lm_head']), "
            "CompileConfig(enable=True, enable_async_tensor_parallel=True)",
-           refused="its Float8 linear layers (torchao), torch.compile and async tensor parallelism are not "
-                   "modelled; `parplan export --target torchtitan` writes llama3_405b_bf16, the same job in bf16"),
+           refused="its torch.compile and async tensor parallelism are not modelled; `parplan export --target "
+                   "torchtitan` writes llama3_405b_bf16, the same job in bf16 and eager, or "
+                   "llama3_405b_bf16_float8_rowwise with the Float8 linear layers (precision fp8-torchao-rowwise)"),
     Recipe("sft_debugmodel", "debugmodel", {"training.local_batch_size": "8", "training.seq_len": "2048"},
            "selective", f"{_REGISTRY}: sft_debugmodel(): TrainingConfig(local_batch_size=8, seq_len=2048), "
            "attn_backend='flex', SelectiveAC.Config()"),
     Recipe("llama3_405b_bf16", "405B", _70B, "full",
            "parplan/exports/torchtitan.py: llama3_405b_bf16(): llama3_70b() with model_registry('405B')",
            module="parplan_torchtitan_config"),
+    # parplan/exports/torchtitan_float8.py: <recipe>_float8_rowwise(): model_registry(..., converters=[
+    # Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["lm_head"])]) on a recipe above
+    *(Recipe(f"{config}_float8_rowwise", flavor, fields, ac, "parplan/exports/torchtitan_float8.py: "
+             f"{config}_float8_rowwise(): {config}() with Float8LinearConverter(recipe_name='rowwise')",
+             module="parplan_torchtitan_config", float8="fp8-torchao-rowwise")
+      for config, flavor, fields, ac in (("llama3_debugmodel", "debugmodel", _DEBUG, "selective"),
+                                         ("llama3_8b", "8B", _8B, "selective"), ("llama3_70b", "70B", _70B, "full"),
+                                         ("llama3_405b_bf16", "405B", _70B, "full"))),
 )
 
 

@@ -38,9 +38,14 @@ _DEFAULT_ONLY: Mapping[str, tuple[Any, str]] = {
     "parallelism.enable_compiled_autograd": (True, "compiled autograd is not modelled"),
     "fault_tolerance.enable": (True, "torchft's fault-tolerant replicas are not modelled"),
 }
+#: the Float8 converter's sections: ``[float8]`` (0.1.0, converter ``float8``) and
+#: ``[quantize.linear.float8]`` (0.2.x, converter ``quantize.linear.float8``)
+_FLOAT8 = {"float8": "float8.", "quantize.linear.float8": "quantize.linear.float8."}
+_FLOAT8_FIELDS = ("enable_float8_linear", "enable_fsdp_float8_all_gather", "recipe_name", "filter_fqns", "emulate")
 _READ = {"model.name", "model.flavor", "model.converters", "activation_checkpoint.mode",
          "activation_checkpoint.selective_ac_option", "parallelism.module_fqns_per_model_part",
-         "parallelism.pipeline_parallel_split_points"}
+         "parallelism.pipeline_parallel_split_points",
+         *(f"{section}{f}" for section in _FLOAT8.values() for f in _FLOAT8_FIELDS)}
 _IGNORED_SECTIONS = ("job.", "profiling.", "metrics.", "optimizer.", "lr_scheduler.", "checkpoint.", "comm.",
                      "validation.", "memory_estimation.", "float8.", "quantize.", "mx.", "experimental.",
                      "dataloader.", "fault_tolerance.", "activation_checkpoint.")
@@ -107,21 +112,23 @@ def read_toml_job(text: str, gpus: int) -> Job:
             unknown.append(f"{key} = {_text(value)}")
     flavor = _flavor(fields, problems)
     ac, adjusted = _activation_checkpoint(fields, problems)
+    float8 = _float8(fields, problems, adjusted)
     parts = _parts(fields, problems)
     if problems:
         raise ImportProblemError(KIND, problems + unmodelled(values))
     assert flavor is not None
     adjusted.insert(0, "a TOML job file of torchtitan before 0.3.0, priced as torchtitan 0.3.0 runs its settings "
                        "(without CUDA graphs, which the earlier releases do not capture)")
-    return Job(flavor, values, ac, parts, gpus, None, adjusted, unknown, ignored, [LOSS_BEFORE_0_3])
+    return Job(flavor, values, ac, parts, gpus, None, adjusted, unknown, ignored, [LOSS_BEFORE_0_3], float8)
 
 
 def _flavor(fields: Mapping[str, Any], problems: list[str]) -> Flavor | None:
     """The llama3 flavor of ``[model]`` (None, with the reason in ``problems``, for another)."""
     name, flavor = fields.get("model.name", "llama3"), fields.get("model.flavor", "debugmodel")
-    if fields.get("model.converters"):
-        problems.append(f"model.converters {fields['model.converters']}: the converted (low-precision) linear layers "
-                        "are not modelled")
+    others = [c for c in _converters(fields) if c not in _FLOAT8]
+    if others:
+        problems.append(f"model.converters {', '.join(others)}: the converted (low-precision) linear layers are not "
+                        "modelled (torchao's Float8 is)")
     if name != "llama3":
         problems.append(f"model.name {name!r}: parplan reads torchtitan's llama3 models only")
         return None
@@ -130,6 +137,47 @@ def _flavor(fields: Mapping[str, Any], problems: list[str]) -> Flavor | None:
         problems.append(f"model.flavor {flavor!r} is none of the llama3 flavors parplan knows "
                         f"({', '.join(f.flavor for f in FLAVORS)})")
     return found
+
+
+def _converters(fields: Mapping[str, Any]) -> list[str]:
+    value = fields.get("model.converters") or []
+    return [c.strip() for c in (value.split(",") if isinstance(value, str) else value) if str(c).strip()]
+
+
+def _float8(fields: Mapping[str, Any], problems: list[str], adjusted: list[str]) -> str | None:
+    """The parplan precision of the job's torchao Float8 linear layers (None without): the converter
+    ``float8`` / ``quantize.linear.float8`` (or 0.1.0's earlier ``[float8] enable_float8_linear``) and
+    its section (``Float8`` in config_manager.py, v0.1.0; ``Float8Linear`` in job_config.py, v0.2.2;
+    applied by ``Float8Converter`` in torchtitan/components/quantization/float8.py)."""
+    on = [s for c, s in _FLOAT8.items() if c in _converters(fields)]
+    if not on and fields.get("float8.enable_float8_linear") is not True:
+        return None
+    # the converter's own section first (v0.2.2's 405B file names converter "float8" beside
+    # [quantize.linear.float8], the section that release reads)
+    sections = list(dict.fromkeys([*on, *_FLOAT8.values()]))
+    section = next((s for s in sections if any(k.startswith(s) for k in fields)), sections[0])
+    field = {f: next((fields[s + f] for s in sections if s + f in fields), None) for f in _FLOAT8_FIELDS}
+    recipe, gather = field["recipe_name"] or "tensorwise", field["enable_fsdp_float8_all_gather"] is True
+    name = {"tensorwise": "fp8-torchao-fsdp8" if gather else "fp8-torchao", "rowwise": "fp8-torchao-rowwise"}.get(
+        str(recipe))
+    if name is None:
+        problems.append(f"{section}recipe_name {recipe!r}: its weight-gradient GEMM in bf16 is not modelled "
+                        "(tensorwise and rowwise are)")
+    if gather and field["recipe_name"] is not None:
+        problems.append(f"{section}enable_fsdp_float8_all_gather with recipe_name {recipe!r}: torchtitan refuses it "
+                        "(float8 all-gather is the tensorwise recipe's)")
+    if field["emulate"] is True:
+        problems.append(f"{section}emulate: emulated Float8 GEMMs are not modelled")
+    fqns = [str(f) for f in field["filter_fqns"] or []]
+    if any(f != "output" for f in fqns):
+        problems.append(f"{section}filter_fqns {fqns}: linear layers left in bf16 other than the output are not "
+                        "modelled (parplan's Float8 converts every block's linear layers)")
+    adjusted.append(f"torchao Float8 linear layers ({recipe}{', FSDP2 float8 all-gather' if gather else ''}): "
+                    f"precision {name}" + ("" if "output" in fqns else
+                                           "; the output layer, converted too (not in filter_fqns), is priced in "
+                                           "bf16 (its GEMM's time above, and with the float8 all-gather its "
+                                           "gathered weight)"))
+    return name
 
 
 def _activation_checkpoint(fields: Mapping[str, Any], problems: list[str]) -> tuple[str, list[str]]:

@@ -128,8 +128,10 @@ PrecisionName = Annotated[str, _one_of(tuple(PRECISIONS), "precision", PRECISION
     {"type": "string", "enum": list(PRECISIONS), "default": DEFAULT_PRECISION, "description": "Training "
      "precision: bf16 (Megatron-LM's default), bf16-grad16, bf16-states16 (every model state in bf16: DeepSpeed's "
      "bf16_master_weights_and_grads with bf16_optimizer_states), fp16, fp16-grad16, fp32, fp8 (Transformer "
-     "Engine's FP8 recipe, delayed scaling), fp8-cs (the same with current scaling) or fp8-grad16 and fp8-cs-grad16 "
-     "(those with 16-bit gradients); FP8 needs a GPU with FP8 math."})]
+     "Engine's FP8 recipe, delayed scaling), fp8-cs (the same with current scaling), fp8-grad16 and fp8-cs-grad16 "
+     "(those with 16-bit gradients), or torchao's Float8 as torchtitan runs it (target torchtitan only): "
+     "fp8-torchao (tensorwise), fp8-torchao-fsdp8 (the same with FSDP2's float8 all-gather) and "
+     "fp8-torchao-rowwise; FP8 needs a GPU with FP8 math."})]
 TargetName = Annotated[str, _one_of(tuple(t.value for t in Target), "target", [t.value for t in Target]),
                        WithJsonSchema({"type": "string", "enum": [t.value for t in Target], "default": "any"})]
 
@@ -273,6 +275,9 @@ class PlanRequestIn(BaseModel):
         ob = self.objective or ObjectiveSpec()
         _check_precision(tr.precision, cluster)
         target = Target(self.target)
+        if PRECISIONS[tr.precision].torchao and target is not Target.TORCHTITAN:
+            raise RequestError("training.precision", f"{tr.precision} is torchao's Float8 as torchtitan runs it: "
+                               f"plan it with target torchtitan (target is {target.value})")
         self._check_search(target, cluster)
         global_batch = tr.global_batch or cl.gpus
         if model.config is not None and tr.seq_len:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph, OpKind
@@ -33,6 +34,15 @@ class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
     INTERLEAVED = "interleaved"
+
+
+def check_precision_runtime(precision: str, runtime: Runtime) -> None:
+    """StrategyError where a precision is one trainer's and the runtime another's: torchao's Float8
+    (``fp8-torchao*``) is priced as torchtitan runs it, with the torchtitan runtimes only."""
+    prec = PRECISIONS.get(precision.lower())
+    if prec is not None and prec.torchao and runtime not in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU):
+        raise StrategyError(f"precision {prec.name} is torchao's Float8 as torchtitan runs it: runtime torchtitan "
+                            f"prices it, not {runtime} (fp8 and fp8-cs are Transformer Engine's)")
 
 
 def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,
@@ -144,6 +154,7 @@ class ParallelConfig:
             raise StrategyError(f"cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         if self.dp % self.expert_parallel:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
+        check_precision_runtime(self.precision, self.runtime)
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)

@@ -280,12 +280,15 @@ def reasons_of(doc: dict[str, Any]) -> list[str]:
     (doc_for("llama-3-8b", 8, dp=4, expert_parallel=2), "expert parallelism"),
     (doc_for("llama-3-8b", 8, dp=2, cp=4), "all-gathers every layer's keys and values"),
     (doc_for("llama-3-8b", 8, precision="fp16"), "precision fp16"),
+    (doc_for("llama-3-8b", 8, precision="fp8-torchao"), "rowwise recipes only"),
+    (doc_for("llama-3-8b", 8, precision="fp8-torchao-fsdp8"), "enable_fsdp_float8_all_gather"),
     (doc_for("llama-3-8b", 8, dp=4), "multiply to the world size"),
     (doc_for("llama-3-8b", 8, pp=2, dp=4, partition=[30, 2, 0]), "partition [30, 2, 0]"),
     (per_layer_doc({"recompute": "none", "strategy": "tp2 dp4 zero3 sp recompute=none"}), "different strategies"),
     ({**doc_for("llama-3-8b", 8), "strategy": {"kind": "intra-operator", "summary": "ilp: 42 operators"}},
      "each operator"),
 ], ids=["zero1", "gpt", "mixtral", "llama2-sizes", "tp-kv-heads", "expert-parallel", "context-parallel", "fp16",
+        "float8-tensorwise", "float8-fsdp",
         "world", "partition", "per-layer-differs", "intra-operator"])
 def test_not_expressible(doc: dict[str, Any], cause: str) -> None:
     assert any(cause in r for r in reasons_of(doc)), reasons_of(doc)
@@ -301,3 +304,34 @@ def test_every_reason_is_listed() -> None:
 def test_llama2_reason_names_the_sizes() -> None:
     (reason,) = reasons_of(doc_for("llama-2-7b", 8))
     assert "vocab 32000 (not 128256)" in reason and "ffn 11008 (not 14336)" in reason
+
+
+@pytest.mark.parametrize("preset", ["llama-3-8b", "llama-3-405b"])
+def test_float8_rowwise_model_spec(preset: str, loader: Loader, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8-torchao-rowwise: a config function whose model spec converts every linear layer but the output with
+    0.3.0's Float8LinearConverter (rowwise). torchao is not needed to read it back: the converters handed to
+    ``model_registry`` are recorded, and the model built without them (building one checks for an FP8 GPU)."""
+    import torchtitan.models.llama3 as llama3
+    from torchtitan.components.quantization import Float8LinearConverter
+    from torchtitan.components.quantization.utils import module_filter_fn
+
+    seen: list[Any] = []
+    registry = llama3.model_registry
+
+    def recording(flavor: str, *args: Any, converters: list[Any] | None = None, **kwargs: Any) -> Any:
+        seen.extend(converters or [])
+        return registry(flavor, *args, **kwargs)
+
+    monkeypatch.setattr(llama3, "model_registry", recording)
+    gpus = 8 if preset == "llama-3-8b" else 512
+    doc = doc_for(preset, gpus, tp=8 if gpus > 8 else 1, dp=gpus // 8 if gpus > 8 else 8, sequence_parallel=gpus > 8,
+                  precision="fp8-torchao-rowwise")
+    export, config = export_and_check(doc, loader, tmp_path, monkeypatch)
+    assert CONFIG_MODULE + ".py" in export.files
+    (converter,) = seen
+    assert type(converter) is Float8LinearConverter.Config
+    assert (converter.recipe_name, converter.filter_fqns) == ("rowwise", ["lm_head"])
+    model = config.model_spec.model
+    assert not module_filter_fn(model.lm_head, "lm_head", converter.filter_fqns)
+    assert module_filter_fn(model.layers[0].feed_forward.w1, "layers.0.feed_forward.w1", converter.filter_fqns)

@@ -36,10 +36,12 @@ def sync_seconds(p: Links, plan: LayerPlan, s: LayerStrategy, params: Iterable[O
     operator's work is split all-reduced over TP."""
     tensors: dict[bool, list[float]] = {False: [], True: []}  # each parameter's local elements
     numel = {False: 0.0, True: 0.0}
+    sent = {False: 0.0, True: 0.0}  # bytes a gather of the weights sends (Precision.transfer_bytes)
     tp_partial = 0.0
     for param in params:
         tensors[param.group.expert].append(param.elems)
         numel[param.group.expert] += param.numel
+        sent[param.group.expert] += param.elems * prec.transfer_bytes(param.float8)
         tp_partial += param.elems if param.tp_partial else 0.0
     reduce = weight_gather = gathers = 0.0
     for expert, local in tensors.items():
@@ -48,7 +50,7 @@ def sync_seconds(p: Links, plan: LayerPlan, s: LayerStrategy, params: Iterable[O
             count = data_parallel_collectives(plan.runtime, s.tp, n, s.zero, local, prec.grad_bytes,
                                               numel[expert] / unit_numel if unit_numel else 0.0)
             link = p.data_link(plan, s, expert)
-            weights = e * prec.weight_transfer_bytes
+            weights = sent[expert]
             traffic = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)
             reduce += traffic.reduce
             weight_gather += traffic.weight_gather
@@ -64,10 +66,12 @@ def copy_seconds(p: Links, plan: LayerPlan, s: LayerStrategy, params: Iterable[O
     """Seconds per step of the copies the runtime's sharded data parallelism makes around the
     collectives of these parameters (:func:`sharded_copy_seconds`), ``reductions`` times a step."""
     elems = {False: 0.0, True: 0.0}
+    sent = {False: 0.0, True: 0.0}
     for param in params:
         elems[param.group.expert] += param.elems
+        sent[param.group.expert] += param.elems * prec.transfer_bytes(param.float8)
     return sum(sharded_copy_seconds(plan.runtime, s.tp, group_ranks(s, expert), s.zero, e, prec,
-                                    p.cluster.gpu, p.calibration, plan.num_microbatches, reductions)
+                                    p.cluster.gpu, p.calibration, plan.num_microbatches, reductions, sent[expert])
                for expert, e in elems.items())
 
 

@@ -61,7 +61,7 @@ def stage_unit(name: str, costs: GraphCosts, strategy: UnitStrategy, cost: UnitC
     own_elems = sum(local_elems(p, strategy) for p in own)
     untied = sum(local_elems(p, strategy) for p in own if p.id not in tied_ids)
     return StageUnit(name, is_block, dp, cost.act_bytes, costs.backward_profile(name, strategy, prec),
-                     costs.forward_transient(name, strategy, prec), cost.param_elems_all * prec.param_bytes,
+                     costs.forward_transient(name, strategy, prec), cost.param_gathered_bytes,
                      cost.param_elems_all * prec.grad_bytes, own_elems * prec.param_bytes, untied * prec.grad_bytes,
                      any(p.id in tied_ids for p in costs.params[name]), costs.loss_loop(name, strategy, prec))
 

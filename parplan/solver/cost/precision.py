@@ -29,6 +29,12 @@ class Precision:
     #: FP8 with current (per-tensor, just-in-time) scaling: each cast first reads its tensor for the
     #: amax (Transformer Engine's ``Float8CurrentScaling``, Megatron-LM's ``--fp8-recipe tensorwise``)
     fp8_current_scaling: bool = False
+    #: torchao's Float8 training as torchtitan runs it (its Float8 converter): priced only with the
+    #: torchtitan runtimes (:func:`~parplan.solver.strategy.check_precision_runtime`)
+    torchao: bool = False
+    #: FSDP2 gathers the Float8 linear layers' weights in float8 (torchao's
+    #: ``enable_fsdp_float8_all_gather``): one byte per element gathered, held and sent
+    fp8_weight_gather: bool = False
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -39,9 +45,20 @@ class Precision:
     def weight_transfer_bytes(self) -> int:
         """Bytes per weight element that data-parallel gathers and weight re-layouts move: the
         weight in its own type. The FP8 copies are cast on each rank from the gathered weight
-        (Megatron-LM's distributed optimizer gathers the bf16 weights; torchtitan's FP8 all-gather
-        for FSDP2, ``enable_fsdp_float8_all_gather``, is off by default)."""
-        return self.param_bytes - (FP8_WEIGHT_COPY_BYTES if self.matmul_dtype == "fp8" else 0)
+        (Megatron-LM's distributed optimizer gathers the bf16 weights); torchao keeps no copies. A
+        Float8 weight FSDP2 gathers in float8 (``fp8-torchao-fsdp8``) sends :meth:`transfer_bytes`."""
+        return self.param_bytes - (FP8_WEIGHT_COPY_BYTES if self.matmul_dtype == "fp8" and not self.torchao else 0)
+
+    def gathered_bytes(self, float8_weight: bool) -> int:
+        """Bytes per element a weight FSDP gathers holds unsharded: the compute-type weight (and
+        Transformer Engine's FP8 copies made from it), one byte for a Float8 linear layer's weight
+        (``float8_weight``, :func:`~parplan.solver.cost.rules.float8_weight`) gathered in float8."""
+        return FP8_GATHER_BYTES if self.fp8_weight_gather and float8_weight else self.param_bytes
+
+    def transfer_bytes(self, float8_weight: bool) -> int:
+        """Bytes per element a data-parallel gather of the weight sends (:attr:`weight_transfer_bytes`,
+        one byte for a Float8 linear layer's weight gathered in float8)."""
+        return FP8_GATHER_BYTES if self.fp8_weight_gather and float8_weight else self.weight_transfer_bytes
 
     @property
     def model_state_bytes(self) -> int:
@@ -56,6 +73,11 @@ class Precision:
 #: features/low_precision_training/performance_considerations; TE PR 1596: "Weight with column-wise
 #: usage is needed for dgrad GEMM").
 FP8_WEIGHT_COPY_BYTES = 2
+
+#: Bytes per element of a weight gathered in float8 (torchao's ``WeightWithDynamicFloat8CastTensor``:
+#: ``fsdp_pre_all_gather`` casts the local shard to float8 and all-gathers its ``_data``; the one fp32
+#: scale per tensor travels as metadata and is not counted), torchao/float8/fsdp_utils.py.
+FP8_GATHER_BYTES = 1
 
 #: ``bf16`` is Megatron-LM's default: bf16 weights and activations, fp32 gradient accumulation,
 #: fp32 master weights and Adam moments (18 bytes/parameter). ``*-grad16`` keeps 16-bit gradients
@@ -85,6 +107,24 @@ FP8_WEIGHT_COPY_BYTES = 2
 #: DeepSpeed reuses the bf16 weight partition as the master when the types match
 #: (``stage3.py``'s ``_create_fp32_partitions``): the master's 2 bytes/parameter counted there are an
 #: upper bound.
+#: ``fp8-torchao`` is torchao's Float8 training as torchtitan runs it (its Float8 converter, the
+#: tensorwise recipe: dynamic per-tensor scaling, torchao/float8/float8_linear.py): bf16's bytes
+#: throughout, the matmuls with a weight at the GPU's FP8 peak but those over the vocabulary (the
+#: output layer: torchtitan's configs filter it, ``filter_fqns = ["output"]``), at the GEMM speed of
+#: ``fp8-cs`` (cuBLAS's tensorwise-scaled FP8 GEMM, the scale computed from the tensor just before the
+#: cast, as Transformer Engine's current scaling); the casts are torchao's own, more than Transformer
+#: Engine's (:func:`~parplan.solver.cost.rules._torchao_cast_seconds`). torchao keeps no FP8 copy of
+#: a weight between micro-batches (each GEMM casts the weight anew), and
+#: ``matmul_with_hp_or_float8_args.forward`` saves the high-precision input and weight for backward
+#: (``ctx.save_for_backward(input_hp, weight_hp_t)``), so the saved activations are bf16's. The casts
+#: each GEMM makes (input, weight, output gradient: one byte an element, freed when the layer's
+#: forward or backward returns) are not counted in memory. ``fp8-torchao-fsdp8`` adds torchtitan's
+#: ``enable_fsdp_float8_all_gather`` (with ``precompute_float8_dynamic_scale_for_fsdp``): FSDP2
+#: casts each Float8 linear weight's shard to float8 before the all-gather, which sends and holds one
+#: byte per element (:data:`FP8_GATHER_BYTES`); the gathered float8 weight is the GEMM's operand and
+#: what backward keeps. ``fp8-torchao-rowwise`` is the rowwise recipe (torchtitan 0.3.0's default,
+#: axiswise scales, every collective in bf16): the same bytes as ``fp8-torchao``, priced at the same
+#: FP8 GEMM speed (an optimistic time: rowwise GEMMs run CUTLASS kernels slower than cuBLAS's tensorwise).
 PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "bf16": Precision("bf16", 2, 4, 4, 8, 2, "bf16"),
     "bf16-grad16": Precision("bf16-grad16", 2, 2, 4, 8, 2, "bf16"),
@@ -98,6 +138,12 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "fp8-grad16": Precision("fp8-grad16", 2 + FP8_WEIGHT_COPY_BYTES, 2, 4, 8, 2, "bf16", matmul_dtype="fp8"),
     "fp8-cs-grad16": Precision("fp8-cs-grad16", 2 + FP8_WEIGHT_COPY_BYTES, 2, 4, 8, 2, "bf16", matmul_dtype="fp8",
                                fp8_current_scaling=True),
+    "fp8-torchao": Precision("fp8-torchao", 2, 4, 4, 8, 2, "bf16", matmul_dtype="fp8", fp8_current_scaling=True,
+                             torchao=True),
+    "fp8-torchao-fsdp8": Precision("fp8-torchao-fsdp8", 2, 4, 4, 8, 2, "bf16", matmul_dtype="fp8",
+                                   fp8_current_scaling=True, torchao=True, fp8_weight_gather=True),
+    "fp8-torchao-rowwise": Precision("fp8-torchao-rowwise", 2, 4, 4, 8, 2, "bf16", matmul_dtype="fp8",
+                                     fp8_current_scaling=True, torchao=True),
 })
 
 

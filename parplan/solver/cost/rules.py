@@ -27,6 +27,8 @@ from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
 from parplan.solver.cost.kernels import (
+    FP8_AMAX_BYTES,
+    FP8_CAST_BYTES,
     GEMM_SCORE_PASSES,
     SOFTMAX_SCORE_PASSES,
     attention_efficiency,
@@ -58,9 +60,35 @@ def compute_dtype(node: Node, prec: Precision, graph: Graph | None = None) -> st
         return node.dtype
     if prec.matmul_dtype and graph is not None and node.kind is OpKind.EINSUM:
         weights = [graph.node(i) for i in node.inputs if graph.node(i).is_parameter]
-        if weights and not any("vocab" in w.shape for w in weights):
+        if weights and not any("vocab" in w.shape for w in weights) and (
+                not prec.torchao or all(_float8_linear(w, node, graph) for w in weights)):
             return prec.matmul_dtype
     return prec.compute_dtype
+
+
+def _float8_linear(weight: Node, matmul: Node, graph: Graph) -> bool:
+    """torchtitan converts a linear layer whose in- and out-features are multiples of 16 (FP8 tensor
+    cores' alignment; torchtitan/components/quantization/utils.py: ``module_filter_fn``): here the
+    weight's dims the matmul's input shares, and the rest. A weight with an expert dim is not
+    converted: the experts are torchtitan's ``GroupedExperts``, not linear layers (another converter,
+    not modelled), and its MoE configs filter the router (``filter_fqns``)."""
+    if "expert" in weight.shape:
+        return False
+    read = {d for i in matmul.inputs if i != weight.id for d, _ in graph.node(i).dims}
+    fan_in = 1
+    for d, size in weight.dims:
+        fan_in *= size if d in read else 1
+    return fan_in % 16 == 0 and (weight.numel // fan_in) % 16 == 0
+
+
+def float8_weight(param: Node, graph: Graph, consumers: Sequence[str]) -> bool:
+    """Whether ``param`` is the weight of a linear layer torchao's Float8 training converts (its GEMMs
+    at ``matmul_dtype``, :func:`compute_dtype`; FSDP2 may gather it in float8): read by matmuls, no
+    vocabulary dim (the output layer stays bf16), features multiples of 16. ``consumers``: the ids of
+    the nodes reading it."""
+    readers = [graph.node(c) for c in consumers]
+    return ("vocab" not in param.shape and bool(readers)
+            and all(r.kind is OpKind.EINSUM and _float8_linear(param, r, graph) for r in readers))
 
 
 def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime: Runtime) -> bool:
@@ -188,8 +216,10 @@ def _op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration
     bwd = roofline_seconds(backward_flops(node, graph) / work, 2 * traffic, gpu, dt, b_m_eff, b_eff)
     if dt == "fp8" and shape is not None:
         out_shards = output_layout(node, s, mesh, partial).shards(sizes)
-        cast_in, cast_out = _fp8_cast_seconds(node, graph, gpu, ins, out_shards, b_eff, grouped,
-                                              prec.fp8_current_scaling)
+        cast_in, cast_out = (_torchao_cast_seconds(node, graph, gpu, ins, out_shards, b_eff, prec.fp8_weight_gather)
+                             if prec.torchao else
+                             _fp8_cast_seconds(node, graph, gpu, ins, out_shards, b_eff, grouped,
+                                               prec.fp8_current_scaling))
         fwd += cast_in
         bwd += cast_out
     return fwd, bwd
@@ -209,6 +239,28 @@ def _fp8_cast_seconds(node: Node, graph: Graph, gpu: GpuSpec, in_shards: list[in
     share = 1 / len(gemm_group(node, graph)) if grouped else 1.0
     x_elems = graph.node(node.inputs[pos]).numel / in_shards[pos]
     return x_elems * per_elem * share / bandwidth, node.numel / out_shards * per_elem / bandwidth
+
+
+def _torchao_cast_seconds(node: Node, graph: Graph, gpu: GpuSpec, in_shards: list[int], out_shards: int,
+                          b_eff: float, weight_gathered_fp8: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of the casts around a torchao Float8 GEMM (eager,
+    torchao/float8/float8_linear.py ``matmul_with_hp_or_float8_args``), each a dynamic per-tensor cast
+    (:data:`FP8_CAST_BYTES` plus :data:`FP8_AMAX_BYTES` an element of one device's share): forward
+    casts the input and the weight; backward casts the output gradient twice (for the input's and
+    the weight's gradient GEMMs), the weight again and the saved high-precision input again. A weight
+    FSDP2 gathered in float8 (``weight_gathered_fp8``) is cast before the all-gather, on its shard
+    only, which is not counted."""
+    per_elem = FP8_CAST_BYTES + FP8_AMAX_BYTES
+    bandwidth = gpu.hbm_bandwidth_bytes_per_s * b_eff
+    x_elems = w_elems = 0.0
+    for i, x in enumerate(node.inputs):
+        elems = graph.node(x).numel / in_shards[i]
+        if graph.node(x).is_parameter:
+            w_elems += 0.0 if weight_gathered_fp8 else elems
+        else:
+            x_elems += elems
+    out = node.numel / out_shards
+    return (x_elems + w_elems) * per_elem / bandwidth, (2 * out + w_elems + x_elems) * per_elem / bandwidth
 
 
 def _unfused_attention_seconds(node: Node, graph: Graph, gpu: GpuSpec, prec: Precision, dt: str,
@@ -304,7 +356,8 @@ def weight_gather_exposed_seconds(gather_seconds: float, forward_seconds: float,
 
 
 def sharded_copy_seconds(runtime: Runtime, tp: int, ranks: int, zero: int, elems: float, prec: Precision,
-                         gpu: GpuSpec, calibration: Calibration, microbatches: int, reductions: int) -> float:
+                         gpu: GpuSpec, calibration: Calibration, microbatches: int, reductions: int,
+                         gathered_bytes: float | None = None) -> float:
     """Seconds per step of the copies sharded data parallelism makes on the GPU around its
     collectives (:attr:`~parplan.solver.cost.runtime.Runtime.copies_around_collectives`), for
     ``elems`` local weight elements synchronised over ``ranks`` data-parallel ranks. Memory bound
@@ -317,13 +370,14 @@ def sharded_copy_seconds(runtime: Runtime, tp: int, ranks: int, zero: int, elems
       writes the reduce-scatter's input in the reduce dtype (``prec.grad_bytes``).
 
     FSDP2 (PyTorch's ``fully_shard``) with ``tp`` x ``ranks`` devices; 0 for other runtimes, for
-    ZeRO 0-1, or over one rank."""
+    ZeRO 0-1, or over one rank. ``gathered_bytes``: the bytes those weights travel in, when not
+    ``elems x prec.weight_transfer_bytes`` (Float8 weights gathered in float8)."""
     dp = runtime.data_parallel(tp, ranks, zero)  # one rank: in place, nothing gathered
     if elems <= 0 or not runtime.copies_around_collectives or not (dp.shards_parameters and dp.gathers):
         return 0.0
     gathers = microbatches * (1 if dp.kept_from_forward else 2)
-    nbytes = gathers * 2 * elems * prec.weight_transfer_bytes + reductions * elems * (prec.activation_bytes
-                                                                                      + prec.grad_bytes)
+    weights = elems * prec.weight_transfer_bytes if gathered_bytes is None else gathered_bytes
+    nbytes = gathers * 2 * weights + reductions * elems * (prec.activation_bytes + prec.grad_bytes)
     return nbytes / (gpu.hbm_bandwidth_bytes_per_s * calibration.memory_efficiency)
 
 

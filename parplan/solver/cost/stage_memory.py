@@ -135,10 +135,10 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
                c.logits_grad_bytes, c.cp_buffer_bytes, forward_transient,
                profile.peak - c.act_bytes if profile is not None else 0.0)
     if s.zero >= 3 and is_block:
-        peak = max(peak, c.param_elems_all * (prec.param_bytes + 3 * prec.grad_bytes) + workspace)
+        peak = max(peak, c.param_gathered_bytes + c.param_elems_all * 3 * prec.grad_bytes + workspace)
     if is_block and dp is not None and dp.gathers and profile is not None:
         copies = 1 if dp.kept_from_forward else 2
-        peak = max(peak, c.param_elems_all * (copies * prec.param_bytes + dp.reduce_buffers * prec.grad_bytes)
+        peak = max(peak, copies * c.param_gathered_bytes + c.param_elems_all * dp.reduce_buffers * prec.grad_bytes
                    + profile.peak_unsharded - c.act_bytes)
     return peak
 

@@ -35,7 +35,7 @@ from parplan.solver.cost.op_layout import (
 )
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.precision import Precision
-from parplan.solver.cost.rules import op_seconds, unit_parameter_numel
+from parplan.solver.cost.rules import float8_weight, op_seconds, unit_parameter_numel
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_comm import token_all_to_all_seconds, tp_comm_seconds
 from parplan.solver.cost.unit_strategy import (
@@ -70,6 +70,7 @@ class OwnedParam:
     shared: bool  # read by several units (a tied embedding): synchronised once per stage
     tp_partial: bool  # replicated over TP by an operator whose work TP splits: its gradient is all-reduced over TP
     numel: float  # whole-tensor elements
+    float8: bool = False  # a Float8 linear layer's weight (rules.float8_weight)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class UnitCost:
 
     params: dict[ParamGroup, float] = field(default_factory=dict)  # local elements, shared params excluded
     param_elems_all: float = 0.0  # every parameter the unit uses (ZeRO-3 gathers them all)
+    param_gathered_bytes: float = 0.0  # those gathered, unsharded (Precision.gathered_bytes)
     param_numel: float = 0.0  # whole-tensor elements of the distinct parameters the unit reads
     largest_param_elems: float = 0.0  # the largest parameter tensor on one device
     grad_workspace_bytes: float = 0.0  # a weight gradient and its input's gradient, before accumulation
@@ -176,6 +178,9 @@ class GraphCosts:
                         ext.setdefault(i, None)
             self.external_inputs[u] = list(ext)
         self.consumers = graph.consumers()
+        #: the weights of the linear layers torchao's Float8 training converts (rules.float8_weight)
+        self.float8_params = frozenset(p.id for p in graph.parameters()
+                                       if float8_weight(p, graph, self.consumers[p.id]))
         signatures: dict[Hashable, str] = {}
         structures: dict[Hashable, str] = {}
         self.representative: dict[str, str] = {}
@@ -187,7 +192,7 @@ class GraphCosts:
             self.representative[u] = signatures.setdefault(self._signature(u), u)
             self.structural_representative[u] = structures.setdefault(self._signature(u, uses=False), u)
         self._items: dict[tuple[Recompute, bool, int, Runtime], tuple[dict[str, list[SavedItem]], set[str]]] = {}
-        self._costs: dict[tuple[str, UnitStrategy, TimeEnv | None], UnitCost] = {}
+        self._costs: dict[tuple[str, UnitStrategy, Precision, TimeEnv | None], UnitCost] = {}
         self._profiles: dict[tuple[str, UnitStrategy, Precision], BackwardProfile] = {}
         self._forward: dict[tuple[str, UnitStrategy, Precision], float] = {}
         self._loops: dict[tuple[str, UnitStrategy, Precision], LossLoop | None] = {}
@@ -249,7 +254,7 @@ class GraphCosts:
     def unit_cost(self, unit: str, s: UnitStrategy, precision: Precision, env: TimeEnv | None = None) -> UnitCost:
         """Costs of ``unit`` under ``s`` (memory always; time when ``env`` is given)."""
         rep = self.representative[unit]
-        key = (rep, s, env)
+        key = (rep, s, precision, env)
         cost = self._costs.get(key)
         if cost is None:
             self.pricings += 1
@@ -287,6 +292,7 @@ class GraphCosts:
             lay = unit_layout(p, s)
             local = p.numel / lay.shards(mesh)
             c.param_elems_all += local
+            c.param_gathered_bytes += local * prec.gathered_bytes(p.id in self.float8_params)
             c.largest_param_elems = max(c.largest_param_elems, local)
             if p.id in self.shared_params:
                 continue
@@ -386,7 +392,8 @@ class GraphCosts:
                 replicated = s.tp > 1 and "tp" not in lay.axes
                 owned.append(OwnedParam(p.id, ParamGroup(tp_replicated=replicated, expert="ep" in lay.axes),
                                         p.numel / lay.shards(mesh), p.id in self.shared_params,
-                                        replicated and op.assignment[0] is not None, float(p.numel)))
+                                        replicated and op.assignment[0] is not None, float(p.numel),
+                                        p.id in self.float8_params))
             if owned:
                 c.owners.append(OwnerOp(f, b + r, tuple(owned)))
         if s.tp > 1 and env.tp_link is not None:

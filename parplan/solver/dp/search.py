@@ -181,7 +181,7 @@ class DpSearch:
                                              gc.backward_profile(unit, us, self.prec),
                                              gc.forward_transient(unit, us, self.prec), dp)
             if unit in self._block_set and dp.gathers and dp.gather_buffer:
-                r.gather_buffer[j] = c.param_elems_all * self.prec.param_bytes
+                r.gather_buffer[j] = c.param_gathered_bytes
             r.root[j] = 0.0 if unit in self._block_set else c.param_elems_all
             r.largest[j] = c.largest_param_elems
             if unit in self._block_set:
