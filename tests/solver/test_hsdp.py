@@ -1,0 +1,72 @@
+"""Hybrid sharded data parallelism (``dp_shard``): ZeRO within a shard group, replication across
+the groups. The oracles are the ZeRO paper's model-state table with the shard group as N_d, and
+the ring formulas of the α-β model written out here from the cluster's link figures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from parplan.solver.cluster import Cluster, Link, gpu_preset
+from parplan.solver.cost.plan_memory import plan_memory
+from parplan.solver.cost.plan_time import plan_time
+from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.errors import StrategyError
+from parplan.solver.frontends.builder import build_graph
+from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.frontends.presets import get_preset
+from parplan.solver.strategy import ParallelConfig
+
+INTRA, INTER = 100e9, 10e9  # bytes/s per GPU; no latency, so the closed forms are the bandwidth terms
+
+
+def _cluster(nodes: int, per_node: int) -> Cluster:
+    return Cluster(nodes=nodes, gpus_per_node=per_node, gpu=gpu_preset("A100-80GB"),
+                   intra_node_override=Link(INTRA, 0.0), inter_node_override=Link(INTER, 0.0))
+
+
+@pytest.mark.parametrize(("zero", "bytes_per_param"), [
+    (1, lambda n: 4 + 12 / n),          # ZeRO-1: 4Ψ + 12Ψ/N_d
+    (2, lambda n: 2 + 14 / n),          # ZeRO-2: 2Ψ + 14Ψ/N_d
+    (3, lambda n: 16 / n),              # ZeRO-3: 16Ψ/N_d
+])
+def test_zero_table_with_the_shard_group_as_n_d(zero: int, bytes_per_param: Any) -> None:
+    graph = build_graph(get_preset("gpt-1.7b"), batch=1, seq_len=256)
+    psi = graph.parameter_count()
+    held = plan_memory(graph, ParallelConfig(dp=16, zero=zero, dp_shard=4, precision="bf16-grad16"))
+    assert held.stages[0].memory.bytes.model_states == pytest.approx(bytes_per_param(4) * psi, rel=1e-12)
+
+
+def test_dp_shard_of_all_dp_is_full_sharding_and_bad_shards_name_every_reason() -> None:
+    assert ParallelConfig(dp=8, zero=1, dp_shard=8) == ParallelConfig(dp=8, zero=1)
+    with pytest.raises(StrategyError) as err:
+        ParallelConfig(dp=16, zero=0, dp_shard=3, expert_parallel=2)
+    assert all(w in str(err.value) for w in ("divide dp 16", "zero >= 1", "expert parallel degree 2"))
+    with pytest.raises(StrategyError, match="hpZ"):
+        ParallelConfig(dp=16, zero=1, dp_shard=8, runtime=Runtime.DEEPSPEED)
+
+
+def _dp_traffic(dp_shard: int) -> tuple[float, int]:
+    cfg = TransformerConfig("gpt", "gpt-test", 2, 256, 4, 1024, 512, 128)
+    graph = build_graph(cfg, batch=1, seq_len=128)
+    plan = ParallelConfig(dp=8, zero=3, dp_shard=dp_shard, runtime=Runtime.TORCHTITAN)
+    return plan_time(graph, plan, _cluster(2, 4)).stages[0].dp_comm_seconds, graph.parameter_count()
+
+
+def test_hsdp_traffic_is_the_ring_closed_form_and_beats_full_sharding_over_a_slower_network() -> None:
+    hsdp, psi = _dp_traffic(4)
+    prec = get_precision("bf16")
+    grads, weights = psi * prec.grad_bytes, psi * prec.weight_transfer_bytes
+    # shard group of 4 on one node: a reduce-scatter, and each micro-batch's forward and backward
+    # all-gather (ZeRO-3, resharded after forward); then the 1/4 gradient shard all-reduced by the
+    # 2 replicas, one on each node: one GPU's network share
+    within = 3 / 4 * grads / INTRA + 2 * 3 / 4 * weights / INTRA
+    across = 2 * 1 / 2 * (grads / 4) / INTER
+    assert hsdp == pytest.approx(within + across, rel=1e-9)
+    full, _ = _dp_traffic(0)
+    # the ring of 8 over 2 nodes leaves each node through its 4 GPUs' NICs: min(intra, 4 x inter)
+    ring = min(INTRA, 4 * INTER)
+    assert full == pytest.approx(7 / 8 * grads / ring + 2 * 7 / 8 * weights / ring, rel=1e-9)
+    assert hsdp < full
