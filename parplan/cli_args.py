@@ -114,6 +114,11 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                         "20 B/param), fp8-cs (the same with current scaling), fp8-grad16 and fp8-cs-grad16 (those "
                         "with 16-bit gradients)")
     p.add_argument("--expert-parallel", type=positive, default=1, help="expert-parallel degree (MoE), divides dp")
+    p.add_argument("--dp-shard", type=int, default=0, metavar="N",
+                   help="hybrid sharded data parallelism (needs --zero 1-3): ZeRO shards within groups of N "
+                        "data-parallel ranks, replicated across the dp/N groups (torchtitan's "
+                        "data_parallel_shard_degree; Megatron-LM's --num-distributed-optimizer-instances dp/N); "
+                        "default 0: all of dp")
     p.add_argument("--cp", type=positive, default=1,
                    help="context-parallel degree (ring attention, Megatron-LM's --context-parallel-size): the "
                         "sequence split over CP ranks; 2 x CP must divide the sequence length")
@@ -205,7 +210,7 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
         overlap_grad_reduce=not getattr(args, "no_overlap_grad_reduce", False),
-        pp_scatter_gather=getattr(args, "pp_scatter_gather", False))
+        pp_scatter_gather=getattr(args, "pp_scatter_gather", False), dp_shard=getattr(args, "dp_shard", 0))
     return model, cluster, strategy
 
 

@@ -68,6 +68,17 @@ class UniformPlan:
     tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap (set only by `parplan memory`)
     overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather (also set by the uniform search)
     overlap_grad_reduce: bool = True  # Megatron-LM's --overlap-grad-reduce (false only from `parplan memory`)
+    dp_shard: int = 0  # hybrid sharding: ZeRO within groups of dp_shard data-parallel ranks (0: all of dp)
+
+    @property
+    def shard(self) -> int:
+        """Data-parallel ranks ZeRO shards over: ``dp_shard``, else all of ``dp``."""
+        return self.dp_shard or self.dp
+
+    @property
+    def replicate(self) -> int:
+        """Groups of hybrid sharding that hold the same shards: ``dp / shard``."""
+        return self.dp // self.shard
 
     @property
     def world(self) -> int:
@@ -184,7 +195,8 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            cp=int(s.get("cp") or 1), cp_comm=str(s.get("cp_comm") or "p2p"),
                            tp_comm_overlap=bool(s.get("tp_comm_overlap")),
                            overlap_param_gather=bool(s.get("overlap_param_gather")),
-                           overlap_grad_reduce=s.get("overlap_grad_reduce") is not False)
+                           overlap_grad_reduce=s.get("overlap_grad_reduce") is not False,
+                           dp_shard=int(s.get("dp_shard") or 0))
     if kind == "per-layer":
         runs = list(s.get("layers") or [])
         keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm")

@@ -289,7 +289,8 @@ def uniform_strategy_document(s: ParallelConfig) -> Document:
         "overlap_param_gather": s.overlap_param_gather, "overlap_grad_reduce": s.overlap_grad_reduce,
         "pp_scatter_gather": s.pp_scatter_gather,
         "summary": s.describe(),
-    } | ({"partition": list(s.partition)} if s.partition else {})  # blocks per stage, where not even
+    } | ({"partition": list(s.partition)} if s.partition else {}) | (  # blocks per stage, where not even
+        {"dp_shard": s.dp_shard} if s.dp_shard else {})  # hybrid sharding's shard group, where set
 
 
 def plan_summary(plan: LayerPlan) -> str:

@@ -70,3 +70,17 @@ def test_hsdp_traffic_is_the_ring_closed_form_and_beats_full_sharding_over_a_slo
     ring = min(INTRA, 4 * INTER)
     assert full == pytest.approx(7 / 8 * grads / ring + 2 * 7 / 8 * weights / ring, rel=1e-9)
     assert hsdp < full
+
+
+def test_families_search_a_node_sized_shard_group_only_where_the_target_runs_it() -> None:
+    from parplan.solver.cluster import make_cluster
+    from parplan.solver.targets import Target, family
+
+    cluster = make_cluster(16, 8, "H100-80GB")
+    shards = {t: {(c.tp, c.dp, c.zero, c.dp_shard) for c in family(t, cluster, 32, 8)}
+              for t in (Target.TORCHTITAN, Target.MEGATRON, Target.NANOTRON, Target.DEEPSPEED)}
+    # the data-parallel ranks of one node: 8 / tp, where dp spans more than one node and ZeRO shards
+    assert (1, 16, 3, 8) in shards[Target.TORCHTITAN] and (2, 8, 2, 4) in shards[Target.TORCHTITAN]
+    assert (1, 16, 1, 8) in shards[Target.MEGATRON] and (4, 4, 1, 2) in shards[Target.MEGATRON]
+    assert not any(d and (z == 0 or d == dp) for t in shards for _, dp, z, d in shards[t])
+    assert not any(d for t in (Target.NANOTRON, Target.DEEPSPEED) for *_, d in shards[t])
