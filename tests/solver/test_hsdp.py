@@ -4,11 +4,13 @@ the ring formulas of the α-β model written out here from the cluster's link fi
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from parplan.solver.cluster import Cluster, Link, gpu_preset
+from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.plan_memory import plan_memory
 from parplan.solver.cost.plan_time import plan_time
 from parplan.solver.cost.precision import get_precision
@@ -84,3 +86,55 @@ def test_families_search_a_node_sized_shard_group_only_where_the_target_runs_it(
     assert (1, 16, 1, 8) in shards[Target.MEGATRON] and (4, 4, 1, 2) in shards[Target.MEGATRON]
     assert not any(d and (z == 0 or d == dp) for t in shards for _, dp, z, d in shards[t])
     assert not any(d for t in (Target.NANOTRON, Target.DEEPSPEED) for *_, d in shards[t])
+
+
+def _with_architecture(doc: dict[str, Any]) -> dict[str, Any]:
+    """A ``parplan memory --json`` document with the preset's sizes, as a plan document has them."""
+    doc["model"]["architecture"] = dataclasses.asdict(get_preset(doc["model"]["name"]))
+    return doc
+
+
+@pytest.mark.parametrize(("target", "kind", "file", "strategy"), [
+    ("torchtitan", "torchtitan-config", "launch_torchtitan.sh",
+     {"dp": 16, "zero": 3, "dp_shard": 8, "runtime": Runtime.TORCHTITAN}),
+    ("megatron", "megatron-args", "launch_megatron.sh",
+     {"tp": 2, "dp": 8, "zero": 1, "dp_shard": 4, "sequence_parallel": True, "overlap_param_gather": True}),
+], ids=["torchtitan", "megatron"])
+def test_export_then_import_gives_back_the_shard_group(target: str, kind: str, file: str,
+                                                       strategy: dict[str, Any]) -> None:
+    from parplan.exports import export_plan
+    from parplan.imports import Imported, price, read_config
+    from parplan.solver.cluster import make_cluster
+    from parplan.solver.evaluate import evaluate
+    from parplan.solver.models import ModelSource
+
+    cluster = make_cluster(16, 8, "H100-80GB")
+    model = ModelSource("llama-3-8b", config=get_preset("llama-3-8b"))
+    cfg = ParallelConfig(micro_batch=1, num_microbatches=2, **strategy)
+    doc = _with_architecture(evaluate(model, cluster, cfg, seq_len=2048).to_dict())
+    assert doc["strategy"]["dp_shard"] == cfg.dp_shard
+    imported = read_config(kind, export_plan(doc, target).files[file], seq_len=2048)
+    assert isinstance(imported, Imported) and imported.strategy.dp_shard == cfg.dp_shard, imported.report()
+    again = price(imported, cluster)
+    assert again["strategy"]["summary"] == doc["strategy"]["summary"]
+    assert again["memory"]["peak_bytes"] == doc["memory"]["peak_bytes"]
+    assert again["time"]["step_seconds"] == pytest.approx(doc["time"]["step_seconds"], rel=1e-9)
+
+
+def test_targets_without_hybrid_sharding_refuse_it_among_their_other_reasons() -> None:
+    from parplan.exports import NotExpressibleError, export_plan
+    from parplan.solver.cluster import make_cluster
+    from parplan.solver.evaluate import evaluate
+    from parplan.solver.models import ModelSource
+
+    model = ModelSource("llama-3-8b", config=get_preset("llama-3-8b"))
+    cfg = ParallelConfig(tp=2, dp=8, zero=3, dp_shard=4, sequence_parallel=True, recompute=Recompute.SELECTIVE)
+    doc = _with_architecture(evaluate(model, make_cluster(16, 8, "H100-80GB"), cfg, seq_len=2048).to_dict())
+    for target in ("deepspeed", "nanotron", "galvatron", "megatron"):
+        with pytest.raises(NotExpressibleError) as err:
+            export_plan(doc, target)
+        reasons = err.value.reasons
+        # galvatron runs the rest of this plan; the others also refuse its tp (deepspeed) or ZeRO-3 (and
+        # nanotron its selective recomputation)
+        expected = {"galvatron": 1, "nanotron": 3}.get(target, 2)
+        assert any("dp_shard 4" in r for r in reasons) and len(reasons) == expected, (target, reasons)
