@@ -199,7 +199,8 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            dp_shard=int(s.get("dp_shard") or 0))
     if kind == "per-layer":
         runs = list(s.get("layers") or [])
-        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm")
+        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm",
+                "dp_shard")
         distinct = {tuple(r.get(k) for k in keys) for r in runs}
         reasons = []
         if len(distinct) > 1:
@@ -222,7 +223,8 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            precision=str(s.get("precision", "bf16")),
                            expert_parallel=int(r.get("expert_parallel") or 1),
                            partition=tuple(s["partition"]) if s.get("partition") else None,
-                           cp=int(r.get("cp") or 1), cp_comm=str(r.get("cp_comm") or "p2p"))
+                           cp=int(r.get("cp") or 1), cp_comm=str(r.get("cp_comm") or "p2p"),
+                           dp_shard=int(r.get("dp_shard") or 0))
     raise NotExpressible(target, [f"unknown strategy kind {kind!r}"])
 
 

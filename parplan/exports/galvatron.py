@@ -157,7 +157,8 @@ def _read_plan(doc: Mapping[str, Any], ctx: PlanContext) -> tuple[list[Block], S
                 virtual_stages=int(s.get("virtual_stages") or 1), precision=str(s.get("precision", "bf16")),
                 flash_attention=bool(s.get("flash_attention", True)),
                 sync_every_microbatch=bool(s.get("sync_every_microbatch", False)), cp=int(s.get("cp") or 1),
-                dp_shard=int(s.get("dp_shard") or 0))
+                dp_shard=max([int(s.get("dp_shard") or 0)]
+                             + [int(r.get("dp_shard") or 0) for r in s.get("layers") or []]))
     if kind == "per-layer":
         blocks: list[Block] = []
         for run in s.get("layers") or []:
