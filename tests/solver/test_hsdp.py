@@ -138,3 +138,27 @@ def test_targets_without_hybrid_sharding_refuse_it_among_their_other_reasons() -
         # nanotron its selective recomputation)
         expected = {"galvatron": 1, "nanotron": 3}.get(target, 2)
         assert any("dp_shard 4" in r for r in reasons) and len(reasons) == expected, (target, reasons)
+
+
+def test_a_bad_shard_group_on_the_command_line_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from parplan.cli import main
+
+    args = ["memory", "--model", "gpt-1.7b", "--gpus", "16", "--gpus-per-node", "8", "--dp-shard", "3"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dp_shard 3 must divide dp 16" in err[0] and "zero >= 1" in err[0], err
+
+
+def test_megatron_instances_without_the_distributed_optimizer_or_not_dividing_dp_are_refused() -> None:
+    from parplan.imports import Imported, ImportProblemError, read_config
+
+    base = ("torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --num-layers 4 --hidden-size 512 "
+            "--num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 1 "
+            "--global-batch-size 48 --bf16 --tensor-model-parallel-size 1 --overlap-grad-reduce --vocab-size 1024 ")
+    with pytest.raises(ImportProblemError) as err:
+        read_config("megatron-args", base + "--num-distributed-optimizer-instances 3")
+    assert ["without --use-distributed-optimizer" in r or "does not divide" in r for r in err.value.problems] \
+        == [True, True], err.value.problems
+    ok = read_config("megatron-args", base + "--use-distributed-optimizer --num-distributed-optimizer-instances 2")
+    assert isinstance(ok, Imported) and not ok.unknown, ok.report()
+    assert (ok.strategy.dp, ok.strategy.dp_shard, ok.strategy.zero) == (16, 8, 1)
