@@ -135,7 +135,7 @@ def layout(r: dict[str, Any]) -> ParallelConfig:
     m = int(r.get("grad_accum") or r.get("pp_microbatches") or (int(local) // mb if local else 1))
     v = int(r.get("virtual_stages") or 1)
     sched = Schedule.INTERLEAVED if pp > 1 and v > 1 and m % pp == 0 else Schedule.ONE_F_ONE_B
-    zero = _zero(r) if dp > 1 else 0
+    zero = _zero(r) if dp * cp > 1 else 0  # both trainers shard over the data- and context-parallel ranks
     return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
                           recompute=_recompute(r), micro_batch=mb, num_microbatches=max(1, m), schedule=sched,
                           virtual_stages=v if sched is Schedule.INTERLEAVED else 1, cp=cp, runtime=_runtime(r))

@@ -67,7 +67,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_REQUESTS = 20_000  # hard bound on any one phase
 ERRORS: dict[str, int] = {}  # failed requests by status code or exception
 #: The dashboard's static files (what its pages load).
-UI_STATIC = ("ui.css", "ui.js", "jobs.js", "new.js", "job.js", "plan.js", "validation.js")
+UI_STATIC = ("ui.css", "ui.js", "jobs.js", "new.js", "job.js", "plan.js", "validation.js", "charts.js", "capacity.js",
+             "vendor/uplot/uPlot.iife.min.js", "vendor/uplot/uPlot.min.css")
 
 
 @dataclass

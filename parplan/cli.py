@@ -117,6 +117,11 @@ def _memory_table(doc: dict[str, Any]) -> str:
     for cat in CATEGORIES:
         lines.append(f"  {cat:<18s}          {gib(mem['breakdown'][cat])}  {gib(mem['redundant'][cat])}")
     lines.append(f"  {'peak':<18s}          {gib(mem['peak_bytes'])}  ({_verdict(mem)})")
+    if "host_bytes_per_node" in mem:  # optimizer offloading
+        limit = mem["host_memory_bytes"]
+        lines.append(f"  host memory per machine {mem['host_bytes_per_node'] / GIB:.1f} GiB for the offloaded optimizer"
+                     + (f" of {limit / GIB:.1f} GiB" if limit else " (no limit known: --host-memory-gib)")
+                     + ("" if mem["host_fits"] else f": does not fit ({mem['host_reason']})"))
     total = sum(mem["breakdown"][cat] for cat in CATEGORIES)
     if mem["peak_bytes"] < total * (1 - 1e-9):
         lines.append(f"  (each category at its own peak; they add up to {total / GIB:.2f} GiB, but they do not "
@@ -232,12 +237,17 @@ def _layer_table(doc: dict[str, Any]) -> str:
     for cat in CATEGORIES:
         lines.append(f"  {cat:<18s}          {gib(mem['breakdown'][cat])}  {gib(mem['redundant'][cat])}")
     lines.append(f"  {'peak':<18s}          {gib(mem['peak_bytes'])}  ({_verdict(mem)})")
+    if "host_bytes_per_node" in mem:  # optimizer offloading
+        limit = mem["host_memory_bytes"]
+        lines.append(f"  host memory per machine {mem['host_bytes_per_node'] / GIB:.1f} GiB for the offloaded optimizer"
+                     + (f" of {limit / GIB:.1f} GiB" if limit else " (no limit known: --host-memory-gib)")
+                     + ("" if mem["host_fits"] else f": does not fit ({mem['host_reason']})"))
     return "\n".join(lines + _step_time_lines(t, s["pp"]))
 
 
 def _verdict(mem: dict[str, Any]) -> str:
     """The fit verdict in words: the reserved peak against the device's usable memory."""
-    verdict = "fits" if mem["fits"] else "DOES NOT FIT"
+    verdict = "fits" if mem["reserved_peak_bytes"] <= mem["usable_bytes"] else "DOES NOT FIT"
     return (f"reserved {mem['reserved_peak_bytes'] / GIB:.2f} GiB {verdict} in {mem['usable_bytes'] / GIB:.2f} "
             f"GiB usable of {mem['device_memory_bytes'] / GIB:.1f}")
 

@@ -83,6 +83,9 @@ def add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--gpus-per-node", type=positive, default=None, help="devices per node (default: the GPU's)")
     p.add_argument("--gpu", default=DEFAULT_GPU, help=f"GPU preset: {', '.join(GPU_PRESETS)} (default {DEFAULT_GPU})")
     p.add_argument("--gpu-memory-gib", type=positive_float, default=None, help="override the device memory (GiB)")
+    p.add_argument("--host-memory-gib", type=positive_float, default=None,
+                   help="override one machine's host memory (GiB; default: the GPU preset's reference system), "
+                        "which an offloaded optimizer must fit")
 
 
 def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> None:
@@ -141,6 +144,10 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                    help="time only: Megatron-LM's pipeline hand-offs of 2021-22 (its default from February 2021 "
                         "until the move into Megatron-Core in January 2023; runtime megatron): without sequence "
                         "parallelism each TP rank sends 1/tp of the activation, all-gathered over TP after")
+    p.add_argument("--optimizer-offload", type=float, default=0.0, metavar="F",
+                   help="the fraction of each rank's optimizer states and fp32 master weights kept and stepped on "
+                        "the host (runtime megatron: --optimizer-cpu-offload --optimizer-offload-fraction F, needs "
+                        "--zero 1; runtime deepspeed: offload_optimizer, F = 1)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -179,13 +186,17 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
                            "own baseline (default any; see docs/plan-to-launch.md)")
     plan.add_argument("--export", metavar="DIR", default=None,
                       help="also write the plan for --target into DIR (its config files and launch lines)")
+    plan.add_argument("--no-optimizer-offload", action="store_true",
+                      help="targets megatron and deepspeed: do not try their strategies with part of the optimizer "
+                           "on the host when none fits without (they do by default)")
     plan.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, ParallelConfig]:
     """Model, cluster and strategy from parsed ``memory``-style arguments (UsageError if bad)."""
     model = resolve_model(args.model, seq_len=args.seq_len)
-    cluster = make_cluster(args.gpus, args.gpus_per_node, args.gpu, args.gpu_memory_gib)
+    cluster = make_cluster(args.gpus, args.gpus_per_node, args.gpu, args.gpu_memory_gib,
+                           getattr(args, "host_memory_gib", None))
     cp = getattr(args, "cp", 1)
     tp = DEFAULT_DEGREE if args.tp is None else args.tp
     pp = DEFAULT_DEGREE if args.pp is None else args.pp
@@ -210,7 +221,8 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
         overlap_grad_reduce=not getattr(args, "no_overlap_grad_reduce", False),
-        pp_scatter_gather=getattr(args, "pp_scatter_gather", False), dp_shard=getattr(args, "dp_shard", 0))
+        pp_scatter_gather=getattr(args, "pp_scatter_gather", False),
+        optimizer_offload=getattr(args, "optimizer_offload", 0.0), dp_shard=getattr(args, "dp_shard", 0))
     return model, cluster, strategy
 
 
@@ -256,4 +268,8 @@ def _plan_body(args: argparse.Namespace) -> tuple[dict[str, Any], ModelSource | 
         "pareto": args.pareto,
         "target": args.target,
     }
+    if getattr(args, "host_memory_gib", None) is not None:
+        body["cluster"]["host_memory_gib"] = args.host_memory_gib
+    if getattr(args, "no_optimizer_offload", False):
+        body["training"]["optimizer_offload"] = False
     return body, same

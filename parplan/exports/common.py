@@ -68,6 +68,7 @@ class UniformPlan:
     tp_comm_overlap: bool = False  # Megatron-LM's --tp-comm-overlap (set only by `parplan memory`)
     overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather (also set by the uniform search)
     overlap_grad_reduce: bool = True  # Megatron-LM's --overlap-grad-reduce (false only from `parplan memory`)
+    optimizer_offload: float = 0.0  # the optimizer's fraction on the host (ParallelConfig.optimizer_offload)
     dp_shard: int = 0  # hybrid sharding: ZeRO within groups of dp_shard data-parallel ranks (0: all of dp)
 
     @property
@@ -196,6 +197,7 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            tp_comm_overlap=bool(s.get("tp_comm_overlap")),
                            overlap_param_gather=bool(s.get("overlap_param_gather")),
                            overlap_grad_reduce=s.get("overlap_grad_reduce") is not False,
+                           optimizer_offload=float(s.get("optimizer_offload") or 0.0),
                            dp_shard=int(s.get("dp_shard") or 0))
     if kind == "per-layer":
         runs = list(s.get("layers") or [])

@@ -40,6 +40,9 @@ def ds_config(plan: UniformPlan) -> dict[str, Any]:
         reasons.append(f"hybrid sharding (dp_shard {plan.dp_shard}): DeepSpeed shards ZeRO over all of dp; its "
                        "ZeRO++ hpZ (zero_hpz_partition_size) keeps a secondary copy of the weights per node, which "
                        "parplan does not model")
+    if plan.optimizer_offload and (plan.optimizer_offload != 1 or plan.zero < 1):
+        reasons.append(f"optimizer offload {plan.optimizer_offload:g} at ZeRO-{plan.zero}: DeepSpeed's ZeRO-Offload "
+                       "(offload_optimizer) moves the whole optimizer, under ZeRO 1-3")
     if reasons:
         raise NotExpressible(TARGET, reasons)
     cfg: dict[str, Any] = {
@@ -59,6 +62,9 @@ def ds_config(plan: UniformPlan) -> dict[str, Any]:
         for key in ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance"):
             zero[key] = DEEPSPEED_BUCKET_ELEMENTS
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if plan.optimizer_offload:
+        # ZeRO-Offload: the fp32 partition, its gradients and Adam's moments on the host (pinned), stepped there
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if plan.recompute == "full":
         cfg["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                            "cpu_checkpointing": False}

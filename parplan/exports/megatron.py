@@ -57,6 +57,9 @@ PRECISION_FLAGS: Mapping[str, tuple[str, ...]] = {
 }
 DDP_FLAGS = frozenset({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                        "--num-distributed-optimizer-instances"})
+#: Flags made from megatron-core's OptimizerConfig fields: the hybrid CPU/GPU optimizer's.
+OPTIMIZER_FLAGS = frozenset({"--optimizer-cpu-offload", "--optimizer-offload-fraction",
+                             "--use-precision-aware-optimizer"})
 #: Flags made from megatron.training's TrainingConfig (not shipped with megatron-core).
 TRAINING_FLAGS = frozenset({"--micro-batch-size", "--global-batch-size"})
 
@@ -120,6 +123,9 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
         reasons.append(f"dp_shard {plan.dp_shard}: Megatron-LM shards within groups of the data-parallel ranks only "
                        "its distributed optimizer (ZeRO-1, --num-distributed-optimizer-instances dividing dp, the "
                        "expert-parallel ranks inside a group)")
+    if plan.optimizer_offload and plan.zero != 1:
+        reasons.append("--optimizer-cpu-offload: Megatron-LM offloads the distributed optimizer's shard (ZeRO-1; it "
+                       "needs --use-precision-aware-optimizer, which needs --use-distributed-optimizer)")
     if plan.tp_comm_overlap and not (plan.sequence_parallel and plan.tp > 1):
         reasons.append("--tp-comm-overlap: Megatron-LM overlaps tensor-parallel communication only with sequence "
                        "parallelism")
@@ -187,6 +193,11 @@ def _parallel_flags(plan: UniformPlan, layers: int, partition: list[str]) -> lis
         args.append("--overlap-param-gather")
     if plan.tp_comm_overlap:
         args.append("--tp-comm-overlap")
+    if plan.optimizer_offload:
+        # the hybrid CPU/GPU optimizer (megatron/core/optimizer/cpu_offloading): Megatron-LM asserts the
+        # precision-aware optimizer with it, which asserts the distributed optimizer
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", f"{plan.optimizer_offload:g}",
+                 "--use-precision-aware-optimizer"]
     return args
 
 

@@ -4,7 +4,8 @@ The file does not describe the model (it is the training script's) nor tensor or
 parallelism (the model's own code), so the model and GPU count come from the caller; every GPU is
 a data-parallel rank. ``activation_checkpointing`` present means the script checkpoints every block
 (full recomputation). Keys that change memory or time and are not modelled (offloading, ZeRO++
-partitions, MiCS) are errors; optimizer, scheduler and logging keys are listed in ``ignored``.
+partitions, MiCS, parameter offloading) are errors; ZeRO-Offload of the whole optimizer to the CPU is
+read; optimizer, scheduler and logging keys are listed in ``ignored``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def read_ds_config(text: str, model: ModelSource | None, gpus: int | None, seq_l
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         problems.append(f"zero_optimization.stage {stage!r}")
-    for key in sorted(_ZERO_UNMODELLED & set(zero)):
+    offload = _optimizer_offload(zero, problems, ignored)
+    for key in sorted(_ZERO_UNMODELLED & set(zero) - _OFFLOAD_KEYS):
         value = zero[key]
         device = value.get("device") if isinstance(value, Mapping) else value
         if device not in (None, "none", False, 0, 1):
@@ -85,10 +87,34 @@ def read_ds_config(text: str, model: ModelSource | None, gpus: int | None, seq_l
         strategy = ParallelConfig(dp=gpus, zero=int(stage), micro_batch=mb, num_microbatches=gas,
                                   recompute=Recompute.FULL if cfg.get("activation_checkpointing") is not None
                                   else Recompute.SELECTIVE,
-                                  precision=precision, runtime=Runtime.DEEPSPEED)
+                                  precision=precision, runtime=Runtime.DEEPSPEED, optimizer_offload=offload)
     buckets = _resolved_buckets(zero, model, adjusted)
     return Imported(KIND, model, strategy, seq_len, gpus, None, "deepspeed", unknown, ignored,
                     unpriced + _larger_buckets(buckets, int(stage)), adjusted)
+
+
+#: ZeRO-Offload's keys: ``offload_optimizer`` and its legacy switch ``cpu_offload``
+_OFFLOAD_KEYS = {"offload_optimizer", "cpu_offload"}
+
+
+def _optimizer_offload(zero: Mapping[str, Any], problems: list[str], ignored: list[str]) -> float:
+    """The fraction of the optimizer ZeRO-Offload keeps on the host: 1 with ``offload_optimizer.device``
+    cpu (or the legacy ``cpu_offload: true``), 0 without; NVMe and a partial ``ratio`` are not modelled."""
+    value = zero.get("offload_optimizer")
+    if isinstance(value, Mapping):
+        device = value.get("device")
+        ratio = value.get("ratio", 1)
+        ignored += sorted(f"zero_optimization.offload_optimizer.{k}" for k in value if k not in ("device", "ratio"))
+        if device in (None, "none"):
+            return 0.0
+        if device != "cpu":
+            problems.append(f"zero_optimization.offload_optimizer.device {device!r} (only the CPU is modelled)")
+        elif ratio != 1:
+            problems.append(f"zero_optimization.offload_optimizer.ratio {ratio!r} (a partial offload) is not modelled")
+        return 1.0
+    if value not in (None, False, "none"):
+        problems.append(f"zero_optimization.offload_optimizer ({value!r}) must be an object")
+    return 1.0 if zero.get("cpu_offload") is True else 0.0
 
 
 def _section(cfg: Mapping[str, Any], key: str) -> Mapping[str, Any]:

@@ -33,7 +33,6 @@ _LAUNCHERS = ("torchrun", "python", "python3")
 _REFUSED = (("--fp8-dot-product-attention", "FP8 attention"), ("--fp8-multi-head-attention", "FP8 attention"),
             ("--first-last-layers-bf16", "FP8 with the first and last layers in bf16"),
             ("--fp4-param-gather", "FP4 weights"), ("--cpu-offloading", "activation offloading"),
-            ("--optimizer-cpu-offload", "the optimizer's offloading to the CPU"),
             ("--use-megatron-fsdp", "Megatron-FSDP's sharded data parallelism"),
             ("--use-torch-fsdp2", "PyTorch FSDP2 inside Megatron-LM"))
 #: flags that take a value (the others are switches)
@@ -47,13 +46,16 @@ _VALUED = {
     "--hidden-dropout", "--attention-dropout", "--make-vocab-size-divisible-by",
     "--expert-tensor-parallel-size", "--fp8-format", "--fp8-recipe", "--cp-comm-type", "--main-grads-dtype",
     "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--moe-token-dispatcher-type", "--optimizer",
-    "--num-distributed-optimizer-instances",
+    "--num-distributed-optimizer-instances", "--optimizer-offload-fraction",
 }
+#: flags that take a list of words (argparse ``nargs="*"``)
+_LISTS = {"--recompute-modules"}
 _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--untie-embeddings-and-output-weights",
              "--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--add-qkv-bias",
              "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--fp8-param-gather",
              "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
+             "--optimizer-cpu-offload",
              *(f for f, _ in _REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
@@ -188,6 +190,13 @@ def _flags(words: list[str], unresolved: dict[str, str]) -> tuple[dict[str, str 
             continue
         takes = name in _VALUED or name in _IGNORED_VALUED
         value: str | bool = True
+        if name in _LISTS and not eq:  # nargs="*": the words up to the next flag
+            j = i + 1
+            while j < len(words) and not words[j].startswith(("--", "$")):
+                j += 1
+            flags[name] = " ".join(words[i + 1:j])
+            i = j
+            continue
         if eq:
             value = inline
         elif takes or (name not in _SWITCHES and name not in _IGNORED_SWITCHES and i + 1 < len(words)
@@ -197,8 +206,8 @@ def _flags(words: list[str], unresolved: dict[str, str]) -> tuple[dict[str, str 
             value = words[i + 1]
             i += 1
         i += 1
-        if name in _VALUED or name in _SWITCHES:
-            flags[name] = value
+        if name in _VALUED or name in _SWITCHES or name in _LISTS:
+            flags[name] = value.replace(",", " ") if name in _LISTS and isinstance(value, str) else value
         elif name in _IGNORED_VALUED or name in _IGNORED_SWITCHES:
             ignored.append(name)
         else:
@@ -264,6 +273,8 @@ def _read_but_inert(flags: dict[str, str | bool], problems: list[str], adjusted:
     if "--fp8-recipe" in flags and "--fp8-format" not in flags:
         inert.append("--fp8-recipe")
     for flag in ("--use-precision-aware-optimizer", "--accumulate-allreduce-grads-in-fp32"):
+        if flag == "--use-precision-aware-optimizer" and "--optimizer-cpu-offload" in flags:
+            continue  # what the hybrid optimizer asserts (read with the offload's fraction)
         if flag in flags and ("--fp16" not in flags or flag != "--accumulate-allreduce-grads-in-fp32"):
             inert.append(flag)  # the dtypes it reads are checked by _precision; fp32 is bf16's default
     for flag in inert:
@@ -380,8 +391,14 @@ def _recompute(flags: dict[str, str | bool], problems: list[str]) -> Recompute |
     """The recomputation ``--recompute-*`` ask for; None (and a problem) when parplan does not model it."""
     granularity = str(flags.get("--recompute-granularity", "none"))
     recompute = {"none": Recompute.NONE, "selective": Recompute.SELECTIVE, "full": Recompute.FULL}.get(granularity)
+    modules = set(str(flags.get("--recompute-modules") or "core_attn").split())
     if recompute is None:
         problems.append(f"--recompute-granularity {granularity}")
+    elif recompute is Recompute.SELECTIVE and modules != {"core_attn"}:
+        # Megatron-LM's selective recomputation checkpoints each listed submodule (core_attn: the attention
+        # core, parplan's selective; mlp, layernorm, moe_act, moe, mla_up_proj, shared_experts: others)
+        problems.append(f"--recompute-modules {' '.join(sorted(modules))}: selective recomputation of modules other "
+                        "than core_attn (the attention core) is not modelled")
     elif recompute is Recompute.FULL:
         method = str(flags.get("--recompute-method", ""))
         per = _get(flags, "--recompute-num-layers", 1)
@@ -464,7 +481,24 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
         expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
         cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
         overlap_param_gather="--overlap-param-gather" in flags,
-        overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1)
+        overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1,
+        optimizer_offload=_offload_fraction(flags))
+
+
+def _offload_fraction(flags: dict[str, str | bool]) -> float:
+    """``--optimizer-offload-fraction`` under ``--optimizer-cpu-offload`` (Megatron-LM's default fraction 0
+    without it: ``OptimizerConfig.optimizer_offload_fraction``); the precision-aware optimizer it asserts
+    must be given too (``megatron/training/arguments.py``)."""
+    if "--optimizer-cpu-offload" not in flags:
+        return 0.0
+    if "--use-precision-aware-optimizer" not in flags:
+        raise ImportProblemError(KIND, ["--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron-LM "
+                                        "asserts it)"])
+    text = str(flags.get("--optimizer-offload-fraction", "0"))
+    try:
+        return float(text)
+    except ValueError:
+        raise ImportProblemError(KIND, [f"--optimizer-offload-fraction {text!r} is not a number"]) from None
 
 
 def _shard_group(flags: dict[str, str | bool], dp: int, cp: int) -> int:

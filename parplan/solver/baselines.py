@@ -28,6 +28,7 @@ from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.rules import compute_dtype, recomputed, search_recomputes
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
+from parplan.solver.device_memory import host_verdict
 from parplan.solver.errors import SolverError
 from parplan.solver.evaluate import GraphProvider, evaluation_of
 from parplan.solver.ir import Graph
@@ -59,6 +60,7 @@ class Candidate:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     virtual: int = 1
     ep: int = 1
+    offload: float = 0.0  # the optimizer's fraction on the host (ParallelConfig.optimizer_offload)
     dp_shard: int = 0
 
 
@@ -136,7 +138,8 @@ class UniformEvaluator:
         return ParallelConfig(tp=c.tp, pp=c.pp, dp=c.dp, zero=c.zero, sequence_parallel=c.sp, recompute=c.recompute,
                               micro_batch=c.micro_batch, num_microbatches=self.global_batch // (c.micro_batch * c.dp),
                               precision=self.precision, runtime=self.runtime, schedule=c.schedule,
-                              virtual_stages=c.virtual, expert_parallel=c.ep, dp_shard=c.dp_shard,
+                              virtual_stages=c.virtual, expert_parallel=c.ep, optimizer_offload=c.offload,
+                              dp_shard=c.dp_shard,
                               overlap_param_gather=self.runtime is Runtime.MEGATRON and c.zero == 1 and c.dp > 1,
                               partition=partition_of(self.model.config, c.pp) if self.runtime is Runtime.NANOTRON
                               else None)
@@ -206,7 +209,7 @@ class UniformEvaluator:
         shard = c.dp_shard or c.dp
         return per_replica * (prec.param_bytes / (shard if c.zero >= 2 else 1)
                               + prec.grad_bytes / (shard if c.zero >= 2 else 1)
-                              + prec.optimizer_state_bytes / (shard if c.zero >= 1 else 1))
+                              + prec.optimizer_state_bytes * (1 - c.offload) / (shard if c.zero >= 1 else 1))
 
     def memory_of(self, c: Candidate) -> PlanMemory | None:
         """The memory alone (None: the strategy does not apply); priced once per candidate, counted
@@ -221,6 +224,10 @@ class UniformEvaluator:
             m = None
         self._memories[c] = m
         return m
+
+    def host_fits(self, c: Candidate, mem: PlanMemory) -> bool:
+        """Whether ``c``'s offloaded optimizer fits its machines' host memory (no offloading: it does)."""
+        return not c.offload or host_verdict(mem.host_bytes_per_device, self.cluster).fits
 
     def evaluation(self, c: Candidate, mem: PlanMemory, t: PlanTime) -> Evaluation:
         g = self.graph(c.micro_batch)
@@ -283,7 +290,8 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
                 heapq.heappush(queue, (t.step_seconds, True, i))
             continue
         m = mem(i)
-        if m is not None and m.peak_bytes <= budget_bytes and (best is None or (secs, m.peak_bytes, i) < best[:3]):
+        if m is not None and m.peak_bytes <= budget_bytes and ev.host_fits(every[i], m) \
+                and (best is None or (secs, m.peak_bytes, i) < best[:3]):
             best = (secs, m.peak_bytes, i, m)
     if best is None:  # none fits: the least memory, first in the given order among equal ones
         for i in sorted(range(len(every)), key=lambda i: floor[i]):
@@ -328,7 +336,7 @@ def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget
         if t is None or not objective.meets(t.step_seconds, limit):
             continue
         m = ev.memory_of(every[i])
-        if m is None or m.peak_bytes > budget_bytes:
+        if m is None or m.peak_bytes > budget_bytes or not ev.host_fits(every[i], m):
             continue
         score = objective.score(m.peak_bytes, t.step_seconds)
         if best is None or (*score, i) < best[:3]:

@@ -90,6 +90,12 @@ class GpuSpec:
     visible_memory_bytes: int | None = None
     #: ``memory_bytes`` is an ``nvidia-smi`` reading rather than the datasheet's figure.
     memory_is_smi_reading: bool = False
+    #: The GPU's link to its host's memory, one direction (PCIe x16, NVLink-C2C): what optimizer
+    #: offloading moves gradients and weights over.
+    host_link_bytes_per_s: float = 32e9
+    #: Host memory of one machine (a launcher's node: ``gpus_per_host`` GPUs, else the node's) in its
+    #: reference system's default configuration; None: no reference system, not checked unless given.
+    host_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
@@ -135,6 +141,19 @@ _XGMI_MI300X = Link(bandwidth_bytes_per_s=448e9, latency_seconds=3e-6)
 #: PCIe Gen4 x16: 64 GB/s bidirectional (NVIDIA L4 datasheet; RTX 4090 is PCIe 4.0 x16 as well).
 _PCIE4 = Link(bandwidth_bytes_per_s=32e9, latency_seconds=5e-6)
 
+#: Host links, one direction: PCIe Gen3 x16 16 GB/s (V100 SXM2 datasheet: 32 GB/s bidirectional), Gen4
+#: x16 32 GB/s (A100 datasheet: 64 GB/s), Gen5 x16 64 GB/s (H100 / H200 datasheets: 128 GB/s; HGX B200
+#: specifications: PCIe Gen5 x16; AMD Instinct MI300X datasheet: PCIe Gen 5 x16, 128 GB/s).
+_PCIE3_HOST, _PCIE4_HOST, _PCIE5_HOST = 16e9, 32e9, 64e9
+#: GB200: NVLink-C2C, 900 GB/s bidirectional between a Grace CPU and the two B200 beside it (NVIDIA
+#: GB200 NVL72 specifications): 225 GB/s one way for each GPU.
+_C2C_HOST = 225e9
+TB = 10**12
+#: Host memory of each preset's reference machine (datasheets' default configurations): DGX-1 512 GB;
+#: DGX A100 320 GB 1 TB, DGX A100 640 GB 2 TB; DGX H100 and DGX H200 2 TB; DGX B200 2 TB (configurable
+#: to 4 TB); a GB200 NVL72 compute tray 2 Grace CPUs x 480 GB LPDDR5X = 960 GB for its 4 GPUs.
+_HOST_DGX1, _HOST_1TB, _HOST_2TB, _HOST_GB200_TRAY = 512 * 10**9, TB, 2 * TB, 960 * 10**9
+
 #: DGX-1 (V100): 4 × 100 Gb/s EDR InfiniBand for 8 GPUs = 6.25 GB/s per GPU (NVIDIA DGX-1 datasheet).
 _IB_EDR_DGX1 = Link(bandwidth_bytes_per_s=6.25e9, latency_seconds=8e-6)
 #: DGX A100: 8 × 200 Gb/s HDR InfiniBand, one per GPU = 25 GB/s (NVIDIA DGX A100 datasheet).
@@ -161,7 +180,7 @@ def _v100(memory_gib: int) -> GpuSpec:
         name=f"V100-{memory_gib}GB", memory_bytes=memory_gib * GIB,
         peak_flops={"fp32": 15.7e12, "fp16": 125e12},
         hbm_bandwidth_bytes_per_s=900e9, intra_node=_NVLINK2, inter_node=_IB_EDR_DGX1,
-        default_gpus_per_node=8)
+        default_gpus_per_node=8, host_link_bytes_per_s=_PCIE3_HOST, host_memory_bytes=_HOST_DGX1)
 
 
 def _a100(memory_gib: int, hbm_bytes_per_s: float, visible_bytes: int) -> GpuSpec:
@@ -171,7 +190,8 @@ def _a100(memory_gib: int, hbm_bytes_per_s: float, visible_bytes: int) -> GpuSpe
         name=f"A100-{memory_gib}GB", memory_bytes=memory_gib * GIB,
         peak_flops={"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12},
         hbm_bandwidth_bytes_per_s=hbm_bytes_per_s, intra_node=_NVLINK3, inter_node=_IB_HDR,
-        default_gpus_per_node=8, visible_memory_bytes=visible_bytes)
+        default_gpus_per_node=8, visible_memory_bytes=visible_bytes, host_link_bytes_per_s=_PCIE4_HOST,
+        host_memory_bytes=_HOST_1TB if memory_gib == 40 else _HOST_2TB)
 
 
 # NVIDIA H100 / H200 datasheets (SXM): FP32 67 TFLOPS; TF32 989, BF16/FP16 1979, FP8 3958 TFLOPS
@@ -193,12 +213,12 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
         hbm_bandwidth_bytes_per_s=3.35e12, intra_node=_NVLINK4, inter_node=_IB_NDR,
         default_gpus_per_node=8,
         # measured: torch.cuda.get_device_properties().total_memory (bench/out/gpu-2026-11-23/env.json)
-        visible_memory_bytes=85_017_493_504),
+        visible_memory_bytes=85_017_493_504, host_link_bytes_per_s=_PCIE5_HOST, host_memory_bytes=_HOST_2TB),
     # H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s; same compute as H100 SXM.
     "H200-141GB": GpuSpec(
         name="H200-141GB", memory_bytes=141 * GIB, peak_flops=_HOPPER_FLOPS,
         hbm_bandwidth_bytes_per_s=4.8e12, intra_node=_NVLINK4, inter_node=_IB_NDR,
-        default_gpus_per_node=8),
+        default_gpus_per_node=8, host_link_bytes_per_s=_PCIE5_HOST, host_memory_bytes=_HOST_2TB),
     # NVIDIA HGX B200 specifications (eight B200 at 1,000 W): FP32 600 TFLOPS, TF32 18, BF16/FP16 36,
     # FP8 72 PFLOPS *with sparsity*, i.e. per GPU dense FP32 75 TFLOPS, TF32 1,125, BF16/FP16 2,250,
     # FP8 4,500 TFLOPS; HBM3e 8 TB/s (DGX B200: 64 TB/s for 8 GPUs). Memory: 180 GB per GPU on the
@@ -208,7 +228,8 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
         name="B200-180GB", memory_bytes=179 * GIB,
         peak_flops={"fp32": 75e12, "tf32": 1125e12, "bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12},
         hbm_bandwidth_bytes_per_s=8e12, intra_node=_NVLINK5, inter_node=_IB_NDR,
-        default_gpus_per_node=8, memory_is_smi_reading=True),
+        default_gpus_per_node=8, memory_is_smi_reading=True, host_link_bytes_per_s=_PCIE5_HOST,
+        host_memory_bytes=_HOST_2TB),
     # NVIDIA GB200 NVL72 specifications (72 Blackwell GPUs at 1,200 W in one NVLink domain): FP32 5,760
     # TFLOPS; TF32 180, BF16/FP16 360, FP8 720 PFLOPS *with sparsity*, i.e. per GPU dense FP32 80 TFLOPS,
     # TF32 1,250, BF16/FP16 2,500, FP8 5,000 TFLOPS; HBM3e 13.4 TB and 576 TB/s for 72 (186 GB, 8 TB/s a
@@ -221,7 +242,8 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
         name="GB200-186GB", memory_bytes=185 * GIB,
         peak_flops={"fp32": 80e12, "tf32": 1250e12, "bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12},
         hbm_bandwidth_bytes_per_s=8e12, intra_node=_NVLINK5, inter_node=_IB_NDR,
-        default_gpus_per_node=72, gpus_per_host=4, memory_is_smi_reading=True),
+        default_gpus_per_node=72, gpus_per_host=4, memory_is_smi_reading=True, host_link_bytes_per_s=_C2C_HOST,
+        host_memory_bytes=_HOST_GB200_TRAY),
     # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s; FP32 30.3 TFLOPS; TF32 120, BF16/FP16 242,
     # FP8 485 TFLOPS with sparsity → dense 60, 121, 242.5.
     "L4": GpuSpec(
@@ -247,7 +269,7 @@ GPU_PRESETS: Mapping[str, GpuSpec] = MappingProxyType({
         peak_flops={"fp32": 163.4e12, "tf32": 653.7e12, "bf16": 1307.4e12, "fp16": 1307.4e12,
                     "fp8": 2614.9e12},
         hbm_bandwidth_bytes_per_s=5.3e12, intra_node=_XGMI_MI300X, inter_node=_IB_NDR,
-        default_gpus_per_node=8),
+        default_gpus_per_node=8, host_link_bytes_per_s=_PCIE5_HOST),
 })
 
 
@@ -288,6 +310,8 @@ class Cluster:
     memory_bytes_override: int | None = None
     intra_node_override: Link | None = None
     inter_node_override: Link | None = None
+    #: host memory of one machine (``--host-memory-gib``), replacing the preset's
+    host_memory_bytes_override: int | None = None
 
     def __post_init__(self) -> None:
         for what, v in (("nodes", self.nodes), ("gpus_per_node", self.gpus_per_node)):
@@ -295,6 +319,8 @@ class Cluster:
                 raise ConfigError(f"cluster {what} must be a positive integer, got {v!r}")
         if self.memory_bytes_override is not None and self.memory_bytes_override <= 0:
             raise ConfigError(f"device memory must be > 0 bytes, got {self.memory_bytes_override}")
+        if self.host_memory_bytes_override is not None and self.host_memory_bytes_override <= 0:
+            raise ConfigError(f"host memory must be > 0 bytes, got {self.host_memory_bytes_override}")
 
     @property
     def num_devices(self) -> int:
@@ -316,17 +342,28 @@ class Cluster:
         """Link between devices of different nodes (one GPU's share of the node's NICs)."""
         return self.inter_node_override or self.gpu.inter_node
 
+    @property
+    def gpus_per_host(self) -> int:
+        """GPUs one machine holds (whose host memory and CPUs they share)."""
+        return min(self.gpu.gpus_per_host or self.gpus_per_node, self.gpus_per_node)
+
+    @property
+    def host_memory_bytes(self) -> int | None:
+        """Host memory of one machine (the override when set, else the preset's; None: unknown)."""
+        return self.host_memory_bytes_override or self.gpu.host_memory_bytes
+
     def node_of(self, device: int) -> int:
         """Index of the node that holds device id ``device``."""
         return device // self.gpus_per_node
 
 
 def make_cluster(gpus: int, gpus_per_node: int | None = None, gpu: str = "A100-80GB",
-                 gpu_memory_gib: float | None = None) -> Cluster:
+                 gpu_memory_gib: float | None = None, host_memory_gib: float | None = None) -> Cluster:
     """Build a cluster of ``gpus`` devices, ``gpus_per_node`` per node (default: the preset's).
 
     Fewer GPUs than ``gpus_per_node`` make one node of ``gpus`` devices; more must be a
-    multiple of ``gpus_per_node``. ``gpu_memory_gib`` overrides the device memory (GiB).
+    multiple of ``gpus_per_node``. ``gpu_memory_gib`` overrides the device memory (GiB),
+    ``host_memory_gib`` one machine's host memory.
     Raises ConfigError on any inconsistency.
     """
     spec = gpu_preset(gpu)
@@ -345,7 +382,12 @@ def make_cluster(gpus: int, gpus_per_node: int | None = None, gpu: str = "A100-8
     if gpu_memory_gib is not None:
         _positive_finite(gpu_memory_gib, "gpu_memory_gib")
         memory = int(gpu_memory_gib * GIB)
-    return Cluster(nodes=nodes, gpus_per_node=per_node, gpu=spec, memory_bytes_override=memory)
+    host: int | None = None
+    if host_memory_gib is not None:
+        _positive_finite(host_memory_gib, "host_memory_gib")
+        host = int(host_memory_gib * GIB)
+    return Cluster(nodes=nodes, gpus_per_node=per_node, gpu=spec, memory_bytes_override=memory,
+                   host_memory_bytes_override=host)
 
 
 def factorizations(n: int, k: int) -> list[tuple[int, ...]]:

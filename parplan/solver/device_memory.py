@@ -96,6 +96,33 @@ class FitVerdict:
         return self.reserved_peak_bytes <= self.usable_bytes
 
 
+@dataclass(frozen=True)
+class HostVerdict:
+    """What one machine's host memory holds for optimizer offloading (:mod:`parplan.solver.cost.offload`):
+    each of its ``gpus_per_host`` devices' offloaded optimizer (the most loaded stage's, a bound),
+    against its host memory (None: unknown, not checked)."""
+
+    bytes_per_host: float
+    host_memory_bytes: int | None
+
+    @property
+    def fits(self) -> bool:
+        return self.host_memory_bytes is None or self.bytes_per_host <= self.host_memory_bytes
+
+    @property
+    def reason(self) -> str | None:
+        """Why the plan does not fit the host; None when it does."""
+        if self.fits:
+            return None
+        return (f"the offloaded optimizer needs {self.bytes_per_host / 2**30:.1f} GiB of host memory per machine, "
+                f"above its {(self.host_memory_bytes or 0) / 2**30:.1f} GiB")
+
+
+def host_verdict(host_bytes_per_device: float, cluster: Cluster) -> HostVerdict:
+    """:class:`HostVerdict` of a plan whose devices each hold ``host_bytes_per_device`` on the host."""
+    return HostVerdict(host_bytes_per_device * cluster.gpus_per_host, cluster.host_memory_bytes)
+
+
 def visible_bytes(gpu: GpuSpec) -> int:
     """CUDA's total memory of ``gpu``: its reading, else the datasheet less the measured H100 reserve."""
     if gpu.visible_memory_bytes is not None:

@@ -42,7 +42,7 @@ from parplan.solver.result import (
     plan_document,
     plan_summary,
 )
-from parplan.solver.targets import SPECS, Target, runnable
+from parplan.solver.targets import SPECS, Target, offload_variants, runnable
 
 
 def _baselines(req: PlanRequest, ev: UniformEvaluator, num_blocks: int,
@@ -132,8 +132,22 @@ def _searched(req: PlanRequest, method: str, ev: UniformEvaluator, graphs: Graph
             out.append(Searched(_ilp(dataclasses.replace(req, time_limit_seconds=left), graphs,
                                      _part(report, 0.5, 0.45), reference)))
         except SolverError as e:
-            return out, f"; the ILP stopped ({e}), so the DP's plan"
+            return out + _megatron_family(req, ev), f"; the ILP stopped ({e}), so the DP's plan"
+    if method in ("dp", "both"):
+        out += _megatron_family(req, ev)
     return out, ""
+
+
+def _megatron_family(req: PlanRequest, ev: UniformEvaluator) -> list[Searched]:
+    """Under target ``any`` with ``search`` auto and no mesh given: the best of every uniform strategy
+    Megatron-LM runs (target ``megatron``'s whole search), so that the answer is never beaten by a
+    plan the megatron target would return (the per-layer searches have no interleaved schedule and
+    no overlap options). An explicitly requested search runs alone, beside the baselines."""
+    if req.target is not Target.ANY or req.search != "auto" or req.mesh is not None:
+        return []
+    runs = runnable(Target.MEGATRON, req.cluster, req.global_batch, ev.graph(req.micro_batch or 1), req.micro_batch)
+    assert isinstance(runs, set)
+    return [Searched(_uniform(req, ev, runs, Target.MEGATRON))]
 
 
 @dataclass(frozen=True)
@@ -321,10 +335,11 @@ def _part(report: ProgressFn, start: float, width: float) -> ProgressFn:
 def _candidate(e: Evaluation) -> Candidate:
     s = e.strategy
     return Candidate(s.tp, s.pp, s.dp, s.zero, s.sequence_parallel, s.recompute, s.micro_batch, s.schedule,
-                     s.virtual_stages, s.expert_parallel, s.dp_shard)
+                     s.virtual_stages, s.expert_parallel, s.optimizer_offload, s.dp_shard)
 
 
-def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -> PlanResult:
+def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate],
+             target: Target | None = None) -> PlanResult:
     """The best of every uniform strategy a target runs, each priced by the whole-plan evaluator:
     the fastest that fits (max-throughput); the least memory within ``(1 + max_slowdown)`` of it,
     or the least ``memory + alpha·time`` (min-memory)."""
@@ -332,12 +347,18 @@ def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate]) -
                                             c.schedule.value, c.virtual, c.ep))
     fastest = fastest_fitting(ev, cands, req.budget_bytes)
     if fastest is None or not fastest.fits:
+        # none fits: the same strategies with part of the optimizer on the host (targets.offload_variants)
+        offloading = offload_variants(req.target, cands) if req.optimizer_offload else []
+        found = fastest_fitting(ev, offloading, req.budget_bytes) if offloading else None
+        if found is not None and found.fits:
+            fastest, cands = found, offloading
+    if fastest is None or not fastest.fits:
         return _infeasible(req, fastest.memory.peak_bytes if fastest else None,
                            SolverReport("uniform", "infeasible", candidates=len(cands)))
     best = fastest
     if req.objective == "min-memory":
         best = least_memory_within(ev, cands, req.budget_bytes, objective_of(req), fastest.time.step_seconds) or fastest
-    note = f"exhaustive over the {len(cands)} uniform strategies target {req.target.value} runs"
+    note = f"exhaustive over the {len(cands)} uniform strategies target {(target or req.target).value} runs"
     return _uniform_result(best, SolverReport("uniform", "optimal", candidates=len(cands),
                                               best_time_seconds=fastest.time.step_seconds, note=note))
 

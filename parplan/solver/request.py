@@ -39,10 +39,12 @@ from parplan.solver.cluster import GPU_PRESETS, Cluster, make_cluster
 from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.device_memory import allocated_budget_bytes
 from parplan.solver.errors import ConfigError, SolverError
+from parplan.solver.frontends.builder import check_seq_len
 from parplan.solver.frontends.presets import PRESETS, get_preset
 from parplan.solver.models import ModelSource, model_from_json
 from parplan.solver.objective import DEFAULT_MAX_SLOWDOWN
 from parplan.solver.request_defaults import DEFAULT_GPU as DEFAULT_GPU
+from parplan.solver.request_defaults import DEFAULT_OPTIMIZER_OFFLOAD as DEFAULT_OPTIMIZER_OFFLOAD
 from parplan.solver.request_defaults import DEFAULT_PRECISION as DEFAULT_PRECISION
 from parplan.solver.request_defaults import DEFAULT_TIME_LIMIT_SECONDS as DEFAULT_TIME_LIMIT_SECONDS
 from parplan.solver.strategy import data_parallel_degrees
@@ -58,6 +60,8 @@ MAX_GLOBAL_BATCH = 1 << 24
 #: Least and most memory a request may name, GiB (a device or a budget): 1 MiB is no device.
 MIN_MEMORY_GIB = 2**-10
 MAX_MEMORY_GIB = 2**20
+#: Most host memory one machine may have in a request, GiB.
+MAX_HOST_MEMORY_GIB = 2**24
 #: Longest search time limit one request may ask for, seconds (a service may allow less).
 MAX_TIME_LIMIT_SECONDS = 3600
 
@@ -176,6 +180,9 @@ class ClusterSpec(BaseModel):
     gpu: GpuName = Field(default=DEFAULT_GPU, description="GET /v1/clusters/presets")
     gpu_memory_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=MAX_MEMORY_GIB,
                                          description="Override the device memory.")
+    host_memory_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=MAX_HOST_MEMORY_GIB, description=(
+        "Override one machine's host memory, which an offloaded optimizer must fit (default: the GPU preset's "
+        "reference system)."))
 
 
 class TrainingSpec(BaseModel):
@@ -188,6 +195,10 @@ class TrainingSpec(BaseModel):
         "Samples per micro-batch of one data-parallel replica (default: searched). The searches then use only "
         "the data-parallel degrees dp with global_batch a multiple of micro_batch x dp; none: 422."))
     precision: PrecisionName = DEFAULT_PRECISION
+    optimizer_offload: bool = Field(default=DEFAULT_OPTIMIZER_OFFLOAD, description=(
+        "Targets megatron and deepspeed: when none of their strategies fits, try them with part of the "
+        "optimizer's states and master weights on the host (Megatron-LM's --optimizer-offload-fraction 0.5 or 1, "
+        "DeepSpeed's offload_optimizer)."))
 
 
 class ObjectiveSpec(BaseModel):
@@ -255,7 +266,7 @@ class PlanRequestIn(BaseModel):
         model = model if model is not None else self.model.source()
         cl = self.cluster
         try:
-            cluster = make_cluster(cl.gpus, cl.gpus_per_node, cl.gpu, cl.gpu_memory_gib)
+            cluster = make_cluster(cl.gpus, cl.gpus_per_node, cl.gpu, cl.gpu_memory_gib, cl.host_memory_gib)
         except ConfigError as e:
             raise RequestError("cluster", str(e)) from None
         tr = self.training or TrainingSpec()
@@ -264,6 +275,11 @@ class PlanRequestIn(BaseModel):
         target = Target(self.target)
         self._check_search(target, cluster)
         global_batch = tr.global_batch or cl.gpus
+        if model.config is not None and tr.seq_len:
+            try:
+                check_seq_len(model.config, tr.seq_len)
+            except ConfigError as e:
+                raise RequestError("training.seq_len", str(e)) from None
         _check_micro_batch(global_batch, tr.micro_batch, target, cluster.num_devices)
         return PlanRequest(
             model=model, cluster=cluster, global_batch=global_batch,
@@ -273,7 +289,8 @@ class PlanRequestIn(BaseModel):
             search=self.search,
             time_limit_seconds=DEFAULT_TIME_LIMIT_SECONDS if self.time_limit is None else self.time_limit,
             calibration=calibration, mesh=tuple(self.mesh) if self.mesh is not None else None, pareto=self.pareto,
-            target=target, precision=tr.precision, model_spec=self.model.to_body())
+            target=target, precision=tr.precision, model_spec=self.model.to_body(),
+            optimizer_offload=tr.optimizer_offload)
 
     def _check_search(self, target: Target, cluster: Cluster) -> None:
         """The mesh factors the cluster; the target runs the search asked for and the mesh's plans."""
@@ -340,6 +357,7 @@ class PlanRequest:
     pareto: bool = False  # the DP's whole memory vs step-time frontier (else: only down to the answer)
     target: Target = Target.ANY  # the trainer the plan is for (parplan.solver.targets)
     precision: str = DEFAULT_PRECISION  # parplan.solver.cost.precision.PRECISIONS
+    optimizer_offload: bool = DEFAULT_OPTIMIZER_OFFLOAD  # uniform targets: offload when nothing fits without
     #: The request's ``model`` as given (``{"preset": ...}``, ``{"hf_config": ...}`` or ``{"graph": ...}``):
     #: the cache key names the model by it.
     model_spec: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -418,6 +436,10 @@ def canonical_request(request: PlanRequest | Mapping[str, Any]) -> str:
         doc["target"] = req.target.value
     if req.precision != DEFAULT_PRECISION:  # and one in the default precision no precision key
         doc["training"]["precision"] = req.precision
+    if req.optimizer_offload != DEFAULT_OPTIMIZER_OFFLOAD:  # keys of the defaults left out, as above
+        doc["training"]["optimizer_offload"] = req.optimizer_offload
+    if req.cluster.host_memory_bytes_override is not None:
+        doc["cluster"]["host_memory_bytes"] = req.cluster.host_memory_bytes_override
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 

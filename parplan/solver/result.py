@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from parplan.solver.cost.memory import CATEGORIES, MemoryBreakdown
-from parplan.solver.device_memory import FitVerdict, verdict
+from parplan.solver.device_memory import FitVerdict, HostVerdict, host_verdict, verdict
 from parplan.solver.time_accuracy import time_accuracy
 
 if TYPE_CHECKING:
@@ -48,11 +48,12 @@ class MemoryReport:
     budget_bytes: float | None = None
     stages: PlanMemory | None = None
     stage_units: bool = False
+    host: HostVerdict | None = None  # with optimizer offloading: the host memory it takes
 
     @property
     def fits(self) -> bool:
-        """The reserved peak within the device's usable memory."""
-        return self.verdict.fits
+        """The reserved peak within the device's usable memory (and the offloaded optimizer within the host's)."""
+        return self.verdict.fits and (self.host is None or self.host.fits)
 
 
 @dataclass(frozen=True)
@@ -241,6 +242,9 @@ def memory_document(m: MemoryReport) -> Document:
             "reserved_peak_bytes": m.verdict.reserved_peak_bytes, "usable_bytes": m.verdict.usable_bytes}
     if m.budget_bytes is not None:
         doc["budget_bytes"] = round(m.budget_bytes)
+    if m.host is not None:
+        doc |= {"host_bytes_per_node": round(m.host.bytes_per_host), "host_memory_bytes": m.host.host_memory_bytes,
+                "host_fits": m.host.fits, "host_reason": m.host.reason}
     doc |= {"breakdown": m.breakdown.as_dict(), "redundant": m.redundant.as_dict()}
     if m.stages is not None:
         if m.stage_units:
@@ -288,6 +292,7 @@ def uniform_strategy_document(s: ParallelConfig) -> Document:
         "sync_every_microbatch": s.sync_every_microbatch, "tp_comm_overlap": s.tp_comm_overlap,
         "overlap_param_gather": s.overlap_param_gather, "overlap_grad_reduce": s.overlap_grad_reduce,
         "pp_scatter_gather": s.pp_scatter_gather,
+        **({"optimizer_offload": s.optimizer_offload} if s.optimizer_offload else {}),
         "summary": s.describe(),
     } | ({"partition": list(s.partition)} if s.partition else {}) | (  # blocks per stage, where not even
         {"dp_shard": s.dp_shard} if s.dp_shard else {})  # hybrid sharding's shard group, where set
@@ -296,8 +301,8 @@ def uniform_strategy_document(s: ParallelConfig) -> Document:
 def plan_summary(plan: LayerPlan) -> str:
     """A per-layer plan in one line: pipeline, micro-batches, partition, the strategies used."""
     kinds = sorted({s.describe() for s in plan.layers.values()})
-    return (f"pp{plan.pp} x {plan.num_microbatches} micro-batches, partition {list(plan.partition or [])}: "
-            + "; ".join(kinds))
+    split = f"partition {list(plan.partition)}" if plan.partition else "blocks split evenly"
+    return f"pp{plan.pp} x {plan.num_microbatches} micro-batches, {split}: " + "; ".join(kinds)
 
 
 def _stage_of(plan: LayerPlan, index: int) -> int:
@@ -468,16 +473,26 @@ class Evaluation:
     calibration: Calibration
 
     @property
+    def host(self) -> HostVerdict | None:
+        """The host memory an offloaded optimizer takes (None without offloading)."""
+        if not self.strategy.optimizer_offload:
+            return None
+        return host_verdict(self.memory.host_bytes_per_device, self.cluster)
+
+    @property
     def fits(self) -> bool:
-        """The reserved peak within the device's usable memory (:func:`verdict`)."""
-        return verdict(self.memory.peak_bytes, self.cluster).fits
+        """The reserved peak within the device's usable memory (:func:`verdict`), and an offloaded
+        optimizer within the host's memory."""
+        host = self.host
+        return verdict(self.memory.peak_bytes, self.cluster).fits and (host is None or host.fits)
 
     def memory_report(self) -> MemoryReport:
         """The memory of the most loaded device, and of every stage."""
         peak = self.memory.peak_stage
         return MemoryReport(peak.peak_bytes, verdict(peak.peak_bytes, self.cluster), self.cluster.device_memory_bytes,
                             peak.memory.bytes,
-                            peak.memory.redundant, peak_stage=peak.stage, stages=self.memory, stage_units=True)
+                            peak.memory.redundant, peak_stage=peak.stage, stages=self.memory, stage_units=True,
+                            host=self.host)
 
     def time_report(self) -> TimeReport:
         """The step time, throughput and every stage's seconds."""

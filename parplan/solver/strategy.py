@@ -84,6 +84,32 @@ def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather
         raise StrategyError("overlap_param_gather needs overlap_grad_reduce (as Megatron-LM's --overlap-param-gather)")
 
 
+def check_optimizer_offload(runtime: Runtime, fraction: float, zero: int) -> None:
+    """StrategyError unless the runtime offloads this fraction of the optimizer (:mod:`.cost.offload`):
+    Megatron-LM's hybrid optimizer any fraction, under the distributed optimizer (ZeRO-1; its
+    ``--optimizer-cpu-offload`` needs ``--use-precision-aware-optimizer``, which needs
+    ``--use-distributed-optimizer``: ``megatron/training/arguments.py``, ``megatron/core/optimizer/__init__.py``);
+    DeepSpeed's ZeRO-Offload all of it, under ZeRO 1-3; no other runtime (torchtitan's FSDP2
+    ``CPUOffloadPolicy`` moves weights and gradients with the states, which is not modelled)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
+        raise StrategyError(f"optimizer_offload must be a fraction in [0, 1], got {fraction!r}")
+    if not fraction:
+        return
+    if runtime is Runtime.MEGATRON:
+        if zero != 1:
+            raise StrategyError("optimizer_offload under Megatron-LM needs the distributed optimizer (zero 1): "
+                                "--optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs "
+                                "--use-distributed-optimizer")
+    elif runtime is Runtime.DEEPSPEED:
+        if fraction != 1 or zero < 1:
+            raise StrategyError(f"optimizer_offload under DeepSpeed is ZeRO-Offload (offload_optimizer): the whole "
+                                f"optimizer (1), under ZeRO 1-3; got {fraction} at zero {zero}")
+    else:
+        raise StrategyError(f"optimizer_offload is modelled for the megatron and deepspeed runtimes only; runtime is "
+                            f"{runtime} (torchtitan's FSDP2 CPUOffloadPolicy offloads weights and gradients too: "
+                            f"not modelled)")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Degrees and settings of a uniform strategy; ``tp * cp * pp * dp`` devices.
@@ -127,6 +153,9 @@ class ParallelConfig:
     #: option left with the move into Megatron-Core): without sequence parallelism each TP rank
     #: sends its 1/tp share of the activation to the next stage, which all-gathers it over TP
     pp_scatter_gather: bool = False
+    #: the fraction of each rank's optimizer states and fp32 master weights kept and stepped on the
+    #: host (Megatron-LM's --optimizer-offload-fraction; DeepSpeed's offload_optimizer: 1)
+    optimizer_offload: float = 0.0
     #: hybrid sharded data parallelism: ZeRO shards within groups of ``dp_shard`` data-parallel
     #: ranks, replicated across the ``dp / dp_shard`` groups (:func:`check_dp_shard`); 0: all of dp
     dp_shard: int = 0
@@ -150,6 +179,7 @@ class ParallelConfig:
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)
+        check_optimizer_offload(self.runtime, self.optimizer_offload, self.zero)
         if self.schedule is Schedule.INTERLEAVED:
             if self.pp == 1:
                 raise StrategyError("the interleaved schedule needs pp > 1")
@@ -211,6 +241,8 @@ class ParallelConfig:
             parts.append("no-overlap-grad-reduce")
         if self.pp_scatter_gather:
             parts.append("pp-scatter-gather")
+        if self.optimizer_offload:
+            parts.append(f"offload={self.optimizer_offload:g}")
         return " ".join(parts)
 
 

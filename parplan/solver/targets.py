@@ -34,7 +34,7 @@ is one of them.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -163,6 +163,25 @@ def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int
         for ep in eps:
             for shard in shard_groups(c, node, ep):
                 yield replace(c, schedule=schedule, virtual=v, ep=ep, dp_shard=shard)
+
+
+#: Fractions of the optimizer a target's search offloads, when none of its strategies fits without
+#: (Megatron-LM's --optimizer-offload-fraction; DeepSpeed's offload_optimizer moves all of it).
+OFFLOAD_FRACTIONS: dict[Target, tuple[float, ...]] = {Target.MEGATRON: (0.5, 1.0), Target.DEEPSPEED: (1.0,)}
+
+
+def offload_variants(target: Target, cands: Iterable[Candidate]) -> list[Candidate]:
+    """The target's strategies with part of the optimizer on the host (:data:`OFFLOAD_FRACTIONS`), for
+    those that can offload: Megatron-LM's under its distributed optimizer (ZeRO-1; a plan without data
+    parallelism takes it too), DeepSpeed's under ZeRO 1-3."""
+    out: list[Candidate] = []
+    for f in OFFLOAD_FRACTIONS.get(target, ()):
+        for c in cands:
+            if target is Target.MEGATRON and (c.zero == 1 or c.dp == 1):
+                out.append(replace(c, zero=1, offload=f))
+            elif target is Target.DEEPSPEED and c.zero >= 1:
+                out.append(replace(c, offload=f))
+    return out
 
 
 class _GalvatronRuns:

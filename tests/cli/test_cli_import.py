@@ -152,11 +152,26 @@ def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
     ("--context-parallel-size 2\n--cp-comm-type a2a+p2p", "--cp-comm-type a2a+p2p"),
     ("--context-parallel-size 3", "tp x pp x cp = 12 does not divide"),
     ("--recompute-granularity full", "recompute-method uniform"),
+    ("--recompute-modules core_attn mlp", "--recompute-modules core_attn mlp: selective recomputation of modules"),
+    ("--recompute-modules=layernorm,moe_act", "--recompute-modules layernorm moe_act:"),
 ])
 def test_inconsistent_or_unmodelled_arguments_are_one_line_errors(tmp_path: Path, change: str, why: str,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "args.txt").write_text(ARGS + change + "\n")
     assert why in run_error(capsys, "memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16")
+
+
+def test_recompute_modules_core_attn_is_selective_recomputation(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Megatron-LM's default module list (core_attn) is its selective recomputation, priced as such."""
+    prices = []
+    for extra in ("", "--recompute-modules core_attn\n"):
+        (tmp_path / "args.txt").write_text(ARGS + extra)
+        assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["strategy"]["recompute"] == "selective"
+        prices.append(doc["memory"]["peak_bytes"])
+    assert prices[0] == prices[1]
 
 
 def test_bad_from_usage_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

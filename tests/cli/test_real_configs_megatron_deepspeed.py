@@ -168,7 +168,7 @@ def test_deepspeed_examples_fp16_config_is_priced_as_written(capsys: pytest.Capt
     ("autotuning_ds_config_fp16_z3.json", 'train_micro_batch_size_per_gpu "auto"'),
     ("bing_bert_progressive_layer_drop_seq128.json", "progressive_layer_drop (layers skipped at random)"),
     ("bing_bert_onebitlamb_seq128_nccl.json", "optimizer.type 'OneBitLamb'"),
-    ("zenflow_zf_config.json", "zero_optimization.offload_optimizer"),
+    ("zenflow_zf_config.json", "zero_optimization.zenflow"),
 ])
 def test_deepspeed_configs_parplan_cannot_price_are_refused_naming_why(
         name: str, why: str, capsys: pytest.CaptureFixture[str]) -> None:

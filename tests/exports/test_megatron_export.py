@@ -18,7 +18,7 @@ import pytest
 from plan_docs import doc_for
 
 from parplan.exports import NotExpressibleError, export_plan
-from parplan.exports.megatron import DDP_FLAGS, DECLARED_FLAGS, TRAINING_FLAGS
+from parplan.exports.megatron import DDP_FLAGS, DECLARED_FLAGS, OPTIMIZER_FLAGS, TRAINING_FLAGS
 
 mcore = pytest.importorskip("megatron.core", reason="the exports extra (megatron-core) is not installed")
 
@@ -55,6 +55,10 @@ def read_args(text: str) -> tuple[dict[str, Any], dict[str, str | bool]]:
             assert flag in ddp, f"{flag} is not a DistributedDataParallelConfig field"
             declared[flag] = value or True
             continue
+        if flag in OPTIMIZER_FLAGS:
+            assert flag[2:].replace("-", "_") in _optimizer_fields(), f"{flag} is not an OptimizerConfig field"
+            declared[flag] = value or True
+            continue
         if flag in DECLARED_FLAGS or flag in TRAINING_FLAGS:
             declared[flag] = value or True
             continue
@@ -66,6 +70,12 @@ def read_args(text: str) -> tuple[dict[str, Any], dict[str, str | bool]]:
             kind = type(f.default) if f.default is not None and not isinstance(f.default, bool) else None
             config[f.name] = kind(value) if kind in (int, float) else (int(value) if value.isdigit() else value)
     return config, declared
+
+
+def _optimizer_fields() -> set[str]:
+    from megatron.core.optimizer import OptimizerConfig
+
+    return {f.name for f in dataclasses.fields(OptimizerConfig)}
 
 
 def build_ddp_config(declared: dict[str, str | bool]) -> Any:
@@ -264,3 +274,29 @@ def test_megatron_core_builds_qwen_with_its_biases_and_norms(preset: str) -> Non
     assert config is not None and (config.qkv_bias, config.qk_norm) == (arch["qkv_bias"], arch["qk_norm"])
     want = ModelSource(preset, config=get_preset(preset)).parameter_count()
     assert imported.model.parameter_count() == want
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_optimizer_offload_is_megatron_cores_hybrid_optimizer(fraction: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offload flags build megatron-core's OptimizerConfig (which skips its FusedAdam check under
+    ``optimizer_cpu_offload``) with the plan's fraction, beside the distributed optimizer it needs.
+    Transformer Engine is not installed here: its version check answers as TE 2.1 would."""
+    from megatron.core.optimizer import OptimizerConfig, optimizer_config
+
+    monkeypatch.setattr(optimizer_config, "is_te_min_version", lambda version: True)
+
+    doc = doc_for("llama-3-8b", 8, {"tp": 2, "pp": 1, "dp": 4, "zero": 1, "sequence_parallel": True,
+                                    "num_microbatches": 4, "optimizer_offload": fraction})
+    _, declared = read_args(export_plan(doc, "megatron").files["megatron_args.txt"])
+    kw = {flag[2:].replace("-", "_"): (float(v) if isinstance(v, str) else v)
+          for flag, v in declared.items() if flag in OPTIMIZER_FLAGS}
+    cfg = OptimizerConfig(**kw, use_distributed_optimizer="--use-distributed-optimizer" in declared)
+    assert cfg.optimizer_cpu_offload and cfg.use_precision_aware_optimizer and cfg.use_distributed_optimizer
+    assert cfg.optimizer_offload_fraction == fraction
+
+
+def test_optimizer_offload_without_the_distributed_optimizer_is_refused() -> None:
+    doc = doc_for("llama-3-8b", 8, {"tp": 2, "pp": 1, "dp": 4, "sequence_parallel": True, "num_microbatches": 4})
+    doc["strategy"]["optimizer_offload"] = 0.5  # a document no search writes: ZeRO-0 offloaded
+    with pytest.raises(NotExpressibleError, match="distributed optimizer"):
+        export_plan(doc, "megatron")

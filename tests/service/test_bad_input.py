@@ -57,6 +57,8 @@ def test_json_that_is_not_an_object_is_422(client: TestClient, writer: Headers) 
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "objective": {"kind": "fastest"}}, "objective.kind"),
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "training": {"global_batch": 63, "micro_batch": 2}},
      "training.micro_batch"),
+    ({"model": {"preset": "bert-large"}, "cluster": {"gpus": 8}, "training": {"seq_len": 1024}},
+     "training.seq_len"),
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "search": "simplex"}, "search"),
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8}, "surprise": 1}, "surprise"),
     ({"model": {"preset": "gpt-1.7b"}, "cluster": {"gpus": 8, "gpu_memory_gib": -1}}, "cluster.gpu_memory_gib"),

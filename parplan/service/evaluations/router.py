@@ -34,7 +34,8 @@ def _evaluate(payload: EvaluationIn) -> dict[str, Any]:
         imported = read_config(payload.kind, payload.text, model=model, gpus=cl.gpus, seq_len=payload.seq_len,
                                launch=payload.launch)
         assert imported.model is not None and imported.gpus is not None
-        cluster = make_cluster(imported.gpus, cl.gpus_per_node or imported.gpus_per_node, cl.gpu, cl.gpu_memory_gib)
+        cluster = make_cluster(imported.gpus, cl.gpus_per_node or imported.gpus_per_node, cl.gpu, cl.gpu_memory_gib,
+                               cl.host_memory_gib)
         return price(imported, cluster)
     except ImportProblemError as e:
         raise InvalidError(str(e), [field_error(["body", "text"], p) for p in e.problems]) from None

@@ -10,6 +10,7 @@ from parplan.solver.request import (
     AS_INT,
     DEFAULT_GPU,
     MAX_DEVICES,
+    MAX_HOST_MEMORY_GIB,
     MAX_MEMORY_GIB,
     MIN_MEMORY_GIB,
     GpuName,
@@ -28,6 +29,8 @@ class EvaluationCluster(BaseModel):
     gpu: GpuName = Field(default=DEFAULT_GPU, description="GET /v1/clusters/presets")
     gpu_memory_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=MAX_MEMORY_GIB,
                                          description="Override the device memory.")
+    host_memory_gib: float | None = Field(default=None, ge=MIN_MEMORY_GIB, le=MAX_HOST_MEMORY_GIB,
+                                          description="Override one machine's host memory (an offloaded optimizer's).")
 
 
 class EvaluationIn(BaseModel):

@@ -92,6 +92,7 @@ class LayerPlan:
     overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather: weight all-gather under forward
     overlap_grad_reduce: bool = True  # gradients reduced under the backward (false: Megatron-LM without the flag)
     pp_scatter_gather: bool = False  # Megatron-LM's scatter-gather-tensors-in-pipeline: hand-offs split over TP
+    optimizer_offload: float = 0.0  # the fraction of the optimizer's states and master weights on the host (.offload)
     _devices: int = field(default=0, compare=False)
 
     def local_batch(self, s: LayerStrategy) -> int:
@@ -119,7 +120,7 @@ def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
     return (plan.pp, plan.num_microbatches, plan.global_batch, plan.partition, plan.schedule, plan.virtual_stages,
             plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
             plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, plan.pp_scatter_gather,
-            tuple(plan.layers.items()))
+            plan.optimizer_offload, tuple(plan.layers.items()))
 
 
 def group_ranks(s: LayerStrategy, expert: bool) -> int:

@@ -35,7 +35,7 @@ def layer_plan(graph: Graph, cfg: ParallelConfig) -> LayerPlan:
                       flash_attention=cfg.flash_attention, precision=cfg.precision, runtime=cfg.runtime,
                       sync_every_microbatch=cfg.sync_every_microbatch, tp_comm_overlap=cfg.tp_comm_overlap,
                       overlap_param_gather=cfg.overlap_param_gather, overlap_grad_reduce=cfg.overlap_grad_reduce,
-                      pp_scatter_gather=cfg.pp_scatter_gather)
+                      pp_scatter_gather=cfg.pp_scatter_gather, optimizer_offload=cfg.optimizer_offload)
 
 
 def plan_memory(graph: Graph, cfg: ParallelConfig, costs: GraphCosts | None = None) -> PlanMemory:

@@ -23,7 +23,7 @@ def stage_key(plan: LayerPlan, where: Hashable, names: tuple[str, ...], units: l
     return (plan.pp, plan.num_microbatches, plan.global_batch, plan.schedule, plan.virtual_stages,
             plan.flash_attention, plan.precision, plan.runtime, plan.sync_every_microbatch,
             plan.tp_comm_overlap, plan.overlap_param_gather, plan.overlap_grad_reduce, plan.pp_scatter_gather,
-            where, names,
+            plan.optimizer_offload, where, names,
             tuple([(strat[u], u in plan.layers) for u in units]))
 
 

@@ -20,6 +20,7 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks, shard_ranks
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
+from parplan.solver.cost.offload import device_states, host_bytes
 from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
 from parplan.solver.cost.pipeline import in_flight_microbatches, interleaved_rank_order
 from parplan.solver.cost.plan_structure import Links, PlanLayout, plan_layout, unit_cost, virtual_stages
@@ -42,6 +43,8 @@ class StageMemory:
     #: the most the stage holds at one moment of the step (see :mod:`.peak`); at most the sum of
     #: the categories' own peaks
     peak_bytes: float
+    #: host bytes each of its devices' offloaded optimizer holds (:mod:`.offload`)
+    host_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,11 @@ class PlanMemory:
     @property
     def peak_bytes(self) -> float:
         return self.peak_stage.peak_bytes
+
+    @property
+    def host_bytes_per_device(self) -> float:
+        """The most host memory one device's offloaded optimizer holds, over the stages."""
+        return max(s.host_bytes for s in self.stages)
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,16 @@ def shared_states(gc: GraphCosts, plan: LayerPlan, units: list[str], first: Laye
     return states, first_dp
 
 
+def offloaded(plan: LayerPlan, states: Memory, prec: Precision) -> tuple[Memory, float]:
+    """A device's model states with ``plan.optimizer_offload`` of its optimizer on the host, and the
+    host bytes that takes (:mod:`.offload`)."""
+    f = plan.optimizer_offload
+    if not f:
+        return states, 0.0
+    return (Memory(device_states(states.bytes, f), device_states(states.redundant, f)),
+            host_bytes(states.bytes, prec, f))
+
+
 @dataclass
 class _StageSums:
     """What a stage's units add up to, in unit order."""
@@ -220,7 +238,7 @@ def stage_memory(p: MemoryPricer, plan: LayerPlan, stage: int, layout: PlanLayou
     gc = p.costs_for(plan.local_batch(first))
     us = first.unit(plan.flash_attention, plan.runtime)
     shared, first_dp = shared_states(gc, plan, units, first, prec)
-    states = sums.states + shared
+    states, host = offloaded(plan, sums.states + shared, prec)
     rebuilt_buckets = sums.rebuilt_buckets + (shared.bytes.gradients if first_dp.rebuilds_buckets and plan.pp == 1
                                               else 0.0)
     shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
@@ -260,7 +278,7 @@ def stage_memory(p: MemoryPricer, plan: LayerPlan, stage: int, layout: PlanLayou
     held = states.bytes.replace(activations=act * flight + pinned,
                                 temporary=max(walked.temporary, optimizer, rebuilt_buckets) + fixed)
     red = states.redundant.replace(activations=act_red * flight)
-    return StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + fixed + pinned)
+    return StageMemory(stage, tuple(units), Memory(held, red), act, flight, peak + fixed + pinned, host)
 
 
 def _accumulating(plan: LayerPlan) -> bool:
@@ -411,7 +429,7 @@ def interleaved_stage_memory(p: Links, plan: LayerPlan, stage: int, virtual: Map
     above, act_peak = _rank_order_peaks(acc, plan, stage)
     first = strat[units[0]]
     shared, _ = shared_states(p.costs_for(plan.local_batch(first)), plan, units, first, prec)
-    states = acc.states + shared
+    states, host = offloaded(plan, acc.states + shared, prec)
     optimizer = optimizer_temporary_bytes(acc.largest, prec)
     resident = states.bytes.total
     per_micro = sum(acc.acts)
@@ -421,7 +439,7 @@ def interleaved_stage_memory(p: Links, plan: LayerPlan, stage: int, virtual: Map
     held_bytes = states.bytes.replace(activations=act_peak, temporary=temp)
     red_bytes = states.redundant.replace(activations=sum(acc.reds) * flight)
     return StageMemory(stage, tuple(units), Memory(held_bytes, red_bytes), per_micro, flight,
-                       max(resident + above, resident + optimizer) + fixed)
+                       max(resident + above, resident + optimizer) + fixed, host)
 
 
 def price_memory(p: MemoryPricer, plan: LayerPlan) -> PlanMemory:

@@ -20,6 +20,7 @@ from parplan.solver.cost.collectives import all_gather_seconds, all_to_all_secon
 from parplan.solver.cost.gradient_sync import once_per_step
 from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy
 from parplan.solver.cost.memory import MemoryBreakdown
+from parplan.solver.cost.offload import CPU_ADAM_ELEMENTS_PER_S, offload_seconds, offloaded_elements
 from parplan.solver.cost.plan_structure import Links, PlanLayout, plan_layout, unit_cost
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import optimizer_step_seconds
@@ -85,6 +86,7 @@ class UnitTimeParts(NamedTuple):
     optimizer: float
     cp: float
     ep: float
+    optimizer_elements: float = 0.0  # elements of the optimizer's shard it steps (.offload)
 
 
 class TimePricer(Links, Protocol):
@@ -131,16 +133,17 @@ def unit_time_parts(p: Links, plan: LayerPlan, u: str, s: LayerStrategy, prec: P
         # Transformer Engine runs each all-gather / reduce-scatter in chunks under the GEMM that
         # consumes or produces it: hidden up to the unit's GEMM time (forward, backward, recomputed)
         tp = max(0.0, tp - c.matmul_seconds)
+    states = model_states(c.params, s, plan.runtime.states_precision(prec)).bytes
     return UnitTimeParts(c.forward_seconds, c.backward_seconds, c.recompute_seconds, tp, traffic, hidden_not,
-                         optimizer_seconds(p, model_states(c.params, s, plan.runtime.states_precision(prec)).bytes),
-                         c.cp_comm_seconds, c.ep_comm_seconds)
+                         optimizer_seconds(p, states), c.cp_comm_seconds, c.ep_comm_seconds,
+                         offloaded_elements(states, prec, 1.0))
 
 
 def stage_time(p: TimePricer, plan: LayerPlan, stage: int, layout: PlanLayout) -> StageTime:
     """One stage's seconds (see the module's docstring)."""
     units, strat, prec = layout.by_stage[stage], layout.strat, layout.prec
     fwd = bwd = rec = tp = relayout = cp_exposed = ep = 0.0
-    sync_total = exposed = opt = 0.0
+    sync_total = exposed = opt = elements = 0.0
     previous: LayerStrategy | None = None
     synced: set[str] = set()  # shared parameters synchronised once per stage
     for u in units:
@@ -155,6 +158,7 @@ def stage_time(p: TimePricer, plan: LayerPlan, stage: int, layout: PlanLayout) -
         sync_total += part.traffic
         exposed += part.exposed
         opt += part.optimizer
+        elements += part.optimizer_elements
         if previous is not None and previous is not s and previous.layout_key != s.layout_key:
             relayout += p.relayout(plan, u, s, prec)
         previous = s
@@ -162,7 +166,11 @@ def stage_time(p: TimePricer, plan: LayerPlan, stage: int, layout: PlanLayout) -
     gc = p.costs_for(plan.local_batch(first))
     shared = gc.shared_param_elems(units, first.unit(plan.flash_attention, plan.runtime))
     if shared:
-        opt += optimizer_seconds(p, model_states(shared, first, plan.runtime.states_precision(prec)).bytes)
+        states = model_states(shared, first, plan.runtime.states_precision(prec)).bytes
+        opt += optimizer_seconds(p, states)
+        elements += offloaded_elements(states, prec, 1.0)
+    if plan.optimizer_offload:
+        opt = offloaded_step_seconds(p, plan.optimizer_offload, opt, elements, prec)
     p2p = 0.0
     if plan.pp > 1:
         link = p.mesh(plan, first).hop_link("pp", p.cluster)
@@ -170,6 +178,15 @@ def stage_time(p: TimePricer, plan: LayerPlan, stage: int, layout: PlanLayout) -
                                      first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
         p2p = sum(2 * handoff_seconds(p, plan, first, b, link) for b in boundary)
     return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, cp_exposed, ep)
+
+
+def offloaded_step_seconds(p: Links, fraction: float, gpu_seconds: float, elements: float,
+                           prec: Precision) -> float:
+    """The optimizer step of a stage whose devices step ``elements`` each with ``fraction`` of them
+    on the host: the GPU's step on the rest, then the copies and the host's step (:mod:`.offload`)."""
+    cluster = p.cluster
+    return gpu_seconds * (1 - fraction) + offload_seconds(fraction * elements, prec, cluster.gpu.host_link_bytes_per_s,
+                                                          cluster.gpus_per_host, CPU_ADAM_ELEMENTS_PER_S)
 
 
 def handoff_seconds(p: Links, plan: LayerPlan, s: LayerStrategy, nbytes: float, link: Link) -> float:

@@ -367,6 +367,13 @@ def _vit(b: _Builder, cfg: TransformerConfig, batch: int) -> None:
         b.add("head.loss", OpKind.CROSS_ENTROPY, [logits, labels], {"batch": batch}, dtype="fp32", class_dim="classes")
 
 
+def check_seq_len(cfg: TransformerConfig, seq: int) -> None:
+    """ConfigError when a model with learned positions (GPT, BERT) is asked for a longer sequence than
+    its position table has rows."""
+    if cfg.family in ("gpt", "bert") and seq > cfg.seq_len:
+        raise ConfigError(f"{cfg.name}: seq_len {seq} exceeds the {cfg.seq_len} learned positions")
+
+
 def build_graph(cfg: TransformerConfig, batch: int = 1, seq_len: int | None = None,
                 decoder_seq_len: int | None = None) -> Graph:
     """The operator graph of one micro-batch of ``batch`` samples.
@@ -379,8 +386,7 @@ def build_graph(cfg: TransformerConfig, batch: int = 1, seq_len: int | None = No
     seq = cfg.seq_len if seq_len is None else seq_len
     if seq <= 0:
         raise ConfigError(f"seq_len must be positive, got {seq}")
-    if cfg.family in ("gpt", "bert") and seq > cfg.seq_len:
-        raise ConfigError(f"{cfg.name}: seq_len {seq} exceeds the {cfg.seq_len} learned positions")
+    check_seq_len(cfg, seq)
     b = _Builder()
     b.unit("embed")
     if cfg.family in ("gpt", "llama", "mixtral"):
