@@ -119,6 +119,11 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                         "fp8-torchao (tensorwise, bf16's bytes), fp8-torchao-fsdp8 (the same with FSDP2's float8 "
                         "all-gather) and fp8-torchao-rowwise")
     p.add_argument("--expert-parallel", type=positive, default=1, help="expert-parallel degree (MoE), divides dp")
+    p.add_argument("--dp-shard", type=int, default=0, metavar="N",
+                   help="hybrid sharded data parallelism (needs --zero 1-3): ZeRO shards within groups of N "
+                        "data-parallel ranks, replicated across the dp/N groups (torchtitan's "
+                        "data_parallel_shard_degree; Megatron-LM's --num-distributed-optimizer-instances dp/N); "
+                        "default 0: all of dp")
     p.add_argument("--cp", type=positive, default=1,
                    help="context-parallel degree (ring attention, Megatron-LM's --context-parallel-size): the "
                         "sequence split over CP ranks; 2 x CP must divide the sequence length")
@@ -220,7 +225,7 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
         overlap_grad_reduce=not getattr(args, "no_overlap_grad_reduce", False),
         pp_scatter_gather=getattr(args, "pp_scatter_gather", False),
-        optimizer_offload=getattr(args, "optimizer_offload", 0.0))
+        optimizer_offload=getattr(args, "optimizer_offload", 0.0), dp_shard=getattr(args, "dp_shard", 0))
     return model, cluster, strategy
 
 

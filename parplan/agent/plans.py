@@ -147,6 +147,9 @@ def strategy_of_plan(plan: dict[str, Any]) -> ParallelConfig:
     from parplan.solver.strategy import Schedule
 
     s = plan.get("strategy") or {}
+    if s.get("dp_shard"):
+        raise ConfigError(f"hybrid sharding (dp_shard {s['dp_shard']}): the agent's runner shards over all of dp; "
+                          "validate the plan's torchtitan export with parplan validate --torchtitan")
     try:
         schedule = Schedule(str(s.get("schedule", "1f1b")))
         return ParallelConfig(

@@ -69,6 +69,17 @@ class UniformPlan:
     overlap_param_gather: bool = False  # Megatron-LM's --overlap-param-gather (also set by the uniform search)
     overlap_grad_reduce: bool = True  # Megatron-LM's --overlap-grad-reduce (false only from `parplan memory`)
     optimizer_offload: float = 0.0  # the optimizer's fraction on the host (ParallelConfig.optimizer_offload)
+    dp_shard: int = 0  # hybrid sharding: ZeRO within groups of dp_shard data-parallel ranks (0: all of dp)
+
+    @property
+    def shard(self) -> int:
+        """Data-parallel ranks ZeRO shards over: ``dp_shard``, else all of ``dp``."""
+        return self.dp_shard or self.dp
+
+    @property
+    def replicate(self) -> int:
+        """Groups of hybrid sharding that hold the same shards: ``dp / shard``."""
+        return self.dp // self.shard
 
     @property
     def world(self) -> int:
@@ -186,10 +197,12 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            tp_comm_overlap=bool(s.get("tp_comm_overlap")),
                            overlap_param_gather=bool(s.get("overlap_param_gather")),
                            overlap_grad_reduce=s.get("overlap_grad_reduce") is not False,
-                           optimizer_offload=float(s.get("optimizer_offload") or 0.0))
+                           optimizer_offload=float(s.get("optimizer_offload") or 0.0),
+                           dp_shard=int(s.get("dp_shard") or 0))
     if kind == "per-layer":
         runs = list(s.get("layers") or [])
-        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm")
+        keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm",
+                "dp_shard")
         distinct = {tuple(r.get(k) for k in keys) for r in runs}
         reasons = []
         if len(distinct) > 1:
@@ -212,7 +225,8 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            precision=str(s.get("precision", "bf16")),
                            expert_parallel=int(r.get("expert_parallel") or 1),
                            partition=tuple(s["partition"]) if s.get("partition") else None,
-                           cp=int(r.get("cp") or 1), cp_comm=str(r.get("cp_comm") or "p2p"))
+                           cp=int(r.get("cp") or 1), cp_comm=str(r.get("cp_comm") or "p2p"),
+                           dp_shard=int(r.get("dp_shard") or 0))
     raise NotExpressible(target, [f"unknown strategy kind {kind!r}"])
 
 

@@ -36,6 +36,10 @@ def ds_config(plan: UniformPlan) -> dict[str, Any]:
                        "Ulysses sequence parallelism needs the model's own code); plan with target deepspeed")
     if plan.precision not in ("bf16", "fp16", "fp32"):
         reasons.append(f"precision {plan.precision}")
+    if plan.dp_shard:
+        reasons.append(f"hybrid sharding (dp_shard {plan.dp_shard}): DeepSpeed shards ZeRO over all of dp; its "
+                       "ZeRO++ hpZ (zero_hpz_partition_size) keeps a secondary copy of the weights per node, which "
+                       "parplan does not model")
     if plan.optimizer_offload and (plan.optimizer_offload != 1 or plan.zero < 1):
         reasons.append(f"optimizer offload {plan.optimizer_offload:g} at ZeRO-{plan.zero}: DeepSpeed's ZeRO-Offload "
                        "(offload_optimizer) moves the whole optimizer, under ZeRO 1-3")

@@ -96,6 +96,7 @@ class Step:
     flash_attention: bool
     sync_every_microbatch: bool
     cp: int = 1
+    dp_shard: int = 0  # hybrid sharding's shard group (0: none)
 
 
 def export_galvatron(doc: Mapping[str, Any]) -> Export:
@@ -155,7 +156,9 @@ def _read_plan(doc: Mapping[str, Any], ctx: PlanContext) -> tuple[list[Block], S
                 partition=partition, schedule=str(s.get("schedule", "1f1b")),
                 virtual_stages=int(s.get("virtual_stages") or 1), precision=str(s.get("precision", "bf16")),
                 flash_attention=bool(s.get("flash_attention", True)),
-                sync_every_microbatch=bool(s.get("sync_every_microbatch", False)), cp=int(s.get("cp") or 1))
+                sync_every_microbatch=bool(s.get("sync_every_microbatch", False)), cp=int(s.get("cp") or 1),
+                dp_shard=max([int(s.get("dp_shard") or 0)]
+                             + [int(r.get("dp_shard") or 0) for r in s.get("layers") or []]))
     if kind == "per-layer":
         blocks: list[Block] = []
         for run in s.get("layers") or []:
@@ -224,6 +227,9 @@ def _check(blocks: list[Block], step: Step, ctx: PlanContext, reasons: list[str]
     if {b.zero for b in sharded} >= {0, 2}:
         reasons.append("some blocks use plain data parallelism and others ZeRO-2; Galvatron has one "
                        "default_dp_type (ddp or zero2) for every block that is not sharded (ZeRO-3)")
+    if step.dp_shard:
+        reasons.append(f"hybrid sharding (dp_shard {step.dp_shard}): Galvatron shards over each block's whole "
+                       "data-parallel group")
     if step.cp > 1:
         reasons.append(f"context parallelism (cp={step.cp}): Galvatron {GALVATRON_VERSION} has no ring attention "
                        "(its per-block use_sp is Ulysses sequence parallelism in place of TP)")

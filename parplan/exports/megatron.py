@@ -9,7 +9,8 @@ in ``megatron/training/arguments.py`` (:data:`DECLARED_FLAGS`).
 
 What is written: the model's sizes and kind (GPT: learned positions, LayerNorm, GELU, biases, tied
 embeddings; Llama: RoPE, RMSNorm, SwiGLU, no biases, grouped-query attention; Mixtral: Llama with
-experts), the parallel degrees, the distributed optimizer (ZeRO-1), recomputation, the pipeline
+experts), the parallel degrees, the distributed optimizer (ZeRO-1; under hybrid sharding
+``--num-distributed-optimizer-instances``), recomputation, the pipeline
 schedule and partition, the batch sizes, and the communication overlap the plan was priced with:
 ``--overlap-grad-reduce`` whenever gradients are reduced over data-parallel ranks (parplan's megatron
 runtime reduces each bucket under the backward; Megatron-LM does so only with that flag), and
@@ -54,7 +55,8 @@ PRECISION_FLAGS: Mapping[str, tuple[str, ...]] = {
     "bf16": ("--bf16",), "bf16-grad16": ("--bf16", "--grad-reduce-in-bf16"),
     "fp16": ("--fp16", "--accumulate-allreduce-grads-in-fp32"), "fp16-grad16": ("--fp16",),
 }
-DDP_FLAGS = frozenset({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"})
+DDP_FLAGS = frozenset({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                       "--num-distributed-optimizer-instances"})
 #: Flags made from megatron-core's OptimizerConfig fields: the hybrid CPU/GPU optimizer's.
 OPTIMIZER_FLAGS = frozenset({"--optimizer-cpu-offload", "--optimizer-offload-fraction",
                              "--use-precision-aware-optimizer"})
@@ -117,6 +119,10 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
     if plan.overlap_param_gather and (plan.zero != 1 or plan.dp * plan.cp == 1):
         reasons.append("--overlap-param-gather: Megatron-LM overlaps the distributed optimizer's weight all-gather "
                        "(ZeRO-1 over more than one data-parallel rank)")
+    if plan.dp_shard and (plan.zero != 1 or plan.dp % plan.dp_shard or plan.dp_shard % plan.expert_parallel):
+        reasons.append(f"dp_shard {plan.dp_shard}: Megatron-LM shards within groups of the data-parallel ranks only "
+                       "its distributed optimizer (ZeRO-1, --num-distributed-optimizer-instances dividing dp, the "
+                       "expert-parallel ranks inside a group)")
     if plan.optimizer_offload and plan.zero != 1:
         reasons.append("--optimizer-cpu-offload: Megatron-LM offloads the distributed optimizer's shard (ZeRO-1; it "
                        "needs --use-precision-aware-optimizer, which needs --use-distributed-optimizer)")
@@ -174,6 +180,10 @@ def _parallel_flags(plan: UniformPlan, layers: int, partition: list[str]) -> lis
     args += partition
     if plan.zero == 1:
         args.append("--use-distributed-optimizer")
+    if plan.replicate > 1:
+        # the distributed optimizer sharded within dp / N consecutive data-parallel ranks, replicated
+        # across N instances (megatron/core/parallel_state.py's intra-partial data-parallel groups)
+        args += ["--num-distributed-optimizer-instances", str(plan.replicate)]
     if plan.dp * plan.cp > 1 and plan.overlap_grad_reduce:
         # parplan's megatron runtime prices the gradient reduction under the backward, bucket by
         # bucket, unless the plan says otherwise; Megatron-LM does that only with this flag

@@ -43,6 +43,8 @@ def _reasons(plan: UniformPlan, arch: Mapping[str, Any] | None) -> list[str]:
         reasons.append("context or expert parallelism of a dense Llama")
     if plan.sequence_parallel and plan.tp == 1:
         reasons.append("sequence parallelism without tensor parallelism")
+    if plan.dp_shard:
+        reasons.append(f"hybrid sharding (dp_shard {plan.dp_shard}): nanotron's ZeRO-1 shards over all of dp")
     if arch is not None and arch.get("family") == "llama" and plan.pp > 1:
         own = nanotron_partition(int(arch["layers"]), int(arch["hidden"]), int(arch["heads"]), int(arch["ffn"]),
                                  int(arch["vocab"]), plan.pp)

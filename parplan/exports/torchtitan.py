@@ -169,8 +169,8 @@ def torchtitan_arguments(plan: UniformPlan, ctx: PlanContext, flavor: Flavor) ->
             "--training.mixed_precision_param", "float32" if plan.precision == "fp32" else "bfloat16",
             "--training.mixed_precision_reduce", "float32",
             "--training.disable_cuda_graphs",
-            "--parallelism.data_parallel_replicate_degree", str(1 if sharded else plan.dp),
-            "--parallelism.data_parallel_shard_degree", str(plan.dp if sharded else 1),
+            "--parallelism.data_parallel_replicate_degree", str(plan.replicate if sharded else plan.dp),
+            "--parallelism.data_parallel_shard_degree", str(plan.shard if sharded else 1),
             "--parallelism.fsdp_reshard_after_forward", "always" if plan.zero == 3 else "never",
             "--parallelism.tensor_parallel_degree", str(plan.tp),
             "--parallelism.enable_sequence_parallel" if plan.sequence_parallel
@@ -272,6 +272,10 @@ def _check(plan: UniformPlan, ctx: PlanContext, flavor: Flavor | None, reasons: 
                        "weights, gradients and optimizer states together (FSDP2) or replicates all three")
     if plan.zero not in (0, 1, 2, 3):
         reasons.append(f"ZeRO stage {plan.zero}")
+    if plan.dp_shard and (plan.dp % plan.dp_shard or plan.zero < 2):
+        reasons.append(f"dp_shard {plan.dp_shard} with dp {plan.dp} and ZeRO-{plan.zero}: torchtitan's HSDP "
+                       "(data_parallel_shard_degree x data_parallel_replicate_degree) shards weights, gradients "
+                       "and optimizer states together (ZeRO 2 or 3) in groups that divide dp")
     if plan.expert_parallel > 1:
         reasons.append(f"expert parallelism ({plan.expert_parallel}): the model has no experts in torchtitan's "
                        "llama3 module")
@@ -445,8 +449,14 @@ def _parallel_notes(plan: UniformPlan, flavor: Flavor) -> list[str]:
         how = ("resharded after forward (ZeRO-3; 'always', since torchtitan's default keeps them under "
                "pipeline parallelism)" if plan.zero == 3 else
                "kept gathered from forward to backward (reshard_after_forward never: ZeRO-2)")
-        notes.append(f"dp {plan.dp}, ZeRO-{plan.zero} -> FSDP2 over {plan.dp} ranks (data_parallel_shard_degree), "
-                     f"weights {how}")
+        if plan.replicate > 1:
+            notes.append(f"dp {plan.dp}, ZeRO-{plan.zero}, shard groups of {plan.shard} -> HSDP: FSDP2 over "
+                         f"{plan.shard} ranks (data_parallel_shard_degree) replicated {plan.replicate} times "
+                         "(data_parallel_replicate_degree): gradients reduce-scattered in the shard group, "
+                         f"their shards all-reduced across the replicas; weights {how}")
+        else:
+            notes.append(f"dp {plan.dp}, ZeRO-{plan.zero} -> FSDP2 over {plan.dp} ranks (data_parallel_shard_degree), "
+                         f"weights {how}")
     else:
         notes.append(f"dp {plan.dp}, ZeRO-0 -> data_parallel_replicate_degree {plan.dp}: torchtitan replicates with "
                      "FSDP2 over a mesh of dp_replicate x dp_shard=1 (HSDP with a shard group of one, the machinery "

@@ -46,7 +46,7 @@ _VALUED = {
     "--hidden-dropout", "--attention-dropout", "--make-vocab-size-divisible-by",
     "--expert-tensor-parallel-size", "--fp8-format", "--fp8-recipe", "--cp-comm-type", "--main-grads-dtype",
     "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--moe-token-dispatcher-type", "--optimizer",
-    "--optimizer-offload-fraction",
+    "--num-distributed-optimizer-instances", "--optimizer-offload-fraction",
 }
 #: flags that take a list of words (argparse ``nargs="*"``)
 _LISTS = {"--recompute-modules"}
@@ -473,6 +473,7 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
     partition = _partition(flags, layers, pp)
     return ParallelConfig(
         tp=tp, pp=pp, dp=dp, zero=1 if "--use-distributed-optimizer" in flags else 0,
+        dp_shard=_shard_group(flags, dp, cp),
         sequence_parallel="--sequence-parallel" in flags, recompute=recompute, micro_batch=mb,
         num_microbatches=gb // (mb * dp),
         schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B, virtual_stages=virtual,
@@ -498,6 +499,28 @@ def _offload_fraction(flags: dict[str, str | bool]) -> float:
         return float(text)
     except ValueError:
         raise ImportProblemError(KIND, [f"--optimizer-offload-fraction {text!r} is not a number"]) from None
+
+
+def _shard_group(flags: dict[str, str | bool], dp: int, cp: int) -> int:
+    """The distributed optimizer's shard group of ``--num-distributed-optimizer-instances N``:
+    ``dp / N`` data-parallel ranks (0: all of dp). Megatron-LM shards within ``dp x cp / N``
+    consecutive ranks of its data-and-context-parallel group (``megatron/core/parallel_state.py``)
+    and all-reduces each shard across the instances only with ``--use-distributed-optimizer``
+    (``param_and_grad_buffer.py``)."""
+    n = _get(flags, "--num-distributed-optimizer-instances", 1) or 1
+    if n == 1:
+        return 0
+    problems = []
+    if "--use-distributed-optimizer" not in flags:
+        problems.append(f"--num-distributed-optimizer-instances {n} without --use-distributed-optimizer: Megatron-LM "
+                        "all-reduces gradients across the instances only for its distributed optimizer")
+    if dp % n:
+        problems.append(f"--num-distributed-optimizer-instances {n} does not divide the data-parallel size {dp}"
+                        + (f" (a shard group across context-parallel ranks, dp x cp = {dp * cp}, is not modelled)"
+                           if (dp * cp) % n == 0 else ""))
+    if problems:
+        raise ImportProblemError(KIND, problems)
+    return dp // n
 
 
 def _probability(flags: dict[str, str | bool], name: str) -> float:

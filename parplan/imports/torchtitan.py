@@ -275,7 +275,8 @@ def price_job(job: Job) -> Imported | LayerImport:
         strategy = ParallelConfig(
             tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=sp, recompute=recompute, micro_batch=mb,
             num_microbatches=m, schedule=schedule if pp > 1 else Schedule.ONE_F_ONE_B, virtual_stages=virtual,
-            precision=precision, partition=partition, runtime=Runtime.TORCHTITAN)
+            precision=precision, partition=partition, runtime=Runtime.TORCHTITAN,
+            dp_shard=shard if replicate > 1 and shard > 1 else 0)
     preset = _preset_of(job.flavor)
     model = ModelSource(preset, config=PRESETS[preset]) if preset else _flavor_model(job.flavor, seq)
     if job.ac.isdigit():
@@ -352,7 +353,8 @@ def _degrees(values: Mapping[str, str], world: int, problems: list[str],
     if tp * pp * replicate * shard != world:
         problems.append(f"tp {tp} x pp {pp} x replicate {replicate} x shard {shard} is not the {world} GPUs")
     if replicate > 1 and shard > 1:
-        problems.append("hybrid sharding (replicate and shard degrees both above 1) is not modelled yet")
+        adjusted.append(f"HSDP: FSDP2 over shard groups of {shard} ranks, replicated {replicate} times (dp_shard "
+                        f"{shard} of dp {replicate * shard})")
     return replicate, shard, tp, pp
 
 

@@ -47,7 +47,8 @@ def divisors(n: int) -> list[int]:
 @dataclass(frozen=True)
 class Candidate:
     """One uniform configuration before evaluation (``virtual``: model chunks per device under the
-    interleaved schedule; ``ep``: expert-parallel degree, dividing ``dp``)."""
+    interleaved schedule; ``ep``: expert-parallel degree, dividing ``dp``; ``dp_shard``: the shard
+    group of hybrid sharding, 0 for ZeRO over all of ``dp``)."""
 
     tp: int
     pp: int
@@ -60,6 +61,7 @@ class Candidate:
     virtual: int = 1
     ep: int = 1
     offload: float = 0.0  # the optimizer's fraction on the host (ParallelConfig.optimizer_offload)
+    dp_shard: int = 0
 
 
 #: Micro-batch sizes the uniform families try when none is given.
@@ -137,6 +139,7 @@ class UniformEvaluator:
                               micro_batch=c.micro_batch, num_microbatches=self.global_batch // (c.micro_batch * c.dp),
                               precision=self.precision, runtime=self.runtime, schedule=c.schedule,
                               virtual_stages=c.virtual, expert_parallel=c.ep, optimizer_offload=c.offload,
+                              dp_shard=c.dp_shard,
                               overlap_param_gather=self.runtime is Runtime.MEGATRON and c.zero == 1 and c.dp > 1,
                               partition=partition_of(self.model.config, c.pp) if self.runtime is Runtime.NANOTRON
                               else None)
@@ -195,16 +198,18 @@ class UniformEvaluator:
     def states_floor(self, c: Candidate) -> float:
         """Bytes per device ``c`` holds at least, without pricing it: every parameter's weights,
         gradients and optimizer states cut over the ``tp·pp`` devices of one data-parallel replica
-        (the busiest stage holds at least the average), each category also over ``dp`` where the
-        ZeRO stage can shard it (weights from stage 2, as PyTorch shards them)."""
+        (the busiest stage holds at least the average), each category also over the ranks ZeRO
+        shards over (``dp``, or the shard group of hybrid sharding) where the ZeRO stage can shard it
+        (weights from stage 2, as PyTorch shards them)."""
         if self._parameters is None:
             self._parameters = self.graph(1).parameter_count()  # (the same at every micro-batch size)
         prec = get_precision(self.precision)
         # expert parallelism cuts the experts' share further; cutting every parameter by it keeps a bound
         per_replica = self._parameters / (c.tp * c.pp * c.ep)
-        return per_replica * (prec.param_bytes / (c.dp if c.zero >= 2 else 1)
-                              + prec.grad_bytes / (c.dp if c.zero >= 2 else 1)
-                              + prec.optimizer_state_bytes * (1 - c.offload) / (c.dp if c.zero >= 1 else 1))
+        shard = c.dp_shard or c.dp
+        return per_replica * (prec.param_bytes / (shard if c.zero >= 2 else 1)
+                              + prec.grad_bytes / (shard if c.zero >= 2 else 1)
+                              + prec.optimizer_state_bytes * (1 - c.offload) / (shard if c.zero >= 1 else 1))
 
     def memory_of(self, c: Candidate) -> PlanMemory | None:
         """The memory alone (None: the strategy does not apply); priced once per candidate, counted

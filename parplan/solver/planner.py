@@ -335,7 +335,7 @@ def _part(report: ProgressFn, start: float, width: float) -> ProgressFn:
 def _candidate(e: Evaluation) -> Candidate:
     s = e.strategy
     return Candidate(s.tp, s.pp, s.dp, s.zero, s.sequence_parallel, s.recompute, s.micro_batch, s.schedule,
-                     s.virtual_stages, s.expert_parallel, s.optimizer_offload)
+                     s.virtual_stages, s.expert_parallel, s.optimizer_offload, s.dp_shard)
 
 
 def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate],

@@ -294,7 +294,8 @@ def uniform_strategy_document(s: ParallelConfig) -> Document:
         "pp_scatter_gather": s.pp_scatter_gather,
         **({"optimizer_offload": s.optimizer_offload} if s.optimizer_offload else {}),
         "summary": s.describe(),
-    } | ({"partition": list(s.partition)} if s.partition else {})  # blocks per stage, where not even
+    } | ({"partition": list(s.partition)} if s.partition else {}) | (  # blocks per stage, where not even
+        {"dp_shard": s.dp_shard} if s.dp_shard else {})  # hybrid sharding's shard group, where set
 
 
 def plan_summary(plan: LayerPlan) -> str:
@@ -324,7 +325,7 @@ def per_layer_strategy_document(plan: LayerPlan) -> Document:
             runs.append({"first": unit, "last": unit, "count": 1, "strategy": text, "stage": stage,
                          "tp": s.tp, "dp": s.dp, "zero": s.zero, "sequence_parallel": s.sp,
                          "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep,
-                         "cp": s.cp, "cp_comm": s.cp_comm})
+                         "cp": s.cp, "cp_comm": s.cp_comm} | ({"dp_shard": s.dp_shard} if s.dp_shard else {}))
     return {"kind": "per-layer", "summary": plan_summary(plan), "pp": plan.pp,
             "cp": max(s.cp for s in plan.layers.values()),
             "num_microbatches": plan.num_microbatches, "global_batch": plan.global_batch,

@@ -30,6 +30,32 @@ CP_DIMS = ("seq", "capacity")
 CP_COMM = ("p2p", "a2a")
 
 
+def check_dp_shard(dp: int, dp_shard: int, zero: int, ep: int, runtime: Runtime) -> None:
+    """StrategyError unless ``dp_shard`` is a hybrid sharding the trainers run: ZeRO shards within
+    groups of ``dp_shard`` data-parallel ranks (x ``cp``) and the ``dp / dp_shard`` groups replicate
+    (torchtitan's ``data_parallel_shard_degree`` x ``data_parallel_replicate_degree``, Megatron-LM's
+    ``--num-distributed-optimizer-instances``). 0 (or ``dp``) is ZeRO over all of ``dp``. The
+    expert-parallel ranks lie inside a shard group (``ep`` divides ``dp_shard``: each expert's
+    weights shard over ``dp_shard x cp / ep`` ranks and replicate across the groups)."""
+    if dp_shard < 0:
+        raise StrategyError(f"dp_shard must be 0 (all of dp) or at least 1, got {dp_shard}")
+    if dp_shard in (0, dp):
+        return
+    problems = []
+    if dp % dp_shard:
+        problems.append(f"dp_shard {dp_shard} must divide dp {dp}")
+    if zero < 1:
+        problems.append(f"dp_shard {dp_shard} shards ZeRO states within groups: it needs zero >= 1, got zero {zero}")
+    if dp_shard % ep:
+        problems.append(f"expert parallel degree {ep} must divide dp_shard {dp_shard} (the experts lie inside a "
+                        f"shard group)")
+    if runtime in (Runtime.DEEPSPEED, Runtime.NANOTRON):
+        problems.append(f"runtime {runtime} has no hybrid sharding parplan models (DeepSpeed's ZeRO++ hpZ keeps a "
+                        f"secondary weight copy instead; nanotron shards over all of dp)")
+    if problems:
+        raise StrategyError("; ".join(problems))
+
+
 class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
@@ -140,6 +166,9 @@ class ParallelConfig:
     #: the fraction of each rank's optimizer states and fp32 master weights kept and stepped on the
     #: host (Megatron-LM's --optimizer-offload-fraction; DeepSpeed's offload_optimizer: 1)
     optimizer_offload: float = 0.0
+    #: hybrid sharded data parallelism: ZeRO shards within groups of ``dp_shard`` data-parallel
+    #: ranks, replicated across the ``dp / dp_shard`` groups (:func:`check_dp_shard`); 0: all of dp
+    dp_shard: int = 0
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel",
@@ -155,6 +184,9 @@ class ParallelConfig:
         if self.dp % self.expert_parallel:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
         check_precision_runtime(self.precision, self.runtime)
+        check_dp_shard(self.dp, self.dp_shard, self.zero, self.expert_parallel, self.runtime)
+        if self.dp_shard == self.dp:
+            object.__setattr__(self, "dp_shard", 0)  # one spelling of sharding over all of dp
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)
@@ -171,19 +203,31 @@ class ParallelConfig:
         return self.tp * self.cp * self.pp * self.dp
 
     @property
+    def shard(self) -> int:
+        """Data-parallel ranks ZeRO shards over (``dp_shard``, else all of ``dp``)."""
+        return self.dp_shard or self.dp
+
+    @property
+    def replicate(self) -> int:
+        """Groups that hold the same shards: ``dp / shard`` (1 without hybrid sharding)."""
+        return self.dp // self.shard
+
+    @property
     def global_batch(self) -> int:
         return self.micro_batch * self.num_microbatches * self.dp
 
     def mesh(self) -> dict[str, int]:
         """Mesh axes, outermost first: pipeline, data (split into expert-data x expert), context
-        (only when ``cp > 1``), tensor."""
+        (only when ``cp > 1``), tensor; under hybrid sharding the replicate axis ``rep`` comes first
+        of the data axes (the shard groups are consecutive ranks)."""
         ep = self.expert_parallel
         cp = {"cp": self.cp} if self.cp > 1 else {}
-        return {"pp": self.pp, "edp": self.dp // ep, "ep": ep, **cp, "tp": self.tp}
+        rep = {"rep": self.replicate} if self.dp_shard else {}
+        return {"pp": self.pp, **rep, "edp": self.shard // ep, "ep": ep, **cp, "tp": self.tp}
 
     @property
     def data_axes(self) -> tuple[str, ...]:
-        return ("edp", "ep")
+        return ("rep", "edp", "ep") if self.dp_shard else ("edp", "ep")
 
     def describe(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
@@ -191,6 +235,8 @@ class ParallelConfig:
             parts.append(f"cp{self.cp}" + (" a2a" if self.cp_comm == "a2a" else ""))
         if self.zero:
             parts.append(f"zero{self.zero}")
+        if self.dp_shard:
+            parts.append(f"hsdp{self.replicate}x{self.dp_shard}")
         if self.sequence_parallel:
             parts.append("sp")
         if self.expert_parallel > 1:

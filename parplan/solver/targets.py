@@ -3,11 +3,15 @@
 - ``any``: every plan either search finds (the default);
 - ``megatron``: Megatron-LM's uniform strategies: TP inside a node (with or without sequence
   parallelism), PP (1F1B, or interleaved with 2 or 4 chunks per device), DP with or without the
-  distributed optimizer (ZeRO-1), expert parallelism for MoE models, no or full recomputation
+  distributed optimizer (ZeRO-1; over a data-parallel group spanning nodes also sharded within each
+  node and replicated across them, ``--num-distributed-optimizer-instances``), expert parallelism
+  for MoE models, no or full recomputation
   (selective without flash attention: with it, Megatron-LM's selective recomputation keeps the same
   buffers as none and reruns the attention core, :func:`~parplan.solver.cost.rules.search_recomputes`);
   priced with Megatron-LM's buffers;
-- ``torchtitan``: FSDP2 (ZeRO-3, or ZeRO-2 without resharding after forward) or replicated data
+- ``torchtitan``: FSDP2 (ZeRO-3, or ZeRO-2 without resharding after forward; over a data-parallel
+  group spanning nodes also HSDP, sharded within each node and replicated across them:
+  ``data_parallel_shard_degree`` x ``data_parallel_replicate_degree``) or replicated data
   parallelism (FSDP2's replicate), TP with or without sequence parallelism, PP (1F1B or
   interleaved); priced with the ``torchtitan`` runtime (PyTorch-native buffers, fp32 weights as
   the master copy, gradients freed between steps; its exports run Llama 3 models only: the sizes
@@ -108,14 +112,14 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
             # pipeline stages of equal layer counts (the even split Megatron-LM makes; parplan's uneven
             # split of other counts is not one it runs)
             if node % c.tp == 0 and num_blocks % c.pp == 0:
-                yield from _with_schedules_and_experts(c, global_batch, num_blocks, experts)
+                yield from _with_schedules_and_experts(c, global_batch, num_blocks, experts, node)
     elif target is Target.TORCHTITAN:
         for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 2, 3), recomputes=rcs,
                                    micro_batches=mbs):
             # ZeRO-0 is torchtitan's replicate (FSDP2 over a shard group of one), as the torchtitan
             # runtime prices it
             if node % c.tp == 0:
-                yield from _with_schedules_and_experts(c, global_batch, num_blocks, 0)
+                yield from _with_schedules_and_experts(c, global_batch, num_blocks, 0, node)
     elif target is Target.NANOTRON:
         for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs):
             # its engines: 1F1B (at least pp - 1 micro-batches) and all-forward-all-backward; the layers
@@ -133,10 +137,23 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
         raise SolverError(f"target {target.value} is not searched over uniform strategies")
 
 
+def shard_groups(c: Candidate, node: int, ep: int = 1) -> tuple[int, ...]:
+    """The shard groups searched for ``c`` (:attr:`Candidate.dp_shard`): ZeRO over all of dp (0)
+    and, with ZeRO sharding and a data-parallel group that spans nodes, over the data-parallel
+    ranks of one node (``node / tp``, the expert-parallel ranks inside it), replicated across the
+    nodes: the hybrid sharding that keeps the sharded collectives on the intra-node link. Other
+    divisors of dp are not searched (each would price the whole family again)."""
+    local = node // c.tp
+    if c.zero and 1 < local < c.dp and c.dp % local == 0 and local % ep == 0:
+        return (0, local)
+    return (0,)
+
+
 def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int,
-                                experts: int) -> Iterator[Candidate]:
+                                experts: int, node: int) -> Iterator[Candidate]:
     """``c`` and its variants: interleaved pipelines (``v`` chunks per device, layers and micro-
-    batches splitting evenly) and expert parallelism over part of the data-parallel group."""
+    batches splitting evenly), expert parallelism over part of the data-parallel group and hybrid
+    sharding over a node's data-parallel ranks (:func:`shard_groups`; ``node``: GPUs per node)."""
     microbatches = global_batch // (c.micro_batch * c.dp)
     schedules = [(Schedule.ONE_F_ONE_B, 1)]
     if c.pp > 1 and microbatches % c.pp == 0:
@@ -144,7 +161,8 @@ def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int
     eps = [e for e in range(1, c.dp + 1) if c.dp % e == 0 and (e == 1 or (experts and experts % e == 0))]
     for schedule, v in schedules:
         for ep in eps:
-            yield replace(c, schedule=schedule, virtual=v, ep=ep)
+            for shard in shard_groups(c, node, ep):
+                yield replace(c, schedule=schedule, virtual=v, ep=ep, dp_shard=shard)
 
 
 #: Fractions of the optimizer a target's search offloads, when none of its strategies fits without
@@ -167,10 +185,11 @@ def offload_variants(target: Target, cands: Iterable[Candidate]) -> list[Candida
 
 
 class _GalvatronRuns:
-    """The uniform strategies Galvatron runs: no ZeRO-1, no expert parallelism, no interleaving."""
+    """The uniform strategies Galvatron runs: no ZeRO-1, no expert parallelism, no interleaving, no
+    hybrid sharding."""
 
     def __contains__(self, c: object) -> bool:
-        return isinstance(c, Candidate) and c.zero != 1 and c.ep == 1 and c.virtual == 1
+        return isinstance(c, Candidate) and c.zero != 1 and c.ep == 1 and c.virtual == 1 and not c.dp_shard
 
 
 def runnable(target: Target, cluster: Cluster, global_batch: int, graph: Graph,

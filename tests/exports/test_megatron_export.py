@@ -81,7 +81,8 @@ def _optimizer_fields() -> set[str]:
 def build_ddp_config(declared: dict[str, str | bool]) -> Any:
     """megatron-core's DistributedDataParallelConfig from the data-parallel switches, as Megatron-LM
     builds it (each field from the flag of its name)."""
-    kw = {flag[2:].replace("-", "_"): True for flag in declared if flag in DDP_FLAGS}
+    kw = {flag[2:].replace("-", "_"): True if v is True else int(v) for flag, v in declared.items()
+          if flag in DDP_FLAGS}
     return DistributedDataParallelConfig(**kw)
 
 
@@ -116,6 +117,9 @@ CASES = [
                          "virtual_stages": 5}),
     ("mixtral-8x7b", 64, {"tp": 4, "pp": 2, "dp": 8, "zero": 1, "expert_parallel": 8, "sequence_parallel": True,
                           "num_microbatches": 4}),
+    # hybrid sharding: the distributed optimizer within each node's 2 ranks, 4 instances
+    ("llama-3-8b", 32, {"tp": 4, "pp": 1, "dp": 8, "zero": 1, "dp_shard": 2, "sequence_parallel": True,
+                        "num_microbatches": 2}),
     ("llama-3-405b", 1024, {"tp": 8, "pp": 16, "dp": 8, "zero": 1, "sequence_parallel": True,
                             "num_microbatches": 64, "partition": [7] + [8] * 14 + [7]}),
     ("gpt3-175b", 1024, {"tp": 8, "pp": 8, "dp": 16, "zero": 1, "sequence_parallel": True,
@@ -154,6 +158,7 @@ def test_megatron_core_accepts_the_exported_configuration(preset: str, gpus: int
     dp = gpus // (s["tp"] * s["pp"] * s.get("cp", 1))
     ddp = build_ddp_config(declared)
     assert ddp.use_distributed_optimizer == (s["zero"] == 1)
+    assert ddp.num_distributed_optimizer_instances == dp // (s.get("dp_shard") or dp)
     # priced with the gradient reduction under the backward whenever there is one
     assert ddp.overlap_grad_reduce == (dp * s.get("cp", 1) > 1)
     assert not ddp.overlap_param_gather and not cfg.tp_comm_overlap

@@ -106,7 +106,8 @@ def check_config(config: Any, doc: dict[str, Any]) -> None:
     dims = ParallelDims.from_config(p, gpus)  # asserts the degrees multiply to the world size
     assert (dims.tp, dims.pp, dims.dp_replicate * dims.dp_shard, dims.cp, dims.ep) == (tp, pp, dp, 1, 1)
     if dp > 1 and s["zero"] >= 2:
-        assert (dims.dp_shard, dims.dp_replicate) == (dp, 1)
+        shard = s.get("dp_shard") or dp
+        assert (dims.dp_shard, dims.dp_replicate) == (shard, dp // shard)
         assert p.fsdp_reshard_after_forward == ("always" if s["zero"] == 3 else "never")
     else:
         assert (dims.dp_shard, dims.dp_replicate) == (1, dp)
@@ -234,7 +235,8 @@ def test_interleaved_stages_per_rank(loader: Loader, tmp_path: Path, monkeypatch
     {"tp": 8, "dp": 1, "zero": 0, "sequence_parallel": False},  # TP without sequence parallelism
     {"tp": 2, "pp": 4, "zero": 2, "dp": 1, "sequence_parallel": True, "schedule": "gpipe", "num_microbatches": 8,
      "partition": [7, 9, 9, 7]},  # uneven stages
-], ids=["zero0-accumulation", "tp-without-sp", "gpipe-uneven-partition"])
+    {"dp": 8, "zero": 3, "dp_shard": 4},  # HSDP: shard groups of 4, 2 replicas
+], ids=["zero0-accumulation", "tp-without-sp", "gpipe-uneven-partition", "hsdp"])
 def test_variants(strategy: dict[str, Any], loader: Loader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     doc = doc_for("llama-3-8b", 8, **strategy)
     export, config = export_and_check(doc, loader, tmp_path, monkeypatch)
@@ -273,6 +275,7 @@ def reasons_of(doc: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize(("doc", "cause"), [
     (doc_for("llama-3-8b", 8, zero=1), "ZeRO-1"),
+    (doc_for("llama-3-8b", 8, zero=1, dp_shard=4), "torchtitan's HSDP"),
     (doc_for("gpt-7.5b", 8), "gpt model"),
     (doc_for("mixtral-8x7b", 8), "no Mixtral module"),
     (doc_for("llama-2-7b", 8), "no torchtitan 0.3.0 llama3 flavor"),
@@ -287,9 +290,9 @@ def reasons_of(doc: dict[str, Any]) -> list[str]:
     (per_layer_doc({"recompute": "none", "strategy": "tp2 dp4 zero3 sp recompute=none"}), "different strategies"),
     ({**doc_for("llama-3-8b", 8), "strategy": {"kind": "intra-operator", "summary": "ilp: 42 operators"}},
      "each operator"),
-], ids=["zero1", "gpt", "mixtral", "llama2-sizes", "tp-kv-heads", "expert-parallel", "context-parallel", "fp16",
-        "float8-tensorwise", "float8-fsdp",
-        "world", "partition", "per-layer-differs", "intra-operator"])
+], ids=["zero1", "hsdp-zero1", "gpt", "mixtral", "llama2-sizes", "tp-kv-heads", "expert-parallel",
+        "context-parallel", "fp16", "float8-tensorwise", "float8-fsdp", "world", "partition", "per-layer-differs",
+        "intra-operator"])
 def test_not_expressible(doc: dict[str, Any], cause: str) -> None:
     assert any(cause in r for r in reasons_of(doc)), reasons_of(doc)
 

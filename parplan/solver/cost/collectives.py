@@ -150,3 +150,18 @@ def data_parallel_seconds(n: int, grad_bytes: float, weight_bytes: float, zero: 
     if zero >= 3:
         return DataParallelTraffic(reduce, 0.0, 2 * gather)
     return DataParallelTraffic(reduce, gather, 0.0)
+
+
+def hybrid_data_parallel_seconds(shard: int, replicate: int, grad_bytes: float, weight_bytes: float, zero: int,
+                                 shard_link: Link, replicate_link: Link, collectives: float) -> DataParallelTraffic:
+    """Hybrid sharding's traffic: :func:`data_parallel_seconds` over the ``shard`` ranks of a shard
+    group (the gradients reduce-scattered, the weights all-gathered there), then each rank's
+    ``1 / shard`` of the reduced gradients all-reduced across the ``replicate`` groups, in the
+    gradient reduction (FSDP2's HSDP, ``foreach_reduce``: reduce-scatter over the shard mesh axis,
+    all-reduce over the replicate one; Megatron-LM's ``param_and_grad_buffer.py`` with
+    ``--num-distributed-optimizer-instances``: the same, per bucket)."""
+    within = data_parallel_seconds(shard, grad_bytes, weight_bytes, zero, shard_link, collectives)
+    if replicate == 1:
+        return within
+    across = _passes(replicate, grad_bytes / shard, replicate_link, 2, collectives)
+    return DataParallelTraffic(within.reduce + across, within.weight_gather, within.gathers)

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from parplan.solver.cost.collectives import DataParallelTraffic, all_reduce_seconds, data_parallel_seconds
+from parplan.solver.cost.collectives import (
+    DataParallelTraffic,
+    all_reduce_seconds,
+    data_parallel_seconds,
+    hybrid_data_parallel_seconds,
+)
 from parplan.solver.cost.kernels import collective_sm_share
-from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks
-from parplan.solver.cost.plan_structure import Links
+from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks, replicate_ranks, shard_ranks
+from parplan.solver.cost.plan_structure import Links, replicate_link
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import (
     data_parallel_collectives,
@@ -30,7 +35,8 @@ def sync_seconds(p: Links, plan: LayerPlan, s: LayerStrategy, params: Iterable[O
                  unit_numel: float) -> DataParallelTraffic:
     """The data-parallel traffic (:class:`DataParallelTraffic`) of one operator's parameters,
     synchronised together: over their data-parallel group (dense: ``dp x cp`` ranks,
-    experts: ``dp x cp / ep``), in the collectives the runtime groups them into
+    experts: ``dp x cp / ep``; under hybrid sharding within the shard group and across the
+    replicate one, :func:`hybrid_data_parallel_seconds`), in the collectives the runtime groups them into
     (:func:`data_parallel_collectives`; ``unit_numel``: the elements of the parameters the unit
     reads, whose one collective the operator shares), and those TP replicates while the
     operator's work is split all-reduced over TP."""
@@ -51,7 +57,12 @@ def sync_seconds(p: Links, plan: LayerPlan, s: LayerStrategy, params: Iterable[O
                                               numel[expert] / unit_numel if unit_numel else 0.0)
             link = p.data_link(plan, s, expert)
             weights = sent[expert]
-            traffic = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)
+            if s.dp_shard:
+                traffic = hybrid_data_parallel_seconds(shard_ranks(s, expert), replicate_ranks(s), e * prec.grad_bytes,
+                                                       weights, s.zero, link,
+                                                       replicate_link(p.cluster, p.mesh(plan, s), s), count)
+            else:
+                traffic = data_parallel_seconds(n, e * prec.grad_bytes, weights, s.zero, link, count)
             reduce += traffic.reduce
             weight_gather += traffic.weight_gather
             gathers += traffic.gathers

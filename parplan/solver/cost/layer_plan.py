@@ -38,6 +38,8 @@ class LayerStrategy:
     ep: int = 1  # expert-parallel degree (MoE), dividing dp
     cp: int = 1  # context-parallel degree: the sequence split over cp ranks, the same for every block
     cp_comm: str = "p2p"  # how attention exchanges under CP: the ring (p2p) or all-to-alls (a2a, Ulysses)
+    #: hybrid sharding: ZeRO within groups of dp_shard ranks, replicated across dp / dp_shard (0: all of dp)
+    dp_shard: int = 0
 
     def unit(self, flash_attention: bool, runtime: Runtime = Runtime.MEGATRON) -> UnitStrategy:
         return UnitStrategy(tp=self.tp, sp=self.sp, ep=self.ep, recompute=self.recompute,
@@ -59,6 +61,8 @@ class LayerStrategy:
         parts = [f"tp{self.tp}", f"dp{self.dp}"] + ([cp] if self.cp > 1 else [])
         if self.zero:
             parts.append("sdp" if self.zero == 3 else f"zero{self.zero}")
+        if self.dp_shard:
+            parts.append(f"hsdp{self.dp // self.dp_shard}x{self.dp_shard}")
         if self.sp:
             parts.append("sp")
         if self.ep > 1:
@@ -122,3 +126,20 @@ def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
 def group_ranks(s: LayerStrategy, expert: bool) -> int:
     """Ranks a parameter's gradients are reduced over: ``dp x cp``, of an expert's ``/ ep``."""
     return s.data_ranks // s.ep if expert else s.data_ranks
+
+
+def shard_ranks(s: LayerStrategy, expert: bool) -> int:
+    """Ranks ZeRO shards a parameter's states over, the one rule of every memory and traffic
+    figure: its whole data-parallel group (:func:`group_ranks`), or under hybrid sharding
+    (``dp_shard``) one shard group, ``dp_shard x cp`` ranks (an expert's ``/ ep``), each shard
+    replicated across the ``dp / dp_shard`` groups (torchtitan's ``dp_shard`` mesh axis, Megatron-LM's
+    intra-instance data-parallel group of ``--num-distributed-optimizer-instances``)."""
+    if not s.dp_shard:
+        return group_ranks(s, expert)
+    ranks = s.dp_shard * s.cp
+    return ranks // s.ep if expert else ranks
+
+
+def replicate_ranks(s: LayerStrategy) -> int:
+    """Groups holding the same shards under hybrid sharding: ``dp / dp_shard`` (1 without)."""
+    return s.dp // s.dp_shard if s.dp_shard else 1

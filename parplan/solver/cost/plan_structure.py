@@ -19,7 +19,7 @@ from parplan.solver.cost.pipeline import stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.units import GraphCosts, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
-from parplan.solver.strategy import check_overlaps
+from parplan.solver.strategy import check_dp_shard, check_overlaps
 
 
 class Links(Protocol):
@@ -74,7 +74,12 @@ def stage_mesh(cluster: Cluster, pp: int, s: LayerStrategy) -> DeviceMesh:
         raise StrategyError(f"ep {s.ep} must divide dp {s.dp}")
     # context-parallel ranks sit inside the data axes, next to the tensor axis (Megatron's
     # order tp-cp-ep-dp-pp: TP within a node first, then CP)
-    data = [("edp", s.dp // s.ep), ("ep", s.ep)] + ([("cp", s.cp)] if s.cp > 1 else [])
+    # hybrid sharding: the replicate axis outermost of the data axes, each shard group consecutive
+    # ranks (torchtitan's mesh dp_replicate, dp_shard, cp, tp; Megatron-LM's intra-instance groups
+    # are consecutive slices of its data-and-context-parallel group)
+    rep = [("rep", s.dp // s.dp_shard)] if s.dp_shard else []
+    shard = s.dp_shard or s.dp
+    data = [*rep, ("edp", shard // s.ep), ("ep", s.ep)] + ([("cp", s.cp)] if s.cp > 1 else [])
     inner = [*data, ("tp", s.tp)] if s.tp_inner else [("tp", s.tp), *data]
     return DeviceMesh.of(cluster, [("pp", pp), *inner])
 
@@ -91,9 +96,16 @@ def time_env(cluster: Cluster, calibration: Calibration, mesh: DeviceMesh, s: La
 
 
 def data_group_link(cluster: Cluster, mesh: DeviceMesh, s: LayerStrategy, expert: bool) -> Link:
-    """The link of the group a parameter's gradients are reduced over (an expert's without ``ep``)."""
+    """The link of the group a parameter's gradients are reduced over (an expert's without ``ep``);
+    under hybrid sharding, of its shard group (the replicate axis's: :func:`replicate_link`)."""
     axes = (["edp"] if expert else ["edp", "ep"]) + (["cp"] if s.cp > 1 else [])
     return mesh.group_link([a for a in axes if dict(mesh.axes)[a] > 1], cluster)
+
+
+def replicate_link(cluster: Cluster, mesh: DeviceMesh, s: LayerStrategy) -> Link:
+    """The link of the replicate group of hybrid sharding (one rank of each shard group), which
+    all-reduces each rank's gradient shard; the intra-node link without hybrid sharding."""
+    return mesh.group_link(["rep"] if s.dp_shard else [], cluster)
 
 
 def virtual_stages(gc: GraphCosts, plan: LayerPlan) -> dict[str, int]:
@@ -157,6 +169,8 @@ def check_plan(plan: LayerPlan, devices: int | None, check_cp: Callable[[int, in
     for s in set(plan.layers.values()) if overlaps else ():
         check_overlaps(plan.runtime, plan.tp_comm_overlap, plan.overlap_param_gather, s.sp or s.tp == 1,
                        s.zero if s.data_ranks > 1 else 1, plan.overlap_grad_reduce, plan.pp_scatter_gather)
+    for s in {s for s in plan.layers.values() if s.dp_shard}:
+        check_dp_shard(s.dp, s.dp_shard, s.zero, s.ep, plan.runtime)
     for u, s in plan.layers.items():
         if s.sp and s.tp == 1:
             raise StrategyError(f"{u}: sequence parallelism needs tp > 1")

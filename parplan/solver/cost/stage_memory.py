@@ -18,7 +18,7 @@ from typing import Protocol
 
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.backward import BackwardProfile
-from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks
+from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks, shard_ranks
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.offload import device_states, host_bytes
 from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
@@ -95,13 +95,14 @@ def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Pre
                  shards_parameters: bool | None = None) -> Memory:
     """Weights, gradients and optimizer states of parameter elements, with ZeRO over the data
     axes: dense parameters shard over all ``dp x cp`` ranks, expert parameters over ``dp x cp / ep``
-    (Megatron-LM's distributed optimizer shards over the data-and-context-parallel group).
+    (Megatron-LM's distributed optimizer shards over the data-and-context-parallel group), or under
+    hybrid sharding over one shard group (:func:`~.layer_plan.shard_ranks`).
     ``shards_parameters``: whether the weights are sharded between steps (default: ZeRO-3; the
     runtime decides, see :meth:`~parplan.solver.cost.runtime.Runtime.data_parallel`)."""
     total = Memory(MemoryBreakdown(), MemoryBreakdown())
     for group, elems in groups.items():
-        nz = group_ranks(s, group.expert)
-        replicas = (s.tp if group.tp_replicated else 1) * nz
+        nz = shard_ranks(s, group.expert)
+        replicas = (s.tp if group.tp_replicated else 1) * group_ranks(s, group.expert)
         total = total + Memory(*parameter_states(elems, prec, s.zero, nz, replicas, shards_parameters))
     return total
 
