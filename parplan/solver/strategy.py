@@ -30,9 +30,62 @@ CP_COMM = ("p2p", "a2a")
 
 
 class Schedule(StrEnum):
+    """Pipeline schedules. The zero-bubble ones (Qi et al., "Zero Bubble Pipeline Parallelism",
+    ICLR 2024) split each backward into B (input gradient) and W (weight gradient) and run W in the
+    bubbles: ``interleaved-zb`` is PyTorch's ``ScheduleInterleavedZeroBubble`` (ZB-H1 on ``v``
+    chunks per device, ZB-H1 itself with one), ``zbv`` its ``ScheduleZBVZeroBubble`` (two chunks per
+    device in a V: device ``i`` holds virtual stages ``i`` and ``2p − 1 − i``)."""
+
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
     INTERLEAVED = "interleaved"
+    INTERLEAVED_ZB = "interleaved-zb"
+    ZBV = "zbv"
+
+    @property
+    def zero_bubble(self) -> bool:
+        """The backward runs as B then W (torch.distributed.pipelining's I and W actions)."""
+        return self in (Schedule.INTERLEAVED_ZB, Schedule.ZBV)
+
+    @property
+    def v_shape(self) -> bool:
+        """Two chunks per device in a V (PyTorch's ``generate_stage_to_rank_mapping(style="v")``)."""
+        return self is Schedule.ZBV
+
+    @property
+    def chunked(self) -> bool:
+        """Devices may hold several model chunks (``virtual_stages``)."""
+        return self in (Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB, Schedule.ZBV)
+
+
+#: Runtimes whose pipelining is ``torch.distributed.pipelining`` (what runs the zero-bubble schedules).
+PIPELINING_RUNTIMES = (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+
+
+def check_schedule(schedule: Schedule, runtime: Runtime, pp: int, m: int, virtual_stages: int) -> None:
+    """StrategyError unless the runtime runs ``schedule`` as given. The micro-batch rules are the
+    asserts of torch/distributed/pipelining/schedules.py: ``ScheduleInterleavedZeroBubble`` needs
+    ``m`` a multiple of its rounds ``max(1, m // pp)``; ``ScheduleZBVZeroBubble`` exactly two stages
+    per rank."""
+    if schedule is Schedule.INTERLEAVED:
+        if pp == 1:
+            raise StrategyError("the interleaved schedule needs pp > 1")
+        if m % pp:
+            raise StrategyError(f"the interleaved schedule needs the micro-batch count "
+                                f"({m}) to be a multiple of pp ({pp})")
+    if not schedule.zero_bubble:
+        return
+    if runtime not in PIPELINING_RUNTIMES:
+        raise StrategyError(f"the {schedule} schedule is torch.distributed.pipelining's; runtime {runtime} "
+                            f"does not run it (runtimes: {', '.join(PIPELINING_RUNTIMES)})")
+    if pp == 1:
+        raise StrategyError(f"the {schedule} schedule needs pp > 1")
+    if schedule is Schedule.ZBV and virtual_stages != 2:
+        raise StrategyError(f"the zbv schedule runs exactly 2 chunks per device, got virtual_stages {virtual_stages}")
+    rounds = max(1, m // pp)
+    if schedule is Schedule.INTERLEAVED_ZB and m % rounds:
+        raise StrategyError(f"the interleaved-zb schedule needs the micro-batch count ({m}) to be a multiple of "
+                            f"its rounds max(1, m // pp) = {rounds} (ScheduleInterleavedZeroBubble)")
 
 
 def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,
@@ -118,12 +171,7 @@ class ParallelConfig:
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)
-        if self.schedule is Schedule.INTERLEAVED:
-            if self.pp == 1:
-                raise StrategyError("the interleaved schedule needs pp > 1")
-            if self.num_microbatches % self.pp:
-                raise StrategyError(f"the interleaved schedule needs the micro-batch count "
-                                    f"({self.num_microbatches}) to be a multiple of pp ({self.pp})")
+        check_schedule(self.schedule, self.runtime, self.pp, self.num_microbatches, self.virtual_stages)
 
     @property
     def world(self) -> int:
