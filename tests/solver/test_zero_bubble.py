@@ -8,9 +8,14 @@ from typing import Any
 
 import pytest
 
-from parplan.solver.cost.zero_bubble import (interleaved_zb_bubble, interleaved_zb_rank_order, zb_in_flight_chunks,
-                                             zbv_makespan, zbv_rank_order)
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.zero_bubble import (
+    interleaved_zb_bubble,
+    interleaved_zb_rank_order,
+    zb_in_flight_chunks,
+    zbv_makespan,
+    zbv_rank_order,
+)
 from parplan.solver.errors import StrategyError
 from parplan.solver.strategy import ParallelConfig, Schedule
 
@@ -85,7 +90,8 @@ def list_schedule(order: dict[int, list[Any]], pp: int, v: int, f: float, b: flo
             while pos[r] < len(actions):
                 a = actions[pos[r]]
                 kind, s, mb = _KIND[a.computation_type], a.stage_index, a.microbatch_index
-                dep = {"F": ("F", s - 1, mb), "I": ("I", s + 1, mb) if s < last else ("F", s, mb), "W": ("I", s, mb)}[kind]
+                dep = {"F": ("F", s - 1, mb), "I": ("I", s + 1, mb) if s < last else ("F", s, mb),
+                       "W": ("I", s, mb)}[kind]
                 if kind == "F" and s == 0:
                     ready = 0.0
                 elif dep in done:
@@ -115,7 +121,7 @@ def test_step_time_is_the_makespan_of_pytorchs_order(f: float, b: float, w: floa
 def test_zero_bubble_schedules_are_refused_off_torch_pipelining() -> None:
     ok = ParallelConfig(pp=2, num_microbatches=4, schedule=Schedule.ZBV, virtual_stages=2, runtime=Runtime.TORCHTITAN)
     assert ok.describe().endswith("zbv(v=2)")
-    with pytest.raises(StrategyError, match="torch.distributed.pipelining"):
+    with pytest.raises(StrategyError, match=r"torch\.distributed\.pipelining"):
         ParallelConfig(pp=2, num_microbatches=4, schedule=Schedule.ZBV, virtual_stages=2)
     with pytest.raises(StrategyError, match="exactly 2 chunks"):
         ParallelConfig(pp=2, num_microbatches=4, schedule=Schedule.ZBV, virtual_stages=3, runtime=Runtime.TORCH)

@@ -70,29 +70,30 @@ def zbv_rank_order(pp: int, m: int, rank: int) -> list[Action]:
     out: list[tuple[str, int, int]] = []
     count = {(kind, c): 0 for kind in "FIW" for c in (0, 1)}
 
-    def act(kind: str, c: int) -> None:
-        out.append((kind, c, count[kind, c]))
-        count[kind, c] += 1
+    def act(*actions: str) -> None:
+        for a in actions:
+            kind, c = a[0], int(a[1])
+            out.append((kind, c, count[kind, c]))
+            count[kind, c] += 1
 
     for _ in range(2 * (pp - rank) - 1):
-        act("F", 0)
+        act("F0")
     for _ in range(rank):
-        act("F", 1)
-        act("F", 0)
+        act("F1", "F0")
     for _ in range(pp - rank):
-        act("F", 1), act("I", 1), act("W", 1)
+        act("F1", "I1", "W1")
     while count["F", 1] < count["F", 0] or count["F", 0] < n:
         if count["F", 0] < n:
-            act("F", 0)
-        act("I", 0), act("W", 0), act("F", 1), act("I", 1), act("W", 1)
+            act("F0")
+        act("I0", "W0", "F1", "I1", "W1")
     for _ in range(rank):
-        act("I", 0), act("I", 1)
+        act("I0", "I1")
     for _ in range(pp - rank):
-        act("I", 0), act("W", 0)
+        act("I0", "W0")
     while count["W", 1] < count["I", 1]:
-        act("W", 1)
+        act("W1")
     while count["W", 0] < count["I", 0]:
-        act("W", 0)
+        act("W0")
     return [(kind, c) for kind, c, mb in out if mb < m]
 
 
