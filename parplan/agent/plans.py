@@ -154,7 +154,7 @@ def strategy_of_plan(plan: dict[str, Any]) -> ParallelConfig:
             sequence_parallel=bool(s.get("sequence_parallel", False)),
             recompute=Recompute(str(s.get("recompute", "selective"))), micro_batch=int(s.get("micro_batch", 1)),
             num_microbatches=int(s.get("num_microbatches", 1)), schedule=schedule,
-            virtual_stages=int(s.get("virtual_stages", 1)) if schedule is Schedule.INTERLEAVED else 1,
+            virtual_stages=int(s.get("virtual_stages", 1)) if schedule.chunked else 1,
             flash_attention=bool(s.get("flash_attention", True)), precision=str(s.get("precision", "bf16")),
             expert_parallel=int(s.get("expert_parallel", 1)), cp=int(s.get("cp", 1)))
     except (KeyError, TypeError, ValueError) as e:
