@@ -99,7 +99,7 @@ def _model_reasons(plan: UniformPlan, ctx: PlanContext, family: str, layers: int
 def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) -> list[str]:
     """Why Megatron-LM cannot run the plan's schedule, precision, context parallelism or overlap."""
     reasons: list[str] = []
-    if plan.schedule in ("gpipe", "interleaved-zb", "zbv"):
+    if plan.schedule in ("gpipe", "interleaved-zb", "zbv", "dualpipev"):
         reasons.append(f"the {plan.schedule} schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are "
                        "given)")
     if plan.precision not in PRECISION_FLAGS:

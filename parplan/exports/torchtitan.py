@@ -56,9 +56,9 @@ SPMD_BACKEND = "partial_dtensor"
 #: parplan's pipeline schedules -> torch.distributed.pipelining's schedule names (torchtitan passes
 #: ``parallelism.pipeline_parallel_schedule`` to ``get_schedule_class``).
 SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
-             "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble"}
+             "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 #: Schedules torchtitan builds as several stages per rank (PipelineScheduleMulti: at least 2).
-MULTI_STAGE = ("interleaved", "interleaved-zb", "zbv")
+MULTI_STAGE = ("interleaved", "interleaved-zb", "zbv", "dualpipev")
 
 
 @dataclass(frozen=True)
@@ -309,7 +309,7 @@ def _check_pipeline(plan: UniformPlan, flavor: Flavor | None, reasons: list[str]
         if plan.num_microbatches % rounds:
             reasons.append(f"torch's {SCHEDULES[plan.schedule]} needs the micro-batch count ({plan.num_microbatches}) "
                            f"to be a multiple of {rounds} (micro-batches // pp)")
-    if plan.schedule in ("interleaved-zb", "zbv") and v < 2:
+    if plan.schedule in ("interleaved-zb", "zbv", "dualpipev") and v < 2:
         reasons.append(f"torchtitan builds {SCHEDULES[plan.schedule]} with at least 2 stages per rank (a "
                        "PipelineScheduleMulti), the plan has 1")
     if flavor is None:
@@ -472,10 +472,10 @@ def _parallel_notes(plan: UniformPlan, flavor: Flavor) -> list[str]:
                      "first and last stages one block fewer)")
         if plan.schedule == "interleaved" and v == 1:
             notes.append("interleaved schedule with one stage per rank written as 1F1B (what it runs)")
-        if plan.schedule == "zbv":
-            notes.append("ZBVZeroBubble places the stages in a V (torchtitan's stage_ids_this_rank, style \"v\"): "
-                         "rank i runs stages i and 2pp-1-i, so rank 0 holds the embedding and the output (as "
-                         "parplan prices it)")
+        if plan.schedule in ("zbv", "dualpipev"):
+            notes.append(f"{SCHEDULES[plan.schedule]} places the stages in a V (torchtitan's "
+                         "stage_ids_this_rank, style \"v\"): rank i runs stages i and 2pp-1-i, so rank 0 "
+                         "holds the embedding and the output (as parplan prices it)")
     elif plan.num_microbatches > 1:
         notes.append(f"{plan.num_microbatches} micro-batches without pipelining -> gradient accumulation "
                      f"(global batch {plan.global_batch} / (local batch {plan.micro_batch} x dp {plan.dp})); "

@@ -34,28 +34,31 @@ class Schedule(StrEnum):
     ICLR 2024) split each backward into B (input gradient) and W (weight gradient) and run W in the
     bubbles: ``interleaved-zb`` is PyTorch's ``ScheduleInterleavedZeroBubble`` (ZB-H1 on ``v``
     chunks per device, ZB-H1 itself with one), ``zbv`` its ``ScheduleZBVZeroBubble`` (two chunks per
-    device in a V: device ``i`` holds virtual stages ``i`` and ``2p − 1 − i``)."""
+    device in a V: device ``i`` holds virtual stages ``i`` and ``2p − 1 − i``), ``dualpipev`` its
+    ``ScheduleDualPipeV`` (DeepSeek-V3's DualPipe, arXiv 2412.19437, on the same V: a forward of one
+    chunk overlapped with a backward of the other)."""
 
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
     INTERLEAVED = "interleaved"
     INTERLEAVED_ZB = "interleaved-zb"
     ZBV = "zbv"
+    DUALPIPEV = "dualpipev"
 
     @property
     def zero_bubble(self) -> bool:
         """The backward runs as B then W (torch.distributed.pipelining's I and W actions)."""
-        return self in (Schedule.INTERLEAVED_ZB, Schedule.ZBV)
+        return self in (Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPEV)
 
     @property
     def v_shape(self) -> bool:
         """Two chunks per device in a V (PyTorch's ``generate_stage_to_rank_mapping(style="v")``)."""
-        return self is Schedule.ZBV
+        return self in (Schedule.ZBV, Schedule.DUALPIPEV)
 
     @property
     def chunked(self) -> bool:
         """Devices may hold several model chunks (``virtual_stages``)."""
-        return self in (Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB, Schedule.ZBV)
+        return self in (Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPEV)
 
 
 #: Runtimes whose pipelining is ``torch.distributed.pipelining`` (what runs the zero-bubble schedules).
@@ -66,7 +69,7 @@ def check_schedule(schedule: Schedule, runtime: Runtime, pp: int, m: int, virtua
     """StrategyError unless the runtime runs ``schedule`` as given. The micro-batch rules are the
     asserts of torch/distributed/pipelining/schedules.py: ``ScheduleInterleavedZeroBubble`` needs
     ``m`` a multiple of its rounds ``max(1, m // pp)``; ``ScheduleZBVZeroBubble`` exactly two stages
-    per rank."""
+    per rank (``ScheduleDualPipeV`` too, and at least as many micro-batches as stages)."""
     if schedule is Schedule.INTERLEAVED:
         if pp == 1:
             raise StrategyError("the interleaved schedule needs pp > 1")
@@ -80,8 +83,12 @@ def check_schedule(schedule: Schedule, runtime: Runtime, pp: int, m: int, virtua
                             f"does not run it (runtimes: {', '.join(PIPELINING_RUNTIMES)})")
     if pp == 1:
         raise StrategyError(f"the {schedule} schedule needs pp > 1")
-    if schedule is Schedule.ZBV and virtual_stages != 2:
-        raise StrategyError(f"the zbv schedule runs exactly 2 chunks per device, got virtual_stages {virtual_stages}")
+    if schedule.v_shape and virtual_stages != 2:
+        raise StrategyError(f"the {schedule} schedule runs exactly 2 chunks per device, got virtual_stages "
+                            f"{virtual_stages}")
+    if schedule is Schedule.DUALPIPEV and m < 2 * pp:
+        raise StrategyError(f"the dualpipev schedule needs at least 2pp = {2 * pp} micro-batches, got {m} "
+                            "(ScheduleDualPipeV)")
     rounds = max(1, m // pp)
     if schedule is Schedule.INTERLEAVED_ZB and m % rounds:
         raise StrategyError(f"the interleaved-zb schedule needs the micro-batch count ({m}) to be a multiple of "

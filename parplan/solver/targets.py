@@ -138,7 +138,7 @@ def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int
     """``c`` and its variants: interleaved pipelines (``v`` chunks per device, layers and micro-
     batches splitting evenly), with ``zero_bubble`` (torchtitan) the zero-bubble schedules too
     (``interleaved-zb`` on 2 or 4 chunks per device, as torchtitan builds a multi-stage schedule with
-    at least 2; ``zbv`` on 2), and expert parallelism over part of the data-parallel group."""
+    at least 2; ``zbv`` and ``dualpipev`` on 2), and expert parallelism over part of the data-parallel group."""
     microbatches = global_batch // (c.micro_batch * c.dp)
     schedules = [(Schedule.ONE_F_ONE_B, 1)]
     if c.pp > 1 and microbatches % c.pp == 0:
@@ -149,6 +149,8 @@ def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int
                       if rounds_divide and num_blocks % (c.pp * v) == 0]
         if num_blocks % (2 * c.pp) == 0:
             schedules.append((Schedule.ZBV, 2))
+            if microbatches >= 2 * c.pp:  # ScheduleDualPipeV's rule
+                schedules.append((Schedule.DUALPIPEV, 2))
     eps = [e for e in range(1, c.dp + 1) if c.dp % e == 0 and (e == 1 or (experts and experts % e == 0))]
     for schedule, v in schedules:
         for ep in eps:

@@ -140,11 +140,11 @@ def check_config(config: Any, doc: dict[str, Any]) -> None:
 
     assert p.pipeline_parallel_degree == pp
     if pp > 1:
-        v = s.get("virtual_stages", 1) if s["schedule"] in ("interleaved", "interleaved-zb", "zbv") else 1
+        v = s.get("virtual_stages", 1) if s["schedule"] in ("interleaved", "interleaved-zb", "zbv", "dualpipev") else 1
         schedule = get_schedule_class(p.pipeline_parallel_schedule)
         assert schedule is get_schedule_class({"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
                                                "interleaved-zb": "InterleavedZeroBubble",
-                                               "zbv": "ZBVZeroBubble"}[s["schedule"]])
+                                               "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}[s["schedule"]])
         assert issubclass(schedule, PipelineScheduleMulti) is (v > 1)
         parts = p.module_fqns_per_model_part
         assert len(parts) == pp * v
@@ -230,7 +230,7 @@ def test_interleaved_stages_per_rank(loader: Loader, tmp_path: Path, monkeypatch
         assert _get_pp_rank_to_stage_indices_mapping(rank, 4, p.pipeline_parallel_schedule, 8) == (rank, rank + 4)
 
 
-@pytest.mark.parametrize(("schedule", "v", "second"), [("zbv", 2, 4), ("interleaved-zb", 2, 7)])
+@pytest.mark.parametrize(("schedule", "v", "second"), [("zbv", 2, 4), ("interleaved-zb", 2, 7), ("dualpipev", 2, 4)])
 def test_zero_bubble_stages_per_rank_and_read_back(schedule: str, v: int, second: int, loader: Loader, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """torchtitan runs the zero-bubble schedules on the ranks parplan prices them on (ZBVZeroBubble in

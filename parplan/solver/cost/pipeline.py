@@ -15,7 +15,13 @@ In-flight micro-batches of activations on stage ``i`` of ``p`` with ``m`` micro-
 from __future__ import annotations
 
 from parplan.solver.cost.activations import block_of
-from parplan.solver.cost.zero_bubble import Action, interleaved_zb_rank_order, zb_in_flight_chunks, zbv_rank_order
+from parplan.solver.cost.zero_bubble import (
+    Action,
+    dualpipev_rank_order,
+    interleaved_zb_rank_order,
+    zb_in_flight_chunks,
+    zbv_rank_order,
+)
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.strategy import Schedule
@@ -29,7 +35,7 @@ def in_flight_microbatches(stage: int, pp: int, m: int, schedule: Schedule, virt
         return float(m)
     if schedule.zero_bubble:
         v = 2 if schedule.v_shape else virtual_stages
-        return zb_in_flight_chunks(schedule.v_shape, pp, v, m, stage) / v
+        return zb_in_flight_chunks(schedule, pp, v, m, stage) / v
     if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
         v = virtual_stages
         chunks = 2 * (pp - stage - 1) + (v - 1) * pp + 1
@@ -66,7 +72,13 @@ def interleaved_rank_order(pp: int, v: int, m: int, rank: int) -> list[tuple[str
 def rank_order(schedule: Schedule, pp: int, v: int, m: int, rank: int) -> list[Action]:
     """What ``rank`` runs, in order, over its local chunks: ("F", k) forwards, and ("B", k) whole
     backwards (interleaved 1F1B) or ("I", k) input gradients then ("W", k) weight gradients (the
-    zero-bubble schedules), each of a chunk's micro-batches in turn."""
+    zero-bubble schedules), each of a chunk's micro-batches in turn; ``dualpipev``'s overlapped
+    forward and backward as the forward, then the backward."""
+    if schedule is Schedule.DUALPIPEV:
+        out: list[Action] = []
+        for kind, k in dualpipev_rank_order(pp, m, rank):
+            out += [("F", k), ("B", 1 - k)] if kind == "O" else [(kind, k)]
+        return out
     if schedule is Schedule.ZBV:
         return zbv_rank_order(pp, m, rank)
     if schedule is Schedule.INTERLEAVED_ZB:

@@ -25,7 +25,7 @@ from parplan.solver.cost.plan_structure import Links, PlanLayout, plan_layout, u
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import optimizer_step_seconds
 from parplan.solver.cost.stage_memory import model_states
-from parplan.solver.cost.zero_bubble import interleaved_zb_bubble, zbv_makespan
+from parplan.solver.cost.zero_bubble import dualpipev_rank_order, interleaved_zb_bubble, v_makespan, zbv_makespan
 from parplan.solver.strategy import Schedule
 
 
@@ -113,14 +113,17 @@ def pipeline_seconds(per_microbatch: list[float], once: list[float], m: int, v: 
 def zero_bubble_seconds(stages: list[StageTime], schedule: Schedule, m: int, v: int) -> float:
     """Step time under a zero-bubble schedule (:mod:`.zero_bubble`), each device's micro-batch cut
     into F (its forward), W (its weight gradients) and B (the rest: input gradients, recomputation,
-    communication): ``interleaved-zb`` ``m·t_max`` plus its bubble, ``zbv`` the makespan of its
-    orders; plus the slowest stage's once-per-step work."""
+    communication): ``interleaved-zb`` ``m·t_max`` plus its bubble, ``zbv`` and ``dualpipev`` the
+    makespan of their orders; plus the slowest stage's once-per-step work."""
     forward = [s.forward_seconds for s in stages]
     weight = [s.weight_grad_seconds for s in stages]
     rest = [s.microbatch_seconds - f - w for s, f, w in zip(stages, forward, weight, strict=True)]
     once = max(s.step_seconds for s in stages)
     if schedule is Schedule.ZBV:
         return zbv_makespan(forward, rest, weight, m) + once
+    if schedule is Schedule.DUALPIPEV:
+        orders = [dualpipev_rank_order(len(stages), m, r) for r in range(len(stages))]
+        return v_makespan(orders, forward, rest, weight) + once
     per = [s.microbatch_seconds for s in stages]
     slowest = per.index(max(per))
     return m * per[slowest] + interleaved_zb_bubble(forward, rest, weight, slowest, v) + once

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from parplan.solver.errors import StrategyError
+from parplan.solver.strategy import Schedule
 
 #: One action of a rank: ("F" | "I" | "W", its local chunk).
 Action = tuple[str, int]
@@ -97,9 +98,54 @@ def zbv_rank_order(pp: int, m: int, rank: int) -> list[Action]:
     return [(kind, c) for kind, c, mb in out if mb < m]
 
 
-def zb_in_flight_chunks(zbv: bool, pp: int, v: int, m: int, rank: int) -> int:
+def dualpipev_rank_order(pp: int, m: int, rank: int) -> list[Action]:
+    """What ``rank`` runs under ``dualpipev`` (PyTorch's ``ScheduleDualPipeV``, DeepSeek-V3's
+    DualPipe on a V), in order: besides F, I and W, ("B", k) a whole backward and ("O", k) a
+    forward of chunk ``k`` overlapped with a whole backward of the other chunk; a W runs the oldest
+    pending input gradient's."""
+    if not 0 <= rank < pp:
+        raise StrategyError(f"rank {rank} out of range for pp={pp}")
+    out: list[Action] = []
+    pending: list[int] = []
+
+    def act(kind: str, c: int) -> None:
+        out.append((kind, c))
+        if kind == "I":
+            pending.append(c)
+
+    def weight() -> None:
+        if pending:
+            out.append(("W", pending.pop(0)))
+
+    out += [("F", 0)] * (2 * (pp - rank - 1))
+    out += [("F", 0), ("F", 1)] * (rank + 1)
+    for _ in range(pp - rank - 1):
+        act("I", 1)
+        weight()
+        act("F", 1)
+    for i in range(m - 2 * pp + rank + 1):
+        out += [("F", 0), ("B", 1)] if i == 0 and rank == pp - 1 else [("O", 0)]
+        out.append(("O", 1))
+    out += [("B", 1), ("O", 1)] * (pp - rank - 1)
+    split = False  # the second half of the last backwards run as I and W
+    for i in range(rank + 1):
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
+        act("I" if split else "B", 1)
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
+        act("I" if split else "B", 0)
+    for _ in range(pp - rank - 1):
+        weight()
+        act("I" if split else "B", 0)
+    for _ in range(rank + 1):
+        weight()
+    return out
+
+
+def zb_in_flight_chunks(schedule: Schedule, pp: int, v: int, m: int, rank: int) -> int:
     """The most (chunk, micro-batch) pairs alive on ``rank`` (module docstring's closed forms)."""
-    if zbv:
+    if schedule is Schedule.DUALPIPEV:
+        return 2 * pp + 1
+    if schedule is Schedule.ZBV:
         return min(2 * pp, m + 1 + rank, 2 * m)
     return min((v - 1) * (m // max(1, m // pp)) + pp, m * v)
 
@@ -112,37 +158,55 @@ def interleaved_zb_bubble(forward: Sequence[float], rest: Sequence[float], weigh
                if s != slowest) / v
 
 
-def zbv_makespan(forward: Sequence[float], rest: Sequence[float], weight: Sequence[float], m: int) -> float:
-    """Seconds until every rank has run its ``zbv`` order, each action as soon as its rank is free
-    and its input is there (F after the previous virtual stage's F, B after the next one's B or its
-    own F on the last, W after its B); a chunk takes half its device's F, B and W."""
-    pp = len(forward)
-    orders = [zbv_rank_order(pp, m, r) for r in range(pp)]
-    dur = [{"F": forward[r] / 2, "I": rest[r] / 2, "W": weight[r] / 2} for r in range(pp)]
+def v_makespan(orders: Sequence[Sequence[Action]], forward: Sequence[float], rest: Sequence[float],
+               weight: Sequence[float]) -> float:
+    """Seconds until every rank has run its order of a V schedule (``zbv``, ``dualpipev``), each
+    action as soon as its rank is free and its input is there (F after the previous virtual stage's
+    F, I or B after the next one's or its own F on the last, W after its I; an overlapped F and B
+    when both can start, taking both their times); a chunk takes half its device's F, B and W."""
+    pp = len(orders)
     done: dict[tuple[str, int, int], float] = {}
     free, pos = [0.0] * pp, [0] * pp
     made = [dict.fromkeys(((kind, c) for kind in "FIW" for c in (0, 1)), 0) for _ in range(pp)]
     last = 2 * pp - 1
+
+    def needs(r: int, kind: str, c: int) -> tuple[str, int, int] | None:
+        vs, mb = (r if c == 0 else last - r), made[r][kind, c]
+        if kind == "F":
+            return ("F", vs - 1, mb) if vs else None
+        if kind == "I":
+            return ("I", vs + 1, mb) if vs < last else ("F", vs, mb)
+        return ("I", vs, mb)
+
+    def parts(kind: str, c: int) -> list[tuple[str, int]]:
+        return {"O": [("F", c), ("I", 1 - c), ("W", 1 - c)], "B": [("I", c), ("W", c)]}.get(kind, [(kind, c)])
+
     moved = True
     while moved:
         moved = False
         for r in range(pp):
             while pos[r] < len(orders[r]):
-                kind, c = orders[r][pos[r]]
-                vs, mb = (r if c == 0 else last - r), made[r][kind, c]
-                need = (("F", vs - 1, mb) if vs else None) if kind == "F" else \
-                    (("I", vs + 1, mb) if vs < last else ("F", vs, mb)) if kind == "I" else ("I", vs, mb)
-                if need is not None and need not in done:
+                steps = parts(*orders[r][pos[r]])
+                deps = [needs(r, k, c) for k, c in steps if k != "W"]
+                if any(d is not None and d not in done for d in deps):
                     break
-                end = max(free[r], done[need] if need else 0.0) + dur[r][kind]
-                done[kind, vs, mb] = free[r] = end
-                made[r][kind, c] += 1
+                end = max([free[r], *(done[d] for d in deps if d is not None)])
+                end += sum({"F": forward, "I": rest, "W": weight}[k][r] / 2 for k, _ in steps)
+                for k, c in steps:
+                    done[k, r if c == 0 else last - r, made[r][k, c]] = end
+                    made[r][k, c] += 1
+                free[r] = end
                 pos[r] += 1
                 moved = True
     if any(pos[r] < len(orders[r]) for r in range(pp)):
-        raise StrategyError("the zbv order does not complete")  # not reached: PyTorch's order runs
+        raise StrategyError("the pipeline order does not complete")  # not reached: PyTorch's orders run
     return max(free)
 
 
-__all__ = ["Action", "interleaved_zb_bubble", "interleaved_zb_rank_order", "zb_in_flight_chunks",
-           "zbv_makespan", "zbv_rank_order"]
+def zbv_makespan(forward: Sequence[float], rest: Sequence[float], weight: Sequence[float], m: int) -> float:
+    """:func:`v_makespan` of ``zbv``'s orders."""
+    return v_makespan([zbv_rank_order(len(forward), m, r) for r in range(len(forward))], forward, rest, weight)
+
+
+__all__ = ["Action", "dualpipev_rank_order", "interleaved_zb_bubble", "interleaved_zb_rank_order", "v_makespan",
+           "zb_in_flight_chunks", "zbv_makespan", "zbv_rank_order"]
