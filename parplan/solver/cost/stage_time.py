@@ -119,14 +119,14 @@ def zero_bubble_seconds(stages: list[StageTime], schedule: Schedule, m: int, v: 
     weight = [s.weight_grad_seconds for s in stages]
     rest = [s.microbatch_seconds - f - w for s, f, w in zip(stages, forward, weight, strict=True)]
     once = max(s.step_seconds for s in stages)
+    per = [s.microbatch_seconds for s in stages]
+    busy = m * max(per)  # the slowest device's own work, which no order shortens (rounding apart)
     if schedule is Schedule.ZBV:
-        return zbv_makespan(forward, rest, weight, m) + once
+        return max(busy, zbv_makespan(forward, rest, weight, m)) + once
     if schedule is Schedule.DUALPIPEV:
         orders = [dualpipev_rank_order(len(stages), m, r) for r in range(len(stages))]
-        return v_makespan(orders, forward, rest, weight) + once
-    per = [s.microbatch_seconds for s in stages]
-    slowest = per.index(max(per))
-    return m * per[slowest] + interleaved_zb_bubble(forward, rest, weight, slowest, v) + once
+        return max(busy, v_makespan(orders, forward, rest, weight)) + once
+    return busy + max(0.0, interleaved_zb_bubble(forward, rest, weight, per.index(max(per)), v)) + once
 
 
 def optimizer_seconds(p: Links, states: MemoryBreakdown) -> float:
