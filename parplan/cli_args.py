@@ -107,7 +107,8 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
     p.add_argument("--seq-len", type=positive, default=None, help="tokens per sample (default: the model's)")
     p.add_argument("--schedule", choices=[s.value for s in Schedule], default="1f1b", help="pipeline schedule")
     p.add_argument("--virtual-stages", type=positive, default=2,
-                   help="model chunks per device for --schedule interleaved (default 2)")
+                   help="model chunks per device for --schedule interleaved or interleaved-zb (default 2; zbv runs "
+                        "exactly 2)")
     p.add_argument("--no-flash-attention", action="store_true",
                    help="attention materialises the s x s scores (adds Korthikanti's 5as/h term)")
     p.add_argument("--precision", choices=list(PRECISIONS), default=DEFAULT_PRECISION,
@@ -217,7 +218,7 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
     strategy = ParallelConfig(
         tp=tp, pp=pp, dp=dp, zero=args.zero, sequence_parallel=args.sequence_parallel,
         recompute=Recompute(args.recompute), micro_batch=args.micro_batch, num_microbatches=m,
-        schedule=schedule, virtual_stages=args.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
+        schedule=schedule, virtual_stages=args.virtual_stages if schedule.chunked else 1,
         flash_attention=not args.no_flash_attention, precision=args.precision,
         expert_parallel=args.expert_parallel, runtime=Runtime(getattr(args, "runtime", "megatron")),
         sync_every_microbatch=args.sync_every_microbatch, cp=cp, cp_comm=getattr(args, "cp_comm", "p2p"),

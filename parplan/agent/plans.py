@@ -41,7 +41,7 @@ def shrink_config(cfg: TransformerConfig, strategy: ParallelConfig, layers: int 
     """A small copy of ``cfg`` runnable with ``strategy``'s degrees (see the module docstring)."""
     check_supported(cfg)
     tp = strategy.tp
-    v = strategy.virtual_stages if strategy.schedule.value == "interleaved" else 1
+    v = strategy.virtual_stages if strategy.schedule.chunked else 1
     n_layers = layers or min(cfg.layers, max(4, 2 * strategy.pp * v))
     if n_layers < strategy.pp * v:
         raise StrategyError(f"a shrunk model needs at least pp x virtual stages = {strategy.pp * v} layers")
@@ -86,14 +86,14 @@ def spec_for(cfg: TransformerConfig, strategy: ParallelConfig, seq_len: int | No
         else:
             raise StrategyError(f"tp x pp x dp = {strategy.tp * strategy.pp * dp} processes exceed the "
                                 f"{max_procs} this agent runs (ZeRO-{strategy.zero} memory depends on dp)")
-    v = strategy.virtual_stages if strategy.schedule.value == "interleaved" else 1
+    v = strategy.virtual_stages if strategy.schedule.chunked else 1
     m = strategy.num_microbatches
     if shrink:
         cap = max(strategy.pp, 2 * strategy.pp * v) if strategy.pp > 1 else 1
         if m > cap:
             notes.append(f"micro-batches per step reduced from {m} to {cap}")
             m = cap
-        if strategy.schedule.value == "interleaved" and m % strategy.pp:
+        if strategy.schedule.value in ("interleaved", "interleaved-zb") and m % strategy.pp:
             m = _round_up(m, strategy.pp)
     if strategy.precision != "fp32":
         notes.append(f"precision {strategy.precision} requested: the agent runs, and predicts, fp32")
@@ -157,7 +157,7 @@ def strategy_of_plan(plan: dict[str, Any]) -> ParallelConfig:
             sequence_parallel=bool(s.get("sequence_parallel", False)),
             recompute=Recompute(str(s.get("recompute", "selective"))), micro_batch=int(s.get("micro_batch", 1)),
             num_microbatches=int(s.get("num_microbatches", 1)), schedule=schedule,
-            virtual_stages=int(s.get("virtual_stages", 1)) if schedule is Schedule.INTERLEAVED else 1,
+            virtual_stages=int(s.get("virtual_stages", 1)) if schedule.chunked else 1,
             flash_attention=bool(s.get("flash_attention", True)), precision=str(s.get("precision", "bf16")),
             expert_parallel=int(s.get("expert_parallel", 1)), cp=int(s.get("cp", 1)))
     except (KeyError, TypeError, ValueError) as e:

@@ -123,6 +123,8 @@ class RunSpec:
         if self.pp * self.virtual_stages > cfg.layers:
             raise StrategyError(f"pp x virtual stages = {self.pp * self.virtual_stages} exceeds the "
                                 f"{cfg.layers} blocks")
+        if self.schedule not in ("1f1b", "gpipe", "interleaved"):
+            raise StrategyError(f"the agent runs the 1f1b, gpipe and interleaved schedules, not {self.schedule}")
         if self.pp > 1 and self.num_microbatches < self.pp and self.schedule != "gpipe":
             raise StrategyError(f"the {self.schedule} schedule needs at least pp={self.pp} micro-batches")
         if self.schedule == "interleaved" and self.num_microbatches % self.pp:

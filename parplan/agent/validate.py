@@ -48,7 +48,7 @@ def strategy_of(spec: RunSpec, flash_attention: bool, runtime: Runtime = Runtime
     return ParallelConfig(
         tp=spec.tp, pp=spec.pp, dp=spec.dp, zero=spec.zero, sequence_parallel=spec.sequence_parallel,
         recompute=Recompute(spec.recompute), micro_batch=spec.micro_batch, num_microbatches=spec.num_microbatches,
-        schedule=schedule, virtual_stages=spec.virtual_stages if schedule is Schedule.INTERLEAVED else 1,
+        schedule=schedule, virtual_stages=spec.virtual_stages if schedule.chunked else 1,
         flash_attention=flash_attention, precision="fp32", partition=spec.partition, runtime=runtime,
         sync_every_microbatch=spec.fsdp_sync_every_microbatch)
 

@@ -104,8 +104,9 @@ def _model_reasons(plan: UniformPlan, ctx: PlanContext, family: str, layers: int
 def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) -> list[str]:
     """Why Megatron-LM cannot run the plan's schedule, precision, context parallelism or overlap."""
     reasons: list[str] = []
-    if plan.schedule == "gpipe":
-        reasons.append("the GPipe schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are given)")
+    if plan.schedule in ("gpipe", "interleaved-zb", "zbv", "dualpipev"):
+        reasons.append(f"the {plan.schedule} schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are "
+                       "given)")
     if plan.precision not in PRECISION_FLAGS:
         reasons.append(f"precision {plan.precision}")
     if plan.cp > 1 and ctx.seq_len % (2 * plan.cp * (plan.tp if plan.sequence_parallel else 1)):

@@ -57,7 +57,10 @@ SPMD_BACKEND = "partial_dtensor"
 
 #: parplan's pipeline schedules -> torch.distributed.pipelining's schedule names (torchtitan passes
 #: ``parallelism.pipeline_parallel_schedule`` to ``get_schedule_class``).
-SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
+SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+             "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+#: Schedules torchtitan builds as several stages per rank (PipelineScheduleMulti: at least 2).
+MULTI_STAGE = ("interleaved", "interleaved-zb", "zbv", "dualpipev")
 
 
 @dataclass(frozen=True)
@@ -206,8 +209,8 @@ def stage_modules(blocks_per_stage: tuple[int, ...]) -> list[list[str]]:
 
 
 def _virtual(plan: UniformPlan) -> int:
-    """Stages per pipeline rank: the plan's virtual stages under the interleaved schedule, else 1."""
-    return plan.virtual_stages if plan.schedule == "interleaved" else 1
+    """Stages per pipeline rank: the plan's virtual stages under the interleaved schedules, else 1."""
+    return plan.virtual_stages if plan.schedule in MULTI_STAGE else 1
 
 
 def _schedule(plan: UniformPlan) -> str:
@@ -314,11 +317,14 @@ def _check_pipeline(plan: UniformPlan, flavor: Flavor | None, reasons: list[str]
         return
     v = _virtual(plan)
     stages = plan.pp * v
-    if plan.schedule == "interleaved" and v > 1:
+    if plan.schedule in ("interleaved", "interleaved-zb") and v > 1:
         rounds = max(1, plan.num_microbatches // plan.pp)
         if plan.num_microbatches % rounds:
-            reasons.append(f"torch's Interleaved1F1B needs the micro-batch count ({plan.num_microbatches}) to be a "
-                           f"multiple of {rounds} (micro-batches // pp)")
+            reasons.append(f"torch's {SCHEDULES[plan.schedule]} needs the micro-batch count ({plan.num_microbatches}) "
+                           f"to be a multiple of {rounds} (micro-batches // pp)")
+    if plan.schedule in ("interleaved-zb", "zbv", "dualpipev") and v < 2:
+        reasons.append(f"torchtitan builds {SCHEDULES[plan.schedule]} with at least 2 stages per rank (a "
+                       "PipelineScheduleMulti), the plan has 1")
     if flavor is None:
         return
     if plan.partition is not None:
@@ -485,6 +491,10 @@ def _parallel_notes(plan: UniformPlan, flavor: Flavor) -> list[str]:
                      "first and last stages one block fewer)")
         if plan.schedule == "interleaved" and v == 1:
             notes.append("interleaved schedule with one stage per rank written as 1F1B (what it runs)")
+        if plan.schedule in ("zbv", "dualpipev"):
+            notes.append(f"{SCHEDULES[plan.schedule]} places the stages in a V (torchtitan's "
+                         "stage_ids_this_rank, style \"v\"): rank i runs stages i and 2pp-1-i, so rank 0 "
+                         "holds the embedding and the output (as parplan prices it)")
     elif plan.num_microbatches > 1:
         notes.append(f"{plan.num_microbatches} micro-batches without pipelining -> gradient accumulation "
                      f"(global batch {plan.global_batch} / (local batch {plan.micro_batch} x dp {plan.dp})); "

@@ -430,7 +430,7 @@ def _stages(job: Job, values: Mapping[str, str], pp: int, schedule: Schedule,
         last = _count(values, "parallelism.pipeline_parallel_last_stage_less_layers")
         per_stage = values["parallelism.pipeline_parallel_layers_per_stage"]
         try:
-            per = stages_per_rank(schedule is Schedule.INTERLEAVED, pp, layers, first, last,
+            per = stages_per_rank(schedule.chunked, pp, layers, first, last,
                                   _num(values, "parallelism.pipeline_parallel_layers_per_stage") if per_stage else None)
             counts = default_stage_layers(pp * per, layers, first, last)
         except ValueError as e:

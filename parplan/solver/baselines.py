@@ -173,7 +173,8 @@ class UniformEvaluator:
         ``tp·ep`` devices per stage,
         through a pipeline whose busiest stage holds at least ``1/pp`` of it. The step is ``m·t_max +
         (Σ − t_max)/v + once`` (:func:`~parplan.solver.cost.plan_evaluator.pipeline_seconds`), at
-        least ``Σ/pp·(m + (pp − 1)/v)``. A test checks it against every configuration priced."""
+        least ``Σ/pp·(m + (pp − 1)/v)`` (``Σ/pp·m`` under a zero-bubble schedule). A test checks it
+        against every configuration priced."""
         key = (c.micro_batch, c.recompute)
         if key not in self._compute:
             g = self.graph(c.micro_batch)
@@ -192,8 +193,10 @@ class UniformEvaluator:
             self._compute[key] = seconds
         m = self.global_batch // (c.micro_batch * c.dp)
         v = c.virtual if c.schedule is Schedule.INTERLEAVED else 1
+        # a zero-bubble schedule's bubble can be all but filled by weight gradients: none counted
+        bubble = 0.0 if c.schedule.zero_bubble else (c.pp - 1) / v
         per_microbatch = self._compute[key] / (c.tp * c.ep)  # Σ over the stages, at least
-        return per_microbatch / c.pp * (m + (c.pp - 1) / v) * (1 - 1e-9)  # (rounding: never above)
+        return per_microbatch / c.pp * (m + bubble) * (1 - 1e-9)  # (rounding: never above)
 
     def states_floor(self, c: Candidate) -> float:
         """Bytes per device ``c`` holds at least, without pricing it: every parameter's weights,

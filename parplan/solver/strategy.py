@@ -57,9 +57,69 @@ def check_dp_shard(dp: int, dp_shard: int, zero: int, ep: int, runtime: Runtime)
 
 
 class Schedule(StrEnum):
+    """Pipeline schedules. The zero-bubble ones (Qi et al., "Zero Bubble Pipeline Parallelism",
+    ICLR 2024) split each backward into B (input gradient) and W (weight gradient) and run W in the
+    bubbles: ``interleaved-zb`` is PyTorch's ``ScheduleInterleavedZeroBubble`` (ZB-H1 on ``v``
+    chunks per device, ZB-H1 itself with one), ``zbv`` its ``ScheduleZBVZeroBubble`` (two chunks per
+    device in a V: device ``i`` holds virtual stages ``i`` and ``2p − 1 − i``), ``dualpipev`` its
+    ``ScheduleDualPipeV`` (DeepSeek-V3's DualPipe, arXiv 2412.19437, on the same V: a forward of one
+    chunk overlapped with a backward of the other)."""
+
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
     INTERLEAVED = "interleaved"
+    INTERLEAVED_ZB = "interleaved-zb"
+    ZBV = "zbv"
+    DUALPIPEV = "dualpipev"
+
+    @property
+    def zero_bubble(self) -> bool:
+        """The backward runs as B then W (torch.distributed.pipelining's I and W actions)."""
+        return self in (Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPEV)
+
+    @property
+    def v_shape(self) -> bool:
+        """Two chunks per device in a V (PyTorch's ``generate_stage_to_rank_mapping(style="v")``)."""
+        return self in (Schedule.ZBV, Schedule.DUALPIPEV)
+
+    @property
+    def chunked(self) -> bool:
+        """Devices may hold several model chunks (``virtual_stages``)."""
+        return self in (Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPEV)
+
+
+#: Runtimes whose pipelining is ``torch.distributed.pipelining`` (what runs the zero-bubble schedules).
+PIPELINING_RUNTIMES = (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+
+
+def check_schedule(schedule: Schedule, runtime: Runtime, pp: int, m: int, virtual_stages: int) -> None:
+    """StrategyError unless the runtime runs ``schedule`` as given. The micro-batch rules are the
+    asserts of torch/distributed/pipelining/schedules.py: ``ScheduleInterleavedZeroBubble`` needs
+    ``m`` a multiple of its rounds ``max(1, m // pp)``; ``ScheduleZBVZeroBubble`` exactly two stages
+    per rank (``ScheduleDualPipeV`` too, and at least as many micro-batches as stages)."""
+    if schedule is Schedule.INTERLEAVED:
+        if pp == 1:
+            raise StrategyError("the interleaved schedule needs pp > 1")
+        if m % pp:
+            raise StrategyError(f"the interleaved schedule needs the micro-batch count "
+                                f"({m}) to be a multiple of pp ({pp})")
+    if not schedule.zero_bubble:
+        return
+    if runtime not in PIPELINING_RUNTIMES:
+        raise StrategyError(f"the {schedule} schedule is torch.distributed.pipelining's; runtime {runtime} "
+                            f"does not run it (runtimes: {', '.join(PIPELINING_RUNTIMES)})")
+    if pp == 1:
+        raise StrategyError(f"the {schedule} schedule needs pp > 1")
+    if schedule.v_shape and virtual_stages != 2:
+        raise StrategyError(f"the {schedule} schedule runs exactly 2 chunks per device, got virtual_stages "
+                            f"{virtual_stages}")
+    if schedule is Schedule.DUALPIPEV and m < 2 * pp:
+        raise StrategyError(f"the dualpipev schedule needs at least 2pp = {2 * pp} micro-batches, got {m} "
+                            "(ScheduleDualPipeV)")
+    rounds = max(1, m // pp)
+    if schedule is Schedule.INTERLEAVED_ZB and m % rounds:
+        raise StrategyError(f"the interleaved-zb schedule needs the micro-batch count ({m}) to be a multiple of "
+                            f"its rounds max(1, m // pp) = {rounds} (ScheduleInterleavedZeroBubble)")
 
 
 def check_precision_runtime(precision: str, runtime: Runtime) -> None:
@@ -191,12 +251,7 @@ class ParallelConfig:
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)
         check_optimizer_offload(self.runtime, self.optimizer_offload, self.zero)
-        if self.schedule is Schedule.INTERLEAVED:
-            if self.pp == 1:
-                raise StrategyError("the interleaved schedule needs pp > 1")
-            if self.num_microbatches % self.pp:
-                raise StrategyError(f"the interleaved schedule needs the micro-batch count "
-                                    f"({self.num_microbatches}) to be a multiple of pp ({self.pp})")
+        check_schedule(self.schedule, self.runtime, self.pp, self.num_microbatches, self.virtual_stages)
 
     @property
     def world(self) -> int:

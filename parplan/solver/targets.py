@@ -119,7 +119,7 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
             # ZeRO-0 is torchtitan's replicate (FSDP2 over a shard group of one), as the torchtitan
             # runtime prices it
             if node % c.tp == 0:
-                yield from _with_schedules_and_experts(c, global_batch, num_blocks, 0, node)
+                yield from _with_schedules_and_experts(c, global_batch, num_blocks, 0, node, zero_bubble=True)
     elif target is Target.NANOTRON:
         for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs):
             # its engines: 1F1B (at least pp - 1 micro-batches) and all-forward-all-backward; the layers
@@ -149,15 +149,25 @@ def shard_groups(c: Candidate, node: int, ep: int = 1) -> tuple[int, ...]:
     return (0,)
 
 
-def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int,
-                                experts: int, node: int) -> Iterator[Candidate]:
+def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int, experts: int, node: int,
+                                zero_bubble: bool = False) -> Iterator[Candidate]:
     """``c`` and its variants: interleaved pipelines (``v`` chunks per device, layers and micro-
-    batches splitting evenly), expert parallelism over part of the data-parallel group and hybrid
-    sharding over a node's data-parallel ranks (:func:`shard_groups`; ``node``: GPUs per node)."""
+    batches splitting evenly), with ``zero_bubble`` (torchtitan) the zero-bubble schedules too
+    (``interleaved-zb`` on 2 or 4 chunks per device, as torchtitan builds a multi-stage schedule with
+    at least 2; ``zbv`` and ``dualpipev`` on 2), expert parallelism over part of the data-parallel group
+    and hybrid sharding over a node's data-parallel ranks (:func:`shard_groups`; ``node``: GPUs per node)."""
     microbatches = global_batch // (c.micro_batch * c.dp)
     schedules = [(Schedule.ONE_F_ONE_B, 1)]
     if c.pp > 1 and microbatches % c.pp == 0:
         schedules += [(Schedule.INTERLEAVED, v) for v in VIRTUAL_STAGES if num_blocks % (c.pp * v) == 0]
+    if c.pp > 1 and zero_bubble:
+        rounds_divide = microbatches % max(1, microbatches // c.pp) == 0  # ScheduleInterleavedZeroBubble's rule
+        schedules += [(Schedule.INTERLEAVED_ZB, v) for v in VIRTUAL_STAGES
+                      if rounds_divide and num_blocks % (c.pp * v) == 0]
+        if num_blocks % (2 * c.pp) == 0:
+            schedules.append((Schedule.ZBV, 2))
+            if microbatches >= 2 * c.pp:  # ScheduleDualPipeV's rule
+                schedules.append((Schedule.DUALPIPEV, 2))
     eps = [e for e in range(1, c.dp + 1) if c.dp % e == 0 and (e == 1 or (experts and experts % e == 0))]
     for schedule, v in schedules:
         for ep in eps:

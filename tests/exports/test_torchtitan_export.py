@@ -141,10 +141,11 @@ def check_config(config: Any, doc: dict[str, Any]) -> None:
 
     assert p.pipeline_parallel_degree == pp
     if pp > 1:
-        v = s.get("virtual_stages", 1) if s["schedule"] == "interleaved" else 1
+        v = s.get("virtual_stages", 1) if s["schedule"] in ("interleaved", "interleaved-zb", "zbv", "dualpipev") else 1
         schedule = get_schedule_class(p.pipeline_parallel_schedule)
-        assert schedule is get_schedule_class({"1f1b": "1F1B", "gpipe": "GPipe",
-                                               "interleaved": "Interleaved1F1B"}[s["schedule"]])
+        assert schedule is get_schedule_class({"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B",
+                                               "interleaved-zb": "InterleavedZeroBubble",
+                                               "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}[s["schedule"]])
         assert issubclass(schedule, PipelineScheduleMulti) is (v > 1)
         parts = p.module_fqns_per_model_part
         assert len(parts) == pp * v
@@ -228,6 +229,30 @@ def test_interleaved_stages_per_rank(loader: Loader, tmp_path: Path, monkeypatch
     p = config.parallelism
     for rank in range(4):
         assert _get_pp_rank_to_stage_indices_mapping(rank, 4, p.pipeline_parallel_schedule, 8) == (rank, rank + 4)
+
+
+@pytest.mark.parametrize(("schedule", "v", "second"), [("zbv", 2, 4), ("interleaved-zb", 2, 7), ("dualpipev", 2, 4)])
+def test_zero_bubble_stages_per_rank_and_read_back(schedule: str, v: int, second: int, loader: Loader, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan runs the zero-bubble schedules on the ranks parplan prices them on (ZBVZeroBubble in
+    a V: rank r holds stages r and 2pp - 1 - r; InterleavedZeroBubble looped), and parplan's
+    torchtitan import reads the export back as the same schedule and stages."""
+    from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
+
+    from parplan.imports.torchtitan import read_torchtitan_args
+    from parplan.solver.cost.pipeline import virtual_stage_of
+    from parplan.solver.strategy import Schedule
+
+    doc = doc_for("llama-3-8b", 8, tp=2, pp=4, dp=1, zero=2, sequence_parallel=True, num_microbatches=8,
+                  schedule=schedule, virtual_stages=v)
+    export, config = export_and_check(doc, loader, tmp_path, monkeypatch)
+    p = config.parallelism
+    for rank in range(4):
+        theirs = _get_pp_rank_to_stage_indices_mapping(rank, 4, p.pipeline_parallel_schedule, 8)
+        assert theirs == tuple(virtual_stage_of(rank, k, 4, Schedule(schedule)) for k in range(v))
+    assert theirs[1] == second  # rank 3
+    back = read_torchtitan_args(export.files[ARGS_FILE], 8).strategy
+    assert (back.schedule, back.virtual_stages, back.pp, back.num_microbatches) == (Schedule(schedule), v, 4, 8)
 
 
 @pytest.mark.parametrize("strategy", [

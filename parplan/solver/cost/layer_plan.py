@@ -110,7 +110,9 @@ class LayerPlan:
 
     @property
     def chunks(self) -> int:
-        """Model chunks per device: ``v`` under the interleaved schedule, else 1."""
+        """Model chunks per device: ``v`` under the interleaved schedules (2 under ``zbv``), else 1."""
+        if self.schedule.zero_bubble:
+            return self.virtual_stages
         return self.virtual_stages if self.schedule is Schedule.INTERLEAVED and self.virtual_stages > 1 else 1
 
 

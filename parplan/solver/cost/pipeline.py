@@ -7,12 +7,21 @@ In-flight micro-batches of activations on stage ``i`` of ``p`` with ``m`` micro-
 - interleaved 1F1B with ``v`` model chunks per device: device ``i`` warms up with
   ``2(p - i - 1) + (v - 1)p`` chunk-forwards, so ``(2(p - i - 1) + (v - 1)p + 1) / v`` micro-batches
   of its layers are alive at the peak; for ``i = 0`` that is ``p·(1 + (p - 1)/(p·v))``, the factor
-  Narayanan et al. (2021) give. Capped at ``m``.
+  Narayanan et al. (2021) give. Capped at ``m``;
+- the zero-bubble schedules (``interleaved-zb``, ``zbv``): a chunk's micro-batch alive from its
+  forward to its weight gradient W (:mod:`.zero_bubble`'s closed forms, over the device's chunks).
 """
 
 from __future__ import annotations
 
 from parplan.solver.cost.activations import block_of
+from parplan.solver.cost.zero_bubble import (
+    Action,
+    dualpipev_rank_order,
+    interleaved_zb_rank_order,
+    zb_in_flight_chunks,
+    zbv_rank_order,
+)
 from parplan.solver.errors import StrategyError
 from parplan.solver.ir import Graph
 from parplan.solver.strategy import Schedule
@@ -24,6 +33,9 @@ def in_flight_microbatches(stage: int, pp: int, m: int, schedule: Schedule, virt
         raise StrategyError(f"stage {stage} out of range for pp={pp}")
     if schedule is Schedule.GPIPE:
         return float(m)
+    if schedule.zero_bubble:
+        v = 2 if schedule.v_shape else virtual_stages
+        return zb_in_flight_chunks(schedule, pp, v, m, stage) / v
     if schedule is Schedule.INTERLEAVED and virtual_stages > 1:
         v = virtual_stages
         chunks = 2 * (pp - stage - 1) + (v - 1) * pp + 1
@@ -55,6 +67,38 @@ def interleaved_rank_order(pp: int, v: int, m: int, rank: int) -> list[tuple[str
         order += [("F", forward_chunk(k)), ("B", backward_chunk(k))]
     order += [("B", backward_chunk(k)) for k in range(total, total + warmup)]
     return order
+
+
+def rank_order(schedule: Schedule, pp: int, v: int, m: int, rank: int) -> list[Action]:
+    """What ``rank`` runs, in order, over its local chunks: ("F", k) forwards, and ("B", k) whole
+    backwards (interleaved 1F1B) or ("I", k) input gradients then ("W", k) weight gradients (the
+    zero-bubble schedules), each of a chunk's micro-batches in turn; ``dualpipev``'s overlapped
+    forward and backward as the forward, then the backward."""
+    if schedule is Schedule.DUALPIPEV:
+        out: list[Action] = []
+        for kind, k in dualpipev_rank_order(pp, m, rank):
+            out += [("F", k), ("B", 1 - k)] if kind == "O" else [(kind, k)]
+        return out
+    if schedule is Schedule.ZBV:
+        return zbv_rank_order(pp, m, rank)
+    if schedule is Schedule.INTERLEAVED_ZB:
+        return interleaved_zb_rank_order(pp, v, m, rank)
+    return interleaved_rank_order(pp, v, m, rank)
+
+
+def virtual_stage_of(rank: int, chunk: int, pp: int, schedule: Schedule) -> int:
+    """The virtual stage of ``rank``'s local ``chunk``: ``rank + chunk·pp`` (looped), or in a V
+    ``rank`` and ``2pp − 1 − rank`` (PyTorch's ``generate_stage_to_rank_mapping(style="v")``)."""
+    if schedule.v_shape:
+        return rank if chunk == 0 else 2 * pp - 1 - rank
+    return rank + chunk * pp
+
+
+def device_of(vstage: int, pp: int, schedule: Schedule) -> int:
+    """The rank that runs virtual stage ``vstage`` (:func:`virtual_stage_of`'s inverse)."""
+    if schedule.v_shape and vstage >= pp:
+        return 2 * pp - 1 - vstage
+    return vstage % pp
 
 
 def units_of(graph: Graph) -> list[str]:
@@ -113,5 +157,5 @@ def stage_of_units(graph: Graph, pp: int, partition: tuple[int, ...] | None = No
     return out
 
 
-__all__ = ["block_of", "blocks_of", "even_partition", "in_flight_microbatches", "interleaved_rank_order",
-           "stage_of_units", "units_of"]
+__all__ = ["block_of", "blocks_of", "device_of", "even_partition", "in_flight_microbatches", "interleaved_rank_order",
+           "rank_order", "stage_of_units", "units_of", "virtual_stage_of"]

@@ -15,7 +15,7 @@ from typing import Protocol
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import Cluster, DeviceMesh, Link
 from parplan.solver.cost.layer_plan import CostsFor, LayerPlan, LayerStrategy
-from parplan.solver.cost.pipeline import stage_of_units
+from parplan.solver.cost.pipeline import device_of, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.units import GraphCosts, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
@@ -110,7 +110,8 @@ def replicate_link(cluster: Cluster, mesh: DeviceMesh, s: LayerStrategy) -> Link
 
 def virtual_stages(gc: GraphCosts, plan: LayerPlan) -> dict[str, int]:
     """Every unit's virtual stage: blocks cut into ``pp·v`` chunks (``partition``: blocks per
-    chunk, even when not given), chunk ``k`` of device ``i`` being virtual stage ``i + k·pp``."""
+    chunk, even when not given), chunk ``k`` of device ``i`` being virtual stage ``i + k·pp``, or
+    in a V (``zbv``) ``i`` and ``2pp − 1 − i`` (:func:`~.pipeline.virtual_stage_of`)."""
     n = plan.pp * plan.chunks
     part = plan.partition if plan.partition is not None and len(plan.partition) == n else None
     if n > plan.pp and plan.partition is not None and part is None:
@@ -121,7 +122,7 @@ def virtual_stages(gc: GraphCosts, plan: LayerPlan) -> dict[str, int]:
 
 def stage_units(gc: GraphCosts, plan: LayerPlan) -> tuple[dict[str, int], list[list[str]]]:
     """Every unit's pipeline stage (device), and each stage's units in forward order."""
-    unit_stage = {u: vs % plan.pp for u, vs in virtual_stages(gc, plan).items()}
+    unit_stage = {u: device_of(vs, plan.pp, plan.schedule) for u, vs in virtual_stages(gc, plan).items()}
     by_stage: list[list[str]] = [[] for _ in range(plan.pp)]
     for u in gc.units:
         by_stage[unit_stage.get(u, 0)].append(u)

@@ -65,5 +65,6 @@ def relayout_key(plan: LayerPlan, u: str, s: LayerStrategy, prec: Precision) -> 
 
 
 def units_key(plan: LayerPlan, batch: int) -> tuple[Any, ...]:
-    """What placing the units on stages depends on (``batch``: the first block's local batch)."""
-    return (plan.pp, plan.chunks, plan.partition, batch)
+    """What placing the units on stages depends on (``batch``: the first block's local batch; chunks
+    looped or in a V)."""
+    return (plan.pp, plan.chunks, plan.schedule.v_shape, plan.partition, batch)

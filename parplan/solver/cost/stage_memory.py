@@ -22,7 +22,7 @@ from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.offload import device_states, host_bytes
 from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
-from parplan.solver.cost.pipeline import in_flight_microbatches, interleaved_rank_order
+from parplan.solver.cost.pipeline import in_flight_microbatches, rank_order, virtual_stage_of
 from parplan.solver.cost.plan_structure import Links, PlanLayout, plan_layout, unit_cost, virtual_stages
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import optimizer_temporary_bytes, parameter_states
@@ -376,16 +376,21 @@ def _add_chunk(p: Links, plan: LayerPlan, vs: int, chunk: list[str], all_by_vsta
 
 def _rank_order_peaks(acc: _Interleaved, plan: LayerPlan, stage: int) -> tuple[float, float]:
     """(the most above resident memory, the most activations) over the rank's own order of
-    forwards and backwards."""
+    forwards and backwards (:func:`~.pipeline.rank_order`). A zero-bubble schedule's input gradient
+    (I) runs the chunk's backward walk and keeps its activations: ``stage_backward_input`` retains
+    the autograd graph until the weight gradient (W) frees it."""
     v = len(acc.acts)
     torch = plan.runtime.holds_stage_outputs
     m = plan.num_microbatches
     live, forwards, backwards = [0] * v, [0] * v, [0] * v
     above = act_peak = 0.0
-    for kind, k in interleaved_rank_order(plan.pp, v, m, stage):
+    for kind, k in rank_order(plan.schedule, plan.pp, v, m, stage):
         if kind == "F":
             live[k] += 1
             forwards[k] += 1
+        if kind == "W":  # the weight gradient frees what the input gradient kept for it
+            live[k] -= 1
+            continue
         held = sum(n * a for n, a in zip(live, acc.acts, strict=True))
         # PyTorch keeps every send's handle, and what it sent, until the step ends
         handles = sum((f - n) * o + b * g for f, n, b, o, g in zip(forwards, live, backwards, acc.sent,
@@ -400,6 +405,7 @@ def _rank_order_peaks(acc: _Interleaved, plan: LayerPlan, stage: int) -> tuple[f
         above = max(above, held - acc.acts[k] + acc.walks[k] + handles + others)
         if kind == "B":
             live[k] -= 1
+        if kind in ("B", "I"):
             backwards[k] += 1
     return above, act_peak
 
@@ -425,7 +431,8 @@ def interleaved_stage_memory(p: Links, plan: LayerPlan, stage: int, virtual: Map
         lst.sort(key=order.__getitem__)
     acc = _Interleaved(Memory(MemoryBreakdown(), MemoryBreakdown()))
     for k in range(v):
-        _add_chunk(p, plan, stage + k * pp, by_vstage[stage + k * pp], all_by_vstage, virtual, strat, prec, acc)
+        vs = virtual_stage_of(stage, k, pp, plan.schedule)
+        _add_chunk(p, plan, vs, by_vstage[vs], all_by_vstage, virtual, strat, prec, acc)
     above, act_peak = _rank_order_peaks(acc, plan, stage)
     first = strat[units[0]]
     shared, _ = shared_states(p.costs_for(plan.local_batch(first)), plan, units, first, prec)
@@ -446,7 +453,7 @@ def price_memory(p: MemoryPricer, plan: LayerPlan) -> PlanMemory:
     """The memory of every stage of ``plan`` (1F1B and GPipe stages by :meth:`MemoryPricer.stage_memory`)."""
     layout = plan_layout(p, plan)
     stages = range(len(layout.by_stage))
-    if plan.chunks > 1:
+    if plan.chunks > 1 or plan.schedule.zero_bubble:
         virtual = virtual_stages(p.costs_for(plan.local_batch(plan.first_strategy)), plan)
         return PlanMemory(tuple(interleaved_stage_memory(p, plan, stage, virtual, layout) for stage in stages))
     return PlanMemory(tuple(p.stage_memory(plan, stage, layout) for stage in stages))

@@ -5,7 +5,8 @@ is ``global_batch / (m · dp)``), a re-layout all-to-all of the activation betwe
 blocks whose layouts differ, and the point-to-point transfers between stages. Once per step: each
 unit's data-parallel work (:mod:`.gradient_sync`) and Adam's memory-bound update.
 
-A step takes ``m·t_max + (Σ_s t_s − t_max)/v`` plus the slowest stage's once-per-step work.
+A step takes ``m·t_max + (Σ_s t_s − t_max)/v`` plus the slowest stage's once-per-step work (the
+zero-bubble schedules: :func:`zero_bubble_seconds`).
 
 Pure functions: what they ask of the memo layer is :class:`TimePricer`.
 """
@@ -25,6 +26,8 @@ from parplan.solver.cost.plan_structure import Links, PlanLayout, plan_layout, u
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import optimizer_step_seconds
 from parplan.solver.cost.stage_memory import model_states
+from parplan.solver.cost.zero_bubble import dualpipev_rank_order, interleaved_zb_bubble, v_makespan, zbv_makespan
+from parplan.solver.strategy import Schedule
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class StageTime:
     relayout_seconds: float = 0.0
     cp_comm_seconds: float = 0.0  # the context-parallel exchange (ring or all-to-all) compute does not hide
     ep_comm_seconds: float = 0.0  # expert parallelism: the tokens' all-to-alls to their experts and back
+    #: of ``backward_seconds``, the weight gradients of the GEMMs with a weight (a zero-bubble schedule's W)
+    weight_grad_seconds: float = 0.0
 
     @property
     def microbatch_seconds(self) -> float:
@@ -87,6 +92,7 @@ class UnitTimeParts(NamedTuple):
     cp: float
     ep: float
     optimizer_elements: float = 0.0  # elements of the optimizer's shard it steps (.offload)
+    weight_grad: float = 0.0
 
 
 class TimePricer(Links, Protocol):
@@ -106,6 +112,25 @@ def pipeline_seconds(per_microbatch: list[float], once: list[float], m: int, v: 
     return m * t_max + (sum(per_microbatch) - t_max) / v + max(once)
 
 
+def zero_bubble_seconds(stages: list[StageTime], schedule: Schedule, m: int, v: int) -> float:
+    """Step time under a zero-bubble schedule (:mod:`.zero_bubble`), each device's micro-batch cut
+    into F (its forward), W (its weight gradients) and B (the rest: input gradients, recomputation,
+    communication): ``interleaved-zb`` ``m·t_max`` plus its bubble, ``zbv`` and ``dualpipev`` the
+    makespan of their orders; plus the slowest stage's once-per-step work."""
+    forward = [s.forward_seconds for s in stages]
+    weight = [s.weight_grad_seconds for s in stages]
+    rest = [s.microbatch_seconds - f - w for s, f, w in zip(stages, forward, weight, strict=True)]
+    once = max(s.step_seconds for s in stages)
+    per = [s.microbatch_seconds for s in stages]
+    busy = m * max(per)  # the slowest device's own work, which no order shortens (rounding apart)
+    if schedule is Schedule.ZBV:
+        return max(busy, zbv_makespan(forward, rest, weight, m)) + once
+    if schedule is Schedule.DUALPIPEV:
+        orders = [dualpipev_rank_order(len(stages), m, r) for r in range(len(stages))]
+        return max(busy, v_makespan(orders, forward, rest, weight)) + once
+    return busy + max(0.0, interleaved_zb_bubble(forward, rest, weight, per.index(max(per)), v)) + once
+
+
 def optimizer_seconds(p: Links, states: MemoryBreakdown) -> float:
     """Adam's update of these model states (memory bound)."""
     return optimizer_step_seconds(states, p.cluster.gpu, p.calibration)
@@ -115,8 +140,11 @@ def price_time(p: TimePricer, plan: LayerPlan) -> PlanTime:
     """The step time of ``plan``: every stage's (:meth:`TimePricer.stage_time`), pipelined."""
     layout = plan_layout(p, plan)
     stages = [p.stage_time(plan, stage, layout) for stage in range(len(layout.by_stage))]
-    step = pipeline_seconds([s.microbatch_seconds for s in stages], [s.step_seconds for s in stages],
-                            plan.num_microbatches, plan.chunks)
+    if plan.schedule.zero_bubble:
+        step = zero_bubble_seconds(stages, plan.schedule, plan.num_microbatches, plan.chunks)
+    else:
+        step = pipeline_seconds([s.microbatch_seconds for s in stages], [s.step_seconds for s in stages],
+                                plan.num_microbatches, plan.chunks)
     gc = p.costs_for(plan.local_batch(plan.first_strategy))
     seq = int(gc.graph.meta.get("seq_len", 0) or 0)
     return PlanTime(tuple(stages), step, plan.global_batch * seq, plan.num_microbatches)
@@ -136,13 +164,13 @@ def unit_time_parts(p: Links, plan: LayerPlan, u: str, s: LayerStrategy, prec: P
     states = model_states(c.params, s, plan.runtime.states_precision(prec)).bytes
     return UnitTimeParts(c.forward_seconds, c.backward_seconds, c.recompute_seconds, tp, traffic, hidden_not,
                          optimizer_seconds(p, states), c.cp_comm_seconds, c.ep_comm_seconds,
-                         offloaded_elements(states, prec, 1.0))
+                         offloaded_elements(states, prec, 1.0), c.weight_grad_seconds)
 
 
 def stage_time(p: TimePricer, plan: LayerPlan, stage: int, layout: PlanLayout) -> StageTime:
     """One stage's seconds (see the module's docstring)."""
     units, strat, prec = layout.by_stage[stage], layout.strat, layout.prec
-    fwd = bwd = rec = tp = relayout = cp_exposed = ep = 0.0
+    fwd = bwd = rec = tp = relayout = cp_exposed = ep = wgrad = 0.0
     sync_total = exposed = opt = elements = 0.0
     previous: LayerStrategy | None = None
     synced: set[str] = set()  # shared parameters synchronised once per stage
@@ -151,6 +179,7 @@ def stage_time(p: TimePricer, plan: LayerPlan, stage: int, layout: PlanLayout) -
         part = p.unit_time_parts(plan, u, s, prec, synced)
         fwd += part.forward
         bwd += part.backward
+        wgrad += part.weight_grad
         rec += part.recompute
         tp += part.tp
         cp_exposed += part.cp
@@ -177,7 +206,7 @@ def stage_time(p: TimePricer, plan: LayerPlan, stage: int, layout: PlanLayout) -
         boundary = gc.boundary_bytes(units, lambda x: layout.unit_stage.get(x, 0), stage,
                                      first.unit(plan.flash_attention, plan.runtime), prec.activation_bytes)
         p2p = sum(2 * handoff_seconds(p, plan, first, b, link) for b in boundary)
-    return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, cp_exposed, ep)
+    return StageTime(stage, fwd, bwd, rec, tp, p2p, sync_total, exposed, opt, relayout, cp_exposed, ep, wgrad)
 
 
 def offloaded_step_seconds(p: Links, fraction: float, gpu_seconds: float, elements: float,

@@ -106,6 +106,9 @@ class UnitCost:
     ep_comm_seconds: float = 0.0  # expert parallelism: the tokens' all-to-alls to their experts and back
     cp_comm_seconds: float = 0.0  # context parallelism: the exchange (ring or all-to-all) compute does not hide
     matmul_seconds: float = 0.0  # forward, backward, recompute of GEMMs with a weight (TP overlap hides under them)
+    #: of the backward, the weight gradients of the GEMMs with a weight: half their backward (its two GEMMs,
+    #: input and weight gradient, each of the forward's FLOPs); a zero-bubble schedule's W
+    weight_grad_seconds: float = 0.0
     owners: list[OwnerOp] = field(default_factory=list)  # with time: operators owning parameters, in order
 
 
@@ -378,6 +381,7 @@ class GraphCosts:
             c.recompute_seconds += r
             if n.kind is OpKind.EINSUM and any(graph.node(i).is_parameter for i in n.inputs):
                 c.matmul_seconds += f + b + r
+                c.weight_grad_seconds += b / 2
             if s.cp > 1 and n.kind is OpKind.ATTENTION and env.cp_link is not None:
                 exchange = cp_exchange(s.cp_comm, s.cp, self.attention_bytes(n, s, prec), f, b, env.cp_link,
                                        env.cp_group_link or env.cp_link, recomputed=r > 0)
