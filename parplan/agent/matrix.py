@@ -90,6 +90,10 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("pp2-zero2-dp2", {**_PP, "dp": 2, "zero": 2}, ci=("none",)),
     Kind("pp2-zero3-dp2", {**_PP, "dp": 2, "zero": 3}, ci=("full",)),
     Kind("pp2-interleaved-v2", {**_PP, "schedule": "interleaved", "virtual_stages": 2}, ci=("none",)),
+    # torchtitan's PP + FSDP2 (no resharding after forward) under the interleaved schedule: every chunk
+    # of a device keeps its gathered weights and unsharded gradients between micro-batches.
+    Kind("pp2-interleaved-v2-zero2-dp2", {**_PP, "schedule": "interleaved", "virtual_stages": 2, "dp": 2, "zero": 2},
+         recompute=("none",), ci=("gpt-tiny:none",)),
     Kind("pp2-1f1b-part1-3", {**_PP, "partition": (1, 3)}, ci=("full",)),
     Kind("pp2-gpipe-part3-1", {**_PP, "schedule": "gpipe", "partition": (3, 1)}, recompute=("none",), ci=()),
     # The searches' default recomputation (the attention core only), on kinds of the base matrix.
