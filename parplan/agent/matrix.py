@@ -90,10 +90,6 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("pp2-zero2-dp2", {**_PP, "dp": 2, "zero": 2}, ci=("none",)),
     Kind("pp2-zero3-dp2", {**_PP, "dp": 2, "zero": 3}, ci=("full",)),
     Kind("pp2-interleaved-v2", {**_PP, "schedule": "interleaved", "virtual_stages": 2}, ci=("none",)),
-    # torchtitan's PP + FSDP2 (no resharding after forward) under the interleaved schedule: every chunk
-    # of a device keeps its gathered weights and unsharded gradients between micro-batches.
-    Kind("pp2-interleaved-v2-zero2-dp2", {**_PP, "schedule": "interleaved", "virtual_stages": 2, "dp": 2, "zero": 2},
-         recompute=("none",), ci=("gpt-tiny:none",)),
     Kind("pp2-1f1b-part1-3", {**_PP, "partition": (1, 3)}, ci=("full",)),
     Kind("pp2-gpipe-part3-1", {**_PP, "schedule": "gpipe", "partition": (3, 1)}, recompute=("none",), ci=()),
     # The searches' default recomputation (the attention core only), on kinds of the base matrix.
@@ -111,6 +107,16 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("mixed-tp2-dp2-sp", {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True, "layer_zero": (2, 3, 2, 3),
                               "layer_recompute": ("none", "full", "full", "none")}, recompute=("mixed",),
          ci=("llama-tiny:mixed",)),
+    # Appended last (a kind marked for every model runs on one by its place in this list): each names its model.
+    # torchtitan's PP + FSDP2 (no resharding after forward) under the interleaved schedule: every chunk
+    # of a device keeps its gathered weights and unsharded gradients between micro-batches.
+    Kind("pp2-interleaved-v2-zero2-dp2", {**_PP, "schedule": "interleaved", "virtual_stages": 2, "dp": 2, "zero": 2},
+         recompute=("none",), ci=("gpt-tiny:none",)),
+    # nanotron's buffers (bf16 weights, fp32 gradient accumulator and master weights, DDP's bf16 buckets,
+    # gradients made anew each micro-batch, the fp32 Megatron-style loss) on its Llama: checked against
+    # the fp32 reference within bf16's rounding.
+    Kind("nanotron-dp2-m2", {"dp": 2, "num_microbatches": 2, "trainer": "nanotron", "rtol": 0.02, "atol": 1e-3},
+         recompute=("none",), ci=("llama-tiny:none",), models=("llama-tiny",)),
 )
 
 

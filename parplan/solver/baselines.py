@@ -136,7 +136,7 @@ class UniformEvaluator:
                               precision=self.precision, runtime=self.runtime, schedule=c.schedule,
                               virtual_stages=c.virtual, expert_parallel=c.ep,
                               overlap_param_gather=self.runtime is Runtime.MEGATRON and c.zero == 1 and c.dp > 1,
-                              partition=partition_of(self.model.config, c.pp) if self.runtime is Runtime.NANOTRON
+                              partition=partition_of(self.model.config, c.pp) if self.runtime.nanotron
                               else None)
 
     def evaluate(self, c: Candidate) -> Evaluation | None:
