@@ -116,9 +116,10 @@ def uses_flash(kernel: str) -> bool:
 
 
 def predict(spec: RunSpec, flash_attention: bool, gpu: str = "A100-80GB",
-            runtime: Runtime = Runtime.TORCH_CPU) -> dict[str, Any]:
+            runtime: Runtime | None = None) -> dict[str, Any]:
     """``evaluate(...).to_dict()`` for the configuration ``spec`` runs (the whole-plan evaluator's
-    :func:`predict_per_layer` when its blocks differ)."""
+    :func:`predict_per_layer` when its blocks differ); ``runtime``: by default its trainer's on CPUs."""
+    runtime = runtime or runtime_of("cpu", spec.trainer)
     if spec.per_layer:
         return predict_per_layer(spec, flash_attention, gpu, runtime)
     cfg = spec.config()

@@ -55,6 +55,8 @@ def test_each_micro_batch_makes_its_bf16_gradients_beside_the_fp32_buffer() -> N
     resident = 18 * PSI
     assert nano.memory.bytes.model_states == mega.memory.bytes.model_states == resident
     assert nano.peak_bytes >= resident + 2 * PSI + 2 * CUBLAS_WORKSPACE_BYTES
+    # made and freed within each micro-batch: gradients being made, counted among the temporaries
+    assert nano.memory.bytes.temporary >= 2 * PSI + 2 * CUBLAS_WORKSPACE_BYTES
     # and nothing else differs from Megatron-LM's buffers: the rule adds at most those gradients
     assert nano.peak_bytes <= mega.peak_bytes + 2 * PSI + 2 * CUBLAS_WORKSPACE_BYTES
 
