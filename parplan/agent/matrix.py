@@ -9,8 +9,10 @@ and with full checkpointing on one of them, alternating (21 runs); the full matr
 and ZeRO-3, ZeRO-2/3 with TP (with and without sequence parallelism) and inside pipeline stages,
 interleaved 1F1B, uneven pipeline partitions, selective recomputation (the searches' default),
 DP-inner nesting (TP ranks strided), per-block mixes of ZeRO stage and recomputation as the DP
-search returns them, and, as a trainer's alternative the cost model does not express, FSDP2
-reduce-scattering every accumulated micro-batch. Each extended kind is marked for CI (each marked
+search returns them, FSDP2 without resharding after forward under interleaved 1F1B (torchtitan's PP
+setting), nanotron's buffers (bf16 weights, an fp32 gradient accumulator beside DDP's buckets, its
+fp32 loss; :mod:`parplan.agent.nanotron_exec`), and, as a trainer's alternative the cost model does
+not express, FSDP2 reduce-scattering every accumulated micro-batch. Each extended kind is marked for CI (each marked
 recomputation on one model: both models differ in the model's code, not in the strategy's) or for
 the full matrix only (``bench/model_accuracy.py``, or the tests with ``PARPLAN_AGENT_MATRIX=full``).
 At most 4 ranks.
