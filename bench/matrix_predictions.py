@@ -1,5 +1,5 @@
 """The predicted memory of every configuration of the agent's matrix (bench/model_accuracy.py's
-110 runs, both attention kernels), as JSON: to show that a change left every memory prediction as
+every run, both attention kernels), as JSON: to show that a change left every memory prediction as
 it was, without running the matrix (the measurements do not depend on the cost model).
 
 Run: python bench/matrix_predictions.py OUT.json [--compare OTHER.json]

@@ -4,7 +4,8 @@ Runs every configuration of :mod:`parplan.agent.matrix` — the issue-6 matrix (
 Llama; TP 2, DP 2, ZeRO-3 over 4, PP 2 GPipe and 1F1B, TP 2 x PP 2, TP 2 x DP 2 with sequence
 parallelism; each without and with full activation checkpointing) and all of the issue-10 kinds
 (ZeRO-1, ZeRO-2, gradient accumulation, ZeRO-2/3 with TP, SP and PP, interleaved 1F1B, uneven
-partitions, per-block mixed plans), including those CI leaves out — with real processes (gloo on
+partitions, per-block mixed plans, FSDP2 under interleaved 1F1B, nanotron's buffers), including
+those CI leaves out — with real processes (gloo on
 the CPU), checks loss and gradients against a single-process run, and prints measured
 (MemTracker) versus predicted (``parplan.solver.evaluate``, or the whole-plan evaluator for mixed
 plans) bytes per category. Then, as evidence for every run off by more than 3% or under-predicted
@@ -145,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         "         DP = DDP (replicate when TP > 1); accumulation without PP: gradient sync after the last",
         "         micro-batch only (DDP no_sync, FSDP2 set_requires_gradient_sync), except '-sync' runs:",
         "         FSDP2 reduce-scatters every micro-batch; PP + FSDP2: torch.distributed.pipelining defers",
-        "         resharding and gradient reduction to the step's end (its own choice).",
+        "         resharding and gradient reduction to the step's end (its own choice), under interleaved",
+        "         1F1B too; 'nanotron-*' runs: nanotron's buffers (bf16 weights, fp32 gradient accumulator",
+        "         and master weights, DDP's bf16 buckets, fp32 loss), predicted in bf16 with runtime nanotron-cpu.",
         "",
     ]
     lines = header + table(results) + [""] + correctness(results)

@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--runtime", choices=[r.value for r in Runtime], default="megatron",
                      help="whose buffers to count: megatron (default), torch (PyTorch-native DTensor/FSDP2 on "
                           "GPUs), torch-cpu (the same with CPU kernels), interpreter-cpu (the agent's per-operator "
-                          "plan interpreter on CPUs), deepspeed, torchtitan (torchtitan's trainer) or "
-                          "torchtitan-cpu; see docs/concepts.md")
+                          "plan interpreter on CPUs), deepspeed, torchtitan (torchtitan's trainer), "
+                          "torchtitan-cpu, nanotron (nanotron's trainer) or nanotron-cpu; see docs/concepts.md")
     mem.set_defaults(handler=cmd_memory)
     plan = sub.add_parser("plan", help="search for a parallelism plan", description="Search for the plan that fits "
                           "with the least redundant memory (or the fastest one), with baselines.")

@@ -153,6 +153,7 @@ class Runner:
         self.spec = spec
         self.device = device
         self.cfg = spec.config()
+        self.dtype = torch.bfloat16 if spec.precision == "bf16" else torch.float32
         names = ("pp", "dp", "tp") if spec.tp_inner else ("pp", "tp", "dp")
         sizes = {"pp": spec.pp, "dp": spec.dp, "tp": spec.tp}
         self.mesh = init_device_mesh(device.type, tuple(sizes[n] for n in names), mesh_dim_names=names)
@@ -161,6 +162,7 @@ class Runner:
         self.tp_rank = self.mesh.get_local_rank("tp")
         model: Transformer = build_model(self.cfg, spec.seed).to(device)
         set_recompute(model, spec.recompute)
+        self._prepare_model(model)
         if spec.layer_recompute is not None:
             for name, blk in model.layers.items():
                 set_recompute(blk, spec.block_recompute(int(name)))
@@ -179,22 +181,12 @@ class Runner:
                 # torch.distributed.pipelining holds a stage's output until that micro-batch's
                 # backward (fwd_cache): memory kept for backward, so count it as an activation.
                 sm.register_forward_hook(lambda _m, _i, out: mark_activation(out))
-        self.wrapped = [apply_dp(sm, spec, self.mesh["dp"]) for sm in self.stage_modules]
+        self.wrapped = [self._data_parallel(sm) for sm in self.stage_modules]
         self.is_first = 0 in self.stage_ids
         self.is_last = n_stages - 1 in self.stage_ids
         self.tie_group = self._tie_group() if self.tied else None
         self.params = _unique_params(list(self.stage_modules))
-        self.optimizer: torch.optim.Optimizer
-        if spec.zero == 1 and spec.dp > 1 and not spec.sharded:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            # Each DP rank keeps Adam's states of a share of the parameters (whole tensors, greedily
-            # balanced by size), steps them and broadcasts them to the other ranks.
-            self.optimizer = ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.Adam,
-                                                     process_group=self.mesh["dp"].get_group(),
-                                                     lr=LEARNING_RATE, foreach=False)
-        else:
-            self.optimizer = torch.optim.Adam(self.params, lr=LEARNING_RATE, foreach=False)
+        self.optimizer: Any = self._make_optimizer()
         self.schedule: Any = None
         self.pipe_stages: list[Any] = []
         if spec.pp > 1:
@@ -206,6 +198,34 @@ class Runner:
         self.global_tokens, self.global_labels = tokens, labels
 
     # ------------------------------------------------------------------ construction
+    def _prepare_model(self, model: Transformer) -> None:
+        """Change the whole model before it is cut into stages (another trainer's dtype or loss)."""
+
+    def _data_parallel(self, sm: StageModule) -> nn.Module:
+        """Data parallelism of one stage (:func:`~parplan.agent.parallelize.apply_dp`)."""
+        return apply_dp(sm, self.spec, self.mesh["dp"])
+
+    def _make_optimizer(self) -> Any:
+        """Adam over :attr:`params` (``step()``, ``zero_grad(set_to_none=...)``); under ZeRO-1 (DDP),
+        ``ZeroRedundancyOptimizer``: each DP rank keeps Adam's states of a share of the parameters
+        (whole tensors, greedily balanced by size), steps them and broadcasts them to the others."""
+        spec = self.spec
+        if spec.zero == 1 and spec.dp > 1 and not spec.sharded:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.Adam,
+                                           process_group=self.mesh["dp"].get_group(), lr=LEARNING_RATE, foreach=False)
+        return torch.optim.Adam(self.params, lr=LEARNING_RATE, foreach=False)
+
+    def gradient(self, p: nn.Parameter) -> torch.Tensor | None:
+        """The step's gradient of ``p`` as the optimizer reads it."""
+        return p.grad
+
+    def register_state(self, tracker: CategoryTracker) -> None:
+        """Give ``tracker`` the resident storages: parameters and their ``.grad``, the optimizer's
+        states, pipelining's receive buffers."""
+        tracker.register_state(self.stage_modules, [self.local_optimizer], communication=self.pipeline_buffers())
+
     def _tie_group(self) -> Any:
         """Process group joining the first and last pipeline stage of each (dp, tp) position:
         they hold the two copies of the tied embedding and sum their gradients."""
@@ -347,10 +367,11 @@ class Runner:
             for name, p in sm.named_parameters():
                 name = _clean_name(name)
                 key = "embed.tokens.weight" if (self.cfg.tied_embeddings and name == "head.lm.weight") else name
-                if p.grad is None:
+                grad = self.gradient(p)
+                if grad is None:
                     bad.append(f"{name}: no gradient")
                     continue
-                g = _full(p.grad).detach()
+                g = _full(grad).detach().float()
                 r = ref.grads[key].to(g.device)
                 if g.shape != r.shape:
                     bad.append(f"{name}: shape {tuple(g.shape)} != {tuple(r.shape)}")
@@ -408,14 +429,14 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     spec.validate()
     if dist.get_world_size() != spec.world:
         raise StrategyError(f"tp x pp x dp = {spec.world} but the process group has {dist.get_world_size()} ranks")
-    runner = Runner(spec, device)
+    runner = runner_for(spec, device)
     rank = dist.get_rank()
     out: dict[str, Any] = {
         "rank": rank, "stage": runner.pp_rank, "coords": {"pp": runner.pp_rank, "dp": runner.dp_rank,
                                                           "tp": runner.tp_rank},
         "label": spec.label, "device": device.type,
         "shared_device": device.type == "cuda" and dist.get_backend() == "gloo",
-        "attention_kernel": attention_kernel(device, 0.1 if runner.cfg.family == "gpt" else 0.0),
+        "attention_kernel": attention_kernel(device, 0.1 if runner.cfg.family == "gpt" else 0.0, runner.dtype),
     }
     if spec.check:
         ref = reference_for(runner.cfg, runner.global_tokens, runner.global_labels, spec.seed)
@@ -424,11 +445,11 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
         del runner, ref
         gc.collect()
         dist.barrier()
-        runner = Runner(spec, device)
+        runner = runner_for(spec, device)
     runner.train_step()  # step 1, outside the tracker: creates the optimizer's states
     dist.barrier()
     tracker = CategoryTracker(diagnose=spec.diagnose)
-    tracker.register_state(runner.stage_modules, [runner.local_optimizer], communication=runner.pipeline_buffers())
+    runner.register_state(tracker)
     with tracker.measuring():
         runner.train_step()  # step 2: the steady state, and DDP's one-off rebuild of its gradient buckets
     measured = tracker.result(device)
@@ -456,6 +477,16 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     out["measured"] = measured
     out["step_seconds"] = {"median": statistics.median(times), "all": times}
     return out
+
+
+def runner_for(spec: RunSpec, device: torch.device) -> Runner:
+    """The runner of ``spec``'s trainer: PyTorch's own, or nanotron's buffers
+    (:mod:`parplan.agent.nanotron_exec`)."""
+    if spec.trainer == "nanotron":
+        from parplan.agent.nanotron_exec import NanotronRunner
+
+        return NanotronRunner(spec, device)
+    return Runner(spec, device)
 
 
 def summarise_contents(items: list[tuple[int, str]], top: int = 16) -> dict[str, list[list[Any]]]:

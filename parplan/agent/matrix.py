@@ -9,8 +9,10 @@ and with full checkpointing on one of them, alternating (21 runs); the full matr
 and ZeRO-3, ZeRO-2/3 with TP (with and without sequence parallelism) and inside pipeline stages,
 interleaved 1F1B, uneven pipeline partitions, selective recomputation (the searches' default),
 DP-inner nesting (TP ranks strided), per-block mixes of ZeRO stage and recomputation as the DP
-search returns them, and, as a trainer's alternative the cost model does not express, FSDP2
-reduce-scattering every accumulated micro-batch. Each extended kind is marked for CI (each marked
+search returns them, FSDP2 without resharding after forward under interleaved 1F1B (torchtitan's PP
+setting), nanotron's buffers (bf16 weights, an fp32 gradient accumulator beside DDP's buckets, its
+fp32 loss; :mod:`parplan.agent.nanotron_exec`), and, as a trainer's alternative the cost model does
+not express, FSDP2 reduce-scattering every accumulated micro-batch. Each extended kind is marked for CI (each marked
 recomputation on one model: both models differ in the model's code, not in the strategy's) or for
 the full matrix only (``bench/model_accuracy.py``, or the tests with ``PARPLAN_AGENT_MATRIX=full``).
 At most 4 ranks.
@@ -107,6 +109,16 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("mixed-tp2-dp2-sp", {"tp": 2, "dp": 2, "zero": 2, "sequence_parallel": True, "layer_zero": (2, 3, 2, 3),
                               "layer_recompute": ("none", "full", "full", "none")}, recompute=("mixed",),
          ci=("llama-tiny:mixed",)),
+    # Appended last (a kind marked for every model runs on one by its place in this list): each names its model.
+    # torchtitan's PP + FSDP2 (no resharding after forward) under the interleaved schedule: every chunk
+    # of a device keeps its gathered weights and unsharded gradients between micro-batches.
+    Kind("pp2-interleaved-v2-zero2-dp2", {**_PP, "schedule": "interleaved", "virtual_stages": 2, "dp": 2, "zero": 2},
+         recompute=("none",), ci=("gpt-tiny:none",)),
+    # nanotron's buffers (bf16 weights, fp32 gradient accumulator and master weights, DDP's bf16 buckets,
+    # gradients made anew each micro-batch, the fp32 Megatron-style loss) on its Llama: checked against
+    # the fp32 reference within bf16's rounding.
+    Kind("nanotron-dp2-m2", {"dp": 2, "num_microbatches": 2, "trainer": "nanotron", "rtol": 0.02, "atol": 1e-3},
+         recompute=("none",), ci=("llama-tiny:none",), models=("llama-tiny",)),
 )
 
 

@@ -62,6 +62,22 @@ def mark_activation(t: torch.Tensor) -> None:
         _ACTIVE.relabel_as_activation(t)
 
 
+@contextmanager
+def made_as_gradients() -> Iterator[None]:
+    """Floating-point storages made inside count as gradients (a data-parallel wrapper's gradient
+    buckets made anew during the step; its integer bookkeeping stays temporary), if a
+    :class:`CategoryTracker` is measuring."""
+    tracker = _ACTIVE
+    if tracker is None:
+        yield
+        return
+    tracker._making_gradients = True
+    try:
+        yield
+    finally:
+        tracker._making_gradients = False
+
+
 class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
     """MemTracker with categories by role (see the module docstring) and per-category peaks."""
 
@@ -73,15 +89,19 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
         self._diagnose = diagnose
         self._func = ""
         self._origin: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._making_gradients = False  # inside made_as_gradients
         #: With ``diagnose``: per category, the live storages (bytes, creating op, module) at
         #: that category's peak.
         self.peak_contents: dict[str, list[tuple[int, str]]] = {}
 
     # ----------------------------------------------------------------- registration
     def register_state(self, modules: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer],
-                       other: Iterable[torch.Tensor] = (), communication: Iterable[torch.Tensor] = ()) -> None:
+                       other: Iterable[torch.Tensor] = (), communication: Iterable[torch.Tensor] = (),
+                       gradients: Iterable[torch.Tensor] = (), optimizer_states: Iterable[torch.Tensor] = ()) -> None:
         """Record the resident storages (call before entering the tracker); ``communication``:
-        buffers allocated before the step for its collectives (temporary)."""
+        buffers allocated before the step for its collectives (temporary); ``gradients`` and
+        ``optimizer_states``: such buffers a trainer keeps besides the parameters' ``.grad`` and
+        the optimizers' state (an accumulation buffer, master weights)."""
         for m in modules:
             for p in m.parameters():
                 self._register(p, _MemRefType.PARAM)
@@ -98,6 +118,10 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
             self._register(t, _MemRefType.OTH)
         for t in communication:
             self._register(t, _MemRefType.TEMP)
+        for t in gradients:
+            self._register(t, _MemRefType.GRAD)
+        for t in optimizer_states:
+            self._register(t, _MemRefType.OPT)
 
     def _register(self, t: torch.Tensor, reftype: _MemRefType) -> None:
         for st in get_untyped_storages(t):
@@ -107,7 +131,8 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
     # ----------------------------------------------------------------- classification
     def _track(self, reftype: Any, t: torch.Tensor) -> None:
         # Everything a step creates is temporary until it is packed for backward (or marked).
-        super()._track(_MemRefType.TEMP, t)
+        gradient = self._making_gradients and t.is_floating_point()
+        super()._track(_MemRefType.GRAD if gradient else _MemRefType.TEMP, t)
         if self._diagnose:
             active = [p for p in self._mod_tracker.parents if p != "Global"]
             where = max(active, key=lambda p: (p.count("."), p)) if active else ""
@@ -275,4 +300,4 @@ def storages_of(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-__all__ = ["CATEGORIES", "CategoryTracker", "mark_activation", "storages_of"]
+__all__ = ["CATEGORIES", "CategoryTracker", "made_as_gradients", "mark_activation", "storages_of"]

@@ -24,6 +24,7 @@ works because the attention infers its (local) head count from the projection's 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -280,9 +281,13 @@ class Head(nn.Module):
         self.norm = _norm(cfg)
         self.lm = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.loss_parallel = False
+        #: another trainer's loss on the logits and labels (nanotron's: :mod:`parplan.agent.nanotron_exec`)
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = self.lm(self.norm(x))
+        if self.loss_fn is not None:
+            return self.loss_fn(logits, labels)
         # in fp32, as torchtitan's and Hugging Face's losses compute it (a no-op for fp32 logits)
         loss: torch.Tensor = nnf.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
         return loss

@@ -47,6 +47,15 @@ class RunSpec:
     #: accumulation without pipelining under FSDP2: reduce-scatter every micro-batch (gradients stay
     #: sharded) instead of only the last (unsharded gradients kept through the step)
     fsdp_sync_every_microbatch: bool = False
+    #: whose buffers the step keeps: ``torch`` (PyTorch's own, fp32) or ``nanotron`` (its bf16 training with
+    #: fp32 gradient accumulation under DDP, and its fp32 loss: :mod:`parplan.agent.nanotron_exec`)
+    trainer: str = "torch"
+
+    @property
+    def precision(self) -> str:
+        """The cost model's precision of the run: nanotron trains in bf16 (its fp32 gradient accumulator
+        refuses fp32 weights), PyTorch's own runs in fp32."""
+        return "bf16" if self.trainer == "nanotron" else "fp32"
 
     @property
     def world(self) -> int:
@@ -89,6 +98,14 @@ class RunSpec:
         """StrategyError for what the executor cannot run."""
         cfg = self.config()
         check_supported(cfg)
+        if self.trainer not in ("torch", "nanotron"):
+            raise StrategyError(f"unknown trainer {self.trainer!r} (torch, nanotron)")
+        if self.trainer == "nanotron" and (self.tp, self.pp, self.zero, cfg.family) != (1, 1, 0, "llama"):
+            raise StrategyError("the nanotron trainer runs data parallelism (ZeRO-0) of a Llama here: its "
+                                "tensor and pipeline parallelism and ZeRO-1 are its own code, not PyTorch's")
+        if self.trainer == "nanotron" and (self.per_layer or self.recompute == "selective"):
+            raise StrategyError("the nanotron trainer runs one strategy for every block, recomputing whole "
+                                "blocks or nothing")
         if self.zero == 1 and self.tp > 1:
             raise StrategyError(
                 "zero=1 with tp > 1: ZeroRedundancyOptimizer broadcasts every parameter from its owner "

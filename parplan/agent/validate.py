@@ -2,13 +2,14 @@
 
 The measurement comes from the processes (:mod:`parplan.agent.executor`); the prediction is
 :func:`parplan.solver.evaluate.evaluate` for the same model (the possibly shrunk copy that ran),
-the same degrees, micro-batching, pipeline partition and recomputation, in fp32, with
-``flash_attention`` set from the attention kernel the ranks actually ran and the runtime set to
-PyTorch's own (:class:`~parplan.solver.cost.runtime.Runtime`, CPU or CUDA kernels as the ranks
-ran). A run whose blocks differ in ZeRO stage or recomputation (as the DP search's plans do) is
-predicted by the whole-plan evaluator (:class:`~parplan.solver.cost.plan_evaluator.PlanEvaluator`)
-on a :class:`~parplan.solver.cost.plan_evaluator.LayerPlan` with one strategy per block. Nothing
-measured is derived from the prediction.
+the same degrees, micro-batching, pipeline partition and recomputation, in fp32 (bf16 for
+nanotron's buffers), with ``flash_attention`` set from the attention kernel the ranks actually ran
+and the runtime set to PyTorch's own or nanotron's (:class:`~parplan.solver.cost.runtime.Runtime`,
+CPU or CUDA kernels as the ranks ran). A run whose blocks differ in ZeRO stage or recomputation (as
+the DP search's plans do) is predicted by the whole-plan evaluator
+(:class:`~parplan.solver.cost.plan_evaluator.PlanEvaluator`) on a
+:class:`~parplan.solver.cost.plan_evaluator.LayerPlan` with one strategy per block. Nothing measured
+is derived from the prediction.
 """
 
 from __future__ import annotations
@@ -35,13 +36,16 @@ from parplan.solver.strategy import ParallelConfig, Schedule
 MODEL_CATEGORIES = CATEGORIES[:5]
 
 
-def runtime_of(device_kind: str) -> Runtime:
-    """The cost model's runtime for PyTorch ranks on ``device_kind`` (``cpu`` or ``cuda``)."""
+def runtime_of(device_kind: str, trainer: str = "torch") -> Runtime:
+    """The cost model's runtime for ranks on ``device_kind`` (``cpu`` or ``cuda``) keeping
+    ``trainer``'s buffers (PyTorch's own, or nanotron's)."""
+    if trainer == "nanotron":
+        return Runtime.NANOTRON_CPU if device_kind == "cpu" else Runtime.NANOTRON
     return Runtime.TORCH_CPU if device_kind == "cpu" else Runtime.TORCH
 
 
 def strategy_of(spec: RunSpec, flash_attention: bool, runtime: Runtime = Runtime.TORCH_CPU) -> ParallelConfig:
-    """The cost model's description of what ``spec`` runs (fp32). ``ParallelConfig`` has no
+    """The cost model's description of what ``spec`` runs (in its precision). ``ParallelConfig`` has no
     nesting order: TP and DP nest either way with the same per-device memory, and the uniform
     evaluation assumes TP inner (links, hence time, only)."""
     schedule = Schedule(spec.schedule)
@@ -49,7 +53,7 @@ def strategy_of(spec: RunSpec, flash_attention: bool, runtime: Runtime = Runtime
         tp=spec.tp, pp=spec.pp, dp=spec.dp, zero=spec.zero, sequence_parallel=spec.sequence_parallel,
         recompute=Recompute(spec.recompute), micro_batch=spec.micro_batch, num_microbatches=spec.num_microbatches,
         schedule=schedule, virtual_stages=spec.virtual_stages if schedule.chunked else 1,
-        flash_attention=flash_attention, precision="fp32", partition=spec.partition, runtime=runtime,
+        flash_attention=flash_attention, precision=spec.precision, partition=spec.partition, runtime=runtime,
         sync_every_microbatch=spec.fsdp_sync_every_microbatch)
 
 
@@ -112,9 +116,10 @@ def uses_flash(kernel: str) -> bool:
 
 
 def predict(spec: RunSpec, flash_attention: bool, gpu: str = "A100-80GB",
-            runtime: Runtime = Runtime.TORCH_CPU) -> dict[str, Any]:
+            runtime: Runtime | None = None) -> dict[str, Any]:
     """``evaluate(...).to_dict()`` for the configuration ``spec`` runs (the whole-plan evaluator's
-    :func:`predict_per_layer` when its blocks differ)."""
+    :func:`predict_per_layer` when its blocks differ); ``runtime``: by default its trainer's on CPUs."""
+    runtime = runtime or runtime_of("cpu", spec.trainer)
     if spec.per_layer:
         return predict_per_layer(spec, flash_attention, gpu, runtime)
     cfg = spec.config()
@@ -132,7 +137,7 @@ def _rel(measured: float, predicted: float) -> float | None:
 def compare(spec: RunSpec, reports: list[dict[str, Any]], gpu: str = "A100-80GB") -> dict[str, Any]:
     """Per rank measured vs predicted memory, relative errors, step time, correctness."""
     kernel = reports[0]["attention_kernel"]
-    runtime = runtime_of(str(reports[0].get("device", "cpu")))
+    runtime = runtime_of(str(reports[0].get("device", "cpu")), spec.trainer)
     doc = predict(spec, uses_flash(kernel), gpu, runtime)
     stages = doc["memory"]["stages"]
     ranks = []
@@ -181,9 +186,9 @@ def config_of(spec: RunSpec, kernel: str) -> dict[str, Any]:
             "layer_zero": list(spec.layer_zero) if spec.layer_zero else None,
             "layer_recompute": list(spec.layer_recompute) if spec.layer_recompute else None,
             "tp_inner": spec.tp_inner, "fsdp_sync_every_microbatch": spec.fsdp_sync_every_microbatch,
-            "precision": "fp32", "attention_kernel": kernel, "flash_attention": uses_flash(kernel),
+            "precision": spec.precision, "attention_kernel": kernel, "flash_attention": uses_flash(kernel),
             "optimizer": ("ZeroRedundancyOptimizer(Adam(foreach=False))" if spec.zero == 1 and spec.dp > 1
-                          and not spec.sharded else "torch.optim.Adam(foreach=False)"),
+                          and not spec.sharded else "torch.optim.Adam(foreach=False)"), "trainer": spec.trainer,
             "zero_grad": "set_to_none=False"}
 
 

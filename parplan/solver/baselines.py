@@ -141,7 +141,7 @@ class UniformEvaluator:
                               virtual_stages=c.virtual, expert_parallel=c.ep, optimizer_offload=c.offload,
                               dp_shard=c.dp_shard,
                               overlap_param_gather=self.runtime is Runtime.MEGATRON and c.zero == 1 and c.dp > 1,
-                              partition=partition_of(self.model.config, c.pp) if self.runtime is Runtime.NANOTRON
+                              partition=partition_of(self.model.config, c.pp) if self.runtime.nanotron
                               else None)
 
     def evaluate(self, c: Candidate) -> Evaluation | None:

@@ -55,8 +55,21 @@ def test_each_micro_batch_makes_its_bf16_gradients_beside_the_fp32_buffer() -> N
     resident = 18 * PSI
     assert nano.memory.bytes.model_states == mega.memory.bytes.model_states == resident
     assert nano.peak_bytes >= resident + 2 * PSI + 2 * CUBLAS_WORKSPACE_BYTES
+    # made and freed within each micro-batch: gradients being made, counted among the temporaries
+    assert nano.memory.bytes.temporary >= 2 * PSI + 2 * CUBLAS_WORKSPACE_BYTES
     # and nothing else differs from Megatron-LM's buffers: the rule adds at most those gradients
     assert nano.peak_bytes <= mega.peak_bytes + 2 * PSI + 2 * CUBLAS_WORKSPACE_BYTES
+
+
+@pytest.mark.parametrize("dp", [1, 4])
+def test_cpu_variant_has_no_cublas_workspaces_and_cpu_rmsnorm(dp: int) -> None:
+    # nanotron-cpu: the same model states; no CUDA library holds a workspace; each of the 5 RMSNorms (2 a
+    # layer, the final one) is PyTorch's CPU composite, which keeps its input upcast to fp32 and the fp32
+    # normalised input (4 + 4 bytes an element) where nanotron's fused kernel keeps its bf16 input (2)
+    gpu, cpu = _stage0(dp, 0), _stage0(dp, 0, Runtime.NANOTRON_CPU)
+    assert cpu.memory.bytes.model_states == gpu.memory.bytes.model_states
+    assert gpu.memory.bytes.temporary - cpu.memory.bytes.temporary == 2 * CUBLAS_WORKSPACE_BYTES
+    assert cpu.memory.bytes.activations - gpu.memory.bytes.activations == 5 * CONFIG.seq_len * 256 * (4 + 4 - 2)
 
 
 def test_gradients_made_anew_do_not_accumulate_over_micro_batches() -> None:

@@ -69,7 +69,7 @@ def stage_unit(name: str, costs: GraphCosts, strategy: UnitStrategy, cost: UnitC
 def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: float, tied_elems: float,
                tied_workspace_elems: float, accumulating: bool = False, pipelined: bool = False,
                created_grads: Sequence[float] | None = None, shared_grads: float = 0.0,
-               later_microbatches: bool = False) -> StagePeak:
+               later_microbatches: bool = False, transient_grads: bool = False) -> StagePeak:
     """The busiest moment of one micro-batch's forward and backward through ``units`` (forward
     order), above the resident model states and the other micro-batches in flight.
 
@@ -77,14 +77,15 @@ def stage_peak(units: Sequence[StageUnit], prec: Precision, shared_act_bytes: fl
     ``tied_elems``: local elements of parameters two units of the stage use (a tied embedding);
     ``tied_workspace_elems``: the gradient elements the first user's backward makes for them;
     ``accumulating``, ``pipelined``, ``created_grads`` (bytes per unit), ``shared_grads``,
-    ``later_microbatches``: how the step runs (:func:`~parplan.solver.cost.timeline.step_moments`)."""
+    ``later_microbatches``, ``transient_grads``: how the step runs
+    (:func:`~parplan.solver.cost.timeline.step_moments`)."""
     walked = [_numeric(u, created_grads[i] if created_grads is not None else 0.0, prec) for i, u in enumerate(units)]
     tied = None
     if tied_elems:
         grads = tied_elems * prec.grad_bytes
         gathers = any(u.dp.gathers for u in units if u.tied_user)  # accumulation keeps it unsharded then
         tied = Tied(grads, tied_workspace_elems * prec.grad_bytes, grads if gathers else 0.0)
-    options = StepOptions(accumulating, pipelined, created_grads, shared_grads, later_microbatches)
+    options = StepOptions(accumulating, pipelined, created_grads, shared_grads, later_microbatches, transient_grads)
     above = temporary = 0.0
     for m in step_moments(NUMBERS, walked, shared_act_bytes, tied, options):
         above = max(above, m.total(NUMBERS))

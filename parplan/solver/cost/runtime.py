@@ -68,7 +68,10 @@ docs/notes/torchtitan-run.md):
 nanotron's trainer (runtime ``nanotron``) keeps Megatron-LM's activations and loss with its own
 gradient buffers: an fp32 accumulation buffer never sharded, DDP's buckets beside it, and compute-type
 gradients made anew by every micro-batch; its rules and their sources are listed in
-:mod:`parplan.solver.cost.nanotron`.
+:mod:`parplan.solver.cost.nanotron`. Runtime ``nanotron-cpu`` is the same with PyTorch's CPU kernels
+(the validation agent's ``nanotron`` runs on gloo, ``parplan/agent/nanotron_exec.py``): nanotron
+cannot run on a CPU, so the agent keeps its buffers around its own Llama, whose RMSNorm is PyTorch's
+CPU composite, and no CUDA library holds a workspace.
 
 On a CPU, PyTorch's RMSNorm is a composite that computes in fp32: with bf16 inputs it keeps an fp32
 copy of its input and the fp32 normalised input for backward (measured on torchtitan's debug model).
@@ -161,6 +164,8 @@ class Runtime(StrEnum):
     #: Hugging Face's nanotron trainer on GPUs: Megatron-LM's activations and loss (its code follows
     #: Megatron-LM's), with its own gradient buffers (:mod:`parplan.solver.cost.nanotron`)
     NANOTRON = "nanotron"
+    #: the same with CPU kernels (the validation agent's runs of nanotron's buffers on gloo)
+    NANOTRON_CPU = "nanotron-cpu"
 
     @property
     def _pytorch_native(self) -> bool:
@@ -172,9 +177,14 @@ class Runtime(StrEnum):
         return self in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
 
     @property
+    def nanotron(self) -> bool:
+        """Whether the buffers are nanotron's trainer's (:mod:`parplan.solver.cost.nanotron`)."""
+        return self in (Runtime.NANOTRON, Runtime.NANOTRON_CPU)
+
+    @property
     def cpu_kernels(self) -> bool:
         """Whether the ranks run PyTorch's CPU kernels."""
-        return self in (Runtime.TORCH_CPU, Runtime.INTERPRETER_CPU, Runtime.TORCHTITAN_CPU)
+        return self in (Runtime.TORCH_CPU, Runtime.INTERPRETER_CPU, Runtime.TORCHTITAN_CPU, Runtime.NANOTRON_CPU)
 
     @property
     def master_is_parameter(self) -> bool:
@@ -204,7 +214,7 @@ class Runtime(StrEnum):
         (autograd's ``param.grad``) and frees them after it, besides the resident accumulation buffer:
         nanotron's ``FP32GradientAccumulator.backward`` adds them into its fp32 buffer and sets them to
         None once ``loss.backward()`` returns, so at the end of each backward all of them are alive."""
-        return self is Runtime.NANOTRON
+        return self.nanotron
 
     @property
     def saves_gathered_sp_inputs(self) -> bool:
@@ -260,7 +270,7 @@ class Runtime(StrEnum):
     def selective_recomputation(self) -> bool:
         """Whether the trainer has a recomputation lighter than whole blocks: nanotron has only
         ``recompute_layer`` (a whole decoder layer, parplan's full recomputation)."""
-        return self is not Runtime.NANOTRON
+        return not self.nanotron
 
     @property
     def fuses_projections(self) -> bool:
@@ -268,7 +278,7 @@ class Runtime(StrEnum):
         ``gemm_group``): Megatron-LM's ``linear_qkv`` (q, k and v) and a gated MLP's ``linear_fc1``
         (gate and up). torchtitan's Llama, Hugging Face's models (DeepSpeed's) and the agent's model
         keep them apart (``wq``/``wk``/``wv``, ``w1``/``w3``; ``q_proj``..., ``gate_proj``/``up_proj``)."""
-        return self in (Runtime.MEGATRON, Runtime.NANOTRON)
+        return self is Runtime.MEGATRON or self.nanotron
 
     @property
     def repeats_kv_heads(self) -> bool:
@@ -284,7 +294,7 @@ class Runtime(StrEnum):
         ``cross_entropy`` (``log_softmax`` + ``nll_loss``: the log-probabilities' gradient); two
         under DTensor's loss parallelism (``classes_sharded``: a zeroed one-hot and the exponentiated
         log-probabilities, then their sum)."""
-        if self in (Runtime.MEGATRON, Runtime.NANOTRON):
+        if self is Runtime.MEGATRON or self.nanotron:
             return 0
         return 2 if classes_sharded else 1
 
@@ -292,8 +302,9 @@ class Runtime(StrEnum):
     def rmsnorm_saves_normalized(self) -> bool:
         """CPU RMSNorm (a composite computing in fp32) keeps its input and the normalised input,
         both in fp32 (not the plan interpreter's own RMSNorm: its input and ``rstd``, one value per
-        row, which is not counted)."""
-        return self in (Runtime.TORCH_CPU, Runtime.TORCHTITAN_CPU)
+        row, which is not counted). nanotron's fused RMSNorm has no CPU kernel: on a CPU its buffers
+        are kept around PyTorch's composite."""
+        return self in (Runtime.TORCH_CPU, Runtime.TORCHTITAN_CPU, Runtime.NANOTRON_CPU)
 
     def accumulates_unsharded(self, pipelined: bool) -> bool:
         """Whether gradient accumulation keeps gathering units' gradients unsharded from the first
@@ -335,7 +346,7 @@ class Runtime(StrEnum):
             return IN_PLACE
         if zero >= 3:
             return FSDP
-        if self is Runtime.NANOTRON:
+        if self.nanotron:
             return NANOTRON_DDP
         if self._torchtitan and zero == 0:
             # torchtitan replicates with FSDP2 over a shard group of one (data_parallel_replicate_degree)

@@ -268,7 +268,7 @@ def stage_memory(p: MemoryPricer, plan: LayerPlan, stage: int, layout: PlanLayou
                         created_grads=(sums.unit_grads if grads_later
                                        else [u.own_param_bytes for u in sums.walk] if anew else None),
                         shared_grads=shared.bytes.gradients if grads_later else 0.0,
-                        later_microbatches=plan.num_microbatches > 1 and not anew)
+                        later_microbatches=plan.num_microbatches > 1 and not anew, transient_grads=anew)
     optimizer = optimizer_temporary_bytes(sums.largest, prec)
     resident = states.bytes.total
     walk_base = resident - states.bytes.gradients if grads_later else resident

@@ -128,6 +128,8 @@ class StepOptions(Generic[Q]):
     created_grads: Sequence[Q] | None = None
     shared_grads: Q | None = None
     later_microbatches: bool = False
+    #: the created gradients are freed when the micro-batch's backward ends (temporaries)
+    transient_grads: bool = False
 
 
 def step_moments(alg: Algebra[Q], units: Sequence[StepUnit[Q]], shared_act: Q, tied: Tied[Q] | None = None,
@@ -147,7 +149,9 @@ def step_moments(alg: Algebra[Q], units: Sequence[StepUnit[Q]], shared_act: Q, t
     ``options.created_grads``: the resident gradients of each unit when the runtime frees gradients
     between steps: a unit's appear when its backward ends, and ``options.shared_grads`` (parameters
     several units share) from the start of backward; every micro-batch after the first
-    (``options.later_microbatches``) finds all of them."""
+    (``options.later_microbatches``) finds all of them; with ``options.transient_grads`` they are
+    made anew by every micro-batch and freed when its backward ends (nanotron's compute-type
+    gradients, added into its fp32 buffer): temporaries, as gradients being made are."""
     o = options or StepOptions()
     w = _Walk(alg, units, shared_act, o)
     w.set_tied(tied)
@@ -212,6 +216,15 @@ class _Walk(Generic[Q]):
             return self.all_made
         return self.alg.add(self.shared_grads, self.after[i if including else i + 1])
 
+    def with_made(self, i: int, fixed: Q, including: bool = False) -> tuple[Q, Q]:
+        """(held, fixed) at unit ``i`` of the last backward: the saved tensors before it, and the
+        gradients made so far (:meth:`made_by`) with the held ones, or with the temporaries when
+        they are transient."""
+        made = self.made_by(i, including)
+        if self.o.transient_grads:
+            return self.held_before[i], self.alg.add(fixed, made)
+        return self.alg.add(self.held_before[i], made), fixed
+
     def forward(self, keep: Container[int] | None) -> Iterator[Moment[Q]]:
         """Every unit's forward moments, with its saved tensors; a gathering block's all-gather."""
         add, zero = self.alg.add, self.zero
@@ -271,7 +284,7 @@ class _Walk(Generic[Q]):
                     g for j, g in self.grads.items() if j not in self.gathered or j <= i)))
             fixed = add(add(add(add(self.root_params, root_grads), weights), reduce_buffer), pending)
             if want:
-                held = add(self.held_before[i], self.made_by(i))
+                held, fixed = self.with_made(i, fixed)
                 for own, transient in u.backward(u.dp.gathers and not accumulating):
                     yield Moment(i, "backward", held, fixed, own, transient)
             if i in self.gathered:
@@ -283,8 +296,7 @@ class _Walk(Generic[Q]):
                                   reduce_buffer), pending)
                     if not accumulating:
                         end = add(end, u.unsharded_grads)
-                    yield Moment(i, "block end", add(self.held_before[i], self.made_by(i, including=True)), end, zero,
-                                 zero)
+                    yield Moment(i, "block end", *self.with_made(i, end, including=True), zero, zero)
             elif i in self.grads and not accumulating:  # outside the blocks: unsharded to the end of backward
                 root_grads = add(root_grads, u.kept_grads)
             if tied is not None and tied_users and i == tied_users[-1] and len(tied_users) > 1:
@@ -293,8 +305,7 @@ class _Walk(Generic[Q]):
                 if want:  # the first user's own gradient of the table, the one waiting, and their sum
                     both = add(add(add(add(add(self.root_params, root_grads), weights), reduce_buffer), pending),
                                tied.grads)
-                    yield Moment(i, "tied", add(self.held_before[i], self.made_by(i)), add(both, tied.workspace), zero,
-                                 zero)
+                    yield Moment(i, "tied", *self.with_made(i, add(both, tied.workspace)), zero, zero)
                 pending = zero
 
     def weights_in_forward(self, i: int) -> Q:
