@@ -61,8 +61,10 @@ def apart_reason(r: dict[str, Any]) -> str | None:
         return "nanotron runtime not built (its fp32 loss and gradient-accumulation buffers)"
     if r["source_group"] == "colossalai":
         return "Colossal-AI Gemini runtime not built"
-    if "per-op" in ac or "--recompute-modules" in launch:
-        return "per-operator selective checkpointing not built"
+    if "--recompute-modules" in launch:
+        return "Megatron-LM's --recompute-modules not built"
+    if "per-op" in ac and _runtime(r) is Runtime.MEGATRON:
+        return "per-operator selective checkpointing outside PyTorch-native trainers not built"
     if r.get("fp8"):
         return "Float8 training as this trainer runs it not built"
     if r.get("compile"):
@@ -100,6 +102,8 @@ def _recompute(r: dict[str, Any]) -> Recompute:
     ac = str(r.get("activation_checkpointing") or "none").lower()
     if ac.startswith("full") or "granularity full" in ac:
         return Recompute.FULL
+    if "per-op" in ac:  # torchtitan's selective_ac_option 'op'
+        return Recompute.OP
     if "selective" in ac:
         return Recompute.SELECTIVE
     return Recompute.NONE

@@ -35,6 +35,14 @@ class Schedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+def check_recompute(runtime: Runtime, recompute: Recompute) -> None:
+    """StrategyError unless ``runtime`` can run ``recompute`` (per-operator checkpointing is PyTorch's)."""
+    if recompute is Recompute.OP and not runtime.per_operator_checkpointing:
+        raise StrategyError(f"recompute op (per-operator selective checkpointing, PyTorch's "
+                            f"create_selective_checkpoint_contexts) needs a PyTorch-native runtime "
+                            f"(torch, torch-cpu, torchtitan, torchtitan-cpu); runtime is {runtime}")
+
+
 def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,
                    zero: int, overlap_grad_reduce: bool = True, pp_scatter_gather: bool = False) -> None:
     """StrategyError unless Megatron-LM would accept the overlap options: all are its own (runtime
@@ -115,6 +123,7 @@ class ParallelConfig:
             raise StrategyError(f"cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
         if self.dp % self.expert_parallel:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
+        check_recompute(self.runtime, self.recompute)
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)

@@ -19,7 +19,7 @@ from parplan.solver.cost.pipeline import stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.units import GraphCosts, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
-from parplan.solver.strategy import check_overlaps
+from parplan.solver.strategy import check_overlaps, check_recompute
 
 
 class Links(Protocol):
@@ -158,6 +158,7 @@ def check_plan(plan: LayerPlan, devices: int | None, check_cp: Callable[[int, in
         check_overlaps(plan.runtime, plan.tp_comm_overlap, plan.overlap_param_gather, s.sp or s.tp == 1,
                        s.zero if s.data_ranks > 1 else 1, plan.overlap_grad_reduce, plan.pp_scatter_gather)
     for u, s in plan.layers.items():
+        check_recompute(plan.runtime, s.recompute)
         if s.sp and s.tp == 1:
             raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
         if s.ep > 1 and experts(u, s) % s.ep:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
-from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, is_float
+from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, is_float, op_sac_saved
 from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
@@ -63,12 +63,16 @@ def compute_dtype(node: Node, prec: Precision, graph: Graph | None = None) -> st
     return prec.compute_dtype
 
 
-def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime: Runtime) -> bool:
+def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime: Runtime, graph: Graph) -> bool:
     """Whether backward runs ``node``'s forward again: every operator of a block under full
-    recomputation; the attention core under selective recomputation, without flash attention or
-    in a runtime that checkpoints a flash core too (:attr:`Runtime.recomputes_flash_core`)."""
+    recomputation, those whose outputs the policy does not save under per-operator checkpointing
+    (:func:`~.activations.op_sac_saved`: the saved ones are replayed from its cache, ``graph`` the
+    node's); the attention core under selective recomputation, without flash attention or in a
+    runtime that checkpoints a flash core too (:attr:`Runtime.recomputes_flash_core`)."""
     if recompute is Recompute.FULL:
         return block_of(node) is not None
+    if recompute is Recompute.OP:
+        return block_of(node) is not None and not op_sac_saved(node, graph, runtime)
     return (recompute is Recompute.SELECTIVE and node.kind is OpKind.ATTENTION
             and (not flash_attention or runtime.recomputes_flash_core))
 
@@ -115,7 +119,7 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
         if graph.owns(node):
             cache[key] = hit
     fwd, bwd = hit
-    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention, runtime) else 0.0
+    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention, runtime, graph) else 0.0
 
 
 #: Operator kinds whose memory-bound kernel depends on the runtime's library (:func:`memory_library`).

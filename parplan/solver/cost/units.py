@@ -295,7 +295,7 @@ class GraphCosts:
         per_unit, shared = self.saved(s.recompute, s.flash_attention, prec.activation_bytes, s.runtime)
         c.act_bytes, c.act_redundant_bytes = self.item_bytes((it for it in per_unit[unit] if it.key not in shared), s)
         nodes = self.nodes[unit]
-        if nodes and s.recompute is Recompute.FULL and block_of(nodes[0]) is not None:
+        if nodes and s.recompute.rebuilds_blocks and block_of(nodes[0]) is not None:
             # backward re-runs the block's forward as if nothing were checkpointed (same attention kernel)
             inner = saved_items(self.graph, nodes, prec.activation_bytes, flash_attention=s.flash_attention,
                                 recompute=Recompute.NONE, runtime=s.runtime)

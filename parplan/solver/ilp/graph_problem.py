@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from parplan.solver.cost.activations import Recompute, SavedItem, op_saved_items, saved_items
+from parplan.solver.cost.activations import SavedItem, op_saved_items, saved_items
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import renaming
 from parplan.solver.cost.resharding import reduced_layout
@@ -79,7 +79,7 @@ def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
     key = node.inputs[position]
     items = (saved_items(graph, [node], ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
                          recompute=ctx.recompute)
-             if ctx.recompute is Recompute.FULL else
+             if ctx.recompute.rebuilds_blocks else
              op_saved_items(node, graph, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
                             recompute=ctx.recompute))
     return next((it.total_bytes for it in items if it.key == key and it.dims is None), 0.0)

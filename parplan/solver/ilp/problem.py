@@ -73,7 +73,7 @@ def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, 
     seen: set[str] = set()
     for n in ops:
         items = (saved_items(graph, [n], act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime)
-                 if recompute is Recompute.FULL else
+                 if recompute.rebuilds_blocks else
                  op_saved_items(n, graph, act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime))
         for it in items:
             if it.key in seen:

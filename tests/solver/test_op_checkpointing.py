@@ -1,0 +1,79 @@
+"""Per-operator selective checkpointing (``Recompute.OP``, torchtitan's ``selective_ac_option = "op"``)
+against a closed form read off torchtitan's policy, not off parplan's rules.
+
+``torchtitan/distributed/activation_checkpoint.py`` ``_apply_op_sac`` wraps each transformer block in
+``create_selective_checkpoint_contexts`` with a policy that MUST_SAVEs the outputs of the ops of its save
+list (``aten.mm``, the SDPA kernels, ...) except every second ``aten.mm``, the count restarting with each
+block. torchtitan's Llama block (``models/llama3/model.py``) runs, in order: ``attention_norm``,
+``wq`` (mm 1, saved), ``wk`` (mm 2, recomputed), ``wv`` (mm 3, saved), rotary embedding, ``repeat_kv``,
+SDPA (saved: its output and, flash/efficient kernels, its fp32 log-sum-exp per query row and head),
+``wo`` (mm 4, recomputed), the residual add, ``ffn_norm``, ``w1`` (mm 5, saved), ``w3`` (mm 6,
+recomputed), SiLU, the product, ``w2`` (mm 7, saved), the residual add. The checkpoint keeps the
+block's input besides. Per token of one block, without tensor parallelism, in 16-bit activations:
+
+    2 bytes x (h [input] + h [wq] + kv_heads*head_dim [wv] + h [attention] + ffn [w1] + h [w2])
+    + 4 bytes x heads [log-sum-exp]
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from parplan.solver.calibration import DEFAULT_CALIBRATION
+from parplan.solver.cluster import GPU_PRESETS
+from parplan.solver.cost.activations import Recompute
+from parplan.solver.cost.precision import get_precision
+from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.unit_strategy import UnitStrategy
+from parplan.solver.cost.units import GraphCosts, TimeEnv
+from parplan.solver.errors import StrategyError
+from parplan.solver.frontends.builder import build_graph
+from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.strategy import ParallelConfig
+
+H, HEADS, KV, FFN, SEQ, BATCH = 256, 8, 2, 704, 128, 2
+CFG = TransformerConfig("llama", "llama-sac-test", 3, H, HEADS, FFN, 512, SEQ, kv_heads=KV)
+BLOCK = "layers.1"  # its input is the block before's output, saved by it alone
+
+
+@pytest.fixture(scope="module")
+def costs() -> GraphCosts:
+    return GraphCosts(build_graph(CFG, batch=BATCH))
+
+
+def _unit(gc: GraphCosts, recompute: Recompute, runtime: Runtime = Runtime.TORCHTITAN, env: bool = False):  # type: ignore[no-untyped-def]
+    prec = get_precision("bf16")
+    time_env = TimeEnv(GPU_PRESETS["H100-80GB"], DEFAULT_CALIBRATION, prec, None) if env else None
+    return gc.unit_cost(BLOCK, UnitStrategy(recompute=recompute, runtime=runtime), prec, time_env)
+
+
+def test_op_saved_activations_match_torchtitans_policy(costs: GraphCosts) -> None:
+    head_dim = H // HEADS
+    per_token = 2 * (H + H + KV * head_dim + H + FFN + H) + 4 * HEADS
+    assert _unit(costs, Recompute.OP).act_bytes == pytest.approx(BATCH * SEQ * per_token)
+    # on CPU kernels SDPA runs _scaled_dot_product_flash_attention_for_cpu, outside the save list
+    cpu = 2 * (H + H + KV * head_dim + FFN + H)
+    assert _unit(costs, Recompute.OP, Runtime.TORCHTITAN_CPU).act_bytes == pytest.approx(BATCH * SEQ * cpu)
+
+
+def test_op_rebuilds_the_block_in_backward_like_full(costs: GraphCosts) -> None:
+    op, full, none = (_unit(costs, r) for r in (Recompute.OP, Recompute.FULL, Recompute.NONE))
+    assert full.act_bytes < op.act_bytes < none.act_bytes
+    assert op.recompute_peak_bytes == pytest.approx(full.recompute_peak_bytes) == pytest.approx(none.act_bytes)
+
+
+def test_op_recomputes_the_unsaved_operators_only(costs: GraphCosts) -> None:
+    op, full, none = (_unit(costs, r, env=True) for r in (Recompute.OP, Recompute.FULL, Recompute.NONE))
+    assert none.recompute_seconds == 0.0 < op.recompute_seconds < full.recompute_seconds
+    prec = get_precision("bf16")
+    env = TimeEnv(GPU_PRESETS["H100-80GB"], DEFAULT_CALIBRATION, prec, None)
+    saved = {"attn.q", "attn.v", "attn.core", "mlp.gate", "mlp.down"}
+    replayed = sum(o.forward for o in costs.operator_seconds(BLOCK, UnitStrategy(runtime=Runtime.TORCHTITAN), env)
+                   if o.node.id.removeprefix(f"{BLOCK}.") in saved)
+    assert full.recompute_seconds - op.recompute_seconds == pytest.approx(replayed)
+
+
+@pytest.mark.parametrize("runtime", [Runtime.MEGATRON, Runtime.DEEPSPEED, Runtime.NANOTRON])
+def test_op_is_refused_outside_pytorch_native_runtimes(runtime: Runtime) -> None:
+    with pytest.raises(StrategyError, match="per-operator"):
+        ParallelConfig(dp=2, recompute=Recompute.OP, runtime=runtime)
