@@ -75,7 +75,7 @@ def apart_reason(r: dict[str, Any]) -> str | None:
         return "MoE layout not mapped by this benchmark"
     if r["model"].get("layers") is None:
         return "model sizes not in the row (a config name only)"
-    if "Megatron FSDP" in zero or "HSDP" in zero or "DeepSpeed" in zero:
+    if "Megatron FSDP" in zero or re.search(r"(?<!no )HSDP", zero) or "DeepSpeed" in zero:
         return f"sharding not built as run ({zero.split(',')[0][:40]})"
     if r["outcome"] == "completed" and r.get("memory_gib") is None and r.get("memory_pct_of_device") is None:
         return None  # verdict only
