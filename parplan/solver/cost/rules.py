@@ -78,15 +78,18 @@ def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime:
 
 
 def search_recomputes(runtime: Runtime, flash_attention: bool, full: bool = True) -> tuple[Recompute, ...]:
-    """The recomputations a search offers a block, the lighter first, then full recomputation
-    (``full``). The lighter is selective recomputation, or none where selective would keep the same
+    """The recomputations a search offers a block, the lighter first, then (``full``) per-operator
+    recomputation where the runtime runs it (:attr:`Runtime.per_operator_checkpointing`), then full
+    recomputation. The lighter is selective recomputation, or none where selective would keep the same
     buffers and still run the attention core again: a flash kernel (it keeps no scores) in a runtime
     that keeps K and V as they are and checkpoints the core (:attr:`Runtime.recomputes_flash_core`:
     Megatron-LM). There selective only adds time, so a plan with it is never the better one. A runtime
     without selective recomputation (:attr:`Runtime.selective_recomputation`) offers none instead."""
     light = (Recompute.NONE if (flash_attention and runtime.recomputes_flash_core and not runtime.repeats_kv_heads)
              or not runtime.selective_recomputation else Recompute.SELECTIVE)
-    return (light, Recompute.FULL) if full else (light,)
+    if not full:
+        return (light,)
+    return (light, Recompute.OP, Recompute.FULL) if runtime.per_operator_checkpointing else (light, Recompute.FULL)
 
 
 def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
