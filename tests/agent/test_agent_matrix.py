@@ -1,11 +1,12 @@
 """The validation matrix end to end on this CPU machine (gloo, up to 4 processes).
 
-CI's set of :mod:`parplan.agent.matrix` (39 runs): small GPT and Llama models under TP 2, DP 2,
+CI's set of :mod:`parplan.agent.matrix` (40 runs): small GPT and Llama models under TP 2, DP 2,
 ZeRO-3 over 4, PP 2 with GPipe and with 1F1B, TP 2 x PP 2 and TP 2 x DP 2 with sequence parallelism,
 each without activation checkpointing on both models and with full checkpointing on one; and each
 representative extended kind (ZeRO-1, ZeRO-2, gradient accumulation, ZeRO-2/3 with TP, SP and PP,
-interleaved 1F1B, an uneven partition, per-block mixed plans; :data:`parplan.agent.matrix.EXTENDED`)
-on one model. ``PARPLAN_AGENT_MATRIX=full`` runs all 110, as ``bench/model_accuracy.py`` does.
+interleaved 1F1B, an uneven partition, per-block mixed plans, torchtitan's per-operator selective
+checkpointing; :data:`parplan.agent.matrix.EXTENDED`)
+on one model. ``PARPLAN_AGENT_MATRIX=full`` runs all 111, as ``bench/model_accuracy.py`` does.
 For every run:
 
 - loss and gradients equal a single-process reference: ``torch.allclose(rtol=1e-4, atol=1e-6)``
