@@ -36,6 +36,9 @@ def ds_config(plan: UniformPlan) -> dict[str, Any]:
                        "Ulysses sequence parallelism needs the model's own code); plan with target deepspeed")
     if plan.precision not in ("bf16", "fp16", "fp32"):
         reasons.append(f"precision {plan.precision}")
+    if plan.recompute == "op":
+        reasons.append("per-operator recomputation (op: PyTorch's selective checkpointing with torchtitan's policy); "
+                       "DeepSpeed's config checkpoints whole blocks or none (plan with --target deepspeed)")
     if reasons:
         raise NotExpressible(TARGET, reasons)
     cfg: dict[str, Any] = {

@@ -99,6 +99,9 @@ def _model_reasons(plan: UniformPlan, ctx: PlanContext, family: str, layers: int
 def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) -> list[str]:
     """Why Megatron-LM cannot run the plan's schedule, precision, context parallelism or overlap."""
     reasons: list[str] = []
+    if plan.recompute == "op":
+        reasons.append("per-operator recomputation (op: PyTorch's selective checkpointing with torchtitan's policy); "
+                       "Megatron-LM has none (plan with --target megatron)")
     if plan.schedule == "gpipe":
         reasons.append("the GPipe schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are given)")
     if plan.precision not in PRECISION_FLAGS:

@@ -77,3 +77,20 @@ def test_op_recomputes_the_unsaved_operators_only(costs: GraphCosts) -> None:
 def test_op_is_refused_outside_pytorch_native_runtimes(runtime: Runtime) -> None:
     with pytest.raises(StrategyError, match="per-operator"):
         ParallelConfig(dp=2, recompute=Recompute.OP, runtime=runtime)
+
+
+@pytest.mark.parametrize("target", ["megatron", "deepspeed", "nanotron", "galvatron"])
+def test_op_plans_are_not_exported_to_trainers_without_it(target: str) -> None:
+    import dataclasses
+
+    from parplan.exports import NotExpressibleError, export_plan
+    from parplan.solver.frontends.presets import get_preset
+
+    arch = dataclasses.asdict(get_preset("llama-2-7b"))
+    s = {"kind": "uniform", "tp": 1, "pp": 1, "dp": 8, "zero": 1, "sequence_parallel": False, "recompute": "op",
+         "micro_batch": 1, "num_microbatches": 1, "global_batch": 8, "schedule": "1f1b", "virtual_stages": 1,
+         "precision": "bf16", "expert_parallel": 1, "summary": "test"}
+    doc = {"model": {"name": "llama-2-7b", "seq_len": arch["seq_len"], "architecture": arch},
+           "cluster": {"gpus": 8, "gpus_per_node": 8}, "strategy": s}
+    with pytest.raises(NotExpressibleError, match="op"):
+        export_plan(doc, target)
