@@ -56,6 +56,20 @@ def test_op_saved_activations_match_torchtitans_policy(costs: GraphCosts) -> Non
     assert _unit(costs, Recompute.OP, Runtime.TORCHTITAN_CPU).act_bytes == pytest.approx(BATCH * SEQ * cpu)
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_op_under_tensor_parallelism_keeps_the_partial_sums_and_the_reduce_scatters(costs: GraphCosts,
+                                                                                     sp: bool) -> None:
+    # torchtitan's TP plan (models/llama3/infra/parallelize.py): wq/wk/wv and w1/w3 column-parallel (outputs
+    # split over heads / ffn), wo and w2 row-parallel: their mm outputs are whole partial sums, reduced by an
+    # all-reduce (not on the save list, recomputed) or, with sequence parallelism, a reduce-scatter (saved:
+    # h/t a token, after wo and after w2). The block input is split over the sequence with SP.
+    t, head_dim = 2, H // HEADS
+    rs = H / t if sp else 0.0
+    per_token = 2 * ((H / t if sp else H) + H / t + KV * head_dim / t + H / t + FFN / t + H + 2 * rs) + 4 * HEADS / t
+    s = UnitStrategy(tp=t, sp=sp, recompute=Recompute.OP, runtime=Runtime.TORCHTITAN)
+    assert costs.unit_cost(BLOCK, s, get_precision("bf16")).act_bytes == pytest.approx(BATCH * SEQ * per_token)
+
+
 def test_op_rebuilds_the_block_in_backward_like_full(costs: GraphCosts) -> None:
     op, full, none = (_unit(costs, r) for r in (Recompute.OP, Recompute.FULL, Recompute.NONE))
     assert full.act_bytes < op.act_bytes < none.act_bytes
@@ -94,3 +108,26 @@ def test_op_plans_are_not_exported_to_trainers_without_it(target: str) -> None:
            "cluster": {"gpus": 8, "gpus_per_node": 8}, "strategy": s}
     with pytest.raises(NotExpressibleError, match="op"):
         export_plan(doc, target)
+
+
+def test_the_ilp_takes_op_between_the_lighter_and_full_and_the_evaluator_agrees() -> None:
+    """Under a budget the lighter recomputation misses, the ILP (torch runtime) answers with per-operator
+    recomputation; its certificate reprices the answer with the whole-plan evaluator's walk."""
+    import math
+
+    from parplan.solver.cluster import GIB, make_cluster
+    from parplan.solver.frontends.presets import get_preset
+    from parplan.solver.ilp.search import search
+
+    cfg = get_preset("llama-2-7b").with_(layers=3, hidden=256, heads=8, kv_heads=None, head_dim=None, ffn=1024,
+                                         vocab=1024, seq_len=512)
+    mesh = (2, 2)
+    cluster = make_cluster(math.prod(mesh), 8, "A100-80GB")
+    doc = search(lambda b: build_graph(cfg, batch=b), cluster, global_batch=8, micro_batch=None,
+                 objective="max-throughput", budget_bytes=0.1 * GIB, max_slowdown=0.1, alpha_gib_per_s=None,
+                 calibration=DEFAULT_CALIBRATION, timeout_seconds=120, fixed_mesh=mesh,
+                 runtime=Runtime.TORCH).to_document()
+    assert doc["strategy"]["recompute"] == "op"
+    assert doc["solver"]["certificate"]["matches"] is True
+    assert doc["memory"]["peak_bytes"] == pytest.approx(doc["solver"]["ilp_memory_bytes"], rel=1e-9, abs=1)
+    assert doc["memory"]["peak_bytes"] <= 0.1 * GIB

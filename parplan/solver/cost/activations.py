@@ -48,16 +48,26 @@ class Recompute(StrEnum):
         return self in (Recompute.FULL, Recompute.OP)
 
 
+#: :attr:`SavedItem.reduction`: a matmul's output as each device computes it, before a tensor-parallel
+#: reduction (partial sums, whole over the sequence); and the output of that reduction when it is a
+#: reduce-scatter (sequence parallelism), none when it is an all-reduce or there is none.
+UNREDUCED = "unreduced"
+SCATTERED = "scattered"
+
+
 @dataclass(frozen=True)
 class SavedItem:
     """One buffer kept for backward: ``numel`` elements of ``elem_bytes`` each, cut like the
-    layout of node ``owner`` restricted to ``dims`` (``None``: all of the owner's dims)."""
+    layout of node ``owner`` restricted to ``dims`` (``None``: all of the owner's dims), or, with a
+    ``reduction`` (:data:`UNREDUCED`, :data:`SCATTERED`), like the owner's output before or after its
+    tensor-parallel reduction."""
 
     key: str
     owner: str
     numel: int
     elem_bytes: float
     dims: frozenset[str] | None = None
+    reduction: str = ""
 
     @property
     def total_bytes(self) -> float:
@@ -186,8 +196,8 @@ def saved_items(graph: Graph, nodes: Iterable[Node], activation_bytes: int, *, f
             src = graph.node(i)
             if not src.is_parameter and block_of(src) != blk:
                 yield _tensor(src, activation_bytes)
-        if recompute is Recompute.OP and op_sac_saved(n, graph, runtime):
-            yield from _op_sac_outputs(n, graph, activation_bytes, flash_attention)
+        if recompute is Recompute.OP:
+            yield from _op_sac_outputs(n, graph, activation_bytes, flash_attention, runtime)
 
 
 def is_weight_mm(node: Node, graph: Graph) -> bool:
@@ -221,15 +231,23 @@ def op_sac_saved(node: Node, graph: Graph, runtime: Runtime) -> bool:
     return node.id in saved[blk]
 
 
-def _op_sac_outputs(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool) -> list[SavedItem]:
-    """What a saved operator's output is: a matmul's output; an attention kernel's output and its
-    softmax statistics (the flash and memory-efficient kernels' fp32 log-sum-exp per query row and
-    head) or, the math kernel, its probabilities too. The output is counted in its owner's layout:
-    under sequence parallelism a row-parallel matmul's is the reduce-scatter's (the matmul's
-    unscattered partial output, which the policy keeps too, is not counted)."""
-    out = [_tensor(node, activation_bytes)]
-    if node.kind is not OpKind.ATTENTION:
+def _op_sac_outputs(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
+                    runtime: Runtime) -> list[SavedItem]:
+    """What the per-operator policy keeps of a block's operator: a saved matmul's output as the
+    device computed it (before a tensor-parallel reduction); the reduce-scatter after any matmul
+    (sequence parallelism; an all-reduce is not on the save list); a saved attention kernel's output
+    and its softmax statistics (the flash and memory-efficient kernels' fp32 log-sum-exp per query
+    row and head) or, the math kernel, its probabilities too."""
+    out = []
+    if is_weight_mm(node, graph):
+        b = tensor_bytes(node, activation_bytes)
+        out.append(SavedItem(f"{node.id}#scattered", node.id, node.numel, b, reduction=SCATTERED))
+        if op_sac_saved(node, graph, runtime):
+            out.append(SavedItem(node.id, node.id, node.numel, b, reduction=UNREDUCED))
         return out
+    if node.kind is not OpKind.ATTENTION or not op_sac_saved(node, graph, runtime):
+        return out
+    out.append(_tensor(node, activation_bytes))
     q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
     if flash_attention:
         head_dim = node.dims[-1]
