@@ -53,6 +53,7 @@ from parplan.solver.cost.rules import (
     op_seconds,
     optimizer_step_seconds,
     parameter_states,
+    recomputed,
     unit_parameter_numel,
     weight_gather_exposed_seconds,
 )
@@ -157,7 +158,8 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
 def signature(node: Node, ctx: IlpContext) -> tuple[object, ...]:
     """What :func:`_work_cost` depends on besides the strategy: the operator's kind, shape, dtype
     and attributes, its inputs' kinds and shapes, the parameters it owns, whether it is in a block
-    (full recomputation runs the blocks' forward again), its share of its unit's parameters."""
+    (full recomputation runs the blocks' forward again) and whether its forward runs again (per-operator
+    recomputation: the gate and up projections alike but one kept), its share of its unit's parameters."""
     cache = ctx.memo.setdefault("signature", {})
     sig = cache.get(node.id)
     if sig is None:
@@ -165,6 +167,7 @@ def signature(node: Node, ctx: IlpContext) -> tuple[object, ...]:
         ins = tuple((i.kind, i.dims, i.dtype) for i in map(g.node, node.inputs))
         sig = cache[node.id] = (node.kind, node.dims, node.dtype, _freeze(node.attrs), ins,
                                 tuple(ctx.owned_params.get(node.id, ())), block_of(node) is None,
+                                recomputed(node, ctx.recompute, ctx.flash_attention, ctx.runtime, g),
                                 _unit_share(node, ctx))
     return sig  # type: ignore[no-any-return]
 
