@@ -131,3 +131,12 @@ def test_the_ilp_takes_op_between_the_lighter_and_full_and_the_evaluator_agrees(
     assert doc["solver"]["certificate"]["matches"] is True
     assert doc["memory"]["peak_bytes"] == pytest.approx(doc["solver"]["ilp_memory_bytes"], rel=1e-9, abs=1)
     assert doc["memory"]["peak_bytes"] <= 0.1 * GIB
+
+
+def test_the_searches_offer_op_between_the_lighter_and_full_where_the_runtime_runs_it() -> None:
+    from parplan.solver.cost.rules import search_recomputes
+
+    assert search_recomputes(Runtime.TORCHTITAN, True) == (Recompute.SELECTIVE, Recompute.OP, Recompute.FULL)
+    assert search_recomputes(Runtime.TORCH, True)[1] is Recompute.OP
+    assert search_recomputes(Runtime.MEGATRON, True) == (Recompute.NONE, Recompute.FULL)
+    assert Recompute.OP not in search_recomputes(Runtime.DEEPSPEED, True) + search_recomputes(Runtime.NANOTRON, True)
