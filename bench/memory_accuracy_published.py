@@ -61,8 +61,10 @@ def apart_reason(r: dict[str, Any]) -> str | None:
         return "nanotron runtime not built (its fp32 loss and gradient-accumulation buffers)"
     if r["source_group"] == "colossalai":
         return "Colossal-AI Gemini runtime not built"
-    if "per-op" in ac or "--recompute-modules" in launch:
-        return "per-operator selective checkpointing not built"
+    if "--recompute-modules" in launch:
+        return "Megatron-LM's --recompute-modules not built"
+    if "per-op" in ac and _runtime(r) is Runtime.MEGATRON:
+        return "per-operator selective checkpointing outside PyTorch-native trainers not built"
     if r.get("fp8") and _float8(r) is None:
         return "Float8 training as this trainer runs it not built"
     if r.get("compile"):
@@ -73,7 +75,7 @@ def apart_reason(r: dict[str, Any]) -> str | None:
         return "MoE layout not mapped by this benchmark"
     if r["model"].get("layers") is None:
         return "model sizes not in the row (a config name only)"
-    if "Megatron FSDP" in zero or "HSDP" in zero or "DeepSpeed" in zero:
+    if "Megatron FSDP" in zero or re.search(r"(?<!no )HSDP", zero) or "DeepSpeed" in zero:
         return f"sharding not built as run ({zero.split(',')[0][:40]})"
     if r["outcome"] == "completed" and r.get("memory_gib") is None and r.get("memory_pct_of_device") is None:
         return None  # verdict only
@@ -110,6 +112,8 @@ def _recompute(r: dict[str, Any]) -> Recompute:
     ac = str(r.get("activation_checkpointing") or "none").lower()
     if ac.startswith("full") or "granularity full" in ac:
         return Recompute.FULL
+    if "per-op" in ac:  # torchtitan's selective_ac_option 'op'
+        return Recompute.OP
     if "selective" in ac:
         return Recompute.SELECTIVE
     return Recompute.NONE

@@ -100,7 +100,8 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                    help="ZeRO stage over the data-parallel group (1 = Megatron's distributed optimizer)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
     p.add_argument("--recompute", choices=[r.value for r in Recompute], default="selective",
-                   help="activation recomputation (default selective)")
+                   help="activation recomputation (default selective; op: torchtitan's per-operator policy, "
+                        "PyTorch-native runtimes only)")
     p.add_argument("--micro-batch", type=positive, default=1, help="samples per micro-batch (default 1)")
     p.add_argument("--global-batch", type=positive, default=None,
                    help="samples per step (default: micro-batch x dp x 4pp, or x 1 without pipelining)")

@@ -8,6 +8,7 @@ and with full checkpointing on one of them, alternating (21 runs); the full matr
 ``ZeroRedundancyOptimizer``), ZeRO-2, gradient accumulation without pipelining under DDP, ZeRO-2
 and ZeRO-3, ZeRO-2/3 with TP (with and without sequence parallelism) and inside pipeline stages,
 interleaved 1F1B, uneven pipeline partitions, selective recomputation (the searches' default),
+torchtitan's per-operator selective checkpointing under FSDP2,
 DP-inner nesting (TP ranks strided), per-block mixes of ZeRO stage and recomputation as the DP
 search returns them, FSDP2 without resharding after forward under interleaved 1F1B (torchtitan's PP
 setting), nanotron's buffers (bf16 weights, an fp32 gradient accumulator beside DDP's buckets, its
@@ -99,6 +100,9 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("pp2-1f1b", {**_PP}, recompute=("selective",), ci=()),
     Kind("tp2-dp2-sp", {"tp": 2, "dp": 2, "sequence_parallel": True}, recompute=("selective",),
          ci=("llama-tiny:selective",)),
+    # torchtitan's per-operator selective checkpointing (the searches' middle recomputation on
+    # PyTorch-native runtimes), on its usual layout: FSDP2.
+    Kind("zero3-dp2", {"dp": 2, "zero": 3}, recompute=("op",), ci=("llama-tiny:op",), models=("llama-tiny",)),
     # The DP search's other nesting order: DP ranks consecutive, TP ranks strided.
     Kind("tp2-dp2-sp-dpinner", {"tp": 2, "dp": 2, "sequence_parallel": True, "tp_inner": False},
          recompute=("none",), ci=()),

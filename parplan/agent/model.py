@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from parplan.agent.memtrack import mark_activation
+from parplan.agent.op_checkpoint import op_checkpoint_context
 from parplan.solver.errors import ConfigError
 from parplan.solver.frontends.config import TransformerConfig, extra_features
 
@@ -243,7 +244,8 @@ def _norm(cfg: TransformerConfig) -> nn.Module:
 
 class Block(nn.Module):
     """Pre-norm transformer block; ``checkpointed`` recomputes all of it in backward
-    (``torch.utils.checkpoint``, non-reentrant), Megatron's full recomputation."""
+    (``torch.utils.checkpoint``, non-reentrant), Megatron's full recomputation, or with
+    ``per_operator`` all but the outputs torchtitan's per-operator policy keeps (:mod:`.op_checkpoint`)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -257,6 +259,7 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.mlp_dropout = Dropout(drop) if drop > 0 else None
         self.checkpointed = False
+        self.per_operator = False
 
     def _body(self, x: torch.Tensor) -> torch.Tensor:
         h = self.attn(self.ln1(x))
@@ -268,7 +271,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.checkpointed and torch.is_grad_enabled():
             mark_activation(x)  # the checkpoint keeps the block's input for its recomputation
-            out: torch.Tensor = checkpoint(self._body, x, use_reentrant=False)
+            context: dict[str, Any] = {"context_fn": op_checkpoint_context} if self.per_operator else {}
+            out: torch.Tensor = checkpoint(self._body, x, use_reentrant=False, **context)
             return out
         return self._body(x)
 
@@ -366,11 +370,13 @@ def set_dropout(model: nn.Module, enabled: bool) -> None:
 
 
 def set_recompute(model: nn.Module, policy: str) -> None:
-    """``full``: checkpoint every block; ``selective``: checkpoint the attention core only (it
-    then keeps Q, K, V and its output, like a flash kernel); ``none``: keep everything."""
+    """``full``: checkpoint every block; ``op``: checkpoint every block keeping what torchtitan's
+    per-operator policy keeps; ``selective``: checkpoint the attention core only (it then keeps Q, K,
+    V and its output, like a flash kernel); ``none``: keep everything."""
     for m in model.modules():
         if isinstance(m, Block):
-            m.checkpointed = policy == "full"
+            m.checkpointed = policy in ("full", "op")
+            m.per_operator = policy == "op"
         elif isinstance(m, Attention):
             m.recompute_core = policy == "selective"
 

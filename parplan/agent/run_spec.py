@@ -121,7 +121,7 @@ class RunSpec:
             if len(self.layer_recompute) != cfg.layers:
                 raise StrategyError(f"layer_recompute has {len(self.layer_recompute)} entries for "
                                     f"{cfg.layers} blocks")
-            if not set(self.layer_recompute) <= {"none", "selective", "full"}:
+            if not set(self.layer_recompute) <= {"none", "selective", "full", "op"}:
                 raise StrategyError(f"unknown recompute in {list(self.layer_recompute)}")
         if self.partition is not None:
             if self.schedule == "interleaved":

@@ -107,6 +107,9 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
     if plan.schedule in ("gpipe", "interleaved-zb", "zbv", "dualpipev"):
         reasons.append(f"the {plan.schedule} schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are "
                        "given)")
+    if plan.recompute == "op":
+        reasons.append("per-operator recomputation (op: PyTorch's selective checkpointing with torchtitan's policy); "
+                       "Megatron-LM has none (plan with --target megatron)")
     if plan.precision not in PRECISION_FLAGS:
         reasons.append(f"precision {plan.precision}")
     if plan.cp > 1 and ctx.seq_len % (2 * plan.cp * (plan.tp if plan.sequence_parallel else 1)):

@@ -188,8 +188,14 @@ def torchtitan_arguments(plan: UniformPlan, ctx: PlanContext, flavor: Flavor) ->
                  "--parallelism.module_fqns_per_model_part",
                  *(",".join(stage) for stage in stage_modules(_stage_blocks(plan, flavor.layers)))]
     args += ["--compile.no_enable", "--compile.no_enable_async_tensor_parallel",
-             "activation_checkpoint:full" if plan.recompute == "full" else "activation_checkpoint:none"]
+             f"activation_checkpoint:{_AC_SUBCOMMAND.get(plan.recompute, 'none')}"]
     return args
+
+
+#: parplan's recomputation -> torchtitan's activation_checkpoint subcommand (``distributed/activation_checkpoint.py``:
+#: ``selective`` is ``SelectiveAC``, the per-operator policy; parplan's selective keeps what no checkpointing keeps
+#: with a flash kernel, so it is none)
+_AC_SUBCOMMAND = {"full": "full", "op": "selective"}
 
 
 def stage_modules(blocks_per_stage: tuple[int, ...]) -> list[list[str]]:
@@ -298,7 +304,7 @@ def _check(plan: UniformPlan, ctx: PlanContext, flavor: Flavor | None, reasons: 
                        f"{plan.num_microbatches} micro-batches x dp {plan.dp}")
     if not 0 < ctx.seq_len <= ROPE_MAX_SEQ_LEN:
         reasons.append(f"sequence length {ctx.seq_len}: torchtitan's llama3 takes 1 to {ROPE_MAX_SEQ_LEN} tokens")
-    if plan.recompute not in ("none", "selective", "full"):
+    if plan.recompute not in ("none", "selective", "full", "op"):
         reasons.append(f"recomputation {plan.recompute!r}")
     if flavor is not None and plan.tp > 1:
         for what, n in (("heads", flavor.heads), ("kv heads", flavor.kv_heads)):
@@ -443,6 +449,9 @@ def _model_notes(plan: UniformPlan, ctx: PlanContext, flavor: Flavor, strategy: 
     elif plan.recompute == "full":
         notes.append("recompute full -> activation_checkpoint:full: every transformer block is checkpointed and "
                      "keeps only its input")
+    elif plan.recompute == "op":
+        notes.append("recompute op -> activation_checkpoint:selective: torchtitan's per-operator policy (SelectiveAC) "
+                     "keeps each block's input and the outputs of every other matmul and of attention")
     return notes
 
 

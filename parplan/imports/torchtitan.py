@@ -9,9 +9,8 @@ whose fields stand where the line does not change them, over the trainer's own d
 Degrees, batch, pipeline stages and FSDP resharding are resolved as the trainer resolves them, and
 each value it chose is said in ``adjusted``. Activation checkpointing: ``full`` is parplan's full
 recomputation; ``none`` parplan's selective one (with flash attention they keep the same tensors);
-torchtitan's per-operator ``selective`` policy is not modelled and is priced as ``none`` (an upper
-bound on its activations), said in ``adjusted`` as an approximation; a TOML file's layer interval is
-a per-layer plan.
+torchtitan's per-operator ``selective`` policy parplan's per-operator recomputation (``op``); a TOML
+file's layer interval is a per-layer plan.
 Priced with the buffers of torchtitan's runtime.
 """
 
@@ -40,13 +39,6 @@ from parplan.solver.frontends.config import TransformerConfig
 from parplan.solver.frontends.presets import PRESETS
 from parplan.solver.models import ModelSource
 from parplan.solver.strategy import ParallelConfig, Schedule
-
-#: what torchtitan's per-operator selective checkpointing is priced as, and why
-OP_SAC_APPROXIMATION = (
-    "approximated: activation checkpointing 'selective' (torchtitan's per-operator policy: it keeps the outputs "
-    "of every other matmul and of attention, and recomputes the rest) is not modelled: priced as no "
-    "checkpointing, which keeps all it keeps and more (activation memory: an upper bound) without its "
-    "recomputation (step time: a lower bound)")
 
 #: sections and fields that do not change memory or time as parplan prices them
 _IGNORED_SECTIONS = ("job.", "metrics.", "checkpoint.", "optimizer.", "lr_scheduler.", "dataloader.", "comm.",
@@ -291,8 +283,8 @@ def _recompute(ac: str, problems: list[str]) -> tuple[Recompute, list[str]]:
         return Recompute.FULL, []
     if ac == "none" or ac.isdigit():  # a layer interval: the blocks it leaves run without checkpointing
         return Recompute.SELECTIVE, []
-    if ac == "selective":
-        return Recompute.SELECTIVE, [OP_SAC_APPROXIMATION]
+    if ac == "selective":  # SelectiveAC, the per-operator policy (TOML: selective_ac_option "op")
+        return Recompute.OP, []
     problems.append(f"activation checkpointing {ac!r} is not modelled (full, none and torchtitan's selective are)")
     return Recompute.SELECTIVE, []
 
@@ -448,5 +440,5 @@ def _count(values: Mapping[str, str], key: str) -> int:
     return int(text)
 
 
-__all__ = ["KIND", "OP_SAC_APPROXIMATION", "RUN_TRAIN_DEFAULTS", "Job", "price_job", "read_torchtitan_args",
+__all__ = ["KIND", "RUN_TRAIN_DEFAULTS", "Job", "price_job", "read_torchtitan_args",
            "read_torchtitan_config", "split_launch"]

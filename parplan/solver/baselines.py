@@ -185,7 +185,7 @@ class UniformEvaluator:
             for n in g.nodes:
                 if n.is_leaf:
                     continue
-                again = recomputed(n, c.recompute, flash, self.runtime)
+                again = recomputed(n, c.recompute, flash, self.runtime, g)
                 flops = forward_flops(n, g) * (2 if again else 1) + backward_flops(n, g)
                 if flops:
                     dt = compute_dtype(n, prec, g)

@@ -131,6 +131,14 @@ def check_precision_runtime(precision: str, runtime: Runtime) -> None:
                             f"prices it, not {runtime} (fp8 and fp8-cs are Transformer Engine's)")
 
 
+def check_recompute(runtime: Runtime, recompute: Recompute) -> None:
+    """StrategyError unless ``runtime`` can run ``recompute`` (per-operator checkpointing is PyTorch's)."""
+    if recompute is Recompute.OP and not runtime.per_operator_checkpointing:
+        raise StrategyError(f"recompute op (per-operator selective checkpointing, PyTorch's "
+                            f"create_selective_checkpoint_contexts) needs a PyTorch-native runtime "
+                            f"(torch, torch-cpu, torchtitan, torchtitan-cpu); runtime is {runtime}")
+
+
 def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,
                    zero: int, overlap_grad_reduce: bool = True, pp_scatter_gather: bool = False) -> None:
     """StrategyError unless Megatron-LM would accept the overlap options: all are its own (runtime
@@ -247,6 +255,7 @@ class ParallelConfig:
         check_dp_shard(self.dp, self.dp_shard, self.zero, self.expert_parallel, self.runtime)
         if self.dp_shard == self.dp:
             object.__setattr__(self, "dp_shard", 0)  # one spelling of sharding over all of dp
+        check_recompute(self.runtime, self.recompute)
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)

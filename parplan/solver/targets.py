@@ -13,9 +13,9 @@
   group spanning nodes also HSDP, sharded within each node and replicated across them:
   ``data_parallel_shard_degree`` x ``data_parallel_replicate_degree``) or replicated data
   parallelism (FSDP2's replicate), TP with or without sequence parallelism, PP (1F1B or
-  interleaved); priced with the ``torchtitan`` runtime (PyTorch-native buffers, fp32 weights as
-  the master copy, gradients freed between steps; its exports run Llama 3 models only: the sizes
-  of its registry);
+  interleaved), no, per-operator (its ``selective``) or full recomputation; priced with the
+  ``torchtitan`` runtime (PyTorch-native buffers, fp32 weights as the master copy, gradients freed
+  between steps; its exports run Llama 3 models only: the sizes of its registry);
 - ``deepspeed``: the DeepSpeed engine's data parallelism, ZeRO 0-3, no TP or PP (those need the
   model's own code); priced with the ``deepspeed`` runtime (Megatron-LM's data-parallel buffers,
   PyTorch's loss, its communication buckets as set by the export);

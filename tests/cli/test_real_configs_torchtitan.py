@@ -33,11 +33,11 @@ GIB = 2**30
 #: (reshard_after_forward "default" = not pp_enabled: ZeRO-3 without pipelining).
 PRICED: dict[str, tuple[list[str], list[str]]] = {
     # README.md: MODULE=llama3 CONFIG=llama3_8b ./run_train.sh; run_train.sh: NGPU 8 on one node.
-    # llama3_8b(): local_batch_size=1, seq_len=8192, SelectiveAC (priced as no checkpointing: selective
-    # here, which keeps no more than none with flash attention); FSDP over 8: tp1 dp8 zero3, mb1x1.
+    # llama3_8b(): local_batch_size=1, seq_len=8192, SelectiveAC (the per-operator policy: op);
+    # FSDP over 8: tp1 dp8 zero3, mb1x1.
     "readme_llama3_8b.sh": (["--gpus-per-node", "8"],
                             ["--model", "llama-3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--zero", "3",
-                             "--recompute", "selective", "--micro-batch", "1", "--global-batch", "8",
+                             "--recompute", "op", "--micro-batch", "1", "--global-batch", "8",
                              "--seq-len", "8192"]),
     # docs/debugging.md: NGPU=128 ... CONFIG=llama3_70b ./run_train.sh. llama3_70b(): local 8, seq 8192,
     # tensor_parallel_degree=8, FullAC; shard -1 = 128 / 8 = 16; global 8 x 16 = 128.
@@ -50,14 +50,14 @@ PRICED: dict[str, tuple[list[str], list[str]]] = {
                                ["--model", "llama-3-70b", "--gpus", "64", "--tp", "8", "--pp", "1", "--zero", "3",
                                 "--sequence-parallel", "--recompute", "full", "--micro-batch", "8",
                                 "--global-batch", "64", "--seq-len", "8192"]),
-    # v0.2.2 and v0.1.0 llama3_8b.toml: local 1, seq 8192, shard -1 = 64, selective 'op' (approximated).
+    # v0.2.2 and v0.1.0 llama3_8b.toml: local 1, seq 8192, shard -1 = 64, selective 'op' (per-operator).
     "v0.2.2_llama3_8b.toml": (["--gpus", "64", "--gpus-per-node", "8"],
                               ["--model", "llama-3-8b", "--gpus", "64", "--tp", "1", "--pp", "1", "--zero", "3",
-                               "--recompute", "selective", "--micro-batch", "1", "--global-batch", "64",
+                               "--recompute", "op", "--micro-batch", "1", "--global-batch", "64",
                                "--seq-len", "8192"]),
     "v0.1.0_llama3_8b.toml": (["--gpus", "64", "--gpus-per-node", "8"],
                               ["--model", "llama-3-8b", "--gpus", "64", "--tp", "1", "--pp", "1", "--zero", "3",
-                               "--recompute", "selective", "--micro-batch", "1", "--global-batch", "64",
+                               "--recompute", "op", "--micro-batch", "1", "--global-batch", "64",
                                "--seq-len", "8192"]),
 }
 
@@ -119,11 +119,11 @@ def test_the_70b_recipe_fits_its_64_h100s_with_the_recipes_tp_and_full_checkpoin
     assert any("tensor_parallel_degree 8" in a and "activation_checkpoint full" in a for a in doc["import"]["adjusted"])
 
 
-def test_the_recipes_seq_len_stands_and_its_selective_checkpointing_is_said_to_be_approximated() -> None:
+def test_the_recipes_seq_len_stands_and_its_selective_checkpointing_is_per_operator() -> None:
     imported = read_config("torchtitan-config", "--module llama3 --config llama3_8b", gpus=8)
     assert not isinstance(imported, LayerImport)
     assert imported.seq_len == 8192 and imported.strategy.micro_batch == 1  # llama3_8b(): TrainingConfig
-    assert [a for a in imported.adjusted if a.startswith("approximated:") and "per-operator" in a]
+    assert imported.strategy.recompute is Recompute.OP and not [a for a in imported.adjusted if "approximated" in a]
     full = read_config("torchtitan-config", "--module llama3 --config llama3_8b activation_checkpoint:full", gpus=8)
     assert not isinstance(full, LayerImport)
     assert full.strategy.recompute is Recompute.FULL and not [a for a in full.adjusted if "approximated" in a]
@@ -143,14 +143,14 @@ def test_a_layer_interval_checkpoints_every_nth_block_and_prices_between_none_an
         path.write_text(text.replace("selective_ac_option = '2'", f"selective_ac_option = '{option}'"))
         peaks[option] = memory_json(capsys, "--from", "torchtitan-config", str(path), "--gpus", "8")["memory"]
     acts = {k: v["breakdown"]["activations"] for k, v in peaks.items()}
-    assert acts["1"] < acts["2"] < acts["op"]  # all blocks whole < every 2nd < none (op's upper bound)
+    assert acts["1"] < acts["op"] < acts["2"]  # all blocks whole < per-operator < every 2nd (half kept whole)
 
 
 def test_the_seed_checkpoint_line_prices_the_debug_model_on_one_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     # docs/debugging.md: NGPU=1 ... CONFIG=llama3_debugmodel ./run_train.sh with every degree 1: one GPU,
     # llama3_debugmodel(): local 8, seq 2048 (its Interleaved1F1B schedule unused without pipelining)
     doc = memory_json(capsys, "--from", "torchtitan-config", str(CORPUS / "debugging_seed_checkpoint.sh"))
-    assert doc["strategy"]["summary"].startswith("tp1 pp1 dp1 recompute=selective mb8x1")
+    assert doc["strategy"]["summary"].startswith("tp1 pp1 dp1 recompute=op mb8x1")
     assert doc["model"]["seq_len"] == 2048 and doc["import"]["ignored"][:2] == ["--checkpoint.enable",
                                                                                  "--checkpoint.create_seed_checkpoint"]
 

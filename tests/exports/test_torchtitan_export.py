@@ -95,7 +95,7 @@ def check_config(config: Any, doc: dict[str, Any]) -> None:
     """The parsed torchtitan config runs ``doc``'s plan on ``doc``'s model and cluster."""
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
     from torchtitan.distributed import ParallelDims
-    from torchtitan.distributed.activation_checkpoint import FullAC
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.models.common import Linear
 
     s, arch = doc["strategy"], doc["model"]["architecture"]
@@ -136,6 +136,8 @@ def check_config(config: Any, doc: dict[str, Any]) -> None:
 
     if s["recompute"] == "full":
         assert isinstance(config.activation_checkpoint, FullAC.Config)
+    elif s["recompute"] == "op":
+        assert type(config.activation_checkpoint) is SelectiveAC.Config
     else:
         assert config.activation_checkpoint is None
 
@@ -276,6 +278,16 @@ def test_selective_recompute_is_no_checkpointing(loader: Loader, tmp_path: Path,
     export, config = export_and_check(doc, loader, tmp_path, monkeypatch)
     assert config.activation_checkpoint is None
     assert any(n.startswith("recompute selective -> activation_checkpoint:none") for n in export.notes)
+
+
+def test_op_recompute_is_torchtitans_selective(loader: Loader, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = doc_for("llama-3-8b", 8, recompute="op")
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+    export, config = export_and_check(doc, loader, tmp_path, monkeypatch)
+    assert type(config.activation_checkpoint) is SelectiveAC.Config  # the per-operator policy
+    assert any(n.startswith("recompute op -> activation_checkpoint:selective") for n in export.notes)
 
 
 def test_per_layer_plan_with_one_strategy(loader: Loader, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,7 @@ MODELS = {
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))
-@pytest.mark.parametrize("recompute", [Recompute.SELECTIVE, Recompute.FULL])
+@pytest.mark.parametrize("recompute", [Recompute.SELECTIVE, Recompute.FULL, Recompute.OP])
 @pytest.mark.parametrize(("mesh_shape", "batch"), [((2,), 1), ((2,), 4), ((2, 2), 2), ((2, 2), 8)])
 def test_the_search_bounds_are_below_the_optimum(family: str, recompute: Recompute, mesh_shape: tuple[int, ...],
                                                  batch: int) -> None:

@@ -78,8 +78,9 @@ _strategies = st.sampled_from([(2, 1), (4, 1), (1, 2), (1, 4), (2, 2), (4, 2)]) 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(family=st.sampled_from(["gpt", "llama", "bert"]), layers=st.integers(1, 3),
        hidden=st.sampled_from([128, 256]), heads=st.sampled_from([4, 8]), seq=st.sampled_from([64, 128]),
-       degrees=_strategies, zero=st.integers(0, 3), sp=st.booleans(),
-       recompute=st.sampled_from(list(Recompute)), local_batch=st.integers(1, 3), microbatches=st.integers(1, 3),
+       degrees=_strategies, zero=st.integers(0, 3), sp=st.booleans(),  # (op is PyTorch's: the test below)
+       recompute=st.sampled_from([r for r in Recompute if r is not Recompute.OP]), local_batch=st.integers(1, 3),
+       microbatches=st.integers(1, 3),
        precision=st.sampled_from(["bf16", "fp32", "fp8"]), flash=st.booleans())
 # a ZeRO-3 block's all-gather moment was missing from the ILP's temporaries (found by a random run)
 @example(family="llama", layers=1, hidden=128, heads=4, seq=64, degrees=(2, 1), zero=3, sp=False,

@@ -34,23 +34,40 @@ _SAVES_INPUT = frozenset({"gelu", "silu", "relu"})
 
 
 class Recompute(StrEnum):
-    """Activation recomputation policy (Megatron-LM's names)."""
+    """Activation recomputation policy (Megatron-LM's names, and torchtitan's per-operator one)."""
 
     NONE = "none"  # keep everything
     SELECTIVE = "selective"  # recompute the attention core (drops the s^2 terms)
     FULL = "full"  # recompute whole blocks; keep only each block's inputs
+    OP = "op"  # checkpoint whole blocks keeping the outputs of the ops torchtitan's policy saves
+
+    @property
+    def rebuilds_blocks(self) -> bool:
+        """Whether a block's backward runs its forward again from what the block kept (the
+        recomputed buffers transient, alive during that block's backward only)."""
+        return self in (Recompute.FULL, Recompute.OP)
+
+
+#: :attr:`SavedItem.reduction`: a matmul's output as each device computes it, before a tensor-parallel
+#: reduction (partial sums, whole over the sequence); and the output of that reduction when it is a
+#: reduce-scatter (sequence parallelism), none when it is an all-reduce or there is none.
+UNREDUCED = "unreduced"
+SCATTERED = "scattered"
 
 
 @dataclass(frozen=True)
 class SavedItem:
     """One buffer kept for backward: ``numel`` elements of ``elem_bytes`` each, cut like the
-    layout of node ``owner`` restricted to ``dims`` (``None``: all of the owner's dims)."""
+    layout of node ``owner`` restricted to ``dims`` (``None``: all of the owner's dims), or, with a
+    ``reduction`` (:data:`UNREDUCED`, :data:`SCATTERED`), like the owner's output before or after its
+    tensor-parallel reduction."""
 
     key: str
     owner: str
     numel: int
     elem_bytes: float
     dims: frozenset[str] | None = None
+    reduction: str = ""
 
     @property
     def total_bytes(self) -> float:
@@ -166,10 +183,11 @@ def saved_items(graph: Graph, nodes: Iterable[Node], activation_bytes: int, *, f
     """Saved buffers of ``nodes`` under a recomputation policy (duplicates possible; key them).
 
     With full recomputation, each block keeps only the non-parameter tensors it reads from outside
-    itself (its checkpointed inputs); nodes outside blocks keep their usual buffers.
+    itself (its checkpointed inputs); with per-operator checkpointing, those and the outputs of the
+    operators the policy saves (:func:`op_sac_saved`); nodes outside blocks keep their usual buffers.
     """
     for n in nodes:
-        blk = block_of(n) if recompute is Recompute.FULL else None
+        blk = block_of(n) if recompute.rebuilds_blocks else None
         if blk is None:
             yield from op_saved_items(n, graph, activation_bytes, flash_attention=flash_attention,
                                       recompute=recompute, runtime=runtime)
@@ -178,3 +196,65 @@ def saved_items(graph: Graph, nodes: Iterable[Node], activation_bytes: int, *, f
             src = graph.node(i)
             if not src.is_parameter and block_of(src) != blk:
                 yield _tensor(src, activation_bytes)
+        if recompute is Recompute.OP:
+            yield from _op_sac_outputs(n, graph, activation_bytes, flash_attention, runtime)
+
+
+def is_weight_mm(node: Node, graph: Graph) -> bool:
+    """Whether ``node`` runs as ``aten.mm`` in a PyTorch model: a matmul with a dense weight (an
+    expert's weight, with an ``expert`` dim, runs as a grouped GEMM; a router's, whose output has
+    an ``expert`` dim, torchtitan forces to recompute and does not count)."""
+    if node.kind is not OpKind.EINSUM or "expert" in node.shape:
+        return False
+    weights = [graph.node(i) for i in node.inputs if graph.node(i).is_parameter]
+    return bool(weights) and not any("expert" in w.shape for w in weights)
+
+
+def op_sac_saved(node: Node, graph: Graph, runtime: Runtime) -> bool:
+    """Whether torchtitan's per-operator policy keeps ``node``'s output (a block's operator):
+    ``torchtitan/distributed/activation_checkpoint.py`` ``_apply_op_sac`` saves the outputs of the ops
+    of its save list (``aten.mm``, the SDPA kernels, ``aten.max``, the reduce-scatter) except every
+    second ``aten.mm``, counted from 1 per block in forward order (the count restarts with each
+    checkpointed call). On CPU kernels SDPA runs ``_scaled_dot_product_flash_attention_for_cpu``,
+    which the list does not hold: attention is recomputed there."""
+    if node.kind is OpKind.ATTENTION:
+        return not runtime.cpu_kernels
+    if not is_weight_mm(node, graph):
+        return False
+    blk = block_of(node)
+    if blk is None:
+        return False
+    saved = graph.memo.setdefault("op_sac_mm", {})
+    if blk not in saved:
+        mms = [n.id for n in graph.nodes if block_of(n) == blk and is_weight_mm(n, graph)]
+        saved[blk] = frozenset(mms[::2])  # the 1st, 3rd, 5th ... mm of the block
+    return node.id in saved[blk]
+
+
+def _op_sac_outputs(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
+                    runtime: Runtime) -> list[SavedItem]:
+    """What the per-operator policy keeps of a block's operator: a saved matmul's output as the
+    device computed it (before a tensor-parallel reduction); the reduce-scatter after any matmul
+    (sequence parallelism; an all-reduce is not on the save list); a saved attention kernel's output
+    and its softmax statistics (the flash and memory-efficient kernels' fp32 log-sum-exp per query
+    row and head) or, the math kernel, its probabilities too."""
+    out = []
+    if is_weight_mm(node, graph):
+        b = tensor_bytes(node, activation_bytes)
+        out.append(SavedItem(f"{node.id}#scattered", node.id, node.numel, b, reduction=SCATTERED))
+        if op_sac_saved(node, graph, runtime):
+            out.append(SavedItem(node.id, node.id, node.numel, b, reduction=UNREDUCED))
+        return out
+    if node.kind is not OpKind.ATTENTION or not op_sac_saved(node, graph, runtime):
+        return out
+    out.append(_tensor(node, activation_bytes))
+    q, k = graph.node(node.inputs[0]), graph.node(node.inputs[1])
+    if flash_attention:
+        head_dim = node.dims[-1]
+        rows = frozenset(d for d, _ in node.dims[:-1])
+        out.append(SavedItem(f"{node.id}#lse", node.id, node.numel // head_dim[1], 4.0, rows))  # fp32
+    else:
+        geo = attention_geometry(node, q, k)
+        out.append(SavedItem(f"{node.id}#probs", node.id, geo.scores_numel, float(activation_bytes),
+                             frozenset(d for d, _ in q.dims)))
+    return out

@@ -83,7 +83,7 @@ def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
     counted once per stage) are left to the stage."""
     graph, act = gc.graph, prec.activation_bytes
     nodes = gc.nodes[unit]
-    rebuilt = bool(nodes) and s.recompute is Recompute.FULL and block_of(nodes[0]) is not None
+    rebuilt = bool(nodes) and s.recompute.rebuilds_blocks and block_of(nodes[0]) is not None
     policy = Recompute.NONE if rebuilt else s.recompute
 
     # tensors kept from forward (a checkpointed block: its inputs) are activations; what the

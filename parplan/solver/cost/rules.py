@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
-from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, is_float
+from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, is_float, op_sac_saved
 from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
@@ -91,26 +91,33 @@ def float8_weight(param: Node, graph: Graph, consumers: Sequence[str]) -> bool:
             and all(r.kind is OpKind.EINSUM and _float8_linear(param, r, graph) for r in readers))
 
 
-def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime: Runtime) -> bool:
+def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime: Runtime, graph: Graph) -> bool:
     """Whether backward runs ``node``'s forward again: every operator of a block under full
-    recomputation; the attention core under selective recomputation, without flash attention or
-    in a runtime that checkpoints a flash core too (:attr:`Runtime.recomputes_flash_core`)."""
+    recomputation, those whose outputs the policy does not save under per-operator checkpointing
+    (:func:`~.activations.op_sac_saved`: the saved ones are replayed from its cache, ``graph`` the
+    node's); the attention core under selective recomputation, without flash attention or in a
+    runtime that checkpoints a flash core too (:attr:`Runtime.recomputes_flash_core`)."""
     if recompute is Recompute.FULL:
         return block_of(node) is not None
+    if recompute is Recompute.OP:
+        return block_of(node) is not None and not op_sac_saved(node, graph, runtime)
     return (recompute is Recompute.SELECTIVE and node.kind is OpKind.ATTENTION
             and (not flash_attention or runtime.recomputes_flash_core))
 
 
 def search_recomputes(runtime: Runtime, flash_attention: bool, full: bool = True) -> tuple[Recompute, ...]:
-    """The recomputations a search offers a block, the lighter first, then full recomputation
-    (``full``). The lighter is selective recomputation, or none where selective would keep the same
+    """The recomputations a search offers a block, the lighter first, then (``full``) per-operator
+    recomputation where the runtime runs it (:attr:`Runtime.per_operator_checkpointing`), then full
+    recomputation. The lighter is selective recomputation, or none where selective would keep the same
     buffers and still run the attention core again: a flash kernel (it keeps no scores) in a runtime
     that keeps K and V as they are and checkpoints the core (:attr:`Runtime.recomputes_flash_core`:
     Megatron-LM). There selective only adds time, so a plan with it is never the better one. A runtime
     without selective recomputation (:attr:`Runtime.selective_recomputation`) offers none instead."""
     light = (Recompute.NONE if (flash_attention and runtime.recomputes_flash_core and not runtime.repeats_kv_heads)
              or not runtime.selective_recomputation else Recompute.SELECTIVE)
-    return (light, Recompute.FULL) if full else (light,)
+    if not full:
+        return (light,)
+    return (light, Recompute.OP, Recompute.FULL) if runtime.per_operator_checkpointing else (light, Recompute.FULL)
 
 
 def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,
@@ -143,7 +150,7 @@ def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration,
         if graph.owns(node):
             cache[key] = hit
     fwd, bwd = hit
-    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention, runtime) else 0.0
+    return fwd, bwd, fwd if recomputed(node, recompute, flash_attention, runtime, graph) else 0.0
 
 
 #: Operator kinds whose memory-bound kernel depends on the runtime's library (:func:`memory_library`).

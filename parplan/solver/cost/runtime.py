@@ -273,6 +273,14 @@ class Runtime(StrEnum):
         return not self.nanotron
 
     @property
+    def per_operator_checkpointing(self) -> bool:
+        """Whether the trainer checkpoints blocks with PyTorch's per-operator policy
+        (``torch.utils.checkpoint.create_selective_checkpoint_contexts``, torchtitan's
+        ``selective_ac_option = "op"``): the PyTorch-native runtimes; Megatron-LM, DeepSpeed and nanotron
+        have no such option."""
+        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+
+    @property
     def fuses_projections(self) -> bool:
         """Whether the runtime's model code runs the projections of one input as one GEMM (a node's
         ``gemm_group``): Megatron-LM's ``linear_qkv`` (q, k and v) and a gated MLP's ``linear_fc1``

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.backward import BackwardProfile
 from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks, shard_ranks
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
@@ -132,7 +131,7 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     llama-2-7b, in the same test).
     """
     workspace = c.grad_workspace_bytes + c.sp_gather_bytes
-    peak = max(workspace + (c.recompute_peak_bytes if s.recompute is Recompute.FULL else 0.0),
+    peak = max(workspace + (c.recompute_peak_bytes if s.recompute.rebuilds_blocks else 0.0),
                c.logits_grad_bytes, c.cp_buffer_bytes, forward_transient,
                profile.peak - c.act_bytes if profile is not None else 0.0)
     if s.zero >= 3 and is_block:

@@ -19,7 +19,15 @@ from typing import Any, NamedTuple
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
-from parplan.solver.cost.activations import LOSS_BYTES, Recompute, SavedItem, block_of, saved_items
+from parplan.solver.cost.activations import (
+    LOSS_BYTES,
+    SCATTERED,
+    UNREDUCED,
+    Recompute,
+    SavedItem,
+    block_of,
+    saved_items,
+)
 from parplan.solver.cost.backward import (
     BackwardProfile,
     UnitSizes,
@@ -304,7 +312,7 @@ class GraphCosts:
         per_unit, shared = self.saved(s.recompute, s.flash_attention, prec.activation_bytes, s.runtime)
         c.act_bytes, c.act_redundant_bytes = self.item_bytes((it for it in per_unit[unit] if it.key not in shared), s)
         nodes = self.nodes[unit]
-        if nodes and s.recompute is Recompute.FULL and block_of(nodes[0]) is not None:
+        if nodes and s.recompute.rebuilds_blocks and block_of(nodes[0]) is not None:
             # backward re-runs the block's forward as if nothing were checkpointed (same attention kernel)
             inner = saved_items(self.graph, nodes, prec.activation_bytes, flash_attention=s.flash_attention,
                                 recompute=Recompute.NONE, runtime=s.runtime)
@@ -347,9 +355,13 @@ class GraphCosts:
             seen.add(it.key)
             owner = self.graph.node(it.owner)
             lay = unit_layout(owner, s)
-            if (s.sp and s.runtime.saves_gathered_sp_inputs and it.key == owner.id
-                    and owner.kind in (OpKind.LAYERNORM, OpKind.RMSNORM)):
-                # a norm's output is saved by the column-parallel linears it feeds, all-gathered
+            scattered = any("tp" in a for d, a in lay.split if d in SEQ_DIMS)  # reduce-scattered over TP
+            if it.reduction == SCATTERED and not scattered:
+                continue  # no reduce-scatter made it (an all-reduce's output is not kept)
+            if it.reduction == UNREDUCED or (s.sp and s.runtime.saves_gathered_sp_inputs and it.key == owner.id
+                                             and owner.kind in (OpKind.LAYERNORM, OpKind.RMSNORM)):
+                # a matmul's partial sums before their reduce-scatter; a norm's output, saved by the
+                # column-parallel linears it feeds, all-gathered
                 lay = TensorLayout(tuple((d, tuple(x for x in a if x != "tp") if d in SEQ_DIMS else a)
                                          for d, a in lay.split), lay.partial)
             local = it.total_bytes / lay.shards(mesh, it.dims)

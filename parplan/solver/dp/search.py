@@ -88,8 +88,8 @@ class DpSearch:
         self.prec = get_precision(precision)
         self.flash = flash_attention
         self.ev = PlanEvaluator(self.costs_for, cluster, calibration)
-        #: the lighter recomputation offered, for the runtime that prices the probe plans
-        self.light = search_recomputes(self.probe_plan(1, 1).runtime, flash_attention)[0]
+        #: the recomputations offered (the lighter first) for the runtime that prices the probe plans
+        self.light, *self.heavier = search_recomputes(self.probe_plan(1, 1).runtime, flash_attention)
         probe = self.costs_for(1)
         self.blocks = blocks_of(probe.graph)
         self.units = units_of(probe.graph)
@@ -137,7 +137,7 @@ class DpSearch:
             eps = tuple(e for e in degrees(n // cp) if self.experts % e == 0)
             opts = dataclasses.replace(opts, expert_parallel=eps)
         out = []
-        for s in layer_strategies(n, opts, moe=self.moe, cp=cp, light=self.light, splits=self.splits):
+        for s in layer_strategies(n, opts, self.moe, cp, self.light, self.splits, tuple(self.heavier)):
             if (self.B % (m * s.dp) or (s.cp_comm != "p2p" and not self.allows(s))
                     or self.micro_batch not in (None, self.B // (m * s.dp))):
                 continue

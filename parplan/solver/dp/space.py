@@ -63,15 +63,17 @@ def context_degrees(n: int, seq_len: int, opts: SpaceOptions) -> list[int]:
 
 
 def layer_strategies(n: int, opts: SpaceOptions, moe: bool = False, cp: int = 1,
-                     light: Recompute = Recompute.SELECTIVE, splits: SplitDims | None = None) -> list[LayerStrategy]:
+                     light: Recompute = Recompute.SELECTIVE, splits: SplitDims | None = None,
+                     heavier: tuple[Recompute, ...] = (Recompute.FULL,)) -> list[LayerStrategy]:
     """Every distinct strategy of one block on a stage of ``n`` devices with context-parallel degree
-    ``cp``; its recomputation ``light`` (:func:`~parplan.solver.cost.rules.search_recomputes`) or, with
-    ``opts.checkpointing``, full. ``splits``: the model's dims, whose rule
-    (:class:`~parplan.solver.strategy.SplitDims`) every TP, sequence-parallel and expert degree offered
-    obeys (a TP degree whose sequence split does not divide is offered without sequence parallelism)."""
+    ``cp``; its recomputation ``light`` or, with ``opts.checkpointing``, those ``heavier``
+    (:func:`~parplan.solver.cost.rules.search_recomputes`: per-operator where the runtime runs it,
+    full). ``splits``: the model's dims, whose rule (:class:`~parplan.solver.strategy.SplitDims`) every
+    TP, sequence-parallel and expert degree offered obeys (a TP degree whose sequence split does not
+    divide is offered without sequence parallelism)."""
     rule = splits or SplitDims(())
     out: list[LayerStrategy] = []
-    recomputes = (light, Recompute.FULL) if opts.checkpointing else (light,)
+    recomputes = (light, *heavier) if opts.checkpointing else (light,)
     if n % cp:
         return out
     n //= cp

@@ -37,7 +37,7 @@ from typing import Any
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link, MeshLinks
-from parplan.solver.cost.activations import Recompute, SavedItem, block_of
+from parplan.solver.cost.activations import SCATTERED, UNREDUCED, Recompute, SavedItem, block_of
 from parplan.solver.cost.collectives import (
     all_reduce_seconds,
     all_to_all_seconds,
@@ -53,6 +53,7 @@ from parplan.solver.cost.rules import (
     op_seconds,
     optimizer_step_seconds,
     parameter_states,
+    recomputed,
     unit_parameter_numel,
     weight_gather_exposed_seconds,
 )
@@ -123,6 +124,16 @@ def _local(nbytes: float, layout: TensorLayout, mesh: Mesh, dims: frozenset[str]
     return nbytes / layout.shards(mesh.sizes, dims)
 
 
+def owner_saved_bytes(it: SavedItem, produced: TensorLayout, sizes: Mapping[str, int]) -> float:
+    """Bytes of a saved buffer of an operator's output held on each device, charged with the
+    producer: in its output layout; a partial output's as its first reader receives it instead
+    (:func:`~parplan.solver.ilp.graph_problem.partial_saved_bytes`), except the partial sums
+    themselves (:data:`UNREDUCED`)."""
+    if it.reduction == SCATTERED or (produced.partial and it.reduction != UNREDUCED):
+        return 0.0
+    return it.total_bytes / TensorLayout(produced.split).shards(sizes, it.dims)
+
+
 def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[str]) -> StrategyCost:
     """Per-device memory and per-step seconds of ``node`` under ``s``.
 
@@ -134,7 +145,7 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
     if work is None:
         work = ctx.memo[key] = _work_cost(node, s, ctx)
     # the saved activations: the same for operators alike that save alike buffers
-    saved = (tuple((it.total_bytes, it.dims) for it in ctx.saved_by_owner.get(node.id, ())),
+    saved = (tuple((it.total_bytes, it.dims, it.reduction) for it in ctx.saved_by_owner.get(node.id, ())),
              tuple((pos, it.total_bytes, it.dims) for pos, it in ctx.saved_at_input.get(node.id, ())))
     skey = ("saved", key, partial_dims, saved)
     held_redundant = ctx.memo.get(skey)
@@ -147,7 +158,8 @@ def op_cost(node: Node, s: OpStrategy, ctx: IlpContext, partial_dims: frozenset[
 def signature(node: Node, ctx: IlpContext) -> tuple[object, ...]:
     """What :func:`_work_cost` depends on besides the strategy: the operator's kind, shape, dtype
     and attributes, its inputs' kinds and shapes, the parameters it owns, whether it is in a block
-    (full recomputation runs the blocks' forward again), its share of its unit's parameters."""
+    (full recomputation runs the blocks' forward again) and whether its forward runs again (per-operator
+    recomputation: the gate and up projections alike but one kept), its share of its unit's parameters."""
     cache = ctx.memo.setdefault("signature", {})
     sig = cache.get(node.id)
     if sig is None:
@@ -155,6 +167,7 @@ def signature(node: Node, ctx: IlpContext) -> tuple[object, ...]:
         ins = tuple((i.kind, i.dims, i.dtype) for i in map(g.node, node.inputs))
         sig = cache[node.id] = (node.kind, node.dims, node.dtype, _freeze(node.attrs), ins,
                                 tuple(ctx.owned_params.get(node.id, ())), block_of(node) is None,
+                                recomputed(node, ctx.recompute, ctx.flash_attention, ctx.runtime, g),
                                 _unit_share(node, ctx))
     return sig  # type: ignore[no-any-return]
 
@@ -276,9 +289,9 @@ def _saved_cost(node: Node, s: OpStrategy, ctx: IlpContext,
     out_layout = output_layout(node, s, mesh, partial_dims)
     saved_layout = TensorLayout(out_layout.split)
     act_replicas = math.prod(sizes[a] for a in mesh.names if a not in saved_layout.axes)
-    for it in ctx.saved_by_owner.get(node.id, ()) if not out_layout.partial else ():
+    for it in ctx.saved_by_owner.get(node.id, ()):
         # (partial sums are saved as their first reader receives them: on that edge, see problem.py)
-        local = _local(it.total_bytes, saved_layout, mesh, it.dims)
+        local = owner_saved_bytes(it, out_layout, sizes)
         held += local
         redundant += local * (1 - 1 / act_replicas)
     for pos, it in ctx.saved_at_input.get(node.id, ()):

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from parplan.solver.cost.activations import Recompute, SavedItem, op_saved_items, saved_items
+from parplan.solver.cost.activations import SCATTERED, UNREDUCED, SavedItem, op_saved_items, saved_items
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import renaming
 from parplan.solver.cost.resharding import reduced_layout
@@ -79,7 +79,7 @@ def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
     key = node.inputs[position]
     items = (saved_items(graph, [node], ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
                          recompute=ctx.recompute)
-             if ctx.recompute is Recompute.FULL else
+             if ctx.recompute.rebuilds_blocks else
              op_saved_items(node, graph, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
                             recompute=ctx.recompute))
     return next((it.total_bytes for it in items if it.key == key and it.dims is None), 0.0)
@@ -89,11 +89,14 @@ def partial_saved_bytes(items: Sequence[SavedItem], produced: TensorLayout, need
                         sizes: Mapping[str, int]) -> float:
     """Bytes of a tensor's saved buffers held on each device when the producer leaves it partial:
     as reduced for its first reader (charged on that edge), none otherwise (charged with the
-    producer, see :func:`~parplan.solver.ilp.costs.op_cost`)."""
+    producer, see :func:`~parplan.solver.ilp.costs.owner_saved_bytes`); a reduce-scatter's output
+    (:data:`SCATTERED`) only where the reduction splits the tensor further."""
     if not produced.partial:
         return 0.0
     lay = reduced_layout(produced, needed)
-    return sum(it.total_bytes / lay.shards(sizes, it.dims) for it in items)
+    scatters = lay.shards(sizes) > TensorLayout(produced.split).shards(sizes)
+    return sum(it.total_bytes / lay.shards(sizes, it.dims) for it in items
+               if it.reduction != UNREDUCED and (it.reduction != SCATTERED or scatters))
 
 
 def resharded_copy_bytes(kept_bytes: float, produced: TensorLayout, needed: TensorLayout,

@@ -252,7 +252,7 @@ def _units(gp: GraphProblem, terms: Terms) -> list[_Unit]:
         if not nodes:
             continue
         is_block = block_of(nodes[0]) is not None
-        rebuilt = is_block and ctx.recompute is Recompute.FULL
+        rebuilt = is_block and ctx.recompute.rebuilds_blocks
         policy = Recompute.NONE if rebuilt else ctx.recompute
         kept_keys = {it.key for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention,
                                                    recompute=ctx.recompute, runtime=ctx.runtime)}

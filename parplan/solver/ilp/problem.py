@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, MeshLinks
-from parplan.solver.cost.activations import Recompute, SavedItem, op_saved_items, saved_items
+from parplan.solver.cost.activations import SCATTERED, Recompute, SavedItem, op_saved_items, saved_items
 from parplan.solver.cost.activations import tensor_bytes as elem_bytes
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import renaming
@@ -73,7 +73,7 @@ def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, 
     seen: set[str] = set()
     for n in ops:
         items = (saved_items(graph, [n], act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime)
-                 if recompute is Recompute.FULL else
+                 if recompute.rebuilds_blocks else
                  op_saved_items(n, graph, act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime))
         for it in items:
             if it.key in seen:
@@ -239,7 +239,8 @@ def least_bytes(graph: Graph, devices: int, precision: Precision, recompute: Rec
     ops = [n for n in graph.nodes if not n.is_leaf]
     for it in saved_items(graph, ops, precision.activation_bytes, flash_attention=flash_attention,
                           recompute=recompute, runtime=runtime):
-        saved.setdefault(it.key, it.total_bytes)
+        if it.reduction != SCATTERED:  # (none without a reduce-scatter)
+            saved.setdefault(it.key, it.total_bytes)
     return runtime.held_through_step_bytes + (states + sum(saved.values())) / devices
 
 

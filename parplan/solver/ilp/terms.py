@@ -21,7 +21,7 @@ from parplan.solver.cost.op_layout import OpStrategy, input_layout, output_layou
 from parplan.solver.cost.resharding import conversion_buffer_bytes, gradient_conversion_buffer_bytes
 from parplan.solver.cost.rules import optimizer_temporary_bytes
 from parplan.solver.cost.timeline import forward_live
-from parplan.solver.ilp.costs import signature
+from parplan.solver.ilp.costs import owner_saved_bytes, signature
 from parplan.solver.ilp.graph_problem import GraphProblem, consumer_saves, partial_saved_bytes, resharded_copy_bytes
 from parplan.solver.ilp.model import PeakTerm
 from parplan.solver.ir import Node, OpKind
@@ -232,13 +232,13 @@ class Terms:
 
         def held(s: OpStrategy, o: Node) -> float:
             lay = _out(self.gp, o, s)
-            return 0.0 if lay.partial else item.total_bytes / TensorLayout(lay.split).shards(self.sizes, item.dims)
+            return owner_saved_bytes(item, lay, self.sizes)
 
-        out = self._per_candidate_alike(owner_id, ("held", item.total_bytes, item.dims), held)
+        out = self._per_candidate_alike(owner_id, ("held", item.total_bytes, item.dims, item.reduction), held)
         first = self.first_edge.get(self._origin(owner_id))
         if first is not None:
             out = out.add(self._edge(first, lambda o, i: partial_saved_bytes([item], o, i, self.sizes),
-                                     ("partial_saved", item.total_bytes, item.dims)))
+                                     ("partial_saved", item.total_bytes, item.dims, item.reduction)))
         return out
 
     def kept_copies(self, saver: Node) -> Lin:
