@@ -105,8 +105,8 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
     """Why Megatron-LM cannot run the plan's schedule, precision, context parallelism or overlap."""
     reasons: list[str] = []
     if plan.schedule in ("gpipe", "interleaved-zb", "zbv", "dualpipev"):
-        reasons.append(f"the {plan.schedule} schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are "
-                       "given)")
+        name = "GPipe" if plan.schedule == "gpipe" else plan.schedule
+        reasons.append(f"the {name} schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are given)")
     if plan.recompute == "op":
         reasons.append("per-operator recomputation (op: PyTorch's selective checkpointing with torchtitan's policy); "
                        "Megatron-LM has none (plan with --target megatron)")
