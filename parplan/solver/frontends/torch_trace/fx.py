@@ -150,3 +150,68 @@ def alias_chain(n: Any, x: Any, inside: set[Any]) -> bool:
             return False
         n = n.args[0]
     return True
+
+
+#: Ops that allocate a tensor whose values are all overwritten before it is read when copies tile it.
+_FRESH = frozenset({"empty", "new_empty", "empty_like", "zeros", "new_zeros", "zeros_like"})
+
+
+def _packet(n: Any) -> str | None:
+    return getattr(getattr(getattr(n, "target", None), "overloadpacket", None), "__name__", None)
+
+
+def _tiling(buf: Any) -> tuple[int, list[Any], list[Any]] | None:
+    """``(dim, sources by offset, copy nodes)`` when ``buf`` is written by ``copy_`` into slices
+    along one dim that tile it (each slice copied once, from a tensor of the slice's shape) and is
+    read otherwise only after the last copy; else None."""
+    val = buf.meta.get("val")
+    if not is_tensor(val) or not val.shape:
+        return None
+    rank = len(val.shape)
+    slices = [u for u in buf.users if _packet(u) == "slice" and u.args[0] is buf]
+    pieces: list[tuple[int, int, Any, Any]] = []
+    dims: set[int] = set()
+    for s in slices:
+        dim, start, end, step = (list(s.args[1:]) + [0, None, None, 1][len(s.args) - 1:])[:4]
+        copies = [u for u in s.users if _packet(u) == "copy_" and u.args[0] is s]
+        if len(s.users) != 1 or len(copies) != 1 or step != 1 or not all(isinstance(x, int) for x in (dim, start)):
+            return None
+        src = copies[0].args[1]
+        sval = src.meta.get("val") if is_fx_node(src) else None
+        if not is_tensor(sval) or tuple(sval.shape) != tuple(s.meta["val"].shape):
+            return None
+        d = dim % rank
+        dims.add(d)
+        size = int(val.shape[d])
+        stop = size if end is None else min(int(end), size)
+        pieces.append((int(start) % size if start < 0 else int(start), stop, src, copies[0]))
+    if len(dims) != 1 or len(pieces) < 2:
+        return None
+    pieces.sort(key=lambda p: p[0])
+    d = dims.pop()
+    if pieces[0][0] != 0 or pieces[-1][1] != int(val.shape[d]) or any(a[1] != b[0] for a, b in zip(pieces, pieces[1:])):
+        return None
+    return d, [p[2] for p in pieces], [p[3] for p in pieces]
+
+
+def fill_by_copies(torch: Any, graph: Any) -> None:
+    """Rewrite a fresh buffer filled by copies into slices that tile it (DeepSeek-V3's keys:
+    ``new_empty`` then ``key[..., :nope].copy_(k_nope)``, ``key[..., nope:].copy_(k_rot)``) as the
+    concatenation of the copied tensors, which it is: the export keeps ``copy_`` in place, so the
+    buffer would otherwise read as a constant and the copies as dead code."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for buf in [n for n in graph.nodes if n.op == "call_function" and _packet(n) in _FRESH]:
+        found = _tiling(buf)
+        if found is None:
+            continue
+        dim, sources, copies = found
+        last = max(copies, key=order.__getitem__)
+        readers = [u for u in buf.users if _packet(u) != "slice" or u.args[0] is not buf]
+        if any(order[r] < order[last] for r in readers):
+            continue
+        with graph.inserting_after(last):
+            cat = graph.call_function(torch.ops.aten.cat.default, (list(sources), dim))
+        cat.meta.update({k: v for k, v in last.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        cat.meta["val"] = buf.meta["val"]
+        for r in readers:
+            r.replace_input_with(buf, cat)

@@ -13,6 +13,7 @@ from parplan.solver.frontends.torch_trace.emit import Emitter
 from parplan.solver.frontends.torch_trace.fx import (
     alias_chain,
     export_input_names,
+    fill_by_copies,
     flatten,
     import_torch,
     is_fx_node,
@@ -60,6 +61,7 @@ def trace_module(
         raise
     except Exception as e:  # torch.export raises many exception types
         raise ConfigError(f"torch.export could not trace {type(module).__name__}: {type(e).__name__}: {e}") from e
+    fill_by_copies(torch, ep.graph)
     tracer = Tracer(torch, module, ep, export_input_names(module, args, kwargs), dim_names or {}, float_dtype)
     try:
         return tracer.build(name)
