@@ -139,7 +139,8 @@ class Emitter:
 
     def _name_atoms(self) -> dict[int, str]:
         """A name per atom class: its best hint (``hidden``; ``hidden_96`` when another size already
-        took ``hidden``, except the dims TP splits, which keep theirs), user names, else ``d<k>``; clashes within one op get a suffix."""
+        took ``hidden``; the dims TP splits keep theirs), user names, else ``d<k>``; clashes within one
+        op get a suffix."""
         at = self.A
 
         def cls(a: int) -> int:

@@ -160,6 +160,23 @@ def _packet(n: Any) -> str | None:
     return getattr(getattr(getattr(n, "target", None), "overloadpacket", None), "__name__", None)
 
 
+def _slice_range(s: Any, rank: int, sizes: Any) -> tuple[int, int, int] | None:
+    """``(dim, start, stop)`` of an ``aten.slice`` of step 1 (bounds clamped), else None."""
+    dim, start, end, step = (list(s.args[1:]) + [0, None, None, 1][len(s.args) - 1:])[:4]
+    if s.kwargs or step != 1 or not isinstance(dim, int):
+        return None
+    d = dim % rank
+    size = int(sizes[d])
+
+    def clamp(x: Any, default: int) -> int | None:
+        if x is None:
+            return default
+        return min(max(int(x) + size if int(x) < 0 else int(x), 0), size) if isinstance(x, int) else None
+
+    lo, hi = clamp(start, 0), clamp(end, size)
+    return None if lo is None or hi is None else (d, lo, hi)
+
+
 def _tiling(buf: Any) -> tuple[int, list[Any], list[Any]] | None:
     """``(dim, sources by offset, copy nodes)`` when ``buf`` is written by ``copy_`` into slices
     along one dim that tile it (each slice copied once, from a tensor of the slice's shape) and is
@@ -167,29 +184,25 @@ def _tiling(buf: Any) -> tuple[int, list[Any], list[Any]] | None:
     val = buf.meta.get("val")
     if not is_tensor(val) or not val.shape:
         return None
-    rank = len(val.shape)
-    slices = [u for u in buf.users if _packet(u) == "slice" and u.args[0] is buf]
     pieces: list[tuple[int, int, Any, Any]] = []
     dims: set[int] = set()
-    for s in slices:
-        dim, start, end, step = (list(s.args[1:]) + [0, None, None, 1][len(s.args) - 1:])[:4]
+    for s in [u for u in buf.users if _packet(u) == "slice" and u.args[0] is buf]:
+        where = _slice_range(s, len(val.shape), val.shape)
         copies = [u for u in s.users if _packet(u) == "copy_" and u.args[0] is s]
-        if len(s.users) != 1 or len(copies) != 1 or step != 1 or not all(isinstance(x, int) for x in (dim, start)):
+        if where is None or len(s.users) != 1 or len(copies) != 1:
             return None
         src = copies[0].args[1]
         sval = src.meta.get("val") if is_fx_node(src) else None
-        if not is_tensor(sval) or tuple(sval.shape) != tuple(s.meta["val"].shape):
+        if sval is None or not is_tensor(sval) or tuple(sval.shape) != tuple(s.meta["val"].shape):
             return None
-        d = dim % rank
-        dims.add(d)
-        size = int(val.shape[d])
-        stop = size if end is None else min(int(end), size)
-        pieces.append((int(start) % size if start < 0 else int(start), stop, src, copies[0]))
+        dims.add(where[0])
+        pieces.append((where[1], where[2], src, copies[0]))
     if len(dims) != 1 or len(pieces) < 2:
         return None
     pieces.sort(key=lambda p: p[0])
     d = dims.pop()
-    if pieces[0][0] != 0 or pieces[-1][1] != int(val.shape[d]) or any(a[1] != b[0] for a, b in zip(pieces, pieces[1:])):
+    bounds = [0, *(b for p in pieces for b in p[:2]), int(val.shape[d])]
+    if any(a != b for a, b in zip(bounds[::2], bounds[1::2], strict=True)):  # each piece ends where the next starts
         return None
     return d, [p[2] for p in pieces], [p[3] for p in pieces]
 

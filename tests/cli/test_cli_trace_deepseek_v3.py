@@ -1,0 +1,79 @@
+"""A traced DeepSeek-V3 (multi-head latent attention whose queries and keys are 48 wide, 32 + 16
+rotary, and values 32; a dense first layer, then 8 routed experts and a shared one) plans end to end.
+Oracles: the parameters of the model transformers builds, and their shards under Megatron-LM's
+layout read from the parameters' module names (not from parplan's graph)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from parplan.cli import main  # noqa: E402
+from parplan.solver.ir import OpKind  # noqa: E402
+from parplan.solver.wire import graph_from_json  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parent.parent / "data" / "hf" / "deepseek_v3_mla.json"
+GPUS = ["--gpus", "4", "--global-batch", "8", "--seq-len", "32", "--json"]
+
+
+def _torch_parameters() -> dict[str, tuple[int, ...]]:
+    cfg = json.loads(CONFIG.read_text())
+    config = transformers.AutoConfig.for_model(cfg["model_type"], **{k: v for k, v in cfg.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}
+
+
+def _shard(name: str, tp: int, ep: int) -> int:
+    """How many ways Megatron-LM splits a parameter: TP over the heads (q_b, kv_b, o), the MLPs'
+    hidden units (dense, shared and routed experts: expert TP is TP) and the vocabulary; EP over the
+    routed experts; parplan's rule also splits the router's logits over EP (the preset's too)."""
+    if ".experts." in name and "shared" not in name:
+        return tp * ep
+    if name.endswith("mlp.gate.weight"):
+        return ep
+    heads = any(f"self_attn.{m}." in name for m in ("q_b_proj", "kv_b_proj", "o_proj"))
+    mlp = ".mlp." in name and "norm" not in name
+    vocab = "embed_tokens" in name or "lm_head" in name
+    return tp if heads or mlp or vocab else 1
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert main(args) == 0
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+def test_traced_deepseek_v3_plans_and_splits_as_megatron(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    graph_file = tmp_path / "dsv3.json"
+    assert main(["graph", str(CONFIG), "--seq-len", "32", "--out", str(graph_file)]) == 0
+    capsys.readouterr()
+    params = _torch_parameters()
+    graph = graph_from_json(graph_file.read_text())
+    assert sum(n.numel for n in graph.nodes if n.kind is OpKind.PARAMETER) == sum(map(math.prod, params.values()))
+    attention = [n for n in graph.nodes if n.kind is OpKind.ATTENTION]
+    assert len(attention) == 4
+    for n in attention:
+        q, k, v = (dict(graph.node(i).dims) for i in n.inputs[:3])
+        assert q["head_dim"] == k["head_dim"] == 48 and v["v_head_dim"] == 32 and dict(n.dims)["v_head_dim"] == 32
+    keys = graph.node(attention[-1].inputs[1])
+    assert keys.kind is OpKind.CONCAT  # k_nope and the rotary key, not a constant buffer
+
+    doc = _run(["plan", "--model", str(graph_file), "--search", "dp", *GPUS], capsys)
+    assert doc["model"]["parameters"] == sum(map(math.prod, params.values()))
+    assert doc["memory"]["fits"] and doc["time"]["step_seconds"] > 0
+    st = doc["strategy"]
+    for r in [st] if st["kind"] == "uniform" else st["layers"]:
+        assert 8 % r["tp"] == 0 and 128 % r["tp"] == 0 and 8 % r["expert_parallel"] == 0
+
+    for tp, ep in ((1, 1), (2, 1), (2, 2), (1, 4)):
+        mem = _run(["memory", "--model", str(graph_file), "--tp", str(tp), "--expert-parallel", str(ep), *GPUS], capsys)
+        local = sum(math.prod(shape) // _shard(name, tp, ep) for name, shape in params.items())
+        assert mem["memory"]["breakdown"]["parameters"] == 2 * local, (tp, ep)  # bf16
