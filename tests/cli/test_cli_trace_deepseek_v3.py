@@ -16,7 +16,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from parplan.cli import main  # noqa: E402
+from parplan.solver.frontends.builder import build_graph  # noqa: E402
+from parplan.solver.frontends.presets import get_preset  # noqa: E402
 from parplan.solver.ir import OpKind  # noqa: E402
+from parplan.solver.strategy import SplitDims  # noqa: E402
 from parplan.solver.wire import graph_from_json  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "data" / "hf" / "deepseek_v3_mla.json"
@@ -77,3 +80,15 @@ def test_traced_deepseek_v3_plans_and_splits_as_megatron(tmp_path: Path, capsys:
         mem = _run(["memory", "--model", str(graph_file), "--tp", str(tp), "--expert-parallel", str(ep), *GPUS], capsys)
         local = sum(math.prod(shape) // _shard(name, tp, ep) for name, shape in params.items())
         assert mem["memory"]["breakdown"]["parameters"] == 2 * local, (tp, ep)  # bf16
+
+
+def test_tp_must_divide_every_size_of_a_split_dim() -> None:
+    """Megatron-LM splits the dense MLP and the experts over the TP ranks (expert TP is TP): a TP
+    degree that divides the dense ``ffn`` (128) but not the experts' (36) is refused, whichever the
+    graph meets first."""
+    cfg = get_preset("deepseek-v3").with_(name="t", layers=3, hidden=64, heads=8, head_dim=16, ffn=36, vocab=256,
+                                          num_experts=4, top_k=2, dense_layers=1, dense_ffn=128, q_lora_rank=32,
+                                          kv_lora_rank=32, qk_rope_dim=8, v_head_dim=16, seq_len=64)
+    splits = SplitDims.of(build_graph(cfg, batch=2, seq_len=16))
+    assert splits.problem(tp=8) == "tp=8 does not divide ffn (36)"
+    assert splits.allows(tp=4) and splits.allows(tp=2, ep=4) and not splits.allows(ep=8)
