@@ -92,3 +92,16 @@ def test_tp_must_divide_every_size_of_a_split_dim() -> None:
     splits = SplitDims.of(build_graph(cfg, batch=2, seq_len=16))
     assert splits.problem(tp=8) == "tp=8 does not divide ffn (36)"
     assert splits.allows(tp=4) and splits.allows(tp=2, ep=4) and not splits.allows(ep=8)
+
+
+def test_grouped_key_value_heads_are_refused_as_the_models_own_failure(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """transformers' DeepSeek-V3 builds keys and values for every head, then repeats them
+    num_attention_heads / num_key_value_heads times: 4 key/value heads of 8 make 16 heads against 8
+    queries, which its own forward cannot run. The error says the model fails, in one line."""
+    cfg = json.loads(CONFIG.read_text()) | {"num_key_value_heads": 4, "num_hidden_layers": 1}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["graph", str(path), "--seq-len", "16", "--out", str(tmp_path / "g.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "DeepseekV3ForCausalLM cannot run its own forward" in err and "\n" not in err

@@ -93,6 +93,18 @@ def split_inputs(torch: Any, module: Any, example_inputs: Any) -> tuple[tuple[An
     return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
 
 
+def export_failure(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], error: BaseException) -> str:
+    """Why ``torch.export`` failed on ``module``: when the module's own forward fails on the same
+    inputs too, the module (its sizes), not the export, is at fault, and the message says so."""
+    name = type(module).__name__
+    try:
+        module(*args, **kwargs)
+    except Exception as own:  # the module's own code, any exception type
+        return (f"{name} cannot run its own forward on these inputs, without torch.export: {type(own).__name__}: "
+                f"{own} (a combination of sizes its code does not support)")
+    return f"torch.export could not trace {name}: {type(error).__name__}: {error}"
+
+
 def export_input_names(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
     """Names of the tensor inputs in export order: forward's parameter names, then keywords."""
     try:
