@@ -350,26 +350,28 @@ class SplitDims:
     with ``--sequence-parallel``, ``num_moe_experts % expert_model_parallel_size``). The vocabulary is
     not in it: the trainers pad it to a multiple of the TP degree."""
 
-    sizes: tuple[tuple[str, int], ...]
+    sizes: tuple[tuple[str, int], ...]  # every size (above 1) a split dim has, in graph order
 
     @classmethod
     def of(cls, graph: Graph) -> SplitDims:
-        sizes: dict[str, int] = {}
+        sizes: dict[tuple[str, int], None] = {}
         for n in graph.nodes:
             for d, s in n.dims:
-                sizes.setdefault(d, s)
-        return cls(tuple((d, s) for d, s in sizes.items() if d in (*TP_SPLIT_DIMS, *SEQ_DIMS, "expert")))
+                if d in (*TP_SPLIT_DIMS, *SEQ_DIMS, "expert") and (s > 1 or not any(k == d for k, _ in sizes)):
+                    sizes.setdefault((d, s))
+        return cls(tuple(sizes))
 
     def problem(self, tp: int = 1, sp: bool = False, ep: int = 1) -> str | None:
-        """Why ``tp`` (with sequence parallelism ``sp``) and ``ep`` cannot split this model; None when they can."""
-        sizes = dict(self.sizes)
-        for d in TP_SPLIT_DIMS:
-            if d in sizes and sizes[d] % tp:
-                return f"tp={tp} does not divide {d} ({sizes[d]})"
+        """Why ``tp`` (with sequence parallelism ``sp``) and ``ep`` cannot split this model; None when they can.
+        A dim of several sizes (a dense MLP's ``ffn`` and the experts') must split at each."""
+        for d, size in self.sizes:
+            if d in TP_SPLIT_DIMS and size % tp:
+                return f"tp={tp} does not divide {d} ({size})"
         if sp:
-            for d in SEQ_DIMS:
-                if d in sizes and sizes[d] % tp:
-                    return f"sequence parallel tp={tp} does not divide {d} ({sizes[d]})"
+            for d, size in self.sizes:
+                if d in SEQ_DIMS and size % tp:
+                    return f"sequence parallel tp={tp} does not divide {d} ({size})"
+        sizes = dict(self.sizes)
         if ep > 1:
             if "expert" not in sizes:
                 return "expert parallelism needs a model with experts"

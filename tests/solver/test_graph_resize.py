@@ -77,3 +77,20 @@ def test_a_traced_multihead_attention_model_resized_is_the_model_traced_at_that_
     assert one.meta["batch"] == 1 and one.node("input_ids").shape == {"batch": 1, "seq": 16}
     direct = _traced(4, 24)
     assert resize_graph(one, {"batch": 4, "seq": 24}).nodes == direct.nodes
+
+
+@pytest.mark.parametrize(("batch", "seq"), [(1, 16), (4, 24), (3, 7)])
+def test_a_mixture_of_experts_resized_is_the_model_built_at_that_size(batch: int, seq: int) -> None:
+    """The experts' capacity follows the tokens they route: DeepSeek-V3's layout (2 of 8 experts,
+    a shared one, a dense first layer) built at 2 x 16 and resized is node for node the builder's
+    graph at the new size (capacity ceil(tokens x 2 / 8))."""
+    from parplan.solver.frontends.builder import build_graph
+    from parplan.solver.frontends.presets import get_preset
+
+    cfg = get_preset("deepseek-v3").with_(name="t", layers=3, hidden=64, heads=4, head_dim=16, ffn=32, vocab=256,
+                                          num_experts=8, top_k=2, dense_layers=1, dense_ffn=128, q_lora_rank=32,
+                                          kv_lora_rank=32, qk_rope_dim=8, v_head_dim=16, seq_len=64)
+    resized = resize_graph(build_graph(cfg, batch=2, seq_len=16), {"batch": batch, "seq": seq})
+    direct = build_graph(cfg, batch=batch, seq_len=seq)
+    assert {d: s for n in direct.nodes for d, s in n.dims}["capacity"] == -(-batch * seq * 2 // 8)
+    assert resized.nodes == direct.nodes

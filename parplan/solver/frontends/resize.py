@@ -6,11 +6,14 @@ A traced graph holds some axes twice under two names: the keys' copy of the sequ
 second copy of an axis that an elementwise op reads twice. The tracer joins such a copy to its
 original by a *rename*: a reshape whose output differs from its input in exactly one dim, of the
 same size. A rename keeps the element count only while both names have one size, so resizing one
-resizes the other (:func:`linked_dims`); nothing else ties two names together.
+resizes the other (:func:`linked_dims`). A mixture of experts' ``capacity`` (the tokens each expert
+receives, ``ceil(tokens · top_k / experts · capacity_factor)``) follows the tokens it routes
+(:func:`capacities`); nothing else ties two names together.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from parplan.solver.errors import ConfigError, GraphValidationError
@@ -45,6 +48,34 @@ def linked_dims(graph: Graph) -> dict[str, str]:
     return {d: find(d) for n in graph.nodes if not n.is_parameter for d, _ in n.dims}
 
 
+def _capacity(tokens: int, node: Node, experts: int) -> int | None:
+    top_k, factor = node.attrs.get("top_k"), node.attrs.get("capacity_factor", 1.0)
+    if not isinstance(top_k, int) or not isinstance(factor, int | float) or experts < 1:
+        return None
+    return math.ceil(tokens * top_k / experts * factor)
+
+
+def capacities(graph: Graph, todo: Mapping[str, int]) -> dict[str, int]:
+    """The capacity dim of each dispatch whose routed tokens ``todo`` resizes -> its new size, by
+    the rule the builder and the tracer write it with (the average load, times the capacity
+    factor). A capacity that does not follow the rule at the graph's own size (a graph written
+    with another) keeps its size."""
+    out: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.kind is not OpKind.DISPATCH or len(n.inputs) != 2 or n.inputs[1] not in graph:
+            continue
+        gate, edim = graph.node(n.inputs[1]), str(n.attrs.get("expert_dim", "expert"))
+        cap_dim = str(n.attrs.get("capacity_dim", "capacity"))
+        tokens = [(d, s) for d, s in gate.dims if d != edim]
+        experts, cap = dict(gate.dims).get(edim, 0), dict(n.dims).get(cap_dim)
+        if not any(d in todo for d, _ in tokens) or cap != _capacity(math.prod(s for _, s in tokens), n, experts):
+            continue
+        new = _capacity(math.prod(todo.get(d, s) for d, s in tokens), n, experts)
+        if new is not None:
+            out[cap_dim] = new
+    return out
+
+
 def resize_graph(graph: Graph, sizes: Mapping[str, int]) -> Graph:
     """The same graph with named dims (and the dims :func:`linked_dims` joins to them) set to new
     sizes on every non-parameter tensor (parameters keep theirs); ConfigError when two requested
@@ -60,6 +91,8 @@ def resize_graph(graph: Graph, sizes: Mapping[str, int]) -> Graph:
             raise ConfigError(f"graph {graph.name!r}: {other[0]} and {d} are one axis (a reshape renames one "
                               f"to the other) and cannot be resized to {other[1]} and {s}")
     todo = {d: by_class[c][1] for d, c in links.items() if c in by_class}
+    for cap_dim, cap in capacities(graph, todo).items():
+        todo.update({d: cap for d, c in links.items() if c == links.get(cap_dim)})
     nodes = [n if n.is_parameter else Node(n.id, n.kind, n.inputs,
                                            tuple((d, todo.get(d, s)) for d, s in n.dims), n.dtype, n.layer, n.attrs)
              for n in graph.nodes]

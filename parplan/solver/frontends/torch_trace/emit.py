@@ -12,6 +12,7 @@ from parplan.solver.frontends.torch_trace.constants import MAX_REPEAT
 from parplan.solver.frontends.torch_trace.fx import block_of, flatten
 from parplan.solver.frontends.torch_trace.records import DimRef, PendingNode, Value
 from parplan.solver.ir import Graph, Node, OpKind, make_node
+from parplan.solver.strategy import TP_SPLIT_DIMS
 
 if TYPE_CHECKING:
     from parplan.solver.frontends.torch_trace.recorder import Recorder
@@ -137,8 +138,9 @@ class Emitter:
                 sn.layer = units[0] if len(units) == 1 else "embed"
 
     def _name_atoms(self) -> dict[int, str]:
-        """A name per atom class: its best hint (``heads``; ``heads_8`` when another size already
-        took ``heads``), user names, else ``d<k>``; clashes within one op get a suffix."""
+        """A name per atom class: its best hint (``hidden``; ``hidden_96`` when another size already
+        took ``hidden``; the dims TP splits keep theirs), user names, else ``d<k>``; clashes within one
+        op get a suffix."""
         at = self.A
 
         def cls(a: int) -> int:
@@ -158,8 +160,8 @@ class Emitter:
             if c in at.hints:
                 h = at.hints[c][2]
                 sizes = by_hint.setdefault(h, {})
-                if at.size[c] not in sizes:
-                    sizes[at.size[c]] = h if not sizes else f"{h}_{at.size[c]}"
+                if at.size[c] not in sizes:  # a dim TP splits keeps its name at every size (dense and expert ffn)
+                    sizes[at.size[c]] = h if not sizes or h in TP_SPLIT_DIMS else f"{h}_{at.size[c]}"
                 names[c] = sizes[at.size[c]]
         derived = {at.find(a): v for a, v in at.derived.items()}
         for c in order:

@@ -93,6 +93,18 @@ def split_inputs(torch: Any, module: Any, example_inputs: Any) -> tuple[tuple[An
     return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
 
 
+def export_failure(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], error: BaseException) -> str:
+    """Why ``torch.export`` failed on ``module``: when the module's own forward fails on the same
+    inputs too, the module (its sizes), not the export, is at fault, and the message says so."""
+    name = type(module).__name__
+    try:
+        module(*args, **kwargs)
+    except Exception as own:  # the module's own code, any exception type
+        return (f"{name} cannot run its own forward on these inputs, without torch.export: {type(own).__name__}: "
+                f"{own} (a combination of sizes its code does not support)")
+    return f"torch.export could not trace {name}: {type(error).__name__}: {error}"
+
+
 def export_input_names(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
     """Names of the tensor inputs in export order: forward's parameter names, then keywords."""
     try:
@@ -150,3 +162,81 @@ def alias_chain(n: Any, x: Any, inside: set[Any]) -> bool:
             return False
         n = n.args[0]
     return True
+
+
+#: Ops that allocate a tensor whose values are all overwritten before it is read when copies tile it.
+_FRESH = frozenset({"empty", "new_empty", "empty_like", "zeros", "new_zeros", "zeros_like"})
+
+
+def _packet(n: Any) -> str | None:
+    return getattr(getattr(getattr(n, "target", None), "overloadpacket", None), "__name__", None)
+
+
+def _slice_range(s: Any, rank: int, sizes: Any) -> tuple[int, int, int] | None:
+    """``(dim, start, stop)`` of an ``aten.slice`` of step 1 (bounds clamped), else None."""
+    dim, start, end, step = (list(s.args[1:]) + [0, None, None, 1][len(s.args) - 1:])[:4]
+    if s.kwargs or step != 1 or not isinstance(dim, int):
+        return None
+    d = dim % rank
+    size = int(sizes[d])
+
+    def clamp(x: Any, default: int) -> int | None:
+        if x is None:
+            return default
+        return min(max(int(x) + size if int(x) < 0 else int(x), 0), size) if isinstance(x, int) else None
+
+    lo, hi = clamp(start, 0), clamp(end, size)
+    return None if lo is None or hi is None else (d, lo, hi)
+
+
+def _tiling(buf: Any) -> tuple[int, list[Any], list[Any]] | None:
+    """``(dim, sources by offset, copy nodes)`` when ``buf`` is written by ``copy_`` into slices
+    along one dim that tile it (each slice copied once, from a tensor of the slice's shape) and is
+    read otherwise only after the last copy; else None."""
+    val = buf.meta.get("val")
+    if not is_tensor(val) or not val.shape:
+        return None
+    pieces: list[tuple[int, int, Any, Any]] = []
+    dims: set[int] = set()
+    for s in [u for u in buf.users if _packet(u) == "slice" and u.args[0] is buf]:
+        where = _slice_range(s, len(val.shape), val.shape)
+        copies = [u for u in s.users if _packet(u) == "copy_" and u.args[0] is s]
+        if where is None or len(s.users) != 1 or len(copies) != 1:
+            return None
+        src = copies[0].args[1]
+        sval = src.meta.get("val") if is_fx_node(src) else None
+        if sval is None or not is_tensor(sval) or tuple(sval.shape) != tuple(s.meta["val"].shape):
+            return None
+        dims.add(where[0])
+        pieces.append((where[1], where[2], src, copies[0]))
+    if len(dims) != 1 or len(pieces) < 2:
+        return None
+    pieces.sort(key=lambda p: p[0])
+    d = dims.pop()
+    bounds = [0, *(b for p in pieces for b in p[:2]), int(val.shape[d])]
+    if any(a != b for a, b in zip(bounds[::2], bounds[1::2], strict=True)):  # each piece ends where the next starts
+        return None
+    return d, [p[2] for p in pieces], [p[3] for p in pieces]
+
+
+def fill_by_copies(torch: Any, graph: Any) -> None:
+    """Rewrite a fresh buffer filled by copies into slices that tile it (DeepSeek-V3's keys:
+    ``new_empty`` then ``key[..., :nope].copy_(k_nope)``, ``key[..., nope:].copy_(k_rot)``) as the
+    concatenation of the copied tensors, which it is: the export keeps ``copy_`` in place, so the
+    buffer would otherwise read as a constant and the copies as dead code."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for buf in [n for n in graph.nodes if n.op == "call_function" and _packet(n) in _FRESH]:
+        found = _tiling(buf)
+        if found is None:
+            continue
+        dim, sources, copies = found
+        last = max(copies, key=order.__getitem__)
+        readers = [u for u in buf.users if _packet(u) != "slice" or u.args[0] is not buf]
+        if any(order[r] < order[last] for r in readers):
+            continue
+        with graph.inserting_after(last):
+            cat = graph.call_function(torch.ops.aten.cat.default, (list(sources), dim))
+        cat.meta.update({k: v for k, v in last.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        cat.meta["val"] = buf.meta["val"]
+        for r in readers:
+            r.replace_input_with(buf, cat)

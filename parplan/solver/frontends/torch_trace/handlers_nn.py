@@ -38,8 +38,10 @@ def map_sdpa(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
     _, dtype = out_shape(t, node)
     if min(len(q.axes), len(k.axes), len(v.axes)) < 2:
         raise t.error("scaled_dot_product_attention needs inputs of rank >= 2")
-    if t.size_of(q.axes[-1]) != t.size_of(v.axes[-1]):
-        raise t.error("attention whose value head size differs from the query's is not representable")
+    if t.size_of(q.axes[-1]) != t.size_of(k.axes[-1]):
+        raise t.error("attention whose key head size differs from the query's is not representable")
+    # multi-head latent attention (DeepSeek-V2/V3): values narrower than the queries and keys
+    v_own = t.size_of(q.axes[-1]) != t.size_of(v.axes[-1])
     qa, ka, va = ([list(a) for a in x.axes] for x in (q, k, v))
 
     def tie(dst: list[list[int]], i: int, src: list[int]) -> None:
@@ -47,7 +49,8 @@ def map_sdpa(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
             dst[i] = src
 
     tie(ka, -1, qa[-1])
-    tie(va, -1, qa[-1])
+    if not v_own:
+        tie(va, -1, qa[-1])
     tie(va, -2, ka[-2])
     for j in range(3, max(len(qa), len(ka), len(va)) + 1):
         if j <= len(qa) and j <= len(ka):
@@ -70,11 +73,16 @@ def map_sdpa(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
             t.A.hint(hk[0], "kv_heads", P_ATTN)
     if len(qa) >= 4:
         t.hint(qa[-4], "batch", P_ATTN)
-    out_axes = [list(a) for a in qa]
+    out_axes = [*(list(a) for a in qa[:-1]), list(va[-1] if v_own else qa[-1])]
     hd, _ = t.single_dim(q.like(qa), len(qa) - 1)
     kv, _ = t.single_dim(k.like(ka), len(ka) - 2)
     if t.A.leaves(qa[-1]) != [hd]:  # a head dim split elsewhere: read q, k, v with it whole
-        qa[-1], ka[-1], va[-1] = [hd], [hd], [hd]
+        qa[-1], ka[-1] = [hd], [hd]
+        va[-1] = va[-1] if v_own else [hd]
+    if v_own:  # the value's head dim: one dim of its own, the output's last
+        vd, _ = t.single_dim(v.like(va), len(va) - 1)
+        va[-1] = [vd]
+        t.hint(va[-1], "v_head_dim", P_ATTN)
     if t.A.leaves(ka[-2]) != [kv]:
         ka[-2], va[-2] = [kv], [kv]
     ins = [t.input_slot(q, flat(qa)), t.input_slot(k, flat(ka)), t.input_slot(v, flat(va))]
@@ -91,7 +99,7 @@ def map_sdpa(t: Recorder, node: Any, args: dict[str, Any], op: str) -> Value:
                              "head_dim": DimRef((hd,)), "kv_seq_dim": DimRef((kv,))}
     if args.get("scale") is not None:
         attrs["scale"] = float(args["scale"])
-    rec = t.record(OpKind.ATTENTION, flat(qa), ins, dtype, **attrs)
+    rec = t.record(OpKind.ATTENTION, flat([*qa[:-1], va[-1] if v_own else qa[-1]]), ins, dtype, **attrs)
     return Value(out_axes, rec, dtype, False)
 
 

@@ -12,7 +12,9 @@ from parplan.solver.frontends.torch_trace.constants import ACT_NAMES, CREATE, FL
 from parplan.solver.frontends.torch_trace.emit import Emitter
 from parplan.solver.frontends.torch_trace.fx import (
     alias_chain,
+    export_failure,
     export_input_names,
+    fill_by_copies,
     flatten,
     import_torch,
     is_fx_node,
@@ -59,7 +61,8 @@ def trace_module(
     except ConfigError:
         raise
     except Exception as e:  # torch.export raises many exception types
-        raise ConfigError(f"torch.export could not trace {type(module).__name__}: {type(e).__name__}: {e}") from e
+        raise ConfigError(export_failure(module, args, kwargs, e)) from e
+    fill_by_copies(torch, ep.graph)
     tracer = Tracer(torch, module, ep, export_input_names(module, args, kwargs), dim_names or {}, float_dtype)
     try:
         return tracer.build(name)
