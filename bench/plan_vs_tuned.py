@@ -133,12 +133,15 @@ def plan_fits(req: PlanRequest) -> bool:
     return solve(req)["memory"] is not None
 
 
-def counts(model: str, gpus: int, gpu: str, global_batch: int) -> Iterable[int]:
-    """The GPU counts scanned: powers of two up to ``gpus``, from the largest below the lower bound."""
+def counts(model: str, gpus: int, gpu: str, global_batch: int, offload: bool = False) -> Iterable[int]:
+    """The GPU counts scanned: powers of two up to ``gpus``, from the largest below the lower bound: the
+    weights and optimizer states over the budget, the weights alone where the optimizer may be offloaded
+    to the host (the targets' searches, :data:`parplan.solver.targets.OFFLOAD_FRACTIONS`)."""
     req = request(model, 1, gpu, global_batch, "megatron")
     prec = get_precision(req.precision)
     params = UniformEvaluator(req.model, req.cluster, global_batch, req.seq_len).graph(1).parameter_count()
-    bound = params * (prec.param_bytes + prec.optimizer_state_bytes) / req.budget_bytes
+    held = prec.param_bytes + (0 if offload else prec.optimizer_state_bytes)
+    bound = params * held / req.budget_bytes
     n = 2 ** max(0, math.ceil(math.log2(bound)) - 1) if bound > 1 else 1  # below the bound when above 1
     while n <= gpus:
         yield n
@@ -150,7 +153,7 @@ def fewest(model: str, gpus: int, gpu: str, global_batch: int) -> dict[str, str]
     out: dict[str, str] = {}
     checks = {"grid": grid_fits, "megatron": plan_fits, "any": plan_fits}
     for name, fits in checks.items():
-        scanned = list(counts(model, gpus, gpu, global_batch))
+        scanned = list(counts(model, gpus, gpu, global_batch, offload=name != "grid"))
         out[name] = f">{gpus}"
         for k, n in enumerate(scanned):
             if fits(request(model, n, gpu, global_batch, "megatron" if name == "grid" else name)):

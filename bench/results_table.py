@@ -42,6 +42,8 @@ ORDER: dict[str, str] = {
     "target_speed": "planning for a target trainer",
     "plan_vs_tuned": "parplan's max-throughput plans (targets megatron and any) against the best uniform "
                      "Megatron-LM configuration of an exhaustive grid, predicted",
+    "offload_fewest_gpus": "the fewest GPUs a model fits on with and without the optimizer offloaded to the host, "
+                           "and the slowdown",
     "traced_plan_speed": "planning a traced config.json against its preset",
     "load_presets": "loading and evaluating the largest presets",
     "service_load": "the planning service under load",

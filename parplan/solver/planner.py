@@ -348,7 +348,7 @@ def _uniform(req: PlanRequest, ev: UniformEvaluator, runnable: set[Candidate],
     fastest = fastest_fitting(ev, cands, req.budget_bytes)
     if fastest is None or not fastest.fits:
         # none fits: the same strategies with part of the optimizer on the host (targets.offload_variants)
-        offloading = offload_variants(req.target, cands) if req.optimizer_offload else []
+        offloading = offload_variants(target or req.target, cands) if req.optimizer_offload else []
         found = fastest_fitting(ev, offloading, req.budget_bytes) if offloading else None
         if found is not None and found.fits:
             fastest, cands = found, offloading

@@ -40,3 +40,17 @@ def test_any_is_never_slower_than_the_megatron_target() -> None:
     anything = solve(bench.request(*case, "any"))
     assert "interleaved" in megatron["strategy"]["summary"]
     assert anything["time"]["step_seconds"] <= megatron["time"]["step_seconds"]
+
+
+def test_any_offloads_the_optimizer_where_the_megatron_target_would() -> None:
+    """GPT 18.4B on 2 H100s: no Megatron-LM configuration fits with the optimizer on the GPUs (weights and
+    Adam's states alone are 16 bytes x 18.4e9 / 2 = 137 GiB a device); the megatron target offloads it to
+    the host, and so does ``any`` (its megatron-family search)."""
+    sys.path.insert(0, BENCH)
+    try:
+        import plan_vs_tuned as bench
+    finally:
+        sys.path.remove(BENCH)
+    doc = solve(bench.request("gpt-18.4b", 2, "H100-80GB", 256, "any"))
+    assert doc["memory"] is not None and doc["memory"]["fits"]
+    assert doc["strategy"]["optimizer_offload"] > 0
