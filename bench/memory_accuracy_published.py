@@ -2,20 +2,23 @@
 (bench/data/published_memory_runs.json; its fields: bench/data/README.md).
 
 Each row is priced with the closest parplan configuration (``evaluate``: the row's model shape, degrees,
-micro-batch, ZeRO/FSDP, recomputation and runtime) on the row's GPU preset, then compared with the row's
-counter: ``max_allocated`` with the allocated peak, ``max_reserved`` with the reserved peak,
-``device_total_used`` with the reserved peak plus the CUDA context and NCCL buffers, ``unknown`` with the
-reserved peak (the larger of the two counters). Error = published / predicted − 1. Every row's verdict is
-checked: a completed run must not be predicted not to fit, an out-of-memory run must be predicted not to fit.
+micro-batch, ZeRO/FSDP with HSDP's shard group as ``dp_shard``, recomputation and runtime) on the row's GPU
+preset, then compared with the row's counter: ``max_allocated`` with the allocated peak, ``max_reserved``
+with the reserved peak, ``device_total_used`` with the reserved peak plus the CUDA context and NCCL
+buffers, ``unknown`` with the reserved peak (the larger of the two counters). Error = published /
+predicted − 1. Every row's verdict is checked: a completed run must not be predicted not to fit, an
+out-of-memory run must be predicted not to fit.
 
 Every row is *counted* or *shown apart* with its reason (a feature parplan does not build, a configuration
 the source leaves open); a row shown apart is still priced where it can be, for information, but enters no
 figure. None is dropped.
 
-Speed: graphs are built once per (shape, micro-batch, sequence) and their unit costs reused; the 1,758
-Ultra-Scale Playbook rows (nanotron, shown apart: parplan has no nanotron runtime) are priced with the
-closest runtime (``megatron``) over a fixed sample, every ``PLAYBOOK_STRIDE``-th row; the rest of them are
-listed as shown apart and not priced (say ``--all`` to price every one).
+The Ultra-Scale Playbook's rows (nanotron) are priced as they ran by ``nanotron_published.py``
+(``price_playbook_row``: world rank 0's allocated peak through parplan's nanotron import, runtime
+``nanotron``); their counter is not stated and is compared as ``unknown`` (the reserved peak:
+docs/nanotron.md). The playbook is sampled: every ``PLAYBOOK_STRIDE``-th row is priced and counted, the
+rest shown apart as outside the sample (say ``--all`` to price and count every one). Graphs of the other
+rows are built once per (shape, micro-batch, sequence) and their unit costs reused.
 
 Run: python bench/memory_accuracy_published.py [--all]   (writes bench/out/memory_accuracy_published.txt)
 """
@@ -28,15 +31,17 @@ import re
 import statistics
 import sys
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, Literal
 
-from _common import header
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._common import header
+from bench.nanotron_published import price_playbook_row
 from parplan.solver.cluster import GIB, Cluster, make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.units import GraphCosts
-from parplan.solver.device_memory import device_memory, verdict
+from parplan.solver.device_memory import FitVerdict, device_memory, reserved_peak_bytes, verdict
 from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.evaluate import evaluate_graph
 from parplan.solver.frontends.config import TransformerConfig
@@ -48,6 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "published_memory_runs.json")
 OUT = os.path.join(HERE, "out", "memory_accuracy_published.txt")
 PLAYBOOK_STRIDE = 20
+SAMPLE_REASON = f"outside the priced sample (every {PLAYBOOK_STRIDE}th Playbook row; --all prices every one)"
 
 _GRAPHS: dict[tuple[Any, ...], tuple[Graph, GraphCosts]] = {}
 
@@ -57,8 +63,6 @@ def apart_reason(r: dict[str, Any]) -> str | None:
     ac = str(r.get("activation_checkpointing") or "")
     launch = (r.get("other") or {}).get("launch_args", {}) if isinstance(r.get("other"), dict) else {}
     zero = str(r.get("zero_fsdp") or "")
-    if r["source_group"] == "ultrascale_playbook":
-        return "nanotron runtime not built (its fp32 loss and gradient-accumulation buffers)"
     if r["source_group"] == "colossalai":
         return "Colossal-AI Gemini runtime not built"
     if "--recompute-modules" in launch:
@@ -75,7 +79,9 @@ def apart_reason(r: dict[str, Any]) -> str | None:
         return "MoE layout not mapped by this benchmark"
     if r["model"].get("layers") is None:
         return "model sizes not in the row (a config name only)"
-    if "Megatron FSDP" in zero or re.search(r"(?<!no )HSDP", zero) or "DeepSpeed" in zero:
+    if re.search(r"(?<!no )HSDP", zero) and _hsdp_shard(r) is None:
+        return "HSDP without its shard and replicate degrees"
+    if "Megatron FSDP" in zero or "DeepSpeed" in zero:
         return f"sharding not built as run ({zero.split(',')[0][:40]})"
     if r["outcome"] == "completed" and r.get("memory_gib") is None and r.get("memory_pct_of_device") is None:
         return None  # verdict only
@@ -130,6 +136,13 @@ def _zero(r: dict[str, Any]) -> int:
     return 0
 
 
+def _hsdp_shard(r: dict[str, Any]) -> int | None:
+    """The shard group of a row whose sharding text states HSDP as 'shard S x replicate R' (S x R = the
+    data-parallel ranks); None otherwise."""
+    m = re.search(r"(?<!no )HSDP\b.*?shard (\d+) x replicate (\d+)", str(r.get("zero_fsdp") or ""))
+    return int(m.group(1)) if m else None
+
+
 def _runtime(r: dict[str, Any]) -> Runtime:
     fw = str(r.get("framework") or "").lower()
     if "torchtitan" in fw:
@@ -150,7 +163,8 @@ def layout(r: dict[str, Any]) -> ParallelConfig:
     v = int(r.get("virtual_stages") or 1)
     sched = Schedule.INTERLEAVED if pp > 1 and v > 1 and m % pp == 0 else Schedule.ONE_F_ONE_B
     zero = _zero(r) if dp * cp > 1 else 0  # both trainers shard over the data- and context-parallel ranks
-    return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
+    return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, dp_shard=_hsdp_shard(r) or 0,
+                          sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
                           recompute=_recompute(r), micro_batch=mb, num_microbatches=max(1, m), schedule=sched,
                           virtual_stages=v if sched is Schedule.INTERLEAVED else 1, cp=cp, runtime=_runtime(r),
                           precision=_float8(r) or "bf16")
@@ -177,7 +191,8 @@ def _graph(r: dict[str, Any], mb: int) -> tuple[Graph, GraphCosts]:
     if key not in _GRAPHS:
         launch = (r.get("other") or {}).get("launch_args", {}) if isinstance(r.get("other"), dict) else {}
         # Megatron-LM's CI models are GPT (GELU) unless --swiglu; every other source runs Llama-style models
-        family = "gpt" if r["source_group"] == "megatron_lm_ci" and "--swiglu" not in launch else "llama"
+        gpt = r["source_group"] == "megatron_lm_ci" and "--swiglu" not in launch
+        family: Literal["gpt", "llama"] = "gpt" if gpt else "llama"
         cfg = TransformerConfig(family=family, name=str(md["name"])[:40], layers=int(md["layers"]),
                                 hidden=int(md["hidden"]), heads=int(md["heads"]), ffn=int(md["ffn"]),
                                 vocab=int(md["vocab"]), seq_len=seq, kv_heads=md.get("kv_heads"),
@@ -195,26 +210,50 @@ def _published_gib(r: dict[str, Any], cluster: Cluster) -> float | None:
     return None
 
 
+def _cluster(r: dict[str, Any]) -> Cluster:
+    gpu, override = _gpu(r)
+    return make_cluster(int(r["gpus"]), int(r.get("gpus_per_node") or min(8, int(r["gpus"]))), gpu, override)
+
+
+def _compared(r: dict[str, Any], cluster: Cluster, v: FitVerdict, rank_allocated: float) -> dict[str, Any]:
+    """The row's counter against the prediction at the rank it reports (``rank_allocated``: that rank's
+    allocated peak, bytes), and the verdict ``v`` of the plan's most loaded rank against the outcome."""
+    dm = device_memory(cluster)
+    reserved = reserved_peak_bytes(rank_allocated)
+    predicted = {"max_allocated": rank_allocated,
+                 "device_total_used": reserved + dm.context_bytes + dm.communicator_bytes}.get(
+        str(r.get("counter")), reserved) / GIB
+    published = _published_gib(r, cluster)
+    wrong = (r["outcome"] == "completed" and not v.fits) or (r["outcome"] == "oom" and v.fits)
+    return {"gpu": _gpu(r)[0], "allocated_gib": rank_allocated / GIB, "reserved_gib": reserved / GIB,
+            "usable_gib": v.usable_bytes / GIB, "fits": v.fits, "predicted_gib": predicted,
+            "published_gib": published, "error": None if published is None else published / predicted - 1,
+            "wrong_verdict": wrong}
+
+
 def price(r: dict[str, Any]) -> dict[str, Any]:
     """Row ``r`` priced: allocated and reserved peaks, the verdict, the published figure and the error."""
-    gpu, override = _gpu(r)
-    per_node = int(r.get("gpus_per_node") or min(8, int(r["gpus"])))
-    cluster = make_cluster(int(r["gpus"]), per_node, gpu, override)
+    cluster = _cluster(r)
     s = layout(r)
     g, gc = _graph(r, s.micro_batch)
     e = evaluate_graph(g, str(r["model"]["name"]), g.parameter_count(), cluster, s, costs=gc)
-    v = verdict(e.memory.peak_bytes, cluster)
-    dm = device_memory(cluster)
-    counter = r.get("counter")
-    predicted = {"max_allocated": v.allocated_peak_bytes,
-                 "device_total_used": v.reserved_peak_bytes + dm.context_bytes + dm.communicator_bytes}.get(
-        str(counter), v.reserved_peak_bytes) / GIB
-    published = _published_gib(r, cluster)
-    wrong = (r["outcome"] == "completed" and not v.fits) or (r["outcome"] == "oom" and v.fits)
-    return {"layout": s.describe(), "gpu": gpu, "allocated_gib": v.allocated_peak_bytes / GIB,
-            "reserved_gib": v.reserved_peak_bytes / GIB, "usable_gib": v.usable_bytes / GIB, "fits": v.fits,
-            "predicted_gib": predicted, "published_gib": published,
-            "error": None if published is None else published / predicted - 1, "wrong_verdict": wrong}
+    return {"layout": s.describe()} | _compared(r, cluster, verdict(e.memory.peak_bytes, cluster), e.memory.peak_bytes)
+
+
+def price_playbook(r: dict[str, Any]) -> dict[str, Any]:
+    """A playbook row priced as it ran (``price_playbook_row``): its figure (world rank 0's) against stage
+    0's prediction, the verdict on the most loaded stage (stage 0 where it is priced alone); ``apart`` set
+    to its reason where the row cannot be priced."""
+    p = price_playbook_row(r)
+    if p.apart is not None or p.stage0_gib is None:
+        return {"apart": p.apart or "not priced", "not_priced": p.apart}
+    cluster = _cluster(r)
+    res = _compared(r, cluster, verdict((p.peak_gib or p.stage0_gib) * GIB, cluster), p.stage0_gib * GIB)
+    mega = None if p.megatron_stage0_gib is None else p.measured_gib * GIB / reserved_peak_bytes(
+        p.megatron_stage0_gib * GIB) - 1
+    return {"layout": f"tp{r['tp']} pp{r['pp']} dp{r['dp']} {r['zero_fsdp'].lower()} mb{r['micro_batch']}x"
+                      f"{r['grad_accum']} nanotron" + ("" if p.peak_gib is not None else " (stage 0 alone)"),
+            "megatron_error": mega} | res
 
 
 def run(all_rows: bool) -> list[dict[str, Any]]:
@@ -227,19 +266,18 @@ def run(all_rows: bool) -> list[dict[str, Any]]:
         reason = apart_reason(r)
         res: dict[str, Any] = {"id": r["id"], "source": r["source_group"], "counter": r.get("counter"),
                                "outcome": r["outcome"], "apart": reason}
-        sampled = True
         if r["source_group"] == "ultrascale_playbook":
             sampled = all_rows or playbook % PLAYBOOK_STRIDE == 0
             playbook += 1
-        if sampled:
-            try:
-                res |= price(r)
-            except (ConfigError, SolverError, ValueError, KeyError, TypeError) as exc:
-                res["not_priced"] = f"{type(exc).__name__}: {exc}"[:160]
-                if reason is None:
-                    res["apart"] = "configuration parplan cannot express: " + res["not_priced"]
-        else:
-            res["not_priced"] = f"outside the sample (every {PLAYBOOK_STRIDE}th row priced)"
+            res |= price_playbook(r) if sampled else {"apart": SAMPLE_REASON, "not_priced": SAMPLE_REASON}
+            out.append(res)
+            continue
+        try:
+            res |= price(r)
+        except (ConfigError, SolverError, ValueError, KeyError, TypeError) as exc:
+            res["not_priced"] = f"{type(exc).__name__}: {exc}"[:160]
+            if reason is None:
+                res["apart"] = "configuration parplan cannot express: " + res["not_priced"]
         out.append(res)
     return out
 
@@ -278,12 +316,12 @@ def _fmt(x: float | None, pct: bool = False) -> str:
 
 
 def row_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Every row but the Playbook's (summarised by :func:`playbook_lines`), one line each."""
+    """Every row, one line each, but the Playbook's outside the priced sample."""
     lines = ["| row | counter | outcome | layout | published GiB | allocated GiB | reserved GiB | usable GiB | "
              "error | verdict | shown apart |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
-        if r["source"] == "ultrascale_playbook":
+        if r["apart"] == SAMPLE_REASON:
             continue
         verdict_text = "-" if "fits" not in r else ("fits" if r["fits"] else "does not fit") + (
             " (WRONG)" if r["wrong_verdict"] else "")
@@ -295,14 +333,21 @@ def row_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def playbook_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The Playbook's priced sample, for information (shown apart: no nanotron runtime)."""
-    errs = sorted(r["error"] for r in rows if r["source"] == "ultrascale_playbook" and r.get("error") is not None)
-    if not errs:
+    """What of the Playbook is counted, and its sample under the runtime ``megatron`` for comparison."""
+    pb = [r for r in rows if r["source"] == "ultrascale_playbook"]
+    sample = [r for r in pb if r["apart"] != SAMPLE_REASON]
+    if not pb:
         return []
-    ratios = [1 + e for e in errs]
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    return [f"Ultra-Scale Playbook sample ({len(errs)} rows priced with runtime `megatron`): published / predicted "
-            f"reserved {ratios[0]:.2f} to {ratios[-1]:.2f}, quartiles {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f}."]
+    scope = (f"sampled ({len(sample)} of {len(pb)} rows, every {PLAYBOOK_STRIDE}th), priced" if len(sample) < len(pb)
+             else f"every one of its {len(pb)} rows priced")
+    line = (f"Ultra-Scale Playbook: {scope} with the runtime `nanotron` as they ran (bench/nanotron_published.py); "
+            "the priced rows are what is counted, the others are shown apart. Its figure (world rank 0's, counter "
+            "not stated) is compared with stage 0's reserved prediction.")
+    mega = [r["megatron_error"] for r in sample if r.get("megatron_error") is not None]
+    if mega:
+        line += (f" The same rows under the runtime `megatron` (Megatron-LM's buffers, even layer split): median "
+                 f"error {statistics.median(mega):+.1%}.")
+    return [line]
 
 
 def main() -> None:
