@@ -33,9 +33,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import GradBucket  # type: ignore[attr-defined]
 
-from parplan.agent.executor import LEARNING_RATE, Runner
 from parplan.agent.memtrack import CategoryTracker, made_as_gradients
 from parplan.agent.model import StageModule, Transformer
+from parplan.agent.runner import LEARNING_RATE, Runner
 
 
 class Fp32CrossEntropy(torch.autograd.Function):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parplan.agent import executor
-from parplan.agent.executor import reference, reference_for
+from parplan.agent import runner as executor
 from parplan.agent.matrix import GPT_TINY
+from parplan.agent.runner import reference, reference_for
 from parplan.solver.frontends.config import TransformerConfig
 
 
