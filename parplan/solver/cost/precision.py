@@ -39,6 +39,12 @@ class Precision:
     fp8_weight_gather: bool = False
 
     @property
+    def te_fp8(self) -> bool:
+        """Transformer Engine's FP8 (not torchao's): its GEMMs save their inputs in FP8 under runtime
+        megatron (:data:`~parplan.solver.cost.activations.TE_FP8_SAVED_INPUT_BYTES`)."""
+        return self.matmul_dtype == "fp8" and not self.torchao
+
+    @property
     def optimizer_state_bytes(self) -> int:
         """Bytes per parameter the optimizer holds (master weights + moments)."""
         return self.master_bytes + self.optimizer_bytes
@@ -97,13 +103,11 @@ FP8_PARAM_BYTES = 2
 #: ``fp8`` is Megatron-LM with Transformer Engine's FP8 recipe: bf16's states plus the FP8 weight
 #: copies (20 bytes/parameter), the matmuls with a weight at the GPU's FP8 peak, except those over the
 #: vocabulary (Megatron-LM keeps the embedding and output layer in bf16), the attention core in bf16
-#: (TE's FP8 attention is off by default). Upper bounds where the recipe keeps less: the copies are
-#: counted for every parameter (embeddings, norms and biases have none), and activations as in bf16.
-#: TE saves a linear layer's input in FP8 (one byte, column-wise only: TE PR 1596's "Input with
-#: column-wise usage is needed for wgrad GEMM"; row-wise too for a column-parallel layer's input that
-#: sequence parallelism gathers again), which the attention's output, also kept in bf16 by the
-#: attention, costs on top; what the other FP8 inputs (the MLP's down projection's, ffn wide, above
-#: all) save is larger, so bf16's count stays above FP8's. The per-tensor scaling state (scale,
+#: (TE's FP8 attention is off by default). An upper bound where the recipe keeps less: the copies are
+#: counted for every parameter (embeddings, norms and biases have none). Under runtime megatron the
+#: FP8 GEMMs save their inputs in FP8, one byte an element
+#: (:data:`~parplan.solver.cost.activations.TE_FP8_SAVED_INPUT_BYTES`); other runtimes count them as
+#: in bf16 (an upper bound). The per-tensor scaling state (scale,
 #: inverse scale and an amax history of at most 1,024 fp32 values per GEMM operand: about 20 KB per
 #: linear layer) is far below the copies' over-count and not counted. ``fp8-cs`` is the same with
 #: current scaling (Megatron-LM's ``--fp8-recipe tensorwise``, the "FP8-CS" of NVIDIA's recipes): the
@@ -111,7 +115,7 @@ FP8_PARAM_BYTES = 2
 #: ``fp8-cs-grad16`` are those with 16-bit gradients (Megatron-LM's ``--grad-reduce-in-bf16``, as
 #: ``bf16-grad16``: 18 bytes/parameter). ``fp8-pg``, ``fp8-cs-pg``, ``fp8-pg-grad16`` and
 #: ``fp8-cs-pg-grad16`` add Megatron-LM's ``--fp8-param-gather`` (runtime megatron only): the weights
-#: held as FP8 only (:data:`FP8_PARAM_BYTES`: 16 or 14 bytes/parameter), the FP8 ones gathered in one
+#: held as FP8 only (:data:`FP8_PARAM_BYTES`: 18 or 16 bytes/parameter), the FP8 ones gathered in one
 #: byte (:data:`FP8_GATHER_BYTES`). ``bf16-states16``
 #: keeps every model state in bf16: weights, gradients, the master copy and Adam's two moments
 #: (10 bytes/parameter), DeepSpeed's ``bf16.bf16_master_weights_and_grads`` with
