@@ -217,18 +217,21 @@ def test_bf16_states16_is_a_precision_of_parplan_memory(capsys: pytest.CaptureFi
     assert held["optimizer_states"] == pytest.approx(6 * p / 8, rel=1e-12)
 
 
-@pytest.mark.parametrize("precision", ["fp16", "bf16-grad16", "fp16-grad16"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16-grad16", "fp16-grad16", "fp8", "fp8-cs-grad16", "fp8-pg-grad16",
+                                       "fp8-cs-pg"])
 def test_megatron_export_writes_the_gradient_type_its_import_reads(
         precision: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Megatron-LM keeps fp16 gradients unless ``--accumulate-allreduce-grads-in-fp32`` and bf16's in
-    fp32 unless ``--grad-reduce-in-bf16``: the export writes the flags of the precision planned, and
-    the import reads them back to the same precision and memory."""
+    fp32 unless ``--grad-reduce-in-bf16``; Transformer Engine's FP8 is ``--fp8-format`` (``--fp8-recipe
+    tensorwise`` for current scaling, ``--fp8-param-gather`` for FP8 weights only): the export writes the
+    flags of the precision planned, and the import reads them back to the same precision and memory."""
     priced = run(capsys, "--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "1", "--zero", "1",
-                 "--sequence-parallel", "--global-batch", "16", "--precision", precision)
+                 "--sequence-parallel", "--global-batch", "16", "--precision", precision, "--gpu", "H100-80GB")
     (tmp_path / "priced.json").write_text(json.dumps(priced))
     assert main(["export", str(tmp_path / "priced.json"), "--target", "megatron", "--out", str(tmp_path / "out")]) == 0
     capsys.readouterr()
-    back = run(capsys, "--from", "megatron-args", str(tmp_path / "out" / "megatron_args.txt"), "--gpus", "8")
+    back = run(capsys, "--from", "megatron-args", str(tmp_path / "out" / "megatron_args.txt"), "--gpus", "8",
+               "--gpu", "H100-80GB")
     assert back["strategy"]["precision"] == precision
     assert back["memory"]["peak_bytes"] == priced["memory"]["peak_bytes"]
 

@@ -12,6 +12,8 @@ distributed optimizer's, sharded over the data-parallel ranks, either way.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from parplan.cli import main
@@ -72,3 +74,15 @@ def test_a_plan_request_needs_the_megatron_target(capsys: pytest.CaptureFixture[
     assert main([*args, "--target", "torchtitan"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "target megatron" in err and "Traceback" not in err
+
+
+def test_the_megatron_export_needs_the_distributed_optimizer(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """megatron/training/arguments.py asserts ``--fp8-param-gather`` with the distributed optimizer
+    (or an FSDP): a ZeRO-0 plan is refused, naming why."""
+    assert main(["memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "1", "--zero", "0",
+                 "--precision", "fp8-pg", "--gpu", "H100-80GB", "--json"]) == 0
+    (tmp_path / "priced.json").write_text(capsys.readouterr().out)
+    rc = main(["export", str(tmp_path / "priced.json"), "--target", "megatron", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--fp8-param-gather needs the distributed optimizer" in err and "Traceback" not in err
