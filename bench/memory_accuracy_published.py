@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import header
 from bench.nanotron_published import price_playbook_row
+from parplan.imports.megatron import _precision as megatron_precision  # the importer's reading of the flags
 from parplan.solver.cluster import GIB, Cluster, make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
@@ -92,7 +93,13 @@ def apart_reason(r: dict[str, Any]) -> str | None:
 
 def _float8(r: dict[str, Any]) -> str | None:
     """The parplan precision of a torchtitan row's torchao Float8 (its tensorwise recipe, with FSDP2's float8
-    all-gather where the row's config sets it); None for other rows (Transformer Engine's FP8 is not mapped)."""
+    all-gather where the row's config sets it), or of a Megatron-LM row's Transformer Engine FP8 as
+    ``parplan memory --from megatron-args`` reads its flags; None for other rows and recipes not priced."""
+    launch = (r.get("other") or {}).get("launch_args", {}) if isinstance(r.get("other"), dict) else {}
+    if _runtime(r) is Runtime.MEGATRON and "--fp8-format" in launch:
+        problems: list[str] = []
+        name = megatron_precision(launch, problems, [])
+        return None if problems else name
     text = str(r.get("fp8") or "")
     tensorwise = "tensorwise" in text or "quantize.linear.float8" in text  # the converter's default recipe
     if _runtime(r) is not Runtime.TORCHTITAN or "torchao" not in text.lower() or not tensorwise:

@@ -50,10 +50,15 @@ DECLARED_FLAGS = frozenset({
 #: Flags made from megatron-core's DistributedDataParallelConfig fields (``--`` + the field with dashes).
 #: parplan precision -> Megatron-LM's flags (``megatron/training/arguments.py``: with ``--bf16`` the
 #: gradients are accumulated and reduced in fp32 unless ``--grad-reduce-in-bf16``; with ``--fp16``
-#: only with ``--accumulate-allreduce-grads-in-fp32``)
+#: only with ``--accumulate-allreduce-grads-in-fp32``); Transformer Engine's FP8 with ``--fp8-format
+#: hybrid``, delayed scaling by default, ``--fp8-recipe tensorwise`` for current scaling, and
+#: ``--fp8-param-gather`` for the ``-pg`` precisions (which assert the distributed optimizer)
 PRECISION_FLAGS: Mapping[str, tuple[str, ...]] = {
     "bf16": ("--bf16",), "bf16-grad16": ("--bf16", "--grad-reduce-in-bf16"),
     "fp16": ("--fp16", "--accumulate-allreduce-grads-in-fp32"), "fp16-grad16": ("--fp16",),
+    **{f"fp8{cs}{pg}{g16}": ("--bf16", *(("--grad-reduce-in-bf16",) if g16 else ()), "--fp8-format", "hybrid",
+                             *(("--fp8-recipe", "tensorwise") if cs else ()), *(("--fp8-param-gather",) if pg else ()))
+       for cs in ("", "-cs") for pg in ("", "-pg") for g16 in ("", "-grad16")},
 }
 DDP_FLAGS = frozenset({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                        "--num-distributed-optimizer-instances"})
@@ -112,6 +117,9 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
                        "Megatron-LM has none (plan with --target megatron)")
     if plan.precision not in PRECISION_FLAGS:
         reasons.append(f"precision {plan.precision}")
+    elif "--fp8-param-gather" in PRECISION_FLAGS[plan.precision] and plan.zero != 1:
+        reasons.append(f"precision {plan.precision}: Megatron-LM's --fp8-param-gather needs the distributed "
+                       "optimizer (ZeRO-1)")
     if plan.cp > 1 and ctx.seq_len % (2 * plan.cp * (plan.tp if plan.sequence_parallel else 1)):
         each = ", each a multiple of tp with sequence parallelism" if plan.sequence_parallel else ""
         reasons.append(f"context parallelism cp={plan.cp}: Megatron-LM splits the sequence ({ctx.seq_len}) into "

@@ -325,8 +325,9 @@ def _fp8(flags: dict[str, str | bool], base: str, grads16: bool, problems: list[
         problems.append(f"--fp8-recipe {recipe}: parplan prices the delayed and tensorwise (current) scaling recipes")
         return "fp8"
     if "--fp8-param-gather" in flags:
-        adjusted.append("--fp8-param-gather: Megatron-LM keeps the weights in FP8 only and gathers them in FP8; "
-                        "priced as bf16 weights with their FP8 copies, gathered in bf16 (an upper bound on both)")
+        name += "-pg"
+        adjusted.append(f"--fp8-param-gather: Megatron-LM keeps the FP8 GEMMs' weights in FP8 only and gathers "
+                        f"them in FP8: precision {name}{'-grad16' if grads16 else ''}")
     return name + ("-grad16" if grads16 else "")
 
 

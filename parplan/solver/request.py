@@ -129,7 +129,9 @@ PrecisionName = Annotated[str, _one_of(tuple(PRECISIONS), "precision", PRECISION
      "precision: bf16 (Megatron-LM's default), bf16-grad16, bf16-states16 (every model state in bf16: DeepSpeed's "
      "bf16_master_weights_and_grads with bf16_optimizer_states), fp16, fp16-grad16, fp32, fp8 (Transformer "
      "Engine's FP8 recipe, delayed scaling), fp8-cs (the same with current scaling), fp8-grad16 and fp8-cs-grad16 "
-     "(those with 16-bit gradients), or torchao's Float8 as torchtitan runs it (target torchtitan only): "
+     "(those with 16-bit gradients), fp8-pg, fp8-cs-pg, fp8-pg-grad16 and fp8-cs-pg-grad16 (those with "
+     "Megatron-LM's --fp8-param-gather: FP8 weights only, gathered in FP8; target megatron only), or "
+     "torchao's Float8 as torchtitan runs it (target torchtitan only): "
      "fp8-torchao (tensorwise), fp8-torchao-fsdp8 (the same with FSDP2's float8 all-gather) and "
      "fp8-torchao-rowwise; FP8 needs a GPU with FP8 math."})]
 TargetName = Annotated[str, _one_of(tuple(t.value for t in Target), "target", [t.value for t in Target]),
@@ -278,6 +280,10 @@ class PlanRequestIn(BaseModel):
         if PRECISIONS[tr.precision].torchao and target is not Target.TORCHTITAN:
             raise RequestError("training.precision", f"{tr.precision} is torchao's Float8 as torchtitan runs it: "
                                f"plan it with target torchtitan (target is {target.value})")
+        if PRECISIONS[tr.precision].fp8_weight_gather and not PRECISIONS[tr.precision].torchao \
+                and target is not Target.MEGATRON:
+            raise RequestError("training.precision", f"{tr.precision} is Megatron-LM's --fp8-param-gather: "
+                               f"plan it with target megatron (target is {target.value})")
         self._check_search(target, cluster)
         global_batch = tr.global_batch or cl.gpus
         if model.config is not None and tr.seq_len:

@@ -124,11 +124,15 @@ def check_schedule(schedule: Schedule, runtime: Runtime, pp: int, m: int, virtua
 
 def check_precision_runtime(precision: str, runtime: Runtime) -> None:
     """StrategyError where a precision is one trainer's and the runtime another's: torchao's Float8
-    (``fp8-torchao*``) is priced as torchtitan runs it, with the torchtitan runtimes only."""
+    (``fp8-torchao*``) is priced as torchtitan runs it, with the torchtitan runtimes only; Megatron-LM's
+    ``--fp8-param-gather`` (``fp8*-pg*``) with runtime megatron only."""
     prec = PRECISIONS.get(precision.lower())
     if prec is not None and prec.torchao and runtime not in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU):
         raise StrategyError(f"precision {prec.name} is torchao's Float8 as torchtitan runs it: runtime torchtitan "
                             f"prices it, not {runtime} (fp8 and fp8-cs are Transformer Engine's)")
+    if prec is not None and prec.fp8_weight_gather and not prec.torchao and runtime is not Runtime.MEGATRON:
+        raise StrategyError(f"precision {prec.name} is Megatron-LM's --fp8-param-gather: runtime megatron prices "
+                            f"it, not {runtime}")
 
 
 def check_recompute(runtime: Runtime, recompute: Recompute) -> None:

@@ -61,18 +61,20 @@ def test_nvidias_llama3_8b_script_prices_bf16_gradients_and_turns_sequence_paral
     - ``--grad-reduce-in-bf16`` sets ``accumulate_allreduce_grads_in_fp32 = False``
       (``megatron/training/arguments.py``), so the DDP's gradient buffer is bf16: 2P bytes;
     - the distributed optimizer shards fp32 master weights and Adam's two moments over dp 8: 12P / 8;
-    - FP8 (delayed scaling, the default recipe): bf16 weights plus their FP8 copies, 4P bytes
-      (``--fp8-param-gather`` is said to be priced as an upper bound);
+    - FP8 (delayed scaling, the default recipe) with ``--fp8-param-gather``: the linear layers'
+      weights are Transformer Engine Float8Tensors only (``fp8_model_init``), one byte of data and
+      one of the transpose Hopper's backward GEMM reads; the embedding and output layer's weights and
+      the norms stay bf16, two bytes: 2P bytes, no bf16 copy beside the FP8 one;
     - ``--sequence-parallel`` with TP 1 is turned off, as Megatron-LM does with a warning.
     """
     doc = run(capsys, "--from", "megatron-args", str(MEGATRON / "train_llama3_8b_h100_fp8.sh"), "--gpu", "H100-80GB")
     assert doc["model"]["parameters"] == LLAMA3_8B
     assert doc["strategy"]["summary"].startswith("tp1 pp1 dp8 zero1 recompute=none mb1x16")
-    assert doc["strategy"]["precision"] == "fp8-grad16" and not doc["strategy"]["sequence_parallel"]
+    assert doc["strategy"]["precision"] == "fp8-pg-grad16" and not doc["strategy"]["sequence_parallel"]
     held = doc["memory"]["breakdown"]
     assert held["gradients"] == pytest.approx(2 * LLAMA3_8B, rel=1e-9)
     assert held["optimizer_states"] == pytest.approx(12 * LLAMA3_8B / 8, rel=1e-9)
-    assert held["parameters"] == pytest.approx(4 * LLAMA3_8B, rel=1e-9)
+    assert held["parameters"] == pytest.approx(2 * LLAMA3_8B, rel=1e-9)
     adjusted = " | ".join(doc["import"]["adjusted"])
     assert "--grad-reduce-in-bf16" in adjusted and "--fp8-param-gather" in adjusted
     assert "Disabling sequence parallelism" in adjusted
@@ -215,18 +217,21 @@ def test_bf16_states16_is_a_precision_of_parplan_memory(capsys: pytest.CaptureFi
     assert held["optimizer_states"] == pytest.approx(6 * p / 8, rel=1e-12)
 
 
-@pytest.mark.parametrize("precision", ["fp16", "bf16-grad16", "fp16-grad16"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16-grad16", "fp16-grad16", "fp8", "fp8-cs-grad16", "fp8-pg-grad16",
+                                       "fp8-cs-pg"])
 def test_megatron_export_writes_the_gradient_type_its_import_reads(
         precision: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Megatron-LM keeps fp16 gradients unless ``--accumulate-allreduce-grads-in-fp32`` and bf16's in
-    fp32 unless ``--grad-reduce-in-bf16``: the export writes the flags of the precision planned, and
-    the import reads them back to the same precision and memory."""
+    fp32 unless ``--grad-reduce-in-bf16``; Transformer Engine's FP8 is ``--fp8-format`` (``--fp8-recipe
+    tensorwise`` for current scaling, ``--fp8-param-gather`` for FP8 weights only): the export writes the
+    flags of the precision planned, and the import reads them back to the same precision and memory."""
     priced = run(capsys, "--model", "gpt-1.7b", "--gpus", "8", "--tp", "2", "--pp", "1", "--zero", "1",
-                 "--sequence-parallel", "--global-batch", "16", "--precision", precision)
+                 "--sequence-parallel", "--global-batch", "16", "--precision", precision, "--gpu", "H100-80GB")
     (tmp_path / "priced.json").write_text(json.dumps(priced))
     assert main(["export", str(tmp_path / "priced.json"), "--target", "megatron", "--out", str(tmp_path / "out")]) == 0
     capsys.readouterr()
-    back = run(capsys, "--from", "megatron-args", str(tmp_path / "out" / "megatron_args.txt"), "--gpus", "8")
+    back = run(capsys, "--from", "megatron-args", str(tmp_path / "out" / "megatron_args.txt"), "--gpus", "8",
+               "--gpu", "H100-80GB")
     assert back["strategy"]["precision"] == precision
     assert back["memory"]["peak_bytes"] == priced["memory"]["peak_bytes"]
 

@@ -108,8 +108,8 @@ def test_fp8_casts_move_the_activation_before_and_the_output_gradient_after() ->
 
 
 def test_fp8_plan_memory_and_time_against_bf16() -> None:
-    """The same plan in FP8: weights twice bf16's, gradients, optimizer states and activations
-    unchanged, a shorter step."""
+    """The same plan in FP8: weights twice bf16's, gradients and optimizer states unchanged, a shorter
+    step, and the FP8 GEMMs' saved inputs in FP8 (below)."""
     graph = build_graph(get_preset("llama-2-7b").with_(layers=4), seq_len=1024)
     cluster = make_cluster(8, 8, "H100-80GB")
 
@@ -120,8 +120,38 @@ def test_fp8_plan_memory_and_time_against_bf16() -> None:
     bf16, fp8 = run("bf16"), run("fp8")
     b, f = bf16.memory.peak_stage.memory.bytes, fp8.memory.peak_stage.memory.bytes
     assert f.parameters == pytest.approx(2 * b.parameters)
-    assert (f.gradients, f.optimizer_states, f.activations) == (b.gradients, b.optimizer_states, b.activations)
+    assert (f.gradients, f.optimizer_states) == (b.gradients, b.optimizer_states)
     assert fp8.time.step_seconds < bf16.time.step_seconds
+
+
+@pytest.mark.parametrize(("runtime", "sp"), [(Runtime.MEGATRON, False), (Runtime.MEGATRON, True),
+                                             (Runtime.TORCH, False)])
+def test_a_llama_blocks_saved_bytes_under_fp8(runtime: Runtime, sp: bool) -> None:
+    """Transformer Engine's FP8 GEMMs save their input cast to FP8 instead of the bf16 input
+    (module/layernorm_linear.py and linear.py: ``update_usage(rowwise_usage=False)``, the column-wise
+    copy only; with sequence parallelism the row-wise local shard only, Float8 quantizers gather
+    row-wise only): 1 byte an element. Per token of one Llama block (hidden h, ffn f), bf16 keeps the
+    norms' outputs (2h each: Q/K/V's and gate/up's input), the attention output (2h, which the
+    attention keeps too) and the SwiGLU product (2f, the down projection's input); FP8 keeps
+    1h + 1h in FP8 for the norms' outputs (TE's LayerNormLinear does not save its bf16 output), the
+    attention output in bf16 and again in FP8 (1h more), and 1f for the product. bf16 - FP8 per
+    device with TP 2: without sequence parallelism the norms' outputs are whole on each device,
+    h + h - h/2 + f/2; with it every term is halved, (h + f) / 2. Another runtime keeps bf16's."""
+    h, f, layers, seq = 4096, 11008, 4, 1024
+    graph = build_graph(get_preset("llama-2-7b").with_(layers=layers), seq_len=seq)
+    cluster = make_cluster(8, 8, "H100-80GB")
+
+    def act(precision: str) -> float:
+        cfg = ParallelConfig(tp=2, pp=1, dp=4, micro_batch=1, num_microbatches=2, precision=precision,
+                             runtime=runtime, sequence_parallel=sp)
+        ev = evaluate_graph(graph, "m", graph.parameter_count(), cluster, cfg)
+        return ev.memory.peak_stage.memory.bytes.activations
+
+    per_token = (h + f) / 2 if sp else 2 * h - h / 2 + f / 2
+    if runtime is not Runtime.MEGATRON:
+        per_token = 0
+    assert act("bf16") - act("fp8") == pytest.approx(per_token * seq * layers)
+    assert act("fp8-cs") == act("fp8")
 
 
 def test_fp8_on_a_gpu_without_fp8_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

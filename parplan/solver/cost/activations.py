@@ -92,24 +92,58 @@ def _tensor(node: Node, activation_bytes: int) -> SavedItem:
 
 
 def op_saved_items(node: Node, graph: Graph, activation_bytes: int, *, flash_attention: bool,
-                   recompute: Recompute, runtime: Runtime = Runtime.MEGATRON) -> list[SavedItem]:
+                   recompute: Recompute, runtime: Runtime = Runtime.MEGATRON,
+                   fp8_inputs: bool = False) -> list[SavedItem]:
     """Buffers ``node`` keeps for backward (parameters are never activations); remembered on the
-    graph for its own nodes (the searches ask for the same ones many times)."""
+    graph for its own nodes (the searches ask for the same ones many times). ``fp8_inputs``: the
+    precision is Transformer Engine's FP8 (:attr:`~parplan.solver.cost.precision.Precision.te_fp8`)."""
     if not graph.owns(node):
-        return _op_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime)
+        return _op_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime, fp8_inputs)
     cache = graph.memo.setdefault("op_saved_items", {})
-    key = (node.id, activation_bytes, flash_attention, recompute, runtime)
+    key = (node.id, activation_bytes, flash_attention, recompute, runtime, fp8_inputs)
     hit = cache.get(key)
     if hit is None:
-        hit = cache[key] = tuple(_op_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime))
+        hit = cache[key] = tuple(_op_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime,
+                                                 fp8_inputs))
     return list(hit)
 
 
+def fp8_gemm_weights(node: Node, graph: Graph) -> list[Node]:
+    """The weights of a matmul an FP8 precision runs at its ``matmul_dtype``: an einsum with weights,
+    none over the vocabulary (Megatron-LM keeps the embedding and output layer in bf16); [] otherwise."""
+    if node.kind is not OpKind.EINSUM:
+        return []
+    weights = [graph.node(i) for i in node.inputs if graph.node(i).is_parameter]
+    return [] if any("vocab" in w.shape for w in weights) else weights
+
+
+#: Bytes per element of the input a Transformer Engine FP8 GEMM saves for backward, per-tensor scaling
+#: (delayed or current): the input cast to FP8, column-wise only (what the weight-gradient GEMM reads),
+#: or row-wise only where sequence parallelism gathers it again in backward (Float8 quantizers support
+#: only row-wise all-gather); the bf16 input is not saved. TE's module/linear.py and
+#: layernorm_linear.py: ``update_usage(rowwise_usage=False, columnwise_usage=True)`` before saving.
+TE_FP8_SAVED_INPUT_BYTES = 1.0
+
+
+def _saves_fp8_input(node: Node, graph: Graph, runtime: Runtime) -> bool:
+    """Whether Megatron-LM runs ``node`` as a Transformer Engine FP8 GEMM that saves its input in FP8:
+    a matmul at ``matmul_dtype`` (:func:`fp8_gemm_weights`) but the router (its output over the experts
+    from an input that is not: Megatron-LM's ``TopKRouter`` is a plain PyTorch GEMM)."""
+    if runtime is not Runtime.MEGATRON or not fp8_gemm_weights(node, graph):
+        return False
+    return "expert" not in node.shape or any("expert" in graph.node(i).shape for i in node.inputs
+                                             if not graph.node(i).is_parameter)
+
+
 def _op_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
-                    recompute: Recompute, runtime: Runtime) -> list[SavedItem]:
+                    recompute: Recompute, runtime: Runtime, fp8_inputs: bool = False) -> list[SavedItem]:
     ins = [graph.node(i) for i in node.inputs]
     acts = [i for i in ins if not i.is_parameter and i.kind is not OpKind.PARAMETER]
     k = node.kind
+    if k is OpKind.EINSUM and fp8_inputs and _saves_fp8_input(node, graph, runtime):
+        # a buffer of its own: the bf16 tensor counts too where another operator keeps it
+        return [SavedItem(f"{i.id}#fp8", i.id, i.numel, TE_FP8_SAVED_INPUT_BYTES) if is_float(i)
+                else _tensor(i, activation_bytes) for i in acts]
     if k is OpKind.EINSUM or k is OpKind.COMBINE:
         return [_tensor(i, activation_bytes) for i in acts]
     if k is OpKind.ELEMENTWISE:
@@ -179,7 +213,8 @@ def block_of(node: Node) -> str | None:
 
 
 def saved_items(graph: Graph, nodes: Iterable[Node], activation_bytes: int, *, flash_attention: bool,
-                recompute: Recompute, runtime: Runtime = Runtime.MEGATRON) -> Iterator[SavedItem]:
+                recompute: Recompute, runtime: Runtime = Runtime.MEGATRON,
+                fp8_inputs: bool = False) -> Iterator[SavedItem]:
     """Saved buffers of ``nodes`` under a recomputation policy (duplicates possible; key them).
 
     With full recomputation, each block keeps only the non-parameter tensors it reads from outside
@@ -190,7 +225,7 @@ def saved_items(graph: Graph, nodes: Iterable[Node], activation_bytes: int, *, f
         blk = block_of(n) if recompute.rebuilds_blocks else None
         if blk is None:
             yield from op_saved_items(n, graph, activation_bytes, flash_attention=flash_attention,
-                                      recompute=recompute, runtime=runtime)
+                                      recompute=recompute, runtime=runtime, fp8_inputs=fp8_inputs)
             continue
         for i in n.inputs:
             src = graph.node(i)

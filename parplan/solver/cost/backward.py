@@ -59,8 +59,8 @@ class UnitGraph(Protocol):
     nodes: dict[str, list[Node]]  # a unit's operators and graph inputs, graph order
     consumers: dict[str, list[str]]
 
-    def saved(self, recompute: Recompute, flash: bool, act_bytes: int,
-              runtime: Runtime = ...) -> tuple[dict[str, list[SavedItem]], set[str]]:
+    def saved(self, recompute: Recompute, flash: bool, act_bytes: int, runtime: Runtime = ...,
+              fp8_inputs: bool = ...) -> tuple[dict[str, list[SavedItem]], set[str]]:
         """Saved items per unit, and the keys several units save."""
 
     def item_bytes(self, items: Iterable[SavedItem], s: UnitStrategy) -> tuple[float, float]:
@@ -88,9 +88,11 @@ def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
 
     # tensors kept from forward (a checkpointed block: its inputs) are activations; what the
     # recomputation rebuilds is temporary
-    kept = {it.key for it in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0][unit]} if rebuilt else None
+    fp8 = prec.te_fp8
+    kept = ({it.key for it in gc.saved(s.recompute, s.flash_attention, act, s.runtime, fp8)[0][unit]} if rebuilt
+            else None)
     freed = freed_by_operator(NUMBERS, nodes, graph, act, s.flash_attention, policy, s.runtime, shared_keys, kept,
-                              lambda n, it: gc.item_bytes((it,), s)[0])
+                              lambda n, it: gc.item_bytes((it,), s)[0], fp8)
     looped = looped_nodes(nodes, graph, s.runtime.loss_chunks)  # their backward ran inside forward
     trans = [0.0 if n.id in looped else _transient(gc, n, s, act, prec.grad_bytes) for n in nodes]
     made = [0.0 if n.id in looped else _weight_grad_bytes(gc, n, s, prec.grad_bytes) for n in nodes]
@@ -103,7 +105,7 @@ def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
 
 def freed_by_operator(alg: Algebra[Q], nodes: Sequence[Node], graph: Graph, act: int, flash_attention: bool,
                       policy: Recompute, runtime: Runtime, shared_keys: set[str], kept: set[str] | None,
-                      size: Callable[[Node, SavedItem], Q]) -> list[tuple[Q, Q]]:
+                      size: Callable[[Node, SavedItem], Q], fp8_inputs: bool = False) -> list[tuple[Q, Q]]:
     """Per operator of a unit (forward order): (the saved tensors its backward frees, of them what
     full recomputation rebuilt). The first saver (forward order) of each key frees it; ``policy``:
     the recomputation the unit's backward runs under; ``kept``: under full recomputation, what the
@@ -112,7 +114,8 @@ def freed_by_operator(alg: Algebra[Q], nodes: Sequence[Node], graph: Graph, act:
     out = []
     for n in nodes:
         mine = rebuilt = alg.zero()
-        for it in op_saved_items(n, graph, act, flash_attention=flash_attention, recompute=policy, runtime=runtime):
+        for it in op_saved_items(n, graph, act, flash_attention=flash_attention, recompute=policy, runtime=runtime,
+                                 fp8_inputs=fp8_inputs):
             if it.key in seen or it.key in shared_keys:
                 continue
             seen.add(it.key)
@@ -151,7 +154,8 @@ def forward_transient(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision
     act = prec.activation_bytes
     nodes = gc.nodes[unit]
     looped = looped_nodes(nodes, gc.graph, s.runtime.loss_chunks)
-    kept = {it.key for items in gc.saved(s.recompute, s.flash_attention, act, s.runtime)[0].values() for it in items}
+    kept = {it.key for items in gc.saved(s.recompute, s.flash_attention, act, s.runtime, prec.te_fp8)[0].values()
+            for it in items}
     sizes = UnitSizes(gc.graph, s)
 
     def live_size(n: Node) -> float | None:

@@ -33,8 +33,16 @@ class Precision:
     #: torchtitan runtimes (:func:`~parplan.solver.strategy.check_precision_runtime`)
     torchao: bool = False
     #: FSDP2 gathers the Float8 linear layers' weights in float8 (torchao's
-    #: ``enable_fsdp_float8_all_gather``): one byte per element gathered, held and sent
+    #: ``enable_fsdp_float8_all_gather``): one byte per element gathered, held and sent; with
+    #: Transformer Engine (Megatron-LM's ``--fp8-param-gather``, priced with runtime megatron only) the
+    #: weights are FP8 only and the data-parallel gather sends one byte (:data:`FP8_PARAM_BYTES` held)
     fp8_weight_gather: bool = False
+
+    @property
+    def te_fp8(self) -> bool:
+        """Transformer Engine's FP8 (not torchao's): its GEMMs save their inputs in FP8 under runtime
+        megatron (:data:`~parplan.solver.cost.activations.TE_FP8_SAVED_INPUT_BYTES`)."""
+        return self.matmul_dtype == "fp8" and not self.torchao
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -47,13 +55,15 @@ class Precision:
         weight in its own type. The FP8 copies are cast on each rank from the gathered weight
         (Megatron-LM's distributed optimizer gathers the bf16 weights); torchao keeps no copies. A
         Float8 weight FSDP2 gathers in float8 (``fp8-torchao-fsdp8``) sends :meth:`transfer_bytes`."""
-        return self.param_bytes - (FP8_WEIGHT_COPY_BYTES if self.matmul_dtype == "fp8" and not self.torchao else 0)
+        te_copies = self.matmul_dtype == "fp8" and not self.torchao and not self.fp8_weight_gather
+        return self.param_bytes - (FP8_WEIGHT_COPY_BYTES if te_copies else 0)
 
     def gathered_bytes(self, float8_weight: bool) -> int:
         """Bytes per element a weight FSDP gathers holds unsharded: the compute-type weight (and
         Transformer Engine's FP8 copies made from it), one byte for a Float8 linear layer's weight
-        (``float8_weight``, :func:`~parplan.solver.cost.rules.float8_weight`) gathered in float8."""
-        return FP8_GATHER_BYTES if self.fp8_weight_gather and float8_weight else self.param_bytes
+        (``float8_weight``, :func:`~parplan.solver.cost.rules.float8_weight`) gathered in float8 by
+        torchao; Transformer Engine's gathered Float8Tensor makes its transpose too (:data:`FP8_PARAM_BYTES`)."""
+        return FP8_GATHER_BYTES if self.fp8_weight_gather and self.torchao and float8_weight else self.param_bytes
 
     def transfer_bytes(self, float8_weight: bool) -> int:
         """Bytes per element a data-parallel gather of the weight sends (:attr:`weight_transfer_bytes`,
@@ -79,25 +89,34 @@ FP8_WEIGHT_COPY_BYTES = 2
 #: scale per tensor travels as metadata and is not counted), torchao/float8/fsdp_utils.py.
 FP8_GATHER_BYTES = 1
 
+#: Bytes per element of a weight under Megatron-LM's ``--fp8-param-gather``: the FP8 GEMMs' weights
+#: are Transformer Engine Float8Tensors only (``fp8_model_init``, megatron/core/fp8_utils.py), one byte
+#: of row-wise data in the DDP buffer (``param_and_grad_buffer.py`` makes it ``torch.uint8``) and one of
+#: its column-wise transpose (Hopper's ``_create_transpose`` after each gather, TE's
+#: tensor/float8_tensor.py), no bf16 copy; the other weights (embeddings, output layer, norms) stay bf16,
+#: 2 bytes too. The fp32 master weights are the distributed optimizer's as in ``fp8``.
+FP8_PARAM_BYTES = 2
+
 #: ``bf16`` is Megatron-LM's default: bf16 weights and activations, fp32 gradient accumulation,
 #: fp32 master weights and Adam moments (18 bytes/parameter). ``*-grad16`` keeps 16-bit gradients
 #: (the ZeRO paper's 16 bytes/parameter). ``fp32`` trains in single precision (16 bytes/parameter).
 #: ``fp8`` is Megatron-LM with Transformer Engine's FP8 recipe: bf16's states plus the FP8 weight
 #: copies (20 bytes/parameter), the matmuls with a weight at the GPU's FP8 peak, except those over the
 #: vocabulary (Megatron-LM keeps the embedding and output layer in bf16), the attention core in bf16
-#: (TE's FP8 attention is off by default). Upper bounds where the recipe keeps less: the copies are
-#: counted for every parameter (embeddings, norms and biases have none), and activations as in bf16.
-#: TE saves a linear layer's input in FP8 (one byte, column-wise only: TE PR 1596's "Input with
-#: column-wise usage is needed for wgrad GEMM"; row-wise too for a column-parallel layer's input that
-#: sequence parallelism gathers again), which the attention's output, also kept in bf16 by the
-#: attention, costs on top; what the other FP8 inputs (the MLP's down projection's, ffn wide, above
-#: all) save is larger, so bf16's count stays above FP8's. The per-tensor scaling state (scale,
+#: (TE's FP8 attention is off by default). An upper bound where the recipe keeps less: the copies are
+#: counted for every parameter (embeddings, norms and biases have none). Under runtime megatron the
+#: FP8 GEMMs save their inputs in FP8, one byte an element
+#: (:data:`~parplan.solver.cost.activations.TE_FP8_SAVED_INPUT_BYTES`); other runtimes count them as
+#: in bf16 (an upper bound). The per-tensor scaling state (scale,
 #: inverse scale and an amax history of at most 1,024 fp32 values per GEMM operand: about 20 KB per
 #: linear layer) is far below the copies' over-count and not counted. ``fp8-cs`` is the same with
 #: current scaling (Megatron-LM's ``--fp8-recipe tensorwise``, the "FP8-CS" of NVIDIA's recipes): the
 #: same bytes, each cast reading its tensor once more for the amax (time only). ``fp8-grad16`` and
 #: ``fp8-cs-grad16`` are those with 16-bit gradients (Megatron-LM's ``--grad-reduce-in-bf16``, as
-#: ``bf16-grad16``: 18 bytes/parameter). ``bf16-states16``
+#: ``bf16-grad16``: 18 bytes/parameter). ``fp8-pg``, ``fp8-cs-pg``, ``fp8-pg-grad16`` and
+#: ``fp8-cs-pg-grad16`` add Megatron-LM's ``--fp8-param-gather`` (runtime megatron only): the weights
+#: held as FP8 only (:data:`FP8_PARAM_BYTES`: 18 or 16 bytes/parameter), the FP8 ones gathered in one
+#: byte (:data:`FP8_GATHER_BYTES`). ``bf16-states16``
 #: keeps every model state in bf16: weights, gradients, the master copy and Adam's two moments
 #: (10 bytes/parameter), DeepSpeed's ``bf16.bf16_master_weights_and_grads`` with
 #: ``bf16.bf16_optimizer_states``: ZeRO's master partition is made in ``master_weights_and_grads_dtype``
@@ -138,6 +157,13 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "fp8-grad16": Precision("fp8-grad16", 2 + FP8_WEIGHT_COPY_BYTES, 2, 4, 8, 2, "bf16", matmul_dtype="fp8"),
     "fp8-cs-grad16": Precision("fp8-cs-grad16", 2 + FP8_WEIGHT_COPY_BYTES, 2, 4, 8, 2, "bf16", matmul_dtype="fp8",
                                fp8_current_scaling=True),
+    "fp8-pg": Precision("fp8-pg", FP8_PARAM_BYTES, 4, 4, 8, 2, "bf16", matmul_dtype="fp8", fp8_weight_gather=True),
+    "fp8-cs-pg": Precision("fp8-cs-pg", FP8_PARAM_BYTES, 4, 4, 8, 2, "bf16", matmul_dtype="fp8",
+                           fp8_current_scaling=True, fp8_weight_gather=True),
+    "fp8-pg-grad16": Precision("fp8-pg-grad16", FP8_PARAM_BYTES, 2, 4, 8, 2, "bf16", matmul_dtype="fp8",
+                               fp8_weight_gather=True),
+    "fp8-cs-pg-grad16": Precision("fp8-cs-pg-grad16", FP8_PARAM_BYTES, 2, 4, 8, 2, "bf16", matmul_dtype="fp8",
+                                  fp8_current_scaling=True, fp8_weight_gather=True),
     "fp8-torchao": Precision("fp8-torchao", 2, 4, 4, 8, 2, "bf16", matmul_dtype="fp8", fp8_current_scaling=True,
                              torchao=True),
     "fp8-torchao-fsdp8": Precision("fp8-torchao-fsdp8", 2, 4, 4, 8, 2, "bf16", matmul_dtype="fp8",

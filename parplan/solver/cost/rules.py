@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
-from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, is_float, op_sac_saved
+from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, fp8_gemm_weights, is_float, op_sac_saved
 from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
 from parplan.solver.cost.compute import op_seconds as roofline_seconds
@@ -58,10 +58,9 @@ def compute_dtype(node: Node, prec: Precision, graph: Graph | None = None) -> st
     ``matmul_dtype`` (FP8) for a matmul with a weight of ``graph`` that has no vocabulary dim."""
     if not is_float(node):
         return node.dtype
-    if prec.matmul_dtype and graph is not None and node.kind is OpKind.EINSUM:
-        weights = [graph.node(i) for i in node.inputs if graph.node(i).is_parameter]
-        if weights and not any("vocab" in w.shape for w in weights) and (
-                not prec.torchao or all(_float8_linear(w, node, graph) for w in weights)):
+    if prec.matmul_dtype and graph is not None:
+        weights = fp8_gemm_weights(node, graph)
+        if weights and (not prec.torchao or all(_float8_linear(w, node, graph) for w in weights)):
             return prec.matmul_dtype
     return prec.compute_dtype
 

@@ -240,7 +240,7 @@ def stage_memory(p: MemoryPricer, plan: LayerPlan, stage: int, layout: PlanLayou
     states, host = offloaded(plan, sums.states + shared, prec)
     rebuilt_buckets = sums.rebuilt_buckets + (shared.bytes.gradients if first_dp.rebuilds_buckets and plan.pp == 1
                                               else 0.0)
-    shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes)
+    shared_act, shared_red = gc.shared_item_bytes(units, us, prec.activation_bytes, prec.te_fp8)
     receive = pinned = sent = 0.0  # pipelining's receive buffers; a sent output its send keeps
     if plan.runtime.holds_stage_outputs and plan.pp > 1:
         received, saved_there, sent = pipeline_boundaries(p, plan, stage, layout.by_stage, layout.unit_stage,
@@ -310,7 +310,7 @@ def pipeline_boundaries(p: Links, plan: LayerPlan, stage: int, by_stage: list[li
         us = first.unit(plan.flash_attention, plan.runtime)
         received = sum(gc.boundary_bytes(units, stage_of, stage, us, prec.activation_bytes))
         ids = {i for u in units for i in gc.external_inputs[u] if stage_of(gc.unit_of[i]) != stage}
-        items = gc.saved(us.recompute, us.flash_attention, prec.activation_bytes, us.runtime)[0]
+        items = gc.saved(us.recompute, us.flash_attention, prec.activation_bytes, us.runtime, prec.te_fp8)[0]
         saved = gc.item_bytes((it for u in units for it in items[u] if it.key in ids), us)[0]
     if stage < (stages or plan.pp) - 1:
         sent = sum(p.costs_for(plan.local_batch(last)).boundary_bytes(
@@ -356,7 +356,7 @@ def _add_chunk(p: Links, plan: LayerPlan, vs: int, chunk: list[str], all_by_vsta
         act += c.act_bytes
         red += c.act_redundant_bytes
         acc.largest = max(acc.largest, c.largest_param_elems)
-    shared_act, shared_red = gc.shared_item_bytes(chunk, us, prec.activation_bytes)
+    shared_act, shared_red = gc.shared_item_bytes(chunk, us, prec.activation_bytes, prec.te_fp8)
     out = received = 0.0
     if plan.runtime.holds_stage_outputs:
         received, saved_there, out = pipeline_boundaries(p, plan, vs, all_by_vstage, virtual, strat, prec,

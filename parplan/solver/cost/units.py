@@ -202,7 +202,8 @@ class GraphCosts:
         for u in self.nodes:
             self.representative[u] = signatures.setdefault(self._signature(u), u)
             self.structural_representative[u] = structures.setdefault(self._signature(u, uses=False), u)
-        self._items: dict[tuple[Recompute, bool, int, Runtime], tuple[dict[str, list[SavedItem]], set[str]]] = {}
+        self._items: dict[tuple[Recompute, bool, int, Runtime, bool],
+                          tuple[dict[str, list[SavedItem]], set[str]]] = {}
         self._costs: dict[tuple[str, UnitStrategy, Precision, TimeEnv | None], UnitCost] = {}
         self._profiles: dict[tuple[str, UnitStrategy, Precision], BackwardProfile] = {}
         self._forward: dict[tuple[str, UnitStrategy, Precision], float] = {}
@@ -244,16 +245,16 @@ class GraphCosts:
             sig.append((n.kind.value, n.dims, n.dtype, _freeze(n.attrs), tuple(refs), block_of(n) is None, outside))
         return tuple(sig)
 
-    def saved(self, recompute: Recompute, flash: bool, act_bytes: int,
-              runtime: Runtime = Runtime.MEGATRON) -> tuple[dict[str, list[SavedItem]], set[str]]:
+    def saved(self, recompute: Recompute, flash: bool, act_bytes: int, runtime: Runtime = Runtime.MEGATRON,
+              fp8_inputs: bool = False) -> tuple[dict[str, list[SavedItem]], set[str]]:
         """Saved items per unit, and the keys that several units save (counted once per stage)."""
-        key = (recompute, flash, act_bytes, runtime)
+        key = (recompute, flash, act_bytes, runtime, fp8_inputs)
         if key not in self._items:
             per_unit: dict[str, list[SavedItem]] = {}
             savers: dict[str, set[str]] = {}
             for u, nodes in self.nodes.items():
                 items = list(saved_items(self.graph, nodes, act_bytes, flash_attention=flash, recompute=recompute,
-                                         runtime=runtime))
+                                         runtime=runtime, fp8_inputs=fp8_inputs))
                 per_unit[u] = items
                 for it in items:
                     savers.setdefault(it.key, set()).add(u)
@@ -277,7 +278,8 @@ class GraphCosts:
         """What ``unit`` holds at the busiest moment of its backward (see :mod:`.backward`)."""
         key = (self.representative[unit], s, precision)
         if key not in self._profiles:
-            shared = self.saved(s.recompute, s.flash_attention, precision.activation_bytes, s.runtime)[1]
+            shared = self.saved(s.recompute, s.flash_attention, precision.activation_bytes, s.runtime,
+                                precision.te_fp8)[1]
             self._profiles[key] = backward_profile(self, key[0], s, precision, shared)
         return self._profiles[key]
 
@@ -309,13 +311,13 @@ class GraphCosts:
                 continue
             group = ParamGroup(tp_replicated=s.tp > 1 and "tp" not in lay.axes, expert="ep" in lay.axes)
             c.params[group] = c.params.get(group, 0.0) + local
-        per_unit, shared = self.saved(s.recompute, s.flash_attention, prec.activation_bytes, s.runtime)
+        per_unit, shared = self.saved(s.recompute, s.flash_attention, prec.activation_bytes, s.runtime, prec.te_fp8)
         c.act_bytes, c.act_redundant_bytes = self.item_bytes((it for it in per_unit[unit] if it.key not in shared), s)
         nodes = self.nodes[unit]
         if nodes and s.recompute.rebuilds_blocks and block_of(nodes[0]) is not None:
             # backward re-runs the block's forward as if nothing were checkpointed (same attention kernel)
             inner = saved_items(self.graph, nodes, prec.activation_bytes, flash_attention=s.flash_attention,
-                                recompute=Recompute.NONE, runtime=s.runtime)
+                                recompute=Recompute.NONE, runtime=s.runtime, fp8_inputs=prec.te_fp8)
             c.recompute_peak_bytes = self.item_bytes(inner, s)[0]
         for n in nodes:
             if n.kind not in (OpKind.EINSUM, OpKind.EMBEDDING):
@@ -493,23 +495,25 @@ class GraphCosts:
                     nodes[p.id] = p
         return [nodes[p] for p, n in uses.items() if n > 1]
 
-    def shared_item_bytes(self, units: Iterable[str], s: UnitStrategy, act_bytes: int) -> tuple[float, float]:
+    def shared_item_bytes(self, units: Iterable[str], s: UnitStrategy, act_bytes: int,
+                          fp8_inputs: bool = False) -> tuple[float, float]:
         """Saved buffers several units share, counted once for the given units."""
-        per_unit, shared = self.saved(s.recompute, s.flash_attention, act_bytes, s.runtime)
-        savers = self._item_sharing(s.recompute, s.flash_attention, act_bytes, s.runtime)
+        per_unit, shared = self.saved(s.recompute, s.flash_attention, act_bytes, s.runtime, fp8_inputs)
+        savers = self._item_sharing(s.recompute, s.flash_attention, act_bytes, s.runtime, fp8_inputs)
         sharing = tuple(u for u in units if u in savers)  # the others save nothing shared
-        key = ("shared_item_bytes", sharing, s, act_bytes)
+        key = ("shared_item_bytes", sharing, s, act_bytes, fp8_inputs)
         if key not in self._stage_pieces:
             items = (it for u in sharing for it in per_unit[u] if it.key in shared)
             self._stage_pieces[key] = self.item_bytes(items, s)
         held, redundant = self._stage_pieces[key]
         return held, redundant
 
-    def _item_sharing(self, recompute: Recompute, flash: bool, act_bytes: int, runtime: Runtime) -> frozenset[str]:
+    def _item_sharing(self, recompute: Recompute, flash: bool, act_bytes: int, runtime: Runtime,
+                      fp8_inputs: bool) -> frozenset[str]:
         """Units saving an item another unit saves too."""
-        key = ("item_sharing", recompute, flash, act_bytes, runtime)
+        key = ("item_sharing", recompute, flash, act_bytes, runtime, fp8_inputs)
         if key not in self._stage_pieces:
-            per_unit, shared = self.saved(recompute, flash, act_bytes, runtime)
+            per_unit, shared = self.saved(recompute, flash, act_bytes, runtime, fp8_inputs)
             self._stage_pieces[key] = frozenset(u for u, items in per_unit.items()
                                                 if any(it.key in shared for it in items))
         out: frozenset[str] = self._stage_pieces[key]

@@ -242,7 +242,7 @@ class DpSearch:
             if (batch, us) not in pieces:  # what the stage's units share depends on the batch and us only
                 pieces[(batch, us)] = (gc.shared_param_elems(units, us), gc.tied_within(units, us),
                                        gc.tied_gradient_workspace(units, us),
-                                       gc.shared_item_bytes(units, us, self.prec.activation_bytes)[0])
+                                       gc.shared_item_bytes(units, us, self.prec.activation_bytes, self.prec.te_fp8)[0])
             shared, tied_within, tied_workspace, shared_items = pieces[(batch, us)]
             always, tied_peak, optimizer = stage_extra_temporary_bytes(
                 float(root[j]), tied_within, tied_workspace, float(largest[j]), s.zero >= 3, self.prec)

@@ -12,6 +12,7 @@ from parplan.solver.cost.activations import SCATTERED, UNREDUCED, SavedItem, op_
 from parplan.solver.cost.layout import TensorLayout
 from parplan.solver.cost.op_layout import renaming
 from parplan.solver.cost.resharding import reduced_layout
+from parplan.solver.cost.runtime import Runtime
 from parplan.solver.ilp.costs import IlpContext, StrategyCost
 from parplan.solver.ilp.model import AuxProblem, PeakTerm
 from parplan.solver.ilp.strategies import OpStrategy, output_layout
@@ -77,12 +78,13 @@ def consumer_saves(gp: GraphProblem, op: str, position: int) -> float:
     graph = ctx.graph
     node = graph.node(op)
     key = node.inputs[position]
+    fp8 = ctx.precision.te_fp8 and ctx.runtime is Runtime.MEGATRON  # the runtime the items are priced with
     items = (saved_items(graph, [node], ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                         recompute=ctx.recompute)
+                         recompute=ctx.recompute, fp8_inputs=fp8)
              if ctx.recompute.rebuilds_blocks else
              op_saved_items(node, graph, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                            recompute=ctx.recompute))
-    return next((it.total_bytes for it in items if it.key == key and it.dims is None), 0.0)
+                            recompute=ctx.recompute, fp8_inputs=fp8))
+    return next((it.total_bytes for it in items if it.key in (key, f"{key}#fp8") and it.dims is None), 0.0)
 
 
 def partial_saved_bytes(items: Sequence[SavedItem], produced: TensorLayout, needed: TensorLayout,

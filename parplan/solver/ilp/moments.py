@@ -246,7 +246,7 @@ def _units(gp: GraphProblem, terms: Terms) -> list[_Unit]:
             in_order.setdefault(n.layer or "", []).append(n)
     every_saved = {it.key for n in graph.nodes if not n.is_leaf
                    for it in saved_items(graph, [n], act, flash_attention=ctx.flash_attention, recompute=ctx.recompute,
-                                         runtime=ctx.runtime)}
+                                         runtime=ctx.runtime, fp8_inputs=ctx.precision.te_fp8)}
     out = []
     for name, nodes in by_unit.items():
         if not nodes:
@@ -255,16 +255,17 @@ def _units(gp: GraphProblem, terms: Terms) -> list[_Unit]:
         rebuilt = is_block and ctx.recompute.rebuilds_blocks
         policy = Recompute.NONE if rebuilt else ctx.recompute
         kept_keys = {it.key for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention,
-                                                   recompute=ctx.recompute, runtime=ctx.runtime)}
+                                                   recompute=ctx.recompute, runtime=ctx.runtime,
+                                                   fp8_inputs=ctx.precision.te_fp8)}
         unit_act = Lin()
         seen: set[str] = set()
         saver: dict[str, Node] = {}  # saved buffer -> the first operator of the unit that saves it
         for n in nodes:
             for it in saved_items(graph, [n], act, flash_attention=ctx.flash_attention, recompute=ctx.recompute,
-                                  runtime=ctx.runtime):
+                                  runtime=ctx.runtime, fp8_inputs=ctx.precision.te_fp8):
                 saver.setdefault(it.key, n)
         for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention, recompute=ctx.recompute,
-                              runtime=ctx.runtime):
+                              runtime=ctx.runtime, fp8_inputs=ctx.precision.te_fp8):
             if it.key in seen or it.key in shared_keys:
                 continue
             seen.add(it.key)
@@ -290,7 +291,8 @@ def _detail(terms: Terms, nodes: list[Node], rebuilt: bool, policy: Recompute, k
     ctx = terms.gp.ctx
     graph, act = ctx.graph, ctx.precision.activation_bytes
     freed = freed_by_operator(LINEAR, nodes, graph, act, ctx.flash_attention, policy, ctx.runtime, shared_keys,
-                              kept_keys if rebuilt else None, lambda n, it: terms.item(it.key, n, it))
+                              kept_keys if rebuilt else None, lambda n, it: terms.item(it.key, n, it),
+                              ctx.precision.te_fp8)
     freed = [(mine.add(terms.kept_copies(n)), mine_r) for n, (mine, mine_r) in zip(nodes, freed, strict=True)]
     alive, rebuilt_alive, grads_after = alive_at_operators(
         LINEAR, freed, [terms.weight_grads(n, zero3_only=True) for n in nodes])
@@ -318,7 +320,7 @@ def _shared_keys(gp: GraphProblem) -> set[str]:
             by_unit.setdefault(n.layer or "", []).append(n)
     for u, nodes in by_unit.items():
         for it in saved_items(ctx.graph, nodes, ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                              recompute=ctx.recompute, runtime=ctx.runtime):
+                              recompute=ctx.recompute, runtime=ctx.runtime, fp8_inputs=ctx.precision.te_fp8):
             savers.setdefault(it.key, set()).add(u)
     return {k for k, us in savers.items() if len(us) > 1}
 
@@ -333,7 +335,7 @@ def _shared_items(gp: GraphProblem, terms: Terms) -> Lin:
         if n.is_leaf:
             continue
         for it in saved_items(ctx.graph, [n], ctx.precision.activation_bytes, flash_attention=ctx.flash_attention,
-                              recompute=ctx.recompute, runtime=ctx.runtime):
+                              recompute=ctx.recompute, runtime=ctx.runtime, fp8_inputs=ctx.precision.te_fp8):
             if it.key in shared and it.key not in seen:
                 seen.add(it.key)
                 out = out.add(terms.item(it.key, n, it))

@@ -66,15 +66,17 @@ def _owners(graph: Graph, ops: list[Node]) -> dict[str, list[int]]:
 
 
 def _saved(graph: Graph, ops: list[Node], act_bytes: int, recompute: Recompute, flash: bool,
-           runtime: Runtime) -> tuple[dict[str, list[SavedItem]], dict[str, list[tuple[int, SavedItem]]]]:
+           runtime: Runtime, fp8: bool) -> tuple[dict[str, list[SavedItem]], dict[str, list[tuple[int, SavedItem]]]]:
     """Saved buffers by owning operator, and input-owned ones by the operator that saves them."""
     by_owner: dict[str, list[SavedItem]] = {}
     at_input: dict[str, list[tuple[int, SavedItem]]] = {}
     seen: set[str] = set()
     for n in ops:
-        items = (saved_items(graph, [n], act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime)
+        items = (saved_items(graph, [n], act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime,
+                             fp8_inputs=fp8)
                  if recompute.rebuilds_blocks else
-                 op_saved_items(n, graph, act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime))
+                 op_saved_items(n, graph, act_bytes, flash_attention=flash, recompute=recompute, runtime=runtime,
+                                fp8_inputs=fp8))
         for it in items:
             if it.key in seen:
                 continue
@@ -115,7 +117,8 @@ def build_choices(graph: Graph, mesh: Mesh, links: MeshLinks, gpu: GpuSpec, cali
     rule a candidate out before paying for the rest of its problem."""
     ops = [n for n in graph.nodes if not n.is_leaf]
     owned = _owners(graph, ops)
-    by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention, runtime)
+    by_owner, at_input = _saved(graph, ops, precision.activation_bytes, recompute, flash_attention, runtime,
+                                precision.te_fp8)
     ctx = IlpContext(graph, mesh, links, gpu, calibration, precision, microbatches, recompute, flash_attention,
                      owned, by_owner, at_input, runtime, zero3_per_operator)
     gc = GraphCosts(graph)
@@ -238,7 +241,7 @@ def least_bytes(graph: Graph, devices: int, precision: Precision, recompute: Rec
     saved: dict[str, float] = {}
     ops = [n for n in graph.nodes if not n.is_leaf]
     for it in saved_items(graph, ops, precision.activation_bytes, flash_attention=flash_attention,
-                          recompute=recompute, runtime=runtime):
+                          recompute=recompute, runtime=runtime, fp8_inputs=precision.te_fp8):
         if it.reduction != SCATTERED:  # (none without a reduce-scatter)
             saved.setdefault(it.key, it.total_bytes)
     return runtime.held_through_step_bytes + (states + sum(saved.values())) / devices
