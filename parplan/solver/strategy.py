@@ -358,6 +358,14 @@ class SplitDims:
 
     @classmethod
     def of(cls, graph: Graph) -> SplitDims:
+        """The graph's split dims, computed once per graph (kept in its ``memo``)."""
+        found = graph.memo.get("split_dims")
+        if not isinstance(found, SplitDims):
+            found = graph.memo["split_dims"] = cls._of(graph)
+        return found
+
+    @classmethod
+    def _of(cls, graph: Graph) -> SplitDims:
         sizes: dict[tuple[str, int], None] = {}
         for n in graph.nodes:
             for d, s in n.dims:

@@ -26,7 +26,7 @@ from parplan.solver.cost.plan_structure import Links, PlanLayout, plan_layout, u
 from parplan.solver.cost.precision import Precision
 from parplan.solver.cost.rules import optimizer_step_seconds
 from parplan.solver.cost.stage_memory import model_states
-from parplan.solver.cost.zero_bubble import dualpipev_rank_order, interleaved_zb_bubble, v_makespan, zbv_makespan
+from parplan.solver.cost.zero_bubble import dualpipev_orders, interleaved_zb_bubble, v_makespan, zbv_makespan
 from parplan.solver.strategy import Schedule
 
 
@@ -126,8 +126,7 @@ def zero_bubble_seconds(stages: list[StageTime], schedule: Schedule, m: int, v: 
     if schedule is Schedule.ZBV:
         return max(busy, zbv_makespan(forward, rest, weight, m)) + once
     if schedule is Schedule.DUALPIPEV:
-        orders = [dualpipev_rank_order(len(stages), m, r) for r in range(len(stages))]
-        return max(busy, v_makespan(orders, forward, rest, weight)) + once
+        return max(busy, v_makespan(dualpipev_orders(len(stages), m), forward, rest, weight)) + once
     return busy + max(0.0, interleaved_zb_bubble(forward, rest, weight, per.index(max(per)), v)) + once
 
 

@@ -6,6 +6,8 @@ the same way without a circular import.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -13,7 +15,7 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.layout import REPLICATED, TensorLayout
 from parplan.solver.cost.op_layout import Mesh, OpStrategy, uniform_assignment
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.ir import Graph, Node, OpKind
+from parplan.solver.ir import Dims, Graph, Node, OpKind
 from parplan.solver.strategy import CP_DIMS, SEQ_DIMS, TP_DIMS
 
 
@@ -39,7 +41,11 @@ def cp_dim(dims: Mapping[str, int] | Iterable[str]) -> str | None:
 
 def mesh_sizes(s: UnitStrategy) -> dict[str, int]:
     """Axis sizes of :func:`op_mesh` (``cp`` only when context-parallel)."""
-    return {"tp": s.tp, "ep": s.ep, "cp": s.cp} if s.cp > 1 else {"tp": s.tp, "ep": s.ep}
+    return _mesh_sizes(s.tp, s.ep, s.cp)
+
+
+def _mesh_sizes(tp: int, ep: int, cp: int) -> dict[str, int]:
+    return {"tp": tp, "ep": ep, "cp": cp} if cp > 1 else {"tp": tp, "ep": ep}
 
 
 def unit_layout(node: Node, s: UnitStrategy) -> TensorLayout:
@@ -47,20 +53,28 @@ def unit_layout(node: Node, s: UnitStrategy) -> TensorLayout:
     the other activations, EP splits the experts of expert weights, CP splits the sequence (or an
     expert's capacity) of every activation and input. Graph built per replica, so nothing is split
     over data axes."""
-    dims = node.shape
+    return _layout(node.kind, node.dims, s.tp, s.sp, s.ep, s.cp)
+
+
+@functools.lru_cache(maxsize=65536)
+def _layout(kind: OpKind, dims: Dims, tp: int, sp: bool, ep: int, cp: int) -> TensorLayout:
+    """:func:`unit_layout` of a node of this kind and these dims under these degrees (all it depends
+    on), memoised: the searches ask for the same few hundred layouts millions of times."""
+    names = [d for d, _ in dims]
+    parameter = kind is OpKind.PARAMETER
     split: dict[str, tuple[str, ...]] = {}
-    if s.tp > 1:
-        tp_dim = next((d for d in TP_DIMS if d in dims), None)
+    if tp > 1:
+        tp_dim = next((d for d in TP_DIMS if d in names), None)
         if tp_dim is not None:
             split[tp_dim] = ("tp",)
-        elif s.sp and not node.is_parameter and node.kind is not OpKind.INPUT:  # ids stay whole
-            seq_dim = next((d for d in SEQ_DIMS if d in dims), None)
+        elif sp and not parameter and kind is not OpKind.INPUT:  # ids stay whole
+            seq_dim = next((d for d in SEQ_DIMS if d in names), None)
             if seq_dim is not None:
                 split[seq_dim] = ("tp",)
-    if s.ep > 1 and node.is_parameter and "expert" in dims:
+    if ep > 1 and parameter and "expert" in names:
         split["expert"] = ("ep",)
-    if s.cp > 1 and not node.is_parameter:
-        tokens = cp_dim(dims)
+    if cp > 1 and not parameter:
+        tokens = cp_dim(names)
         if tokens is not None:
             split[tokens] = (*split.get(tokens, ()), "cp")
     return TensorLayout.of(split) if split else REPLICATED
@@ -81,7 +95,12 @@ def uniform_strategy(node: Node, graph: Graph, s: UnitStrategy) -> OpStrategy:
 
 def local_elems(node: Node, s: UnitStrategy) -> float:
     """Elements of ``node``'s tensor on one device, in its :func:`unit_layout`."""
-    return node.numel / unit_layout(node, s).shards(mesh_sizes(s))
+    return _local_elems(node.kind, node.dims, s.tp, s.sp, s.ep, s.cp)
+
+
+@functools.lru_cache(maxsize=65536)
+def _local_elems(kind: OpKind, dims: Dims, tp: int, sp: bool, ep: int, cp: int) -> float:
+    return math.prod(size for _, size in dims) / _layout(kind, dims, tp, sp, ep, cp).shards(_mesh_sizes(tp, ep, cp))
 
 
 def weight_grad_workspace(n: Node, w: Node, s: UnitStrategy) -> float:

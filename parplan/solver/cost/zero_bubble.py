@@ -29,7 +29,8 @@ paper's greedy ZB-V), so its step is the makespan of the ranks' orders, list-sch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 from parplan.solver.errors import StrategyError
 from parplan.solver.strategy import Schedule
@@ -158,17 +159,22 @@ def interleaved_zb_bubble(forward: Sequence[float], rest: Sequence[float], weigh
                if s != slowest) / v
 
 
-def v_makespan(orders: Sequence[Sequence[Action]], forward: Sequence[float], rest: Sequence[float],
-               weight: Sequence[float]) -> float:
-    """Seconds until every rank has run its order of a V schedule (``zbv``, ``dualpipev``), each
-    action as soon as its rank is free and its input is there (F after the previous virtual stage's
-    F, I or B after the next one's or its own F on the last, W after its I; an overlapped F and B
-    when both can start, taking both their times); a chunk takes half its device's F, B and W."""
+#: One action of a compiled V order: its rank, the kinds whose seconds it takes (F, I, W) and the
+#: indices, in the compiled list, of the other ranks' actions it waits for.
+_Step = tuple[int, tuple[str, ...], tuple[int, ...]]
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(orders: tuple[tuple[Action, ...], ...]) -> tuple[_Step, ...]:
+    """The actions of a V schedule's orders in an order where each comes after what it waits for
+    (:func:`v_makespan`'s rules): the orders' structure does not depend on the seconds, so the
+    makespan of any seconds is one pass over it (a longest path)."""
     pp = len(orders)
-    done: dict[tuple[str, int, int], float] = {}
-    free, pos = [0.0] * pp, [0] * pp
-    made = [dict.fromkeys(((kind, c) for kind in "FIW" for c in (0, 1)), 0) for _ in range(pp)]
     last = 2 * pp - 1
+    index: dict[tuple[str, int, int], int] = {}  # (kind, virtual stage, micro-batch) -> action
+    pos = [0] * pp
+    made = [dict.fromkeys(((kind, c) for kind in "FIW" for c in (0, 1)), 0) for _ in range(pp)]
+    out: list[_Step] = []
 
     def needs(r: int, kind: str, c: int) -> tuple[str, int, int] | None:
         vs, mb = (r if c == 0 else last - r), made[r][kind, c]
@@ -178,35 +184,71 @@ def v_makespan(orders: Sequence[Sequence[Action]], forward: Sequence[float], res
             return ("I", vs + 1, mb) if vs < last else ("F", vs, mb)
         return ("I", vs, mb)
 
-    def parts(kind: str, c: int) -> list[tuple[str, int]]:
-        return {"O": [("F", c), ("I", 1 - c), ("W", 1 - c)], "B": [("I", c), ("W", c)]}.get(kind, [(kind, c)])
-
     moved = True
     while moved:
         moved = False
         for r in range(pp):
             while pos[r] < len(orders[r]):
-                steps = parts(*orders[r][pos[r]])
-                deps = [needs(r, k, c) for k, c in steps if k != "W"]
-                if any(d is not None and d not in done for d in deps):
+                kind, chunk = orders[r][pos[r]]
+                steps = _PARTS[kind](chunk) if kind in _PARTS else [(kind, chunk)]
+                deps = [d for d in (needs(r, k, c) for k, c in steps if k != "W") if d is not None]
+                if any(d not in index for d in deps):
                     break
-                end = max([free[r], *(done[d] for d in deps if d is not None)])
-                end += sum({"F": forward, "I": rest, "W": weight}[k][r] / 2 for k, _ in steps)
+                out.append((r, tuple(k for k, _ in steps), tuple(index[d] for d in deps)))
                 for k, c in steps:
-                    done[k, r if c == 0 else last - r, made[r][k, c]] = end
+                    index[k, r if c == 0 else last - r, made[r][k, c]] = len(out) - 1
                     made[r][k, c] += 1
-                free[r] = end
                 pos[r] += 1
                 moved = True
     if any(pos[r] < len(orders[r]) for r in range(pp)):
         raise StrategyError("the pipeline order does not complete")  # not reached: PyTorch's orders run
+    return tuple(out)
+
+
+#: What an overlapped forward-backward ("O") and a whole backward ("B") of chunk ``c`` are made of.
+_PARTS: dict[str, Callable[[int], list[tuple[str, int]]]] = {
+    "O": lambda c: [("F", c), ("I", 1 - c), ("W", 1 - c)],
+    "B": lambda c: [("I", c), ("W", c)],
+}
+
+
+def v_makespan(orders: Sequence[Sequence[Action]], forward: Sequence[float], rest: Sequence[float],
+               weight: Sequence[float]) -> float:
+    """Seconds until every rank has run its order of a V schedule (``zbv``, ``dualpipev``), each
+    action as soon as its rank is free and its input is there (F after the previous virtual stage's
+    F, I or B after the next one's or its own F on the last, W after its I; an overlapped F and B
+    when both can start, taking both their times); a chunk takes half its device's F, B and W."""
+    return _makespan(tuple(tuple(o) for o in orders), tuple(forward), tuple(rest), tuple(weight))
+
+
+@functools.lru_cache(maxsize=4096)
+def _makespan(orders: tuple[tuple[Action, ...], ...], forward: tuple[float, ...], rest: tuple[float, ...],
+              weight: tuple[float, ...]) -> float:
+    seconds = {"F": forward, "I": rest, "W": weight}
+    end: list[float] = []
+    free = [0.0] * len(orders)
+    for r, kinds, deps in _compiled(orders):
+        finish = max([free[r], *(end[d] for d in deps)]) + sum(seconds[k][r] / 2 for k in kinds)
+        end.append(finish)
+        free[r] = finish
     return max(free)
 
 
 def zbv_makespan(forward: Sequence[float], rest: Sequence[float], weight: Sequence[float], m: int) -> float:
     """:func:`v_makespan` of ``zbv``'s orders."""
-    return v_makespan([zbv_rank_order(len(forward), m, r) for r in range(len(forward))], forward, rest, weight)
+    return v_makespan(_zbv_orders(len(forward), m), forward, rest, weight)
 
 
-__all__ = ["Action", "dualpipev_rank_order", "interleaved_zb_bubble", "interleaved_zb_rank_order", "v_makespan",
-           "zb_in_flight_chunks", "zbv_makespan", "zbv_rank_order"]
+@functools.lru_cache(maxsize=256)
+def _zbv_orders(pp: int, m: int) -> tuple[tuple[Action, ...], ...]:
+    return tuple(tuple(zbv_rank_order(pp, m, r)) for r in range(pp))
+
+
+@functools.lru_cache(maxsize=256)
+def dualpipev_orders(pp: int, m: int) -> tuple[tuple[Action, ...], ...]:
+    """Every rank's :func:`dualpipev_rank_order`."""
+    return tuple(tuple(dualpipev_rank_order(pp, m, r)) for r in range(pp))
+
+
+__all__ = ["Action", "dualpipev_orders", "dualpipev_rank_order", "interleaved_zb_bubble", "interleaved_zb_rank_order",
+           "v_makespan", "zb_in_flight_chunks", "zbv_makespan", "zbv_rank_order"]
