@@ -22,11 +22,13 @@ from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.compute import backward_flops, forward_flops, math_peak
 from parplan.solver.cost.kernels import efficiency_bound
 from parplan.solver.cost.nanotron import partition_of
+from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.cost.plan_memory import PlanMemory, plan_memory
 from parplan.solver.cost.plan_time import PlanTime, plan_time
 from parplan.solver.cost.precision import get_precision
 from parplan.solver.cost.rules import compute_dtype, recomputed, search_recomputes
 from parplan.solver.cost.runtime import Runtime
+from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.device_memory import host_verdict
 from parplan.solver.errors import SolverError
@@ -121,6 +123,7 @@ class UniformEvaluator:
         self._memories: dict[Candidate, PlanMemory | None] = {}
         self._parameters: int | None = None
         self._compute: dict[tuple[int, Recompute], float] = {}  # -> seconds of arithmetic at least
+        self._saved: dict[tuple[int, int, bool, int, Recompute], float] = {}  # -> one micro-batch's saved bytes
 
     def graph(self, micro_batch: int) -> Graph:
         """The graph of one micro-batch (:class:`~parplan.solver.evaluate.GraphProvider`)."""
@@ -204,15 +207,53 @@ class UniformEvaluator:
         (the busiest stage holds at least the average), each category also over the ranks ZeRO
         shards over (``dp``, or the shard group of hybrid sharding) where the ZeRO stage can shard it
         (weights from stage 2, as PyTorch shards them)."""
+        return sum(self._states_floor_parts(c))
+
+    def _states_floor_parts(self, c: Candidate) -> tuple[float, float]:
+        """:meth:`states_floor` as (weights and optimizer states, gradients)."""
         if self._parameters is None:
             self._parameters = self.graph(1).parameter_count()  # (the same at every micro-batch size)
-        prec = get_precision(self.precision)
+        # the runtime's own bytes per parameter (a runtime whose master copy is the weight keeps none
+        # apart); DDP's bucket copy, which only adds, is left out
+        prec = self.runtime.states_precision(get_precision(self.precision))
         # expert parallelism cuts the experts' share further; cutting every parameter by it keeps a bound
         per_replica = self._parameters / (c.tp * c.pp * c.ep)
         shard = c.dp_shard or c.dp
+        grads = per_replica * prec.grad_bytes / (shard if c.zero >= 2 else 1)
         return per_replica * (prec.param_bytes / (shard if c.zero >= 2 else 1)
-                              + prec.grad_bytes / (shard if c.zero >= 2 else 1)
-                              + prec.optimizer_state_bytes * (1 - c.offload) / (shard if c.zero >= 1 else 1))
+                              + prec.optimizer_state_bytes * (1 - c.offload) / (shard if c.zero >= 1 else 1)), grads
+
+    def memory_floor(self, c: Candidate) -> float:
+        """Bytes per device ``c`` holds at least, without pricing it: :meth:`states_floor` plus
+        :meth:`activations_floor` where the runtime keeps its gradients between steps
+        (:attr:`~parplan.solver.cost.runtime.Runtime.keeps_gradients`); where it makes them in each
+        step's backward (torchtitan), the weights and optimizer states plus the larger of the
+        gradients (all alive once backward ends) and the activations (before it starts)."""
+        base, grads = self._states_floor_parts(c)
+        acts = self.activations_floor(c)
+        held = base + grads + acts if self.runtime.keeps_gradients else base + max(grads, acts)
+        return held * (1 - 1e-9)  # (rounding: never above)
+
+    def activations_floor(self, c: Candidate) -> float:
+        """Saved activation bytes per device ``c`` holds at least, without pricing the plan: one
+        micro-batch's of every block (each unit's own saved tensors under ``c``'s TP, sequence and
+        expert parallelism and recomputation, :attr:`~parplan.solver.cost.units.UnitCost.act_bytes`;
+        tensors several units share are left out) over the ``pp`` stages. Before a device's first
+        backward it holds micro-batch 0's saved tensors of every layer it runs (a layer's are freed
+        by its own backward, which comes after the device's first, whatever the schedule), and the
+        busiest stage holds at least the average (with :meth:`states_floor`, the average of the
+        stages' states). 0 where the blocks cannot be priced under ``c``."""
+        key = (c.micro_batch, c.tp, c.sp, c.ep, c.recompute)
+        if key not in self._saved:
+            unit = UnitStrategy(tp=c.tp, sp=c.sp, ep=c.ep, recompute=c.recompute,
+                                flash_attention=ParallelConfig.flash_attention, runtime=self.runtime)
+            prec = get_precision(self.precision)
+            try:
+                gc = self.costs(c.micro_batch)
+                self._saved[key] = sum(gc.unit_cost(u, unit, prec).act_bytes for u in blocks_of(gc.graph))
+            except SolverError:
+                self._saved[key] = 0.0
+        return self._saved[key] / c.pp
 
     def memory_of(self, c: Candidate) -> PlanMemory | None:
         """The memory alone (None: the strategy does not apply); priced once per candidate, counted
@@ -255,9 +296,10 @@ def best_of(evals: Iterable[Evaluation], budget_bytes: float) -> Evaluation | No
 def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_bytes: float) -> Evaluation | None:
     """:func:`best_of` the candidates' evaluations, pricing only what can change the answer.
 
-    A candidate whose model states alone (:meth:`UniformEvaluator.states_floor`) exceed the budget
-    cannot fit: it is not priced. The others are taken best first: by their step time once priced,
-    by their least possible time (:meth:`UniformEvaluator.time_floor`) until then; a candidate
+    A candidate whose least possible memory (:meth:`UniformEvaluator.memory_floor`: its model
+    states and one micro-batch's saved activations) exceeds the budget cannot fit: it is not
+    priced. The others are taken best first: by their step time once priced, by their least
+    possible time (:meth:`UniformEvaluator.time_floor`) until then; a candidate
     comes up unpriced is priced and goes back by its time, one comes up priced has its memory (the
     dearer half) priced. The first that fits is the fastest, and the candidates that come up as
     fast as it are priced too (the tie goes to the least memory, then to the first given); the
@@ -265,7 +307,7 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
     floor until the floor is above the least memory found. The answer is the one :func:`best_of`
     gives."""
     every = list(cands)
-    floor = [ev.states_floor(c) for c in every]
+    floor = [ev.memory_floor(c) for c in every]
     times: dict[int, PlanTime | None] = {}
     memory: dict[int, PlanMemory | None] = {}
 
@@ -319,12 +361,12 @@ def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget
     given the fastest plan known (``fastest_seconds``): the least peak memory among those meeting
     the objective's time limit (ties: the faster, then the first given); with ``alpha``, the least
     ``memory + alpha·time`` over every fitting candidate instead.
-    Exact: memory is priced in order of the model-states floor
-    (:meth:`UniformEvaluator.states_floor`) until the floor cannot beat the best found; a candidate
+    Exact: memory is priced in order of the least possible memory
+    (:meth:`UniformEvaluator.memory_floor`) until the floor cannot beat the best found; a candidate
     whose least possible time (:meth:`UniformEvaluator.time_floor`) misses the limit (or whose
     floors together cannot beat the best score) is not priced."""
     every = list(cands)
-    floor = [ev.states_floor(c) for c in every]
+    floor = [ev.memory_floor(c) for c in every]
     limit = objective.time_limit(fastest_seconds)
     alpha = objective.alpha_bytes_per_s
     best: tuple[float, float, int, PlanMemory, PlanTime] | None = None  # (score, seconds, index, ...)
