@@ -55,7 +55,7 @@ _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--
              "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--fp8-param-gather",
              "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
-             "--optimizer-cpu-offload",
+             "--optimizer-cpu-offload", "--no-bias-swiglu-fusion",
              *(f for f, _ in _REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
@@ -272,6 +272,11 @@ def _read_but_inert(flags: dict[str, str | bool], problems: list[str], adjusted:
         inert.append("--grad-reduce-in-bf16")
     if "--fp8-recipe" in flags and "--fp8-format" not in flags:
         inert.append("--fp8-recipe")
+    if "--no-bias-swiglu-fusion" in flags:
+        if "--swiglu" in flags:  # Runtime.fuses_gated_activation: the megatron runtime prices the fused SwiGLU
+            problems.append("--no-bias-swiglu-fusion (the unfused SwiGLU, which keeps the SiLU output for "
+                            "backward too) is not modelled")
+        inert.append("--no-bias-swiglu-fusion")
     for flag in ("--use-precision-aware-optimizer", "--accumulate-allreduce-grads-in-fp32"):
         if flag == "--use-precision-aware-optimizer" and "--optimizer-cpu-offload" in flags:
             continue  # what the hybrid optimizer asserts (read with the offload's fraction)

@@ -154,6 +154,7 @@ def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
     ("--recompute-granularity full", "recompute-method uniform"),
     ("--recompute-modules core_attn mlp", "--recompute-modules core_attn mlp: selective recomputation of modules"),
     ("--recompute-modules=layernorm,moe_act", "--recompute-modules layernorm moe_act:"),
+    ("--no-bias-swiglu-fusion", "--no-bias-swiglu-fusion (the unfused SwiGLU"),
 ])
 def test_inconsistent_or_unmodelled_arguments_are_one_line_errors(tmp_path: Path, change: str, why: str,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:

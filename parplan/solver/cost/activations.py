@@ -11,6 +11,12 @@ Per transformer block the builder's graph gives exactly those terms:
   the softmax output (2as²b), the dropout mask (as²b) and the dropped-out probabilities (2as²b);
 - GELU: its input (8sbh); dropout: a 1-byte mask (sbh each, two of them).
 
+A gated MLP (SwiGLU, ffn width ``f``) keeps per token the SiLU's input (the gate, ``f``), the
+product's inputs (the SiLU output and the up half, ``2f``) and the down projection's input (``f``):
+``4f`` elements, as PyTorch's autograd keeps them for ``silu(gate) * up``. Megatron-LM's fused SwiGLU
+keeps fc1's output (gate and up, ``2f``) and computes the SiLU again in backward: ``3f`` with the
+down projection's input (:func:`fused_swiglu_activation`).
+
 A tensor saved by several operators (the LayerNorm output feeding Q, K and V) counts once: items
 are keyed. Tensors are counted in their producer's layout, i.e. a sequence-parallel input that an
 operator all-gathers is saved sharded and gathered again in backward, as Megatron-LM does.
@@ -135,6 +141,30 @@ def _saves_fp8_input(node: Node, graph: Graph, runtime: Runtime) -> bool:
                                              if not graph.node(i).is_parameter)
 
 
+def _projection(node: Node, graph: Graph) -> Node:
+    """The matmul under ``node`` when ``node`` adds a bias to it (a biased linear layer), else ``node``."""
+    if node.kind is OpKind.ELEMENTWISE and node.attrs.get("fn") == "add":
+        mm = graph.node(node.inputs[0])
+        if mm.kind is OpKind.EINSUM:
+            return mm
+    return node
+
+
+def fused_swiglu_activation(node: Node, graph: Graph) -> Node | None:
+    """The SiLU output a SwiGLU product ``node`` multiplies, when its gate and up halves come from one
+    GEMM (a ``gemm_group``: Megatron-LM's ``linear_fc1``); None for any other operator. Under a runtime
+    that :attr:`~parplan.solver.cost.runtime.Runtime.fuses_gated_activation`, the fused function keeps
+    fc1's output (the gate, which the SiLU keeps, and the up half, which the product keeps) and
+    computes the SiLU again in backward, so the product does not keep the SiLU output."""
+    if node.kind is not OpKind.ELEMENTWISE or node.attrs.get("fn") != "mul" or len(node.inputs) != 2:
+        return None
+    act, up = (graph.node(i) for i in node.inputs)
+    if act.kind is not OpKind.ELEMENTWISE or act.attrs.get("fn") != "silu":
+        return None
+    group = _projection(graph.node(act.inputs[0]), graph).attrs.get("gemm_group")
+    return act if group is not None and _projection(up, graph).attrs.get("gemm_group") == group else None
+
+
 def _op_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
                     recompute: Recompute, runtime: Runtime, fp8_inputs: bool = False) -> list[SavedItem]:
     ins = [graph.node(i) for i in node.inputs]
@@ -149,7 +179,8 @@ def _op_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_atten
     if k is OpKind.ELEMENTWISE:
         fn = node.attrs.get("fn")
         if fn == "mul":
-            return [_tensor(i, activation_bytes) for i in acts]
+            fused = fused_swiglu_activation(node, graph) if runtime.fuses_gated_activation else None
+            return [_tensor(i, activation_bytes) for i in acts if i is not fused]
         if fn in _SAVES_INPUT:
             return [_tensor(i, activation_bytes) for i in acts[:1]]
         if fn in _SAVES_OUTPUT:

@@ -65,9 +65,10 @@ docs/notes/torchtitan-run.md):
   forward on :data:`TORCHTITAN_LOSS_CHUNKS` sequence chunks, each chunk's backward at once, so no
   logits are kept for backward; the loop's own buffers are priced by :mod:`.loss_loop`.
 
-nanotron's trainer (runtime ``nanotron``) keeps Megatron-LM's activations and loss with its own
-gradient buffers: an fp32 accumulation buffer never sharded, DDP's buckets beside it, and compute-type
-gradients made anew by every micro-batch; its rules and their sources are listed in
+nanotron's trainer (runtime ``nanotron``) keeps Megatron-LM's activations and loss (but for its
+unfused SwiGLU, :attr:`Runtime.fuses_gated_activation`) with its own gradient buffers: an fp32
+accumulation buffer never sharded, DDP's buckets beside it, and compute-type gradients made anew by
+every micro-batch; its rules and their sources are listed in
 :mod:`parplan.solver.cost.nanotron`. Runtime ``nanotron-cpu`` is the same with PyTorch's CPU kernels
 (the validation agent's ``nanotron`` runs on gloo, ``parplan/agent/nanotron_exec.py``): nanotron
 cannot run on a CPU, so the agent keeps its buffers around its own Llama, whose RMSNorm is PyTorch's
@@ -161,8 +162,8 @@ class Runtime(StrEnum):
     #: docstring)
     TORCHTITAN = "torchtitan"
     TORCHTITAN_CPU = "torchtitan-cpu"  # the same with CPU kernels (parplan validate --torchtitan on gloo)
-    #: Hugging Face's nanotron trainer on GPUs: Megatron-LM's activations and loss (its code follows
-    #: Megatron-LM's), with its own gradient buffers (:mod:`parplan.solver.cost.nanotron`)
+    #: Hugging Face's nanotron trainer on GPUs: Megatron-LM's activations (but an unfused SwiGLU) and loss
+    #: (its code follows Megatron-LM's), with its own gradient buffers (:mod:`parplan.solver.cost.nanotron`)
     NANOTRON = "nanotron"
     #: the same with CPU kernels (the validation agent's runs of nanotron's buffers on gloo)
     NANOTRON_CPU = "nanotron-cpu"
@@ -287,6 +288,17 @@ class Runtime(StrEnum):
         (gate and up). torchtitan's Llama, Hugging Face's models (DeepSpeed's) and the agent's model
         keep them apart (``wq``/``wk``/``wv``, ``w1``/``w3``; ``q_proj``..., ``gate_proj``/``up_proj``)."""
         return self is Runtime.MEGATRON or self.nanotron
+
+    @property
+    def fuses_gated_activation(self) -> bool:
+        """Whether a SwiGLU MLP runs its activation as one autograd function that keeps only its input,
+        ``linear_fc1``'s output (gate and up), and computes ``silu(gate)`` again in backward: Megatron-LM's
+        ``bias_swiglu_impl`` (``megatron/core/fusions/fused_bias_swiglu.py``, ``SwiGLUFunction``), which
+        ``MLP.forward`` and the experts' ``TEGroupedMLP`` call (``weighted_bias_swiglu_impl``) with
+        ``bias_activation_fusion``, on with ``--swiglu`` unless ``--no-bias-swiglu-fusion``. nanotron's
+        ``GLUActivation``, torchtitan's and Hugging Face's MLPs run ``silu`` and the product as two
+        operators, and the product keeps the SiLU output as well."""
+        return self is Runtime.MEGATRON
 
     @property
     def repeats_kv_heads(self) -> bool:
