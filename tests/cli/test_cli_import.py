@@ -205,3 +205,26 @@ def test_a_priced_configuration_exports_and_imports_back_to_the_same_prices(
     assert back["strategy"]["overlap_grad_reduce"] == priced["strategy"]["overlap_grad_reduce"] == (not extra)
     assert back["memory"]["peak_bytes"] == priced["memory"]["peak_bytes"]
     assert back["time"]["step_seconds"] == pytest.approx(priced["time"]["step_seconds"], rel=1e-12)
+
+
+@pytest.mark.parametrize("flags", ["--attention-backend unfused", "--transformer-impl local",
+                                   "--transformer-impl local --attention-backend local"])
+def test_an_unfused_attention_core_keeps_its_scores_for_backward(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: str) -> None:
+    """Megatron-LM's local layers run its own DotProductAttention, and --attention-backend unfused leaves
+    Transformer Engine only its UnfusedDotProductAttention: both keep the softmax of the scores for the
+    backward (2 bytes a score in bf16 without attention dropout: Korthikanti et al. 2022, Sec. 4), where
+    the flash kernel of the default backend keeps none."""
+    base = ARGS.replace("--recompute-granularity selective", "")
+    docs = []
+    for text in (base, base + "--attention-backend flash\n", base + flags + "\n"):
+        (tmp_path / "args.txt").write_text(text)
+        assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    default, flash, unfused = docs
+    assert default["memory"] == flash["memory"] and default["strategy"]["flash_attention"]
+    assert not unfused["strategy"]["flash_attention"]
+    for kept, plain in zip(unfused["memory"]["stages"], flash["memory"]["stages"], strict=True):
+        # a stage's 16 layers, each its 32 / TP 2 heads' 4,096 x 4,096 scores, per micro-batch in flight
+        scores = 16 * kept["in_flight_microbatches"] * 2 * (32 // 2) * 4096 * 4096
+        assert kept["peak_bytes"] - plain["peak_bytes"] == scores
