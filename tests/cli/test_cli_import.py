@@ -228,3 +228,30 @@ def test_an_unfused_attention_core_keeps_its_scores_for_backward(
         # a stage's 16 layers, each its 32 / TP 2 heads' 4,096 x 4,096 scores, per micro-batch in flight
         scores = 16 * kept["in_flight_microbatches"] * 2 * (32 // 2) * 4096 * 4096
         assert kept["peak_bytes"] - plain["peak_bytes"] == scores
+
+
+#: Megatron-LM's CI tests (tests/functional_tests/test_cases/gpt/<name>/model_config.yaml at d98e8a64dd), the
+#: flags that shape memory, and the last rank's mem-max-allocated-bytes in golden_values_dev_dgx_h100.json
+#: (8 H100s; GPT-2's 50,257-word vocabulary padded to a multiple of 128)
+CI_RUNS = [
+    ("gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset",
+     "--pipeline-model-parallel-size 1 --use-distributed-optimizer --attention-backend unfused", 4702430720),
+    ("gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer",
+     "--pipeline-model-parallel-size 1 --use-distributed-optimizer", 2691792384),
+    ("gpt3_mcore_tp1_pp4", "--pipeline-model-parallel-size 4 --transformer-impl local", 2746575872),
+]
+
+
+@pytest.mark.parametrize(("name", "flags", "measured"), CI_RUNS, ids=[c[0] for c in CI_RUNS])
+def test_megatron_lms_ci_runs_are_priced_within_the_allocated_target(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, flags: str, measured: int) -> None:
+    """Megatron-LM's CI measures its small GPT's allocated peak on the last rank (its TensorBoard
+    writer); the last stage's prediction is within the issue's -2%..+8% of it (bench/
+    memory_accuracy_published.py prices every such run)."""
+    (tmp_path / "args.txt").write_text(
+        "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+        f"--vocab-size 50304 --micro-batch-size 4 --global-batch-size 32 --tensor-model-parallel-size 1 --bf16 {flags}\n")
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "8", "--gpu", "H100-80GB",
+                 "--json"]) == 0
+    last = json.loads(capsys.readouterr().out)["memory"]["stages"][-1]["peak_bytes"]
+    assert -0.02 <= measured / last - 1 <= 0.08
