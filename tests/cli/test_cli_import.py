@@ -249,8 +249,9 @@ def test_megatron_lms_ci_runs_are_priced_within_the_allocated_target(
     writer); the last stage's prediction is within the issue's -2%..+8% of it (bench/
     memory_accuracy_published.py prices every such run)."""
     (tmp_path / "args.txt").write_text(
-        "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
-        f"--vocab-size 50304 --micro-batch-size 4 --global-batch-size 32 --tensor-model-parallel-size 1 --bf16 {flags}\n")
+        "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024\n"
+        "--vocab-size 50304 --micro-batch-size 4 --global-batch-size 32 --tensor-model-parallel-size 1 --bf16\n"
+        f"{flags}\n")
     assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "8", "--gpu", "H100-80GB",
                  "--json"]) == 0
     last = json.loads(capsys.readouterr().out)["memory"]["stages"][-1]["peak_bytes"]
