@@ -37,7 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import header
 from bench.nanotron_published import price_playbook_row
-from parplan.imports.megatron import _precision as megatron_precision  # the importer's reading of the flags
+from parplan.imports.megatron import (  # the importer's readings of Megatron-LM's flags
+    _flash_attention as megatron_flash_attention,
+)
+from parplan.imports.megatron import _partition as megatron_partition
+from parplan.imports.megatron import _precision as megatron_precision
 from parplan.solver.cluster import GIB, Cluster, make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
@@ -62,7 +66,7 @@ _GRAPHS: dict[tuple[Any, ...], tuple[Graph, GraphCosts]] = {}
 def apart_reason(r: dict[str, Any]) -> str | None:
     """Why row ``r`` is shown apart (None: counted)."""
     ac = str(r.get("activation_checkpointing") or "")
-    launch = (r.get("other") or {}).get("launch_args", {}) if isinstance(r.get("other"), dict) else {}
+    launch = _launch(r)
     zero = str(r.get("zero_fsdp") or "")
     if r["source_group"] == "colossalai":
         return "Colossal-AI Gemini runtime not built"
@@ -78,6 +82,9 @@ def apart_reason(r: dict[str, Any]) -> str | None:
         return "offloading not priced"
     if int(r.get("ep") or 1) > 1 or "--num-experts" in launch:
         return "MoE layout not mapped by this benchmark"
+    megatron = _megatron_apart(r, launch)
+    if megatron is not None:
+        return megatron
     if r["model"].get("layers") is None:
         return "model sizes not in the row (a config name only)"
     if re.search(r"(?<!no )HSDP", zero) and _hsdp_shard(r) is None:
@@ -91,11 +98,37 @@ def apart_reason(r: dict[str, Any]) -> str | None:
     return None
 
 
+def _megatron_apart(r: dict[str, Any], launch: dict[str, Any]) -> str | None:
+    """Why a Megatron-LM row is shown apart: a flag that changes what the measured rank holds and that
+    parplan does not build, or a run on fewer GPUs than the row states."""
+    group = launch.get("--microbatch-group-size-per-virtual-pipeline-stage")
+    if group is not None and int(group) != int(r.get("pp") or 1):
+        # schedules.py (get_pp_rank_microbatches): the warm-up runs (v - 1) x group chunk-forwards, not (v - 1) x pp
+        return "Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage (other than pp) not built"
+    if "--account-for-embedding-in-pipeline-split" in launch or "--account-for-loss-in-pipeline-split" in launch:
+        # transformer_block.py's layer split counts the embedding and the loss as layers of the first and last stage
+        return "Megatron-LM's --account-for-embedding/loss-in-pipeline-split (their stages split as layers) not built"
+    if "--defer-embedding-wgrad-compute" in launch:
+        # tensor_parallel/layers.py: the output layer's backward keeps each micro-batch's logits gradient
+        # (up to --wgrad-deferral-limit of them) until its weight gradient runs at the step's end
+        return "Megatron-LM's --defer-embedding-wgrad-compute (kept logits gradients) not built"
+    if "--cross-entropy-loss-fusion" in launch:
+        # fusions/fused_cross_entropy.py: the loss's in-place steps under torch.compile (core/jit.py's
+        # jit_fuser); the CI measures about one fp32 logits-sized buffer more than the unfused loss
+        return "Megatron-LM's --cross-entropy-loss-fusion (torch.compile'd loss) not built"
+    gb, mb = r.get("global_batch"), r.get("micro_batch")
+    dp = int(r["gpus"]) // (int(r.get("tp") or 1) * int(r.get("pp") or 1) * int(r.get("cp") or 1))
+    if gb and mb and int(gb) < int(mb) * dp:
+        # arguments.py asserts the global batch is a multiple of micro-batch x data-parallel size
+        return f"global batch {gb} is less than micro-batch {mb} x {dp} data-parallel ranks: fewer GPUs ran"
+    return None
+
+
 def _float8(r: dict[str, Any]) -> str | None:
     """The parplan precision of a torchtitan row's torchao Float8 (its tensorwise recipe, with FSDP2's float8
     all-gather where the row's config sets it), or of a Megatron-LM row's Transformer Engine FP8 as
     ``parplan memory --from megatron-args`` reads its flags; None for other rows and recipes not priced."""
-    launch = (r.get("other") or {}).get("launch_args", {}) if isinstance(r.get("other"), dict) else {}
+    launch = _launch(r)
     if _runtime(r) is Runtime.MEGATRON and "--fp8-format" in launch:
         problems: list[str] = []
         name = megatron_precision(launch, problems, [])
@@ -159,8 +192,15 @@ def _runtime(r: dict[str, Any]) -> Runtime:
     return Runtime.MEGATRON  # Megatron-LM, ms-swift's Megatron backend, and nanotron's closest
 
 
+def _launch(r: dict[str, Any]) -> dict[str, Any]:
+    """The row's launch flags (Megatron-LM's CI rows and ms-swift's), empty where the row has none."""
+    other = r.get("other")
+    return dict(other.get("launch_args") or {}) if isinstance(other, dict) else {}
+
+
 def layout(r: dict[str, Any]) -> ParallelConfig:
-    """The closest parplan strategy for row ``r``."""
+    """The closest parplan strategy for row ``r``; a Megatron-LM row's attention core and uneven first and
+    last stages as ``parplan memory --from megatron-args`` reads its flags."""
     tp, pp, cp = int(r.get("tp") or 1), int(r.get("pp") or 1), int(r.get("cp") or 1)
     dp = int(r["gpus"]) // (tp * pp * cp)
     local = r.get("local_batch")
@@ -170,11 +210,15 @@ def layout(r: dict[str, Any]) -> ParallelConfig:
     v = int(r.get("virtual_stages") or 1)
     sched = Schedule.INTERLEAVED if pp > 1 and v > 1 and m % pp == 0 else Schedule.ONE_F_ONE_B
     zero = _zero(r) if dp * cp > 1 else 0  # both trainers shard over the data- and context-parallel ranks
+    flags, megatron = _launch(r), _runtime(r) is Runtime.MEGATRON
+    layers = r["model"].get("layers")
     return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, dp_shard=_hsdp_shard(r) or 0,
                           sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
                           recompute=_recompute(r), micro_batch=mb, num_microbatches=max(1, m), schedule=sched,
                           virtual_stages=v if sched is Schedule.INTERLEAVED else 1, cp=cp, runtime=_runtime(r),
-                          precision=_float8(r) or "bf16")
+                          precision=_float8(r) or "bf16",
+                          flash_attention=megatron_flash_attention(flags) if megatron else True,
+                          partition=megatron_partition(flags, int(layers), pp) if megatron and layers else None)
 
 
 def _vocab(r: dict[str, Any]) -> int:
@@ -196,7 +240,7 @@ def _graph(r: dict[str, Any], mb: int) -> tuple[Graph, GraphCosts]:
     key = (md["layers"], md["hidden"], md["heads"], md.get("kv_heads"), md.get("ffn"), md.get("vocab"),
            bool(md.get("tied_embeddings")), mb, seq)
     if key not in _GRAPHS:
-        launch = (r.get("other") or {}).get("launch_args", {}) if isinstance(r.get("other"), dict) else {}
+        launch = _launch(r)
         # Megatron-LM's CI models are GPT (GELU) unless --swiglu; every other source runs Llama-style models
         gpt = r["source_group"] == "megatron_lm_ci" and "--swiglu" not in launch
         family: Literal["gpt", "llama"] = "gpt" if gpt else "llama"
@@ -244,7 +288,10 @@ def price(r: dict[str, Any]) -> dict[str, Any]:
     s = layout(r)
     g, gc = _graph(r, s.micro_batch)
     e = evaluate_graph(g, str(r["model"]["name"]), g.parameter_count(), cluster, s, costs=gc)
-    return {"layout": s.describe()} | _compared(r, cluster, verdict(e.memory.peak_bytes, cluster), e.memory.peak_bytes)
+    rank = e.memory.peak_bytes  # the most loaded rank, where the row names none
+    if str(r.get("memory_rank") or "").startswith("last rank") and e.memory.stages:
+        rank = e.memory.stages[-1].peak_bytes  # Megatron-LM's TensorBoard writer: the last pipeline stage
+    return {"layout": s.describe()} | _compared(r, cluster, verdict(e.memory.peak_bytes, cluster), rank)
 
 
 def price_playbook(r: dict[str, Any]) -> dict[str, Any]:

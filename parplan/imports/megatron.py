@@ -46,6 +46,7 @@ _VALUED = {
     "--hidden-dropout", "--attention-dropout", "--make-vocab-size-divisible-by",
     "--expert-tensor-parallel-size", "--fp8-format", "--fp8-recipe", "--cp-comm-type", "--main-grads-dtype",
     "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--moe-token-dispatcher-type", "--optimizer",
+    "--transformer-impl", "--attention-backend",
     "--num-distributed-optimizer-instances", "--optimizer-offload-fraction",
 }
 #: flags that take a list of words (argparse ``nargs="*"``)
@@ -55,7 +56,7 @@ _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--
              "--qk-layernorm", "--tp-comm-overlap", "--overlap-param-gather", "--overlap-grad-reduce",
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--fp8-param-gather",
              "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
-             "--optimizer-cpu-offload", "--no-bias-swiglu-fusion",
+             "--optimizer-cpu-offload", "--no-bias-swiglu-fusion", "--cross-entropy-loss-fusion",
              *(f for f, _ in _REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
@@ -66,7 +67,6 @@ _IGNORED_VALUED = {
     "--eval-interval", "--seed", "--norm-epsilon", "--rotary-base", "--rotary-percent",
     "--tensorboard-dir", "--distributed-backend", "--ckpt-format",
     "--distributed-timeout-minutes", "--num-workers", "--exit-duration-in-mins", "--wandb-project", "--wandb-exp-name",
-    "--transformer-impl", "--attention-backend",  # flash attention is priced either way
     "--lr-decay-samples", "--lr-warmup-samples", "--decoupled-lr", "--decoupled-min-lr", "--data-cache-path",
     "--tiktoken-pattern", "--profile-step-start", "--profile-step-end", "--moe-aux-loss-coeff",
     # the caching allocator's release of unused blocks: what is reserved, not what tensors hold
@@ -80,10 +80,7 @@ _IGNORED_SWITCHES = {"--mock-data", "--no-masked-softmax-fusion", "--use-mcore-m
                      "--no-load-rng", "--log-throughput", "--use-rotary-position-embeddings", "--no-bias-gelu-fusion",
                      "--no-bias-dropout-fusion", "--no-rope-fusion", "--use-flash-attn", "--apply-layernorm-1p",
                      "--calculate-per-token-loss", "--manual-gc", "--profile", "--no-mmap-bin-files",
-                     "--no-create-attention-mask-in-dataloader",
-                     # the fused and the plain vocabulary-parallel cross entropy both keep the softmax
-                     # and turn it into the gradient in place, as the megatron runtime prices the loss
-                     "--cross-entropy-loss-fusion"}
+                     "--no-create-attention-mask-in-dataloader"}
 
 
 @dataclass(frozen=True)
@@ -254,6 +251,10 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
         cfg, seq = _config(flags, family, adjusted)
         strategy = _strategy(flags, world, cfg.layers, tp, recompute, cp_comm, precision, adjusted)
     unpriced += _moe_notes(flags, strategy.expert_parallel) + _padding_note(flags, cfg.vocab, tp)
+    if "--cross-entropy-loss-fusion" in flags:
+        # megatron/core/fusions/fused_cross_entropy.py, its in-place steps under torch.compile (core/jit.py)
+        unpriced.append("--cross-entropy-loss-fusion is priced as the unfused loss; Megatron-LM's CI measures about "
+                        "one more fp32 logits-sized buffer on the last stage with it")
     return Imported(KIND, ModelSource(cfg.name, config=cfg), strategy, seq, world, per_node, "megatron", unknown,
                     ignored, unpriced, adjusted)
 
@@ -488,7 +489,19 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
         cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
         overlap_param_gather="--overlap-param-gather" in flags,
         overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1,
-        optimizer_offload=_offload_fraction(flags))
+        optimizer_offload=_offload_fraction(flags), flash_attention=_flash_attention(flags))
+
+
+def _flash_attention(flags: dict[str, str | bool]) -> bool:
+    """Whether the attention core is a flash kernel (no score matrix kept for backward). Megatron-LM's
+    local layers run its own ``DotProductAttention``, which materialises the scores
+    (``megatron/core/models/backends.py``: ``LocalSpecProvider.core_attention``); so does
+    ``--attention-backend local`` (which needs the local spec) and ``unfused``, which leaves Transformer
+    Engine only its ``UnfusedDotProductAttention`` (``language_module.py``: ``_set_attention_backend``
+    sets NVTE_UNFUSED_ATTN=1, the flash and fused ones 0). ``flash``, ``fused`` and ``auto`` run a flash
+    kernel."""
+    return (str(flags.get("--transformer-impl", "transformer_engine")) != "local"
+            and str(flags.get("--attention-backend", "auto")) not in ("unfused", "local"))
 
 
 def _offload_fraction(flags: dict[str, str | bool]) -> float:

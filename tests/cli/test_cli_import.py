@@ -206,3 +206,54 @@ def test_a_priced_configuration_exports_and_imports_back_to_the_same_prices(
     assert back["strategy"]["overlap_grad_reduce"] == priced["strategy"]["overlap_grad_reduce"] == (not extra)
     assert back["memory"]["peak_bytes"] == priced["memory"]["peak_bytes"]
     assert back["time"]["step_seconds"] == pytest.approx(priced["time"]["step_seconds"], rel=1e-12)
+
+
+@pytest.mark.parametrize("flags", ["--attention-backend unfused", "--transformer-impl local",
+                                   "--transformer-impl local --attention-backend local"])
+def test_an_unfused_attention_core_keeps_its_scores_for_backward(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: str) -> None:
+    """Megatron-LM's local layers run its own DotProductAttention, and --attention-backend unfused leaves
+    Transformer Engine only its UnfusedDotProductAttention: both keep the softmax of the scores for the
+    backward (2 bytes a score in bf16 without attention dropout: Korthikanti et al. 2022, Sec. 4), where
+    the flash kernel of the default backend keeps none."""
+    base = ARGS.replace("--recompute-granularity selective", "")
+    docs = []
+    for text in (base, base + "--attention-backend flash\n", base + flags + "\n"):
+        (tmp_path / "args.txt").write_text(text)
+        assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    default, flash, unfused = docs
+    assert default["memory"] == flash["memory"] and default["strategy"]["flash_attention"]
+    assert not unfused["strategy"]["flash_attention"]
+    for kept, plain in zip(unfused["memory"]["stages"], flash["memory"]["stages"], strict=True):
+        # a stage's 16 layers, each its 32 / TP 2 heads' 4,096 x 4,096 scores, per micro-batch in flight
+        scores = 16 * kept["in_flight_microbatches"] * 2 * (32 // 2) * 4096 * 4096
+        assert kept["peak_bytes"] - plain["peak_bytes"] == scores
+
+
+#: Megatron-LM's CI tests (tests/functional_tests/test_cases/gpt/<name>/model_config.yaml at d98e8a64dd), the
+#: flags that shape memory, and the last rank's mem-max-allocated-bytes in golden_values_dev_dgx_h100.json
+#: (8 H100s; GPT-2's 50,257-word vocabulary padded to a multiple of 128)
+CI_RUNS = [
+    ("gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset",
+     "--pipeline-model-parallel-size 1 --use-distributed-optimizer --attention-backend unfused", 4702430720),
+    ("gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer",
+     "--pipeline-model-parallel-size 1 --use-distributed-optimizer", 2691792384),
+    ("gpt3_mcore_tp1_pp4", "--pipeline-model-parallel-size 4 --transformer-impl local", 2746575872),
+]
+
+
+@pytest.mark.parametrize(("name", "flags", "measured"), CI_RUNS, ids=[c[0] for c in CI_RUNS])
+def test_megatron_lms_ci_runs_are_priced_within_the_allocated_target(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, flags: str, measured: int) -> None:
+    """Megatron-LM's CI measures its small GPT's allocated peak on the last rank (its TensorBoard
+    writer); the last stage's prediction is within the issue's -2%..+8% of it (bench/
+    memory_accuracy_published.py prices every such run)."""
+    (tmp_path / "args.txt").write_text(
+        "--num-layers 12 --hidden-size 512 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024\n"
+        "--vocab-size 50304 --micro-batch-size 4 --global-batch-size 32 --tensor-model-parallel-size 1 --bf16\n"
+        f"{flags}\n")
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "8", "--gpu", "H100-80GB",
+                 "--json"]) == 0
+    last = json.loads(capsys.readouterr().out)["memory"]["stages"][-1]["peak_bytes"]
+    assert -0.02 <= measured / last - 1 <= 0.08

@@ -75,7 +75,8 @@ def test_zero3_peak_is_below_the_sum_of_category_peaks(rec: Recompute) -> None:
     """The point of the walk: gradients and buffers peak once activations start being freed."""
     cfg = _gpt(4, 256, 4, 256)
     stage = plan_memory(build_graph(cfg, batch=2), ParallelConfig(dp=4, zero=3, recompute=rec)).stages[0]
-    assert stage.peak_bytes < 0.97 * stage.memory.bytes.total
+    libs = Runtime.MEGATRON.library_workspace_bytes  # held through the step: in both, peaking nowhere
+    assert stage.peak_bytes - libs < 0.97 * (stage.memory.bytes.total - libs)
 
 
 @settings(max_examples=30, deadline=None)

@@ -214,10 +214,7 @@ class DpSearch:
         plan = self.probe_plan(pp, m)
         blocks = [u for u in units if u in self._block_set]
         n_l, n_s = len(blocks), len(strats)
-        t = np.zeros((n_l, n_s))
-        per_mb = np.zeros((n_l, n_s))
-        mem = np.zeros((n_l, n_s))
-        temp = np.zeros((n_l, n_s))
+        t, per_mb, mem, temp = (np.zeros((n_l, n_s)) for _ in range(4))
         row_of = {b: i for i, b in enumerate(blocks)}
         current = 0
         root = np.zeros(n_s)
@@ -246,7 +243,8 @@ class DpSearch:
             shared, tied_within, tied_workspace, shared_items = pieces[(batch, us)]
             always, tied_peak, optimizer = stage_extra_temporary_bytes(
                 float(root[j]), tied_within, tied_workspace, float(largest[j]), s.zero >= 3, self.prec)
-            temp[:, j] = np.maximum(temp[:, j] + always, max(tied_peak, optimizer))
+            held = plan.runtime.held_through_step_bytes  # workspaces, buckets: the whole step, as the walk adds them
+            temp[:, j] = np.maximum(temp[:, j] + always, max(tied_peak, optimizer)) + held
             if shared:
                 st = model_states(shared, s, self.prec)
                 synced: set[str] = set()
