@@ -135,7 +135,8 @@ def _float8(r: dict[str, Any]) -> str | None:
         return None if problems else name
     text = str(r.get("fp8") or "")
     tensorwise = "tensorwise" in text or "quantize.linear.float8" in text  # the converter's default recipe
-    if _runtime(r) is not Runtime.TORCHTITAN or "torchao" not in text.lower() or not tensorwise:
+    titan = (Runtime.TORCHTITAN, Runtime.TORCHTITAN_UNCHUNKED_LOSS)
+    if _runtime(r) not in titan or "torchao" not in text.lower() or not tensorwise:
         return None
     return "fp8-torchao-fsdp8" if "enable_fsdp_float8_all_gather" in text else "fp8-torchao"
 
@@ -183,9 +184,18 @@ def _hsdp_shard(r: dict[str, Any]) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: torchtitan commits whose trainer's loss was not chunked, as read there: train.py's ``loss_fn``,
+#: ``cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))``, never compiled ("compiling loss
+#: function causes CUDA errors, turning off for now"), on the model's whole bf16 output.
+TORCHTITAN_UNCHUNKED_LOSS_COMMITS = ("9dec370ad26b",)
+
+
 def _runtime(r: dict[str, Any]) -> Runtime:
     fw = str(r.get("framework") or "").lower()
     if "torchtitan" in fw:
+        version = str(r.get("framework_version") or "")
+        if version.startswith(TORCHTITAN_UNCHUNKED_LOSS_COMMITS):
+            return Runtime.TORCHTITAN_UNCHUNKED_LOSS
         return Runtime.TORCHTITAN
     if "automodel" in fw:
         return Runtime.TORCH

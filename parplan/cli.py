@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="whose buffers to count: megatron (default), torch (PyTorch-native DTensor/FSDP2 on "
                           "GPUs), torch-cpu (the same with CPU kernels), interpreter-cpu (the agent's per-operator "
                           "plan interpreter on CPUs), deepspeed, torchtitan (torchtitan's trainer), "
-                          "torchtitan-cpu, nanotron (nanotron's trainer) or nanotron-cpu; see docs/concepts.md")
+                          "torchtitan-cpu, torchtitan-unchunked-loss (its trainer without the chunked loss), nanotron "
+                          "(nanotron's trainer) or nanotron-cpu; see docs/concepts.md")
     mem.set_defaults(handler=cmd_memory)
     plan = sub.add_parser("plan", help="search for a parallelism plan", description="Search for the plan that fits "
                           "with the least redundant memory (or the fastest one), with baselines.")

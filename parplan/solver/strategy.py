@@ -89,7 +89,8 @@ class Schedule(StrEnum):
 
 
 #: Runtimes whose pipelining is ``torch.distributed.pipelining`` (what runs the zero-bubble schedules).
-PIPELINING_RUNTIMES = (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+PIPELINING_RUNTIMES = (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU,
+                       Runtime.TORCHTITAN_UNCHUNKED_LOSS)
 
 
 def check_schedule(schedule: Schedule, runtime: Runtime, pp: int, m: int, virtual_stages: int) -> None:
@@ -127,7 +128,8 @@ def check_precision_runtime(precision: str, runtime: Runtime) -> None:
     (``fp8-torchao*``) is priced as torchtitan runs it, with the torchtitan runtimes only; Megatron-LM's
     ``--fp8-param-gather`` (``fp8*-pg*``) with runtime megatron only."""
     prec = PRECISIONS.get(precision.lower())
-    if prec is not None and prec.torchao and runtime not in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU):
+    if prec is not None and prec.torchao and runtime not in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU,
+                                                       Runtime.TORCHTITAN_UNCHUNKED_LOSS):
         raise StrategyError(f"precision {prec.name} is torchao's Float8 as torchtitan runs it: runtime torchtitan "
                             f"prices it, not {runtime} (fp8 and fp8-cs are Transformer Engine's)")
     if prec is not None and prec.fp8_weight_gather and not prec.torchao and runtime is not Runtime.MEGATRON:
@@ -140,7 +142,8 @@ def check_recompute(runtime: Runtime, recompute: Recompute) -> None:
     if recompute is Recompute.OP and not runtime.per_operator_checkpointing:
         raise StrategyError(f"recompute op (per-operator selective checkpointing, PyTorch's "
                             f"create_selective_checkpoint_contexts) needs a PyTorch-native runtime "
-                            f"(torch, torch-cpu, torchtitan, torchtitan-cpu); runtime is {runtime}")
+                            f"(torch, torch-cpu, torchtitan, torchtitan-cpu, torchtitan-unchunked-loss); "
+                            f"runtime is {runtime}")
 
 
 def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,

@@ -64,7 +64,9 @@ docs/notes/torchtitan-run.md):
   backward (pipelining's schedule does turn it off until the last micro-batch);
 - its recipes' loss is ``ChunkedLossWrapper``: the output layer and the cross entropy run inside
   forward on :data:`TORCHTITAN_LOSS_CHUNKS` sequence chunks, each chunk's backward at once, so no
-  logits are kept for backward; the loop's own buffers are priced by :mod:`.loss_loop`.
+  logits are kept for backward; the loop's own buffers are priced by :mod:`.loss_loop`. Runtime
+  ``torchtitan-unchunked-loss`` is its trainer with the loss its ``train.py`` ran unwrapped (PyTorch's
+  ``cross_entropy`` on the fp32 logits of the whole sequence, priced as the runtime ``torch`` prices it).
 
 nanotron's trainer (runtime ``nanotron``) keeps Megatron-LM's activations and loss (but for its
 unfused SwiGLU, :attr:`Runtime.fuses_gated_activation`) with its own gradient buffers: an fp32
@@ -168,6 +170,10 @@ class Runtime(StrEnum):
     #: docstring)
     TORCHTITAN = "torchtitan"
     TORCHTITAN_CPU = "torchtitan-cpu"  # the same with CPU kernels (parplan validate --torchtitan on gloo)
+    #: torchtitan's trainer whose loss is not chunked: its train.py's ``loss_fn``,
+    #: ``cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))`` on the whole sequence, the
+    #: step's backward starting from it (PyTorch's loss buffers, :meth:`loss_gradient_buffers`)
+    TORCHTITAN_UNCHUNKED_LOSS = "torchtitan-unchunked-loss"
     #: Hugging Face's nanotron trainer on GPUs: Megatron-LM's activations (but an unfused SwiGLU) and loss
     #: (its code follows Megatron-LM's), with its own gradient buffers (:mod:`parplan.solver.cost.nanotron`)
     NANOTRON = "nanotron"
@@ -176,12 +182,11 @@ class Runtime(StrEnum):
 
     @property
     def _pytorch_native(self) -> bool:
-        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.INTERPRETER_CPU, Runtime.TORCHTITAN,
-                        Runtime.TORCHTITAN_CPU)
+        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.INTERPRETER_CPU) or self._torchtitan
 
     @property
     def _torchtitan(self) -> bool:
-        return self in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+        return self in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU, Runtime.TORCHTITAN_UNCHUNKED_LOSS)
 
     @property
     def nanotron(self) -> bool:
@@ -253,7 +258,8 @@ class Runtime(StrEnum):
         holds them as well (its output layer's matmuls are PyTorch's, forward and backward), and
         Transformer Engine's own for the other GEMMs (:data:`TE_WORKSPACE_BYTES`): Megatron-LM's CI
         golden values (``mem-max-allocated-bytes``) of small models sit about that much above the rest."""
-        gpu_torch = (Runtime.TORCH, Runtime.DEEPSPEED, Runtime.TORCHTITAN, Runtime.NANOTRON)
+        gpu_torch = (Runtime.TORCH, Runtime.DEEPSPEED, Runtime.TORCHTITAN, Runtime.TORCHTITAN_UNCHUNKED_LOSS,
+                     Runtime.NANOTRON)
         if self is Runtime.MEGATRON:
             return 2 * CUBLAS_WORKSPACE_BYTES + TE_WORKSPACE_BYTES
         return 2 * CUBLAS_WORKSPACE_BYTES if self in gpu_torch else 0.0
@@ -288,7 +294,7 @@ class Runtime(StrEnum):
         (``torch.utils.checkpoint.create_selective_checkpoint_contexts``, torchtitan's
         ``selective_ac_option = "op"``): the PyTorch-native runtimes; Megatron-LM, DeepSpeed and nanotron
         have no such option."""
-        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU)
+        return self in (Runtime.TORCH, Runtime.TORCH_CPU) or self._torchtitan
 
     @property
     def fuses_projections(self) -> bool:
@@ -362,7 +368,7 @@ class Runtime(StrEnum):
     def loss_chunks(self) -> int:
         """Sequence chunks the loss runs in inside forward, each chunk's backward at once (torchtitan's
         ``ChunkedLossWrapper``); 0 where the loss keeps its logits for the step's backward."""
-        return TORCHTITAN_LOSS_CHUNKS if self._torchtitan else 0
+        return TORCHTITAN_LOSS_CHUNKS if self in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU) else 0
 
     @property
     def holds_stage_outputs(self) -> bool:
