@@ -14,6 +14,7 @@ from typing import Any
 from parplan.solver.cluster import gpu_preset
 from parplan.solver.errors import ConfigError, SolverError
 from parplan.solver.frontends.config import extra_features
+from parplan.solver.strategy import hybrid_groups
 
 
 class NotExpressibleError(SolverError):
@@ -73,13 +74,13 @@ class UniformPlan:
 
     @property
     def shard(self) -> int:
-        """Data-parallel ranks ZeRO shards over: ``dp_shard``, else all of ``dp``."""
-        return self.dp_shard or self.dp
+        """Data-parallel ranks ZeRO shards over (:func:`~parplan.solver.strategy.hybrid_groups`)."""
+        return hybrid_groups(self.dp, self.dp_shard)[0]
 
     @property
     def replicate(self) -> int:
-        """Groups of hybrid sharding that hold the same shards: ``dp / shard``."""
-        return self.dp // self.shard
+        """Groups of hybrid sharding that hold the same shards (:func:`~parplan.solver.strategy.hybrid_groups`)."""
+        return hybrid_groups(self.dp, self.dp_shard)[1]
 
     @property
     def world(self) -> int:

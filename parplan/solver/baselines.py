@@ -37,7 +37,7 @@ from parplan.solver.ir import Graph
 from parplan.solver.models import ModelSource
 from parplan.solver.objective import Objective
 from parplan.solver.result import Evaluation
-from parplan.solver.strategy import ParallelConfig, Schedule
+from parplan.solver.strategy import ParallelConfig, Schedule, hybrid_groups
 
 BASELINES = ("megatron", "zero3", "dp")
 
@@ -218,7 +218,7 @@ class UniformEvaluator:
         prec = self.runtime.states_precision(get_precision(self.precision))
         # expert parallelism cuts the experts' share further; cutting every parameter by it keeps a bound
         per_replica = self._parameters / (c.tp * c.pp * c.ep)
-        shard = c.dp_shard or c.dp
+        shard = hybrid_groups(c.dp, c.dp_shard)[0]
         grads = per_replica * prec.grad_bytes / (shard if c.zero >= 2 else 1)
         return per_replica * (prec.param_bytes / (shard if c.zero >= 2 else 1)
                               + prec.optimizer_state_bytes * (1 - c.offload) / (shard if c.zero >= 1 else 1)), grads

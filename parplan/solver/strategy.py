@@ -30,6 +30,13 @@ CP_DIMS = ("seq", "capacity")
 CP_COMM = ("p2p", "a2a")
 
 
+def hybrid_groups(dp: int, dp_shard: int) -> tuple[int, int]:
+    """(ranks ZeRO shards over, groups that hold the same shards) of ``dp`` data-parallel ranks under
+    hybrid sharding over ``dp_shard`` of them (:func:`check_dp_shard`); ``(dp, 1)`` without it (0)."""
+    shard = dp_shard or dp
+    return shard, dp // shard
+
+
 def check_dp_shard(dp: int, dp_shard: int, zero: int, ep: int, runtime: Runtime) -> None:
     """StrategyError unless ``dp_shard`` is a hybrid sharding the trainers run: ZeRO shards within
     groups of ``dp_shard`` data-parallel ranks (x ``cp``) and the ``dp / dp_shard`` groups replicate
@@ -89,8 +96,7 @@ class Schedule(StrEnum):
 
 
 #: Runtimes whose pipelining is ``torch.distributed.pipelining`` (what runs the zero-bubble schedules).
-PIPELINING_RUNTIMES = (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU,
-                       Runtime.TORCHTITAN_UNCHUNKED_LOSS)
+PIPELINING_RUNTIMES = (Runtime.TORCH, Runtime.TORCH_CPU, *(r for r in Runtime if r.torchtitan))
 
 
 def check_schedule(schedule: Schedule, runtime: Runtime, pp: int, m: int, virtual_stages: int) -> None:
@@ -128,8 +134,7 @@ def check_precision_runtime(precision: str, runtime: Runtime) -> None:
     (``fp8-torchao*``) is priced as torchtitan runs it, with the torchtitan runtimes only; Megatron-LM's
     ``--fp8-param-gather`` (``fp8*-pg*``) with runtime megatron only."""
     prec = PRECISIONS.get(precision.lower())
-    if prec is not None and prec.torchao and runtime not in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU,
-                                                       Runtime.TORCHTITAN_UNCHUNKED_LOSS):
+    if prec is not None and prec.torchao and not runtime.torchtitan:
         raise StrategyError(f"precision {prec.name} is torchao's Float8 as torchtitan runs it: runtime torchtitan "
                             f"prices it, not {runtime} (fp8 and fp8-cs are Transformer Engine's)")
     if prec is not None and prec.fp8_weight_gather and not prec.torchao and runtime is not Runtime.MEGATRON:
@@ -140,10 +145,10 @@ def check_precision_runtime(precision: str, runtime: Runtime) -> None:
 def check_recompute(runtime: Runtime, recompute: Recompute) -> None:
     """StrategyError unless ``runtime`` can run ``recompute`` (per-operator checkpointing is PyTorch's)."""
     if recompute is Recompute.OP and not runtime.per_operator_checkpointing:
+        able = ", ".join(r for r in Runtime if r.per_operator_checkpointing)
         raise StrategyError(f"recompute op (per-operator selective checkpointing, PyTorch's "
                             f"create_selective_checkpoint_contexts) needs a PyTorch-native runtime "
-                            f"(torch, torch-cpu, torchtitan, torchtitan-cpu, torchtitan-unchunked-loss); "
-                            f"runtime is {runtime}")
+                            f"({able}); runtime is {runtime}")
 
 
 def check_overlaps(runtime: Runtime, tp_comm_overlap: bool, overlap_param_gather: bool, sp: bool,
@@ -275,13 +280,13 @@ class ParallelConfig:
 
     @property
     def shard(self) -> int:
-        """Data-parallel ranks ZeRO shards over (``dp_shard``, else all of ``dp``)."""
-        return self.dp_shard or self.dp
+        """Data-parallel ranks ZeRO shards over (:func:`hybrid_groups`)."""
+        return hybrid_groups(self.dp, self.dp_shard)[0]
 
     @property
     def replicate(self) -> int:
-        """Groups that hold the same shards: ``dp / shard`` (1 without hybrid sharding)."""
-        return self.dp // self.shard
+        """Groups that hold the same shards (:func:`hybrid_groups`)."""
+        return hybrid_groups(self.dp, self.dp_shard)[1]
 
     @property
     def global_batch(self) -> int:

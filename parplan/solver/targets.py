@@ -43,9 +43,9 @@ from parplan.solver.cluster import Cluster
 from parplan.solver.cost.pipeline import blocks_of
 from parplan.solver.cost.rules import search_recomputes
 from parplan.solver.cost.runtime import Runtime
-from parplan.solver.errors import SolverError
+from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
-from parplan.solver.strategy import ParallelConfig, Schedule
+from parplan.solver.strategy import ParallelConfig, Schedule, check_schedule
 
 
 class Target(StrEnum):
@@ -151,28 +151,37 @@ def shard_groups(c: Candidate, node: int, ep: int = 1) -> tuple[int, ...]:
 
 def _with_schedules_and_experts(c: Candidate, global_batch: int, num_blocks: int, experts: int, node: int,
                                 zero_bubble: bool = False) -> Iterator[Candidate]:
-    """``c`` and its variants: interleaved pipelines (``v`` chunks per device, layers and micro-
-    batches splitting evenly), with ``zero_bubble`` (torchtitan) the zero-bubble schedules too
+    """``c`` and its variants: interleaved pipelines (``v`` chunks per device, the layers splitting
+    evenly over the chunks), with ``zero_bubble`` (torchtitan) the zero-bubble schedules too
     (``interleaved-zb`` on 2 or 4 chunks per device, as torchtitan builds a multi-stage schedule with
-    at least 2; ``zbv`` and ``dualpipev`` on 2), expert parallelism over part of the data-parallel group
-    and hybrid sharding over a node's data-parallel ranks (:func:`shard_groups`; ``node``: GPUs per node)."""
+    at least 2; ``zbv`` and ``dualpipev`` on 2), each where its runtime runs it at this micro-batch
+    count (:func:`~parplan.solver.strategy.check_schedule`); expert parallelism over part of the
+    data-parallel group and hybrid sharding over a node's data-parallel ranks (:func:`shard_groups`;
+    ``node``: GPUs per node)."""
     microbatches = global_batch // (c.micro_batch * c.dp)
-    schedules = [(Schedule.ONE_F_ONE_B, 1)]
-    if c.pp > 1 and microbatches % c.pp == 0:
-        schedules += [(Schedule.INTERLEAVED, v) for v in VIRTUAL_STAGES if num_blocks % (c.pp * v) == 0]
+    tried = [(Schedule.ONE_F_ONE_B, 1)]
+    if c.pp > 1:
+        tried += [(Schedule.INTERLEAVED, v) for v in VIRTUAL_STAGES if num_blocks % (c.pp * v) == 0]
     if c.pp > 1 and zero_bubble:
-        rounds_divide = microbatches % max(1, microbatches // c.pp) == 0  # ScheduleInterleavedZeroBubble's rule
-        schedules += [(Schedule.INTERLEAVED_ZB, v) for v in VIRTUAL_STAGES
-                      if rounds_divide and num_blocks % (c.pp * v) == 0]
+        tried += [(Schedule.INTERLEAVED_ZB, v) for v in VIRTUAL_STAGES if num_blocks % (c.pp * v) == 0]
         if num_blocks % (2 * c.pp) == 0:
-            schedules.append((Schedule.ZBV, 2))
-            if microbatches >= 2 * c.pp:  # ScheduleDualPipeV's rule
-                schedules.append((Schedule.DUALPIPEV, 2))
+            tried += [(Schedule.ZBV, 2), (Schedule.DUALPIPEV, 2)]
+    runtime = Runtime.TORCHTITAN if zero_bubble else Runtime.MEGATRON
+    schedules = [(s, v) for s, v in tried if _runs(s, runtime, c.pp, microbatches, v)]
     eps = [e for e in range(1, c.dp + 1) if c.dp % e == 0 and (e == 1 or (experts and experts % e == 0))]
     for schedule, v in schedules:
         for ep in eps:
             for shard in shard_groups(c, node, ep):
                 yield replace(c, schedule=schedule, virtual=v, ep=ep, dp_shard=shard)
+
+
+def _runs(schedule: Schedule, runtime: Runtime, pp: int, microbatches: int, virtual: int) -> bool:
+    """Whether ``runtime`` runs ``schedule`` on ``pp`` stages, ``microbatches`` and ``virtual`` chunks."""
+    try:
+        check_schedule(schedule, runtime, pp, microbatches, virtual)
+    except StrategyError:
+        return False
+    return True
 
 
 #: Fractions of the optimizer a target's search offloads, when none of its strategies fits without

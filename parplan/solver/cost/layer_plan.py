@@ -19,7 +19,7 @@ from parplan.solver.cost.runtime import Runtime
 from parplan.solver.cost.unit_strategy import UnitStrategy
 from parplan.solver.cost.units import GraphCosts
 from parplan.solver.errors import StrategyError
-from parplan.solver.strategy import Schedule
+from parplan.solver.strategy import Schedule, hybrid_groups
 
 #: the model's graph costs for one data-parallel rank's batch per micro-batch
 CostsFor = Callable[[int], GraphCosts]
@@ -62,7 +62,7 @@ class LayerStrategy:
         if self.zero:
             parts.append("sdp" if self.zero == 3 else f"zero{self.zero}")
         if self.dp_shard:
-            parts.append(f"hsdp{self.dp // self.dp_shard}x{self.dp_shard}")
+            parts.append(f"hsdp{replicate_ranks(self)}x{self.dp_shard}")
         if self.sp:
             parts.append("sp")
         if self.ep > 1:
@@ -143,5 +143,5 @@ def shard_ranks(s: LayerStrategy, expert: bool) -> int:
 
 
 def replicate_ranks(s: LayerStrategy) -> int:
-    """Groups holding the same shards under hybrid sharding: ``dp / dp_shard`` (1 without)."""
-    return s.dp // s.dp_shard if s.dp_shard else 1
+    """Groups holding the same shards under hybrid sharding (1 without: :func:`hybrid_groups`)."""
+    return hybrid_groups(s.dp, s.dp_shard)[1]

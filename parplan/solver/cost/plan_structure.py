@@ -19,7 +19,7 @@ from parplan.solver.cost.pipeline import device_of, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.units import GraphCosts, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
-from parplan.solver.strategy import check_dp_shard, check_overlaps, check_recompute
+from parplan.solver.strategy import check_dp_shard, check_overlaps, check_recompute, hybrid_groups
 
 
 class Links(Protocol):
@@ -77,8 +77,8 @@ def stage_mesh(cluster: Cluster, pp: int, s: LayerStrategy) -> DeviceMesh:
     # hybrid sharding: the replicate axis outermost of the data axes, each shard group consecutive
     # ranks (torchtitan's mesh dp_replicate, dp_shard, cp, tp; Megatron-LM's intra-instance groups
     # are consecutive slices of its data-and-context-parallel group)
-    rep = [("rep", s.dp // s.dp_shard)] if s.dp_shard else []
-    shard = s.dp_shard or s.dp
+    shard, replicas = hybrid_groups(s.dp, s.dp_shard)
+    rep = [("rep", replicas)] if s.dp_shard else []
     data = [*rep, ("edp", shard // s.ep), ("ep", s.ep)] + ([("cp", s.cp)] if s.cp > 1 else [])
     inner = [*data, ("tp", s.tp)] if s.tp_inner else [("tp", s.tp), *data]
     return DeviceMesh.of(cluster, [("pp", pp), *inner])

@@ -182,10 +182,11 @@ class Runtime(StrEnum):
 
     @property
     def _pytorch_native(self) -> bool:
-        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.INTERPRETER_CPU) or self._torchtitan
+        return self in (Runtime.TORCH, Runtime.TORCH_CPU, Runtime.INTERPRETER_CPU) or self.torchtitan
 
     @property
-    def _torchtitan(self) -> bool:
+    def torchtitan(self) -> bool:
+        """Whether the buffers are torchtitan's trainer's (any of its runtimes)."""
         return self in (Runtime.TORCHTITAN, Runtime.TORCHTITAN_CPU, Runtime.TORCHTITAN_UNCHUNKED_LOSS)
 
     @property
@@ -202,13 +203,13 @@ class Runtime(StrEnum):
     def master_is_parameter(self) -> bool:
         """Whether the resident weights are fp32 and serve as the optimizer's master copy (torchtitan:
         FSDP2 mixed precision casts them to the compute type only when gathering)."""
-        return self._torchtitan
+        return self.torchtitan
 
     @property
     def keeps_gradients(self) -> bool:
         """Whether gradients stay allocated between steps (zeroed in place: Megatron-LM's buffers,
         DDP's buckets, the agent's executor); torchtitan sets them to None before each step."""
-        return not self._torchtitan
+        return not self.torchtitan
 
     def states_precision(self, prec: Precision, buffers: DataParallelBuffers | None = None) -> Precision:
         """Bytes per parameter of the resident model states under this runtime: with
@@ -294,7 +295,7 @@ class Runtime(StrEnum):
         (``torch.utils.checkpoint.create_selective_checkpoint_contexts``, torchtitan's
         ``selective_ac_option = "op"``): the PyTorch-native runtimes; Megatron-LM, DeepSpeed and nanotron
         have no such option."""
-        return self in (Runtime.TORCH, Runtime.TORCH_CPU) or self._torchtitan
+        return self in (Runtime.TORCH, Runtime.TORCH_CPU) or self.torchtitan
 
     @property
     def fuses_projections(self) -> bool:
@@ -346,7 +347,7 @@ class Runtime(StrEnum):
         micro-batch to the last (the agent's FSDP2, and ``torch.distributed.pipelining`` under
         ``pipelined``, skip the reduce-scatter until the last micro-batch; Megatron-LM reduces into
         sharded buffers every micro-batch, and so does torchtitan's trainer without pipelining)."""
-        return self._pytorch_native and (pipelined or not self._torchtitan)
+        return self._pytorch_native and (pipelined or not self.torchtitan)
 
     @property
     def copies_around_collectives(self) -> bool:
@@ -362,7 +363,7 @@ class Runtime(StrEnum):
     def reduces_every_microbatch(self, pipelined: bool) -> bool:
         """Whether gradients are reduced after every micro-batch's backward, not once a step (torchtitan
         without pipelining: its gradient accumulation keeps FSDP2's synchronisation on)."""
-        return self._torchtitan and not pipelined
+        return self.torchtitan and not pipelined
 
     @property
     def loss_chunks(self) -> int:
@@ -383,7 +384,7 @@ class Runtime(StrEnum):
             return FSDP
         if self.nanotron:
             return NANOTRON_DDP
-        if self._torchtitan and zero == 0:
+        if self.torchtitan and zero == 0:
             # torchtitan replicates with FSDP2 over a shard group of one (data_parallel_replicate_degree)
             return DataParallelBuffers(gathers=True, kept_from_forward=True, reduce_buffers=2)
         if self in (Runtime.MEGATRON, Runtime.DEEPSPEED):
