@@ -141,6 +141,18 @@ def _float8(r: dict[str, Any]) -> str | None:
     return "fp8-torchao-fsdp8" if "enable_fsdp_float8_all_gather" in text else "fp8-torchao"
 
 
+def _precision(r: dict[str, Any]) -> str:
+    """The row's precision: its Float8 (:func:`_float8`) or bf16, with Transformer Engine FusedAdam's stored
+    remainders (``-remainders``: the fp32 master as the bf16 weight and its 16-bit remainder) where the row's
+    optimizer is TE's ``FusedAdam`` with ``master_weights`` and ``store_param_remainders`` (NeMo Automodel's
+    rows), and bf16 moments (``-moments-bf16``) where it says ``exp_avg/exp_avg_sq bf16``."""
+    base, text = _float8(r) or "bf16", str(r.get("optimizer") or "")
+    if "FusedAdam" not in text or "master_weights" not in text or not re.search(r"store_param_remainders(?! false)",
+                                                                                  text):
+        return base
+    return f"{base}-remainders" + ("-moments-bf16" if "exp_avg/exp_avg_sq bf16" in text else "")
+
+
 def _gpu(r: dict[str, Any]) -> tuple[str, float | None]:
     """The preset for the row's GPU and a memory override (GiB) where the part differs from the preset."""
     text = str(r.get("gpu") or "")
@@ -226,7 +238,7 @@ def layout(r: dict[str, Any]) -> ParallelConfig:
                           sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
                           recompute=_recompute(r), micro_batch=mb, num_microbatches=max(1, m), schedule=sched,
                           virtual_stages=v if sched is Schedule.INTERLEAVED else 1, cp=cp, runtime=_runtime(r),
-                          precision=_float8(r) or "bf16",
+                          precision=_precision(r),
                           flash_attention=megatron_flash_attention(flags) if megatron else True,
                           partition=megatron_partition(flags, int(layers), pp) if megatron and layers else None)
 

@@ -119,7 +119,10 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                         "20 B/param), fp8-cs (the same with current scaling), fp8-grad16 and fp8-cs-grad16 (those "
                         "with 16-bit gradients); torchao's Float8 as torchtitan runs it (--runtime torchtitan only): "
                         "fp8-torchao (tensorwise, bf16's bytes), fp8-torchao-fsdp8 (the same with FSDP2's float8 "
-                        "all-gather) and fp8-torchao-rowwise")
+                        "all-gather) and fp8-torchao-rowwise; bf16, bf16-grad16, fp8 and fp8-grad16 with Transformer "
+                        "Engine FusedAdam's low-precision states (--runtime megatron or torch): -remainders (the fp32 "
+                        "master as the bf16 weight and its 16-bit remainder, 2 B/param less), -moments-bf16 (Adam's "
+                        "moments in bf16, 4 B/param less) or -remainders-moments-bf16")
     p.add_argument("--expert-parallel", type=positive, default=1, help="expert-parallel degree (MoE), divides dp")
     p.add_argument("--dp-shard", type=int, default=0, metavar="N",
                    help="hybrid sharded data parallelism (needs --zero 1-3): ZeRO shards within groups of N "
@@ -169,7 +172,8 @@ def add_plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--precision", choices=list(PRECISIONS), default=DEFAULT_PRECISION,
                       help="training precision, as for parplan memory (default bf16; fp8: Transformer Engine's FP8 "
                            "recipe; fp8-cs: with current scaling; fp8-torchao, fp8-torchao-fsdp8, fp8-torchao-rowwise: "
-                           "torchao's Float8 as torchtitan runs it, --target torchtitan only)")
+                           "torchao's Float8 as torchtitan runs it, --target torchtitan only; *-remainders, "
+                           "*-moments-bf16: Transformer Engine FusedAdam's states, --target megatron only)")
     plan.add_argument("--objective", choices=["min-memory", "max-throughput"], default="min-memory")
     plan.add_argument("--alpha", type=float, default=None,
                       help="min-memory as memory + alpha x time: GiB per device one second of step time is worth")

@@ -34,6 +34,7 @@ from parplan.exports.common import (
     flag_lines,
     uniform_of,
 )
+from parplan.solver.cost.precision import PRECISIONS, TE_ADAM_BASES
 from parplan.solver.frontends.config import architecture_dropout
 
 MEGATRON_VERSION = "core_v0.16.1"
@@ -53,18 +54,28 @@ DECLARED_FLAGS = frozenset({
 #: only with ``--accumulate-allreduce-grads-in-fp32``); Transformer Engine's FP8 with ``--fp8-format
 #: hybrid``, delayed scaling by default, ``--fp8-recipe tensorwise`` for current scaling, and
 #: ``--fp8-param-gather`` for the ``-pg`` precisions (which assert the distributed optimizer)
-PRECISION_FLAGS: Mapping[str, tuple[str, ...]] = {
+_BASE_PRECISION_FLAGS: Mapping[str, tuple[str, ...]] = {
     "bf16": ("--bf16",), "bf16-grad16": ("--bf16", "--grad-reduce-in-bf16"),
     "fp16": ("--fp16", "--accumulate-allreduce-grads-in-fp32"), "fp16-grad16": ("--fp16",),
     **{f"fp8{cs}{pg}{g16}": ("--bf16", *(("--grad-reduce-in-bf16",) if g16 else ()), "--fp8-format", "hybrid",
                              *(("--fp8-recipe", "tensorwise") if cs else ()), *(("--fp8-param-gather",) if pg else ()))
        for cs in ("", "-cs") for pg in ("", "-pg") for g16 in ("", "-grad16")},
 }
+#: Transformer Engine FusedAdam's states (parplan's ``*-remainders`` precisions): Megatron-LM's
+#: ``--use-precision-aware-optimizer`` hands the bf16 weights to TE's FusedAdam with ``master_weights`` and
+#: ``store_param_remainders=OptimizerConfig.store_param_remainders`` (true, no flag turns it off:
+#: ``megatron/core/optimizer/__init__.py``), the moments' dtypes from ``--exp-avg-dtype`` and
+#: ``--exp-avg-sq-dtype``. A precision with bf16 moments but fp32 master weights has no flags.
+PRECISION_FLAGS: Mapping[str, tuple[str, ...]] = {**_BASE_PRECISION_FLAGS, **{
+    f"{base}-remainders{m}": (*_BASE_PRECISION_FLAGS[base], "--use-precision-aware-optimizer",
+                              *(("--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16") if m else ()))
+    for base in TE_ADAM_BASES for m in ("", "-moments-bf16")}}
 DDP_FLAGS = frozenset({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                        "--num-distributed-optimizer-instances"})
-#: Flags made from megatron-core's OptimizerConfig fields: the hybrid CPU/GPU optimizer's.
+#: Flags made from megatron-core's OptimizerConfig fields: the hybrid CPU/GPU optimizer's and the
+#: precision-aware optimizer's.
 OPTIMIZER_FLAGS = frozenset({"--optimizer-cpu-offload", "--optimizer-offload-fraction",
-                             "--use-precision-aware-optimizer"})
+                             "--use-precision-aware-optimizer", "--exp-avg-dtype", "--exp-avg-sq-dtype"})
 #: Flags made from megatron.training's TrainingConfig (not shipped with megatron-core).
 TRAINING_FLAGS = frozenset({"--micro-batch-size", "--global-batch-size"})
 
@@ -115,7 +126,15 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
     if plan.recompute == "op":
         reasons.append("per-operator recomputation (op: PyTorch's selective checkpointing with torchtitan's policy); "
                        "Megatron-LM has none (plan with --target megatron)")
-    if plan.precision not in PRECISION_FLAGS:
+    prec = PRECISIONS.get(plan.precision)
+    if prec is not None and prec.te_adam and not prec.param_remainders:
+        reasons.append(f"precision {plan.precision}: Megatron-LM's precision-aware optimizer stores the fp32 master "
+                       "as the bf16 weight and its remainder (OptimizerConfig.store_param_remainders, no flag): "
+                       f"precision {prec.adam_base}-remainders-moments-bf16")
+    elif prec is not None and prec.te_adam and plan.zero != 1:
+        reasons.append(f"precision {plan.precision}: Megatron-LM's --use-precision-aware-optimizer needs the "
+                       "distributed optimizer (ZeRO-1)")
+    elif plan.precision not in PRECISION_FLAGS:
         reasons.append(f"precision {plan.precision}")
     elif "--fp8-param-gather" in PRECISION_FLAGS[plan.precision] and plan.zero != 1:
         reasons.append(f"precision {plan.precision}: Megatron-LM's --fp8-param-gather needs the distributed "

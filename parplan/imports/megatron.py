@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems
+from parplan.imports.megatron_optimizer import precision_aware_states
 from parplan.imports.shell import read_script
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.frontends.config import TransformerConfig, dropout_field
@@ -278,11 +279,8 @@ def _read_but_inert(flags: dict[str, str | bool], problems: list[str], adjusted:
             problems.append("--no-bias-swiglu-fusion (the unfused SwiGLU, which keeps the SiLU output for "
                             "backward too) is not modelled")
         inert.append("--no-bias-swiglu-fusion")
-    for flag in ("--use-precision-aware-optimizer", "--accumulate-allreduce-grads-in-fp32"):
-        if flag == "--use-precision-aware-optimizer" and "--optimizer-cpu-offload" in flags:
-            continue  # what the hybrid optimizer asserts (read with the offload's fraction)
-        if flag in flags and ("--fp16" not in flags or flag != "--accumulate-allreduce-grads-in-fp32"):
-            inert.append(flag)  # the dtypes it reads are checked by _precision; fp32 is bf16's default
+    if "--accumulate-allreduce-grads-in-fp32" in flags and "--fp16" not in flags:
+        inert.append("--accumulate-allreduce-grads-in-fp32")  # fp32 is bf16's default
     for flag in inert:
         if flag != "--accumulate-allreduce-grads-in-fp32":
             flags.pop(flag, None)
@@ -293,12 +291,10 @@ def _precision(flags: dict[str, str | bool], problems: list[str], adjusted: list
     """parplan's precision for Megatron-LM's mixed-precision flags (``megatron/training/arguments.py``:
     with ``--bf16``, ``--grad-reduce-in-bf16`` sets ``accumulate_allreduce_grads_in_fp32 = False``, else
     it is turned on; with ``--fp16`` it stays off unless given; the DDP's gradient buffers take
-    ``grad_reduce_in_fp32`` from it)."""
+    ``grad_reduce_in_fp32`` from it), with the precision-aware optimizer's states
+    (:func:`~parplan.imports.megatron_optimizer.precision_aware_states`)."""
     if "--fp16" in flags and "--bf16" in flags:
         problems.append("both --fp16 and --bf16")
-    for flag in ("--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype"):
-        if str(flags.get(flag, "fp32")) != "fp32":
-            problems.append(f"{flag} {flags[flag]} (the precision-aware optimizer's states) is not modelled")
     grads16 = ("--grad-reduce-in-bf16" in flags or str(flags.get("--main-grads-dtype", "fp32")) == "bf16")
     if "--bf16" in flags:
         base = "bf16"
@@ -315,8 +311,10 @@ def _precision(flags: dict[str, str | bool], problems: list[str], adjusted: list
     if "--fp8-format" not in flags:
         if "--fp8-param-gather" in flags:
             problems.append("--fp8-param-gather without --fp8-format")
-        return base + ("-grad16" if grads16 else "")
-    return _fp8(flags, base, grads16, problems, adjusted)
+        name = base + ("-grad16" if grads16 else "")
+    else:
+        name = _fp8(flags, base, grads16, problems, adjusted)
+    return precision_aware_states(flags, name, problems, adjusted)
 
 
 def _fp8(flags: dict[str, str | bool], base: str, grads16: bool, problems: list[str], adjusted: list[str]) -> str:

@@ -133,7 +133,10 @@ PrecisionName = Annotated[str, _one_of(tuple(PRECISIONS), "precision", PRECISION
      "Megatron-LM's --fp8-param-gather: FP8 weights only, gathered in FP8; target megatron only), or "
      "torchao's Float8 as torchtitan runs it (target torchtitan only): "
      "fp8-torchao (tensorwise), fp8-torchao-fsdp8 (the same with FSDP2's float8 all-gather) and "
-     "fp8-torchao-rowwise; FP8 needs a GPU with FP8 math."})]
+     "fp8-torchao-rowwise; bf16, bf16-grad16, fp8 and fp8-grad16 with -remainders (Transformer Engine FusedAdam's "
+     "store_param_remainders: the fp32 master as the bf16 weight and its 16-bit remainder, 2 bytes), -moments-bf16 "
+     "(Adam's moments in bf16) or both (Megatron-LM's --use-precision-aware-optimizer; target megatron only); FP8 "
+     "needs a GPU with FP8 math."})]
 TargetName = Annotated[str, _one_of(tuple(t.value for t in Target), "target", [t.value for t in Target]),
                        WithJsonSchema({"type": "string", "enum": [t.value for t in Target], "default": "any"})]
 
@@ -284,6 +287,10 @@ class PlanRequestIn(BaseModel):
                 and target is not Target.MEGATRON:
             raise RequestError("training.precision", f"{tr.precision} is Megatron-LM's --fp8-param-gather: "
                                f"plan it with target megatron (target is {target.value})")
+        if PRECISIONS[tr.precision].te_adam and target is not Target.MEGATRON:
+            raise RequestError("training.precision", f"{tr.precision} is Transformer Engine FusedAdam's low-precision "
+                               f"states (Megatron-LM's --use-precision-aware-optimizer): plan it with target megatron "
+                               f"(target is {target.value})")
         self._check_search(target, cluster)
         global_batch = tr.global_batch or cl.gpus
         if model.config is not None and tr.seq_len:

@@ -132,7 +132,9 @@ def check_schedule(schedule: Schedule, runtime: Runtime, pp: int, m: int, virtua
 def check_precision_runtime(precision: str, runtime: Runtime) -> None:
     """StrategyError where a precision is one trainer's and the runtime another's: torchao's Float8
     (``fp8-torchao*``) is priced as torchtitan runs it, with the torchtitan runtimes only; Megatron-LM's
-    ``--fp8-param-gather`` (``fp8*-pg*``) with runtime megatron only."""
+    ``--fp8-param-gather`` (``fp8*-pg*``) with runtime megatron only; Transformer Engine FusedAdam's
+    states (``*-remainders``, ``*-moments-bf16``) with the GPU runtimes whose optimizer it can be (megatron,
+    torch: torchtitan's fp32 weights are the master, nanotron and DeepSpeed run their own optimizers)."""
     prec = PRECISIONS.get(precision.lower())
     if prec is not None and prec.torchao and not runtime.torchtitan:
         raise StrategyError(f"precision {prec.name} is torchao's Float8 as torchtitan runs it: runtime torchtitan "
@@ -140,6 +142,20 @@ def check_precision_runtime(precision: str, runtime: Runtime) -> None:
     if prec is not None and prec.fp8_weight_gather and not prec.torchao and runtime is not Runtime.MEGATRON:
         raise StrategyError(f"precision {prec.name} is Megatron-LM's --fp8-param-gather: runtime megatron prices "
                             f"it, not {runtime}")
+    if prec is not None and prec.te_adam and runtime not in (Runtime.MEGATRON, Runtime.TORCH):
+        raise StrategyError(f"precision {prec.name} is Transformer Engine FusedAdam's low-precision states: runtimes "
+                            f"megatron (--use-precision-aware-optimizer) and torch (FSDP2 with TE's FusedAdam, as "
+                            f"NeMo Automodel runs it) price it, not {runtime}")
+
+
+def check_te_adam(precision: str, runtime: Runtime, optimizer_offload: float) -> None:
+    """StrategyError where Transformer Engine FusedAdam's low-precision states meet Megatron-LM's optimizer
+    offload: its ``HybridDeviceOptimizer`` keeps the fp32 master itself (``param_update_in_fp32``,
+    ``megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py``) and passes no state dtypes."""
+    prec = PRECISIONS.get(precision.lower())
+    if prec is not None and prec.te_adam and optimizer_offload and runtime is Runtime.MEGATRON:
+        raise StrategyError(f"precision {prec.name} with optimizer_offload: Megatron-LM's hybrid CPU/GPU optimizer "
+                            f"keeps fp32 master weights and fp32 moments (give precision {prec.adam_base})")
 
 
 def check_recompute(runtime: Runtime, recompute: Recompute) -> None:
@@ -272,6 +288,7 @@ class ParallelConfig:
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)
         check_optimizer_offload(self.runtime, self.optimizer_offload, self.zero)
+        check_te_adam(self.precision, self.runtime, self.optimizer_offload)
         check_schedule(self.schedule, self.runtime, self.pp, self.num_microbatches, self.virtual_stages)
 
     @property

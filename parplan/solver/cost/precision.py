@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -37,6 +38,26 @@ class Precision:
     #: Transformer Engine (Megatron-LM's ``--fp8-param-gather``, priced with runtime megatron only) the
     #: weights are FP8 only and the data-parallel gather sends one byte (:data:`FP8_PARAM_BYTES` held)
     fp8_weight_gather: bool = False
+    #: the optimizer is Transformer Engine's ``FusedAdam`` keeping its states in less than fp32
+    #: (:func:`te_fused_adam`): the fp32 master as the bf16 weight plus its 16-bit remainder
+    #: (``store_param_remainders``), and/or Adam's moments in bf16; the precision it is made from is
+    #: ``adam_base``. Priced with runtimes megatron and torch only
+    #: (:func:`~parplan.solver.strategy.check_precision_runtime`)
+    param_remainders: bool = False
+    bf16_moments: bool = False
+    adam_base: str = ""
+
+    @property
+    def te_adam(self) -> bool:
+        """Whether the optimizer states are Transformer Engine ``FusedAdam``'s low-precision ones."""
+        return self.param_remainders or self.bf16_moments
+
+    @property
+    def update_bytes(self) -> int:
+        """Bytes per element of the arithmetic of Adam's update: the master's type; Transformer Engine's
+        ``FusedAdam`` kernels rebuild the fp32 master from the bf16 weight and its remainder and compute
+        in fp32 whatever the stored states (``multi_tensor_adam_param_remainder``)."""
+        return FP32_BYTES if self.te_adam else self.master_bytes
 
     @property
     def te_fp8(self) -> bool:
@@ -74,6 +95,19 @@ class Precision:
     def model_state_bytes(self) -> int:
         """Bytes per parameter of weights, gradients and optimizer states together."""
         return self.param_bytes + self.grad_bytes + self.optimizer_state_bytes
+
+
+#: Bytes of an fp32 element.
+FP32_BYTES = 4
+
+#: Bytes per parameter of the fp32 master's low 16 bits Transformer Engine's ``FusedAdam`` keeps under
+#: ``store_param_remainders`` with bf16 weights: ``_initialize_state`` makes the master
+#: ``torch.zeros_like(param, dtype=torch.int16)``; the bf16 weight is the master's high half.
+TE_REMAINDER_BYTES = 2
+
+#: Bytes per element of each Adam moment ``FusedAdam`` keeps in bf16 (``exp_avg_dtype`` /
+#: ``exp_avg_sq_dtype`` ``torch.bfloat16``).
+BF16_MOMENT_BYTES = 2
 
 
 #: Bytes per weight element of the FP8 copies Transformer Engine keeps beside the bf16 weight under
@@ -144,7 +178,7 @@ FP8_PARAM_BYTES = 2
 #: what backward keeps. ``fp8-torchao-rowwise`` is the rowwise recipe (torchtitan 0.3.0's default,
 #: axiswise scales, every collective in bf16): the same bytes as ``fp8-torchao``, priced at the same
 #: FP8 GEMM speed (an optimistic time: rowwise GEMMs run CUTLASS kernels slower than cuBLAS's tensorwise).
-PRECISIONS: Mapping[str, Precision] = MappingProxyType({
+BASE_PRECISIONS: Mapping[str, Precision] = MappingProxyType({
     "bf16": Precision("bf16", 2, 4, 4, 8, 2, "bf16"),
     "bf16-grad16": Precision("bf16-grad16", 2, 2, 4, 8, 2, "bf16"),
     "fp16": Precision("fp16", 2, 4, 4, 8, 2, "fp16"),
@@ -170,6 +204,41 @@ PRECISIONS: Mapping[str, Precision] = MappingProxyType({
                                    fp8_current_scaling=True, torchao=True, fp8_weight_gather=True),
     "fp8-torchao-rowwise": Precision("fp8-torchao-rowwise", 2, 4, 4, 8, 2, "bf16", matmul_dtype="fp8",
                                      fp8_current_scaling=True, torchao=True),
+})
+
+
+#: The precisions whose optimizer can be Transformer Engine's ``FusedAdam`` with its states in less than
+#: fp32 (:func:`te_fused_adam`): bf16 weights (bf16, and Transformer Engine's delayed-scaling FP8, whose
+#: weights stay bf16 beside their FP8 copies) with an fp32 master, fp32 or bf16 gradients.
+TE_ADAM_BASES = ("bf16", "bf16-grad16", "fp8", "fp8-grad16")
+
+
+def te_fused_adam(base: Precision, remainders: bool, bf16_moments: bool) -> Precision:
+    """``base`` with Transformer Engine's ``FusedAdam(master_weights=True, store_param_remainders=remainders,
+    exp_avg_dtype=exp_avg_sq_dtype=bf16 if bf16_moments)`` as its optimizer
+    (``transformer_engine/pytorch/optimizers/fused_adam.py``, ``_initialize_state``). With
+    ``store_param_remainders`` and bf16 weights the master is the int16 of the fp32 master's low 16 bits
+    (:data:`TE_REMAINDER_BYTES`; ``store_param_remainders`` applies only with an fp32 master and bf16
+    weights). Moments in bf16 are :data:`BF16_MOMENT_BYTES` each; both in bf16, the kernel unscales them
+    in place (``fuse_unscale``), where a single bf16 or an fp16/fp8 state is unscaled into an fp32 copy of
+    the whole group at each step (not modelled, so not offered). Suffixes ``-remainders`` and
+    ``-moments-bf16``."""
+    if base.compute_dtype != "bf16" or base.master_bytes != FP32_BYTES or base.fp8_weight_gather or base.torchao \
+            or base.te_adam:
+        raise ConfigError(f"precision {base.name}: Transformer Engine FusedAdam's stored remainders and bf16 "
+                          f"moments are priced on {', '.join(TE_ADAM_BASES)}")
+    name = base.name + ("-remainders" if remainders else "") + ("-moments-bf16" if bf16_moments else "")
+    return dataclasses.replace(base, name=name, master_bytes=TE_REMAINDER_BYTES if remainders else base.master_bytes,
+                               optimizer_bytes=2 * BF16_MOMENT_BYTES if bf16_moments else base.optimizer_bytes,
+                               param_remainders=remainders, bf16_moments=bf16_moments, adam_base=base.name)
+
+
+#: Every precision: :data:`BASE_PRECISIONS` and their Transformer Engine FusedAdam variants
+#: (:data:`TE_ADAM_BASES`, :func:`te_fused_adam`).
+PRECISIONS: Mapping[str, Precision] = MappingProxyType({
+    **BASE_PRECISIONS,
+    **{p.name: p for p in (te_fused_adam(BASE_PRECISIONS[b], rem, mom) for b in TE_ADAM_BASES
+                           for rem, mom in ((True, False), (False, True), (True, True)))},
 })
 
 

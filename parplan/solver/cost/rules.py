@@ -396,8 +396,8 @@ def optimizer_step_seconds(states: MemoryBreakdown, gpu: GpuSpec, calibration: C
 
 def optimizer_temporary_bytes(largest_param_elems: float, prec: Precision) -> float:
     """Adam's update (PyTorch's reference implementation) works on two temporaries the size of the
-    largest tensor, in the optimizer's precision."""
-    return 2 * largest_param_elems * max(prec.master_bytes, prec.param_bytes)
+    largest tensor, in the update's precision (:attr:`~.precision.Precision.update_bytes`)."""
+    return 2 * largest_param_elems * max(prec.update_bytes, prec.param_bytes)
 
 
 #: Megatron-LM's default gradient bucket, parameters: ``max(40M, 1M · dp)`` (its
