@@ -20,6 +20,13 @@ Status = Literal["optimal", "feasible", "infeasible"]
 #: ``cutoff`` likewise asks only for a choice better than the known one by more than this fraction.
 MIP_REL_GAP = 2e-3
 
+#: The gap of a first, quick pass over several candidates' memory solves: it finds each one's near
+#: least memory and a lower bound on it; only candidates whose bound leaves room for an answer better
+#: than the best by more than MIP_REL_GAP are solved again to that gap (:mod:`.search`). A memory
+#: solve's incumbent usually comes from the root's rounding within this gap; most of a tight solve
+#: is the cutting that proves the last few tenths of a percent.
+SCREEN_REL_GAP = 1e-2
+
 #: HiGHS options besides the defaults:
 #:
 #: - presolve and root restarts off: the models come out of :func:`~.model.formulate` with little
@@ -115,22 +122,23 @@ def _new_highs() -> Any:
     return h
 
 
-def run(f: Formulation, timeout_seconds: float, backend: str, warm: bool = False) -> tuple[
-        Status, float | None, str, list[float]]:
-    """Solve ``f`` with ``backend`` ("highs", else CBC; CBC too where highspy is missing): (status,
-    gap reached or None, the backend used, column values). ``warm``: start from ``f.start``."""
+def run(f: Formulation, timeout_seconds: float, backend: str, warm: bool = False,
+        gap: float = MIP_REL_GAP) -> tuple[Status, float | None, str, list[float]]:
+    """Solve ``f`` with ``backend`` ("highs", else CBC; CBC too where highspy is missing) to the
+    relative ``gap``: (status, gap reached or None, the backend used, column values). ``warm``:
+    start from ``f.start``."""
     if backend == "highs" and _highs_available():
-        return _run_highs(f, timeout_seconds, warm)
-    return _run_cbc(f, timeout_seconds)
+        return _run_highs(f, timeout_seconds, warm, gap)
+    return _run_cbc(f, timeout_seconds, gap)
 
 
-def configured_highs(timeout_seconds: float) -> Any:
+def configured_highs(timeout_seconds: float, gap: float = MIP_REL_GAP) -> Any:
     """A silent HiGHS instance with parplan's settings: the time limit (seconds), one thread, the
-    relative gap :data:`MIP_REL_GAP` and :data:`HIGHS_OPTIONS`."""
+    relative ``gap`` and :data:`HIGHS_OPTIONS`."""
     h = _new_highs()
     h.setOptionValue("time_limit", float(timeout_seconds))
     h.setOptionValue("threads", 1)
-    h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
+    h.setOptionValue("mip_rel_gap", gap)
     for option, value in HIGHS_OPTIONS.items():
         if h.setOptionValue(option, value) != _highs_ok():
             raise SolverError(f"HiGHS refused its option {option}={value!r}")
@@ -143,12 +151,12 @@ def _highs_ok() -> Any:
     return highspy.HighsStatus.kOk
 
 
-def _run_highs(f: Formulation, timeout_seconds: float, warm: bool) -> tuple[
+def _run_highs(f: Formulation, timeout_seconds: float, warm: bool, gap: float) -> tuple[
         Status, float | None, str, list[float]]:
     import highspy
     import numpy as np
 
-    h = configured_highs(timeout_seconds)
+    h = configured_highs(timeout_seconds, gap)
     inf = h.getInfinity()
     n = len(f.names)
 
@@ -177,12 +185,12 @@ def _run_highs(f: Formulation, timeout_seconds: float, warm: bool) -> tuple[
     if not has_solution:
         raise SolverError(f"the ILP solver found no solution within the {timeout_seconds:g} s time limit; "
                           "raise the time limit")
-    gap = float(info.mip_gap) if info.mip_gap < 1e30 else None
+    reached = float(info.mip_gap) if info.mip_gap < 1e30 else None
     values = list(h.getSolution().col_value)
-    return ("optimal" if status_text == "optimal" else "feasible"), gap, "highs", values
+    return ("optimal" if status_text == "optimal" else "feasible"), reached, "highs", values
 
 
-def _run_cbc(f: Formulation, timeout_seconds: float) -> tuple[
+def _run_cbc(f: Formulation, timeout_seconds: float, gap: float) -> tuple[
         Status, float | None, str, list[float]]:
     import pulp
 
@@ -202,7 +210,7 @@ def _run_cbc(f: Formulation, timeout_seconds: float) -> tuple[
                 lp += expr <= up, name
             if lo > -math.inf:
                 lp += expr >= lo, name + "__lower"
-    status = lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=timeout_seconds, gapRel=MIP_REL_GAP))
+    status = lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=timeout_seconds, gapRel=gap))
     values = [float(c.value() or 0.0) for c in cols]
     if status == pulp.LpStatusInfeasible:
         return "infeasible", None, "cbc", []
@@ -210,4 +218,4 @@ def _run_cbc(f: Formulation, timeout_seconds: float) -> tuple[
         if any(c.value() is not None for c in cols):
             return "feasible", None, "cbc", values
         raise SolverError(f"the ILP solver found no solution within the {timeout_seconds:g} s time limit")
-    return "optimal", 0.0, "cbc", values
+    return "optimal", gap, "cbc", values  # CBC reports no gap: the one it was asked to reach bounds it

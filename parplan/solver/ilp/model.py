@@ -230,6 +230,11 @@ class IlpResult:
     constraints: int = 0
     nonzeros: int = 0
 
+    @property
+    def least_possible(self) -> float:
+        """The objective no choice of this problem beats, as the solve proved it (its gap)."""
+        return -math.inf if self.gap is None else self.objective * (1 - self.gap)
+
 
 class InfeasibleError(SolverError):
     """No choice satisfies the constraints."""
@@ -492,26 +497,29 @@ def _gate_columns(f: Formulation, problem: AuxProblem, X: dict[str, list[int]], 
 def solve_aux(problem: AuxProblem, objective: Objective, *, alpha: float = 0.0, budget: float | None = None,
               time_limit: float | None = None, timeout_seconds: float = 60.0, backend: str = "highs",
               start: dict[str, int] | None = None, cutoff: float | None = None,
-              work: dict[str, int] | None = None) -> IlpResult:
-    """Build the model, solve it, and extract the choice (raises InfeasibleError).
+              work: dict[str, int] | None = None, gap: float = MIP_REL_GAP) -> IlpResult:
+    """Build the model, solve it to the relative ``gap``, and extract the choice (raises
+    InfeasibleError).
 
     ``start`` is a known feasible choice handed to the solver as its first incumbent. ``cutoff``
-    (the objective's unit) asks only for a choice better than it: none is InfeasibleError, which
-    often proved sooner than an optimum is found. ``work`` (when given) counts the solve and adds
-    the model's variables, constraints and nonzeros, whatever the outcome."""
+    (the objective's unit) asks only for a choice better than it by more than MIP_REL_GAP: none is
+    InfeasibleError, which often proved sooner than an optimum is found. ``work`` (when given)
+    counts the solve and adds the model's variables, constraints and nonzeros, whatever the
+    outcome."""
     t0 = time.perf_counter()
     f, X = formulate(problem, objective, alpha=alpha, budget=budget, time_limit=time_limit, start=start,
                      cutoff=cutoff)
     if work is not None:
         for key, n in zip(("solves", "variables", "constraints", "nonzeros"), (1, *f.size), strict=True):
             work[key] = work.get(key, 0) + n
-    status, gap, used, values = run(f, timeout_seconds, backend, warm=start is not None and cutoff is None)
+    status, reached, used, values = run(f, timeout_seconds, backend, warm=start is not None and cutoff is None,
+                                        gap=gap)
     if status == "infeasible":
         raise InfeasibleError("no strategy assignment satisfies the constraints")
     choice = {k: max(range(len(v)), key=lambda s, v=v: values[v[s]]) for k, v in X.items()}  # type: ignore[misc]
     mem, sec = problem.totals(choice)
     obj = mem + alpha * sec if objective == "weighted" else (sec if objective == "time" else mem)
-    return IlpResult(status, choice, mem, sec, obj, gap, time.perf_counter() - t0, used, *f.size)
+    return IlpResult(status, choice, mem, sec, obj, reached, time.perf_counter() - t0, used, *f.size)
 
 
 def _safe(key: str) -> str:

@@ -47,6 +47,7 @@ from parplan.solver.cost.rules import search_recomputes
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.device_memory import verdict
 from parplan.solver.errors import SolverError
+from parplan.solver.ilp.backends import SCREEN_REL_GAP
 from parplan.solver.ilp.costs import op_cost
 from parplan.solver.ilp.model import MIP_REL_GAP, ROW_TOLERANCE, IlpResult, InfeasibleError, kept_peaks, solve_aux
 from parplan.solver.ilp.moments import walk_peak
@@ -284,7 +285,8 @@ def search(graph_for: Callable[[int], Graph], cluster: Cluster, *, global_batch:
     run = _Run(progress or (lambda stage, fraction: None), t0 + timeout_seconds, timeout_seconds, budget_bytes,
                {"meshes": len(meshes), "problems_built": 0, "problems_completed": 0, "solves": 0, "variables": 0,
                 "constraints": 0, "nonzeros": 0, "peak_terms": 0, "peak_terms_kept": 0, "repricings": 0,
-                "time_solves_skipped": 0, "memory_solves_skipped": 0, "problems_not_built": 0})
+                "time_solves_skipped": 0, "memory_solves_skipped": 0, "memory_solves_tightened": 0,
+                "problems_not_built": 0})
 
     def build(b: int, mesh: Mesh, recompute: Recompute) -> GraphProblem:
         return build_choices(graphs[b], mesh, mesh_links(cl, mesh), cl.gpu, calibration, prec, global_batch // b,
@@ -389,7 +391,8 @@ def _least_memory(run: _Run, goal: Objective, problems: list[Candidate], fastest
     its least possible time), smallest micro-steps (fewest activations) first; each later solve
     only looks for a plan better than the best so far (a memory solve holds its step below the
     limit by the solver's tolerance, ROW_TOLERANCE: a time-solved candidate closer to the limit
-    than that has no plan for it)."""
+    than that has no plan for it). Memory solves screen first, to SCREEN_REL_GAP, then
+    :func:`_tighten` proves the answer to MIP_REL_GAP."""
     solved_limit = limit * (1 - 2 * ROW_TOLERANCE)
     within = sorted((c for c in problems if c.fits and (c.res.seconds <= solved_limit if c.result is not None
                                                         else c.gp.problem.seconds_lower_bound() <= limit)),
@@ -399,8 +402,9 @@ def _least_memory(run: _Run, goal: Objective, problems: list[Candidate], fastest
     pool: list[Candidate] = [] if goal.weighted else [
         Candidate(c.mesh, c.gp, replace(c.res, objective=c.res.memory), c.b)
         for c in fastest if c.res.seconds <= limit]
+    screened: list[Candidate] = []
     for i, c in enumerate(within):
-        run.report("solving: least memory within the time limit", 0.6 + 0.35 * i / len(within))
+        run.report("solving: least memory within the time limit", 0.6 + 0.3 * i / len(within))
         cutoff = min((p.res.objective for p in pool), default=None)
         # the bound without the moments first, then the whole problem's
         if cutoff is not None and not goal.weighted and c.gp.problem.memory_lower_bound() >= cutoff:
@@ -418,14 +422,44 @@ def _least_memory(run: _Run, goal: Objective, problems: list[Candidate], fastest
                 r = solve_aux(c.gp.problem, "weighted", alpha=goal.alpha_bytes_per_s, budget=run.budget_bytes,
                               timeout_seconds=run.remaining(), cutoff=cutoff, work=run.work)
             else:
-                r = solve_aux(c.gp.problem, "memory", budget=run.budget_bytes, time_limit=goal.tolerant(limit),
-                              timeout_seconds=run.remaining(), start=start, cutoff=cutoff, work=run.work)
+                r = _memory_solve(run, goal, c, limit, cutoff, start, SCREEN_REL_GAP)
         except InfeasibleError:
             if cutoff is None and start is not None:
                 raise
             continue  # nothing here beats the best so far (or meets the time limit)
         pool.append(Candidate(c.mesh, c.gp, r, c.b))
+        screened.append(pool[-1])
+    if not goal.weighted:
+        _tighten(run, goal, limit, pool, screened)
     return min(pool, key=lambda c: (c.res.objective, c.res.seconds))
+
+
+def _memory_solve(run: _Run, goal: Objective, c: Candidate, limit: float, cutoff: float | None,
+                  start: dict[str, int] | None, gap: float) -> IlpResult:
+    """``c``'s least memory within the time ``limit`` (better than ``cutoff``), to ``gap``."""
+    return solve_aux(c.gp.problem, "memory", budget=run.budget_bytes, time_limit=goal.tolerant(limit),
+                     timeout_seconds=run.remaining(), start=start, cutoff=cutoff, work=run.work, gap=gap)
+
+
+def _tighten(run: _Run, goal: Objective, limit: float, pool: list[Candidate], screened: list[Candidate]) -> None:
+    """Prove the least memory to MIP_REL_GAP: every screened candidate whose proven least memory
+    leaves room for a plan better than the best so far by more than that gap is solved again to
+    it, looking only for such a plan (the lowest bound first; a better plan joins ``pool``). The
+    others cannot hold a plan better than the answer by more than the gap, as with every candidate
+    solved to it directly. The answer's gap is then at most MIP_REL_GAP."""
+    for c in sorted(screened, key=lambda c: c.res.least_possible):
+        best = min(p.res.objective for p in pool)
+        if c.res.least_possible >= best * (1 - MIP_REL_GAP):
+            continue
+        run.work["memory_solves_tightened"] += 1
+        try:
+            r = _memory_solve(run, goal, c, limit, best, None, MIP_REL_GAP)
+        except InfeasibleError:
+            continue  # nothing here better than the best by more than the gap
+        pool.append(Candidate(c.mesh, c.gp, r, c.b))
+    chosen = min(pool, key=lambda c: (c.res.objective, c.res.seconds))
+    if chosen.res.gap is not None and chosen.res.gap > MIP_REL_GAP:
+        chosen.result = replace(chosen.res, gap=MIP_REL_GAP)  # proven above, over every candidate
 
 
 def _result(c: Candidate, cluster: Cluster, status: str, seconds: float, meshes: list[Mesh], budget: float,
