@@ -130,7 +130,7 @@ def refusals(flags: dict[str, str | bool], dp: int, cp: int) -> list[str]:
     """What of a mixture of experts (and of DeepSeek's models) parplan does not build, each in one
     sentence; ``dp`` and ``cp`` the data- and context-parallel sizes."""
     out = [f"{f} ({why}) is not modelled" for f, why in REFUSED if f in flags]
-    if int(str(flags.get("--mtp-num-layers", 0)) or 0):
+    if str(flags.get("--mtp-num-layers", "0")) != "0":
         out.append("--mtp-num-layers (multi-token prediction layers after the last block) is not modelled")
     if not flags.get("--num-experts"):
         return out
@@ -138,7 +138,7 @@ def refusals(flags: dict[str, str | bool], dp: int, cp: int) -> list[str]:
     if dispatcher not in DISPATCHERS:
         out.append(f"--moe-token-dispatcher-type {dispatcher} (its communication library's buffers) is not "
                    f"modelled; parplan prices {' and '.join(DISPATCHERS)}")
-    ep = int(str(flags.get("--expert-model-parallel-size", 1)))
+    ep = _value(flags, "--expert-model-parallel-size", out) or 1
     if ep > 1 and dp % ep and (dp * cp) % ep == 0:
         out.append("expert parallelism across the context-parallel ranks (Megatron-LM's expert groups span "
                    "dp x cp; parplan's ep divides dp) is not modelled")

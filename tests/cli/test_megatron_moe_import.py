@@ -67,6 +67,8 @@ def test_moe_layer_freq_as_megatron_lm_writes_it() -> None:
     ("--overlap-moe-expert-parallel-comm", "--overlap-moe-expert-parallel-comm"),
     ("--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1", "expert tensor-parallel size"),
     ("--context-parallel-size 4 --expert-model-parallel-size 4", "expert parallelism across the context-parallel"),
+    ("--moe-ffn-hidden-size 0", "--moe-ffn-hidden-size needs a positive integer, got '0'"),
+    ("--moe-expert-capacity-factor x", "--moe-expert-capacity-factor 'x' is not a number"),
 ])
 def test_what_is_not_built_is_refused_naming_it(extra: str, why: str) -> None:
     with pytest.raises(ImportProblemError) as err:
