@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import statistics
 import sys
 from collections import Counter, defaultdict
@@ -37,11 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import header
 from bench.nanotron_published import price_playbook_row
+from parplan.imports.common import Imported, ImportProblemError
 from parplan.imports.megatron import (  # the importer's readings of Megatron-LM's flags
     _flash_attention as megatron_flash_attention,
 )
 from parplan.imports.megatron import _partition as megatron_partition
 from parplan.imports.megatron import _precision as megatron_precision
+from parplan.imports.megatron import read_megatron_args
 from parplan.solver.cluster import GIB, Cluster, make_cluster
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.runtime import Runtime
@@ -80,8 +83,14 @@ def apart_reason(r: dict[str, Any]) -> str | None:
         return "torch.compile (parplan prices eager kernels and buffers)"
     if str(r.get("offload") or "none") != "none":
         return "offloading not priced"
-    if int(r.get("ep") or 1) > 1 or "--num-experts" in launch:
-        return "MoE layout not mapped by this benchmark"
+    if int(r.get("ep") or 1) > 1 and not _moe(r):
+        return "a mixture of experts without its Megatron-LM flags (its model and layout are read from them)"
+    if _moe(r):
+        try:
+            _imported(r)
+        except (ImportProblemError, ValueError) as exc:
+            problems = exc.problems if isinstance(exc, ImportProblemError) else [str(exc)]
+            return "MoE run as parplan's Megatron-LM import reads it: " + "; ".join(problems)
     megatron = _megatron_apart(r, launch)
     if megatron is not None:
         return megatron
@@ -122,6 +131,34 @@ def _megatron_apart(r: dict[str, Any], launch: dict[str, Any]) -> str | None:
         # arguments.py asserts the global batch is a multiple of micro-batch x data-parallel size
         return f"global batch {gb} is less than micro-batch {mb} x {dp} data-parallel ranks: fewer GPUs ran"
     return None
+
+
+def _moe(r: dict[str, Any]) -> bool:
+    """Whether row ``r`` is a Megatron-LM mixture of experts (priced as ``parplan memory --from
+    megatron-args`` reads its flags: :func:`_imported`)."""
+    return _runtime(r) is Runtime.MEGATRON and "--num-experts" in _launch(r)
+
+
+_IMPORTED: dict[str, Imported] = {}
+
+
+def _imported(r: dict[str, Any]) -> Imported:
+    """A Megatron-LM row's launch flags, with its vocabulary (:func:`_vocab`), read by parplan's
+    Megatron-LM import on the row's GPUs: its model and strategy as ``parplan memory --from
+    megatron-args`` prices them."""
+    if r["id"] not in _IMPORTED:
+        words = []
+        for name, value in _launch(r).items():
+            if value is True:
+                words.append(name)
+                continue
+            text = str(value)
+            if text.startswith("[") and text.endswith("]"):  # a list flag (nargs="*") as the CI's YAML writes it
+                text = text[1:-1]
+            words += [name, *([shlex.quote(w) for w in text.split()] or ["''"])]
+        words += ["--vocab-size", str(_vocab(r))]
+        _IMPORTED[r["id"]] = read_megatron_args(" ".join(words), gpus=int(r["gpus"]))
+    return _IMPORTED[r["id"]]
 
 
 def _float8(r: dict[str, Any]) -> str | None:
@@ -305,10 +342,19 @@ def _compared(r: dict[str, Any], cluster: Cluster, v: FitVerdict, rank_allocated
 
 
 def price(r: dict[str, Any]) -> dict[str, Any]:
-    """Row ``r`` priced: allocated and reserved peaks, the verdict, the published figure and the error."""
+    """Row ``r`` priced: allocated and reserved peaks, the verdict, the published figure and the error.
+    A mixture of experts is priced with the model and strategy parplan's Megatron-LM import reads from
+    its flags (:func:`_imported`)."""
     cluster = _cluster(r)
-    s = layout(r)
-    g, gc = _graph(r, s.micro_batch)
+    if _moe(r):
+        imported = _imported(r)
+        assert imported.model is not None
+        s = imported.strategy
+        g = imported.model.build(s.micro_batch, imported.seq_len)
+        gc = GraphCosts(g)
+    else:
+        s = layout(r)
+        g, gc = _graph(r, s.micro_batch)
     e = evaluate_graph(g, str(r["model"]["name"]), g.parameter_count(), cluster, s, costs=gc)
     rank = e.memory.peak_bytes  # the most loaded rank, where the row names none
     if str(r.get("memory_rank") or "").startswith("last rank") and e.memory.stages:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from parplan.imports import megatron_moe as moe
 from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems
 from parplan.imports.megatron_optimizer import precision_aware_states
 from parplan.imports.shell import read_script
@@ -48,7 +49,7 @@ _VALUED = {
     "--expert-tensor-parallel-size", "--fp8-format", "--fp8-recipe", "--cp-comm-type", "--main-grads-dtype",
     "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--moe-token-dispatcher-type", "--optimizer",
     "--transformer-impl", "--attention-backend",
-    "--num-distributed-optimizer-instances", "--optimizer-offload-fraction",
+    "--num-distributed-optimizer-instances", "--optimizer-offload-fraction", *moe.VALUED,
 }
 #: flags that take a list of words (argparse ``nargs="*"``)
 _LISTS = {"--recompute-modules"}
@@ -58,7 +59,7 @@ _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--fp8-param-gather",
              "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
              "--optimizer-cpu-offload", "--no-bias-swiglu-fusion", "--cross-entropy-loss-fusion",
-             *(f for f, _ in _REFUSED)}
+             *(f for f, _ in _REFUSED), *moe.SWITCHES, *(f for f, _ in moe.REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
     "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--lr",
@@ -75,13 +76,13 @@ _IGNORED_VALUED = {
     # Transformer Engine's amax history and margin: the scaling state, far below what the FP8 model over-counts
     "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin", "--fp8-interval",
     # the router's auxiliary loss: a few reductions over the router's logits
-    "--moe-router-load-balancing-type",
+    "--moe-router-load-balancing-type", *moe.IGNORED_VALUED,
 }
 _IGNORED_SWITCHES = {"--mock-data", "--no-masked-softmax-fusion", "--use-mcore-models", "--no-load-optim",
                      "--no-load-rng", "--log-throughput", "--use-rotary-position-embeddings", "--no-bias-gelu-fusion",
                      "--no-bias-dropout-fusion", "--no-rope-fusion", "--use-flash-attn", "--apply-layernorm-1p",
                      "--calculate-per-token-loss", "--manual-gc", "--profile", "--no-mmap-bin-files",
-                     "--no-create-attention-mask-in-dataloader"}
+                     "--no-create-attention-mask-in-dataloader", *moe.IGNORED_SWITCHES}
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,8 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     tp = _get(flags, "--tensor-model-parallel-size", 1) or 1
     if ept is not None and ept != tp:
         problems.append("an expert tensor-parallel size other than the tensor-parallel size is not modelled")
+    pp, cp = _get(flags, "--pipeline-model-parallel-size", 1) or 1, _get(flags, "--context-parallel-size", 1) or 1
+    problems += moe.refusals(flags, world // (tp * pp * cp) or 1, cp)
     family = _family(flags, problems)
     recompute = _recompute(flags, problems)
     precision = _precision(flags, problems, adjusted)
@@ -251,7 +254,7 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     with refusals_as_problems(KIND):
         cfg, seq = _config(flags, family, adjusted)
         strategy = _strategy(flags, world, cfg.layers, tp, recompute, cp_comm, precision, adjusted)
-    unpriced += _moe_notes(flags, strategy.expert_parallel) + _padding_note(flags, cfg.vocab, tp)
+    unpriced += moe.notes(flags, strategy.expert_parallel) + _padding_note(flags, cfg.vocab, tp)
     if "--cross-entropy-loss-fusion" in flags:
         # megatron/core/fusions/fused_cross_entropy.py, its in-place steps under torch.compile (core/jit.py)
         unpriced.append("--cross-entropy-loss-fusion is priced as the unfused loss; Megatron-LM's CI measures about "
@@ -335,21 +338,6 @@ def _fp8(flags: dict[str, str | bool], base: str, grads16: bool, problems: list[
     return name + ("-grad16" if grads16 else "")
 
 
-def _moe_notes(flags: dict[str, str | bool], ep: int) -> list[str]:
-    """What a mixture of experts runs that the prediction does not price as Megatron-LM runs it."""
-    if not _get(flags, "--num-experts", 0):
-        return []
-    out = []
-    dispatcher = str(flags.get("--moe-token-dispatcher-type", "allgather"))
-    if ep > 1 and dispatcher != "alltoall":
-        out.append(f"--moe-token-dispatcher-type {dispatcher} (Megatron-LM's default: allgather) is priced as the "
-                   "all-to-all dispatcher")
-    if "--moe-grouped-gemm" in flags:
-        out.append("--moe-grouped-gemm: the experts' GEMMs are priced one expert at a time (the grouped kernel's "
-                   "speed-up is not counted)")
-    return out
-
-
 def _padding_note(flags: dict[str, str | bool], vocab: int, tp: int) -> list[str]:
     """Megatron-LM pads the vocabulary to a multiple of ``--make-vocab-size-divisible-by`` (128) x tp
     (``_vocab_size_with_padding``); the prediction prices the vocabulary given."""
@@ -372,17 +360,20 @@ def _require(flags: dict[str, str | bool]) -> None:
 
 
 def _family(flags: dict[str, str | bool], problems: list[str]) -> Literal["gpt", "llama", "mixtral"]:
-    """The model's kind from ``--num-experts`` and ``--swiglu``; ``problems`` gets the flags that disagree."""
+    """The model's kind from ``--num-experts`` and ``--swiglu`` (a GPT's experts are GELU MLPs);
+    ``problems`` gets the flags that disagree."""
     swiglu = "--swiglu" in flags
     norm = str(flags.get("--normalization", "LayerNorm"))
     pos = str(flags.get("--position-embedding-type", "learned_absolute"))
-    experts = _get(flags, "--num-experts", 0) or 0
-    family: Literal["gpt", "llama", "mixtral"] = "mixtral" if experts else ("llama" if swiglu else "gpt")
+    experts = bool(flags.get("--num-experts"))
+    family: Literal["gpt", "llama", "mixtral"] = ("mixtral" if experts else "llama") if swiglu else "gpt"
+    # a GPT's experts follow --disable-bias-linear (megatron_moe.notes: its other biases are priced)
+    unbiased = "--disable-bias-linear" in flags and not experts
     if family == "gpt":
-        if norm != "LayerNorm" or pos != "learned_absolute" or "--disable-bias-linear" in flags:
+        if norm != "LayerNorm" or pos != "learned_absolute" or unbiased:
             problems.append("a GPT model without --swiglu has LayerNorm, learned positions and biases in parplan "
                             f"(got --normalization {norm}, --position-embedding-type {pos}"
-                            + (", --disable-bias-linear" if "--disable-bias-linear" in flags else "") + ")")
+                            + (", --disable-bias-linear" if unbiased else "") + ")")
     elif norm != "RMSNorm" or pos != "rope" or "--disable-bias-linear" not in flags:
         problems.append("a --swiglu model is parplan's Llama: --normalization RMSNorm, --position-embedding-type "
                         f"rope and --disable-bias-linear (got {norm}, {pos}"
@@ -440,16 +431,16 @@ def _config(flags: dict[str, str | bool], family: Literal["gpt", "llama", "mixtr
     missing = [f for f in ("--hidden-dropout", "--attention-dropout") if f not in flags]
     if missing:
         adjusted.append(f"no {' or '.join(missing)}: Megatron-LM's default, {MEGATRON_DROPOUT}")
-    experts = _get(flags, "--num-experts", 0) or 0
-    if experts and "--moe-router-topk" not in flags:
-        adjusted.append("no --moe-router-topk: Megatron-LM's default, 2")
+    problems: list[str] = []
+    experts = moe.expert_fields(flags, layers, ffn, problems, adjusted)
+    if problems:
+        raise ImportProblemError(KIND, problems)
     cfg = TransformerConfig(
         family=family, name="megatron-args", layers=layers, hidden=hidden, heads=heads,
-        ffn=ffn, vocab=vocab, seq_len=positions, kv_heads=kv,
+        ffn=experts.pop("ffn", ffn), vocab=vocab, seq_len=positions, kv_heads=kv,
         head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
-        num_experts=experts, top_k=_get(flags, "--moe-router-topk", 2) or 2,
         qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags,
-        dropout=dropout_field(family, dropout))
+        dropout=dropout_field(family, dropout), **experts)
     return cfg, seq
 
 

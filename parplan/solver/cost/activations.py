@@ -165,17 +165,42 @@ def fused_swiglu_activation(node: Node, graph: Graph) -> Node | None:
     return act if group is not None and _projection(up, graph).attrs.get("gemm_group") == group else None
 
 
+def _weighted_expert_input(node: Node, graph: Graph) -> bool:
+    """Whether ``node`` is an expert's down projection whose input a runtime that
+    :attr:`~parplan.solver.cost.runtime.Runtime.weights_experts_in_activation` computes as the
+    activation's output times the router probabilities, a product that keeps the activation's output
+    (an output of its own, besides the product the projection keeps): a GELU expert's; a fused SwiGLU's
+    (:func:`fused_swiglu_activation`) keeps only fc1's output. The probabilities it keeps too, one per
+    routed token, are not counted."""
+    weights = [graph.node(i) for i in node.inputs if graph.node(i).is_parameter]
+    acts = [graph.node(i) for i in node.inputs if not graph.node(i).is_parameter]
+    if len(weights) != 1 or len(acts) != 1 or "expert" not in weights[0].shape:
+        return False
+    x = acts[0]
+    return ("ffn" in x.shape and "ffn" not in node.shape and x.kind is OpKind.ELEMENTWISE
+            and fused_swiglu_activation(x, graph) is None)
+
+
 def _op_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
                     recompute: Recompute, runtime: Runtime, fp8_inputs: bool = False) -> list[SavedItem]:
     ins = [graph.node(i) for i in node.inputs]
     acts = [i for i in ins if not i.is_parameter and i.kind is not OpKind.PARAMETER]
     k = node.kind
-    if k is OpKind.EINSUM and fp8_inputs and _saves_fp8_input(node, graph, runtime):
-        # a buffer of its own: the bf16 tensor counts too where another operator keeps it
-        return [SavedItem(f"{i.id}#fp8", i.id, i.numel, TE_FP8_SAVED_INPUT_BYTES) if is_float(i)
-                else _tensor(i, activation_bytes) for i in acts]
-    if k is OpKind.EINSUM or k is OpKind.COMBINE:
-        return [_tensor(i, activation_bytes) for i in acts]
+    if k is OpKind.EINSUM:
+        if fp8_inputs and _saves_fp8_input(node, graph, runtime):
+            # a buffer of its own: the bf16 tensor counts too where another operator keeps it
+            items = [SavedItem(f"{i.id}#fp8", i.id, i.numel, TE_FP8_SAVED_INPUT_BYTES) if is_float(i)
+                     else _tensor(i, activation_bytes) for i in acts]
+        else:
+            items = [_tensor(i, activation_bytes) for i in acts]
+        if runtime.weights_experts_in_activation and _weighted_expert_input(node, graph):
+            x = acts[0]
+            items.append(SavedItem(f"{x.id}#unweighted", x.id, x.numel, tensor_bytes(x, activation_bytes)))
+        return items
+    if k is OpKind.COMBINE:
+        # the probabilities and, where the combine weights the experts' outputs, those outputs
+        kept = acts[1:] if runtime.weights_experts_in_activation else acts
+        return [_tensor(i, activation_bytes) for i in kept]
     if k is OpKind.ELEMENTWISE:
         fn = node.attrs.get("fn")
         if fn == "mul":

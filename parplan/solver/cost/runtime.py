@@ -317,6 +317,19 @@ class Runtime(StrEnum):
         return self is Runtime.MEGATRON
 
     @property
+    def weights_experts_in_activation(self) -> bool:
+        """Whether a mixture of experts multiplies each routed token by its router probability inside
+        the expert, after the activation, and gathers the experts' outputs back to their tokens by a
+        plain sum: Megatron-LM's ``TEGroupedMLP`` and ``SequentialMLP`` (``megatron/core/transformer/moe/
+        experts.py``: ``bias_act_func``, ``MLP.forward``'s ``per_token_scale``) and its token
+        dispatchers' ``unpermute`` without probabilities (``moe/token_dispatcher.py``,
+        ``moe/moe_utils.py``: ``scatter_add_``/``index_add_``, whose backward reads only the indices).
+        The product keeps the activation's output for the probabilities' gradient (the fused SwiGLU,
+        ``weighted_bias_swiglu_impl``, keeps only its input); the combine keeps no tokens. torchtitan
+        weights the experts' outputs in the combine, which keeps them."""
+        return self is Runtime.MEGATRON
+
+    @property
     def repeats_kv_heads(self) -> bool:
         """Whether grouped-query attention repeats K and V to every query head before the kernel
         (torchtitan's Llama and Hugging Face's SDPA path do; the repeated copies are what the

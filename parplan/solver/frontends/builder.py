@@ -169,28 +169,35 @@ def _expert_linear(b: _Builder, nid: str, x: str, w: str, out: str, bias: bool, 
 
 
 def _moe(b: _Builder, p: str, x: str, cfg: TransformerConfig, tokens: int) -> str:
-    """Top-k routed SwiGLU experts (Mixtral): router, dispatch, expert MLPs, combine; with
-    ``moe_bias`` a biased router and biased experts (gpt-oss), with ``shared_experts`` a SwiGLU MLP
-    every token goes through, added to the routed experts' output (DeepSeek)."""
+    """Top-k routed experts: router, dispatch, expert MLPs, combine. A Mixtral's experts are SwiGLU, a
+    GPT's GELU (not gated: ``linear_fc1``, GELU, ``linear_fc2``, as Megatron-LM's GPT with
+    ``--num-experts``); with ``moe_bias`` a biased router and biased experts (gpt-oss), with
+    ``shared_experts`` an MLP of the same kind every token goes through, added to the routed experts'
+    output (DeepSeek)."""
     e, h = cfg.num_experts, cfg.hidden
     cap = math.ceil(tokens * cfg.top_k / e * cfg.capacity_factor)
     logits = b.linear(f"{p}.router", x, ["hidden"], {"expert": e}, bias=cfg.moe_bias)
     gates = b.add(f"{p}.gates", OpKind.SOFTMAX, [logits], b.dims[logits], dim="expert")
     xe = b.add(f"{p}.dispatch", OpKind.DISPATCH, [x, gates], {"expert": e, "capacity": cap, "hidden": h},
                top_k=cfg.top_k, capacity_factor=cfg.capacity_factor)
-    f, bias = cfg.ffn, cfg.moe_bias
-    wg = b.param(f"{p}.experts.gate.weight", {"expert": e, "hidden": h, "ffn": f})
-    wu = b.param(f"{p}.experts.up.weight", {"expert": e, "hidden": h, "ffn": f})
+    f, bias, gated = cfg.ffn, cfg.moe_bias, cfg.family != "gpt"
+    ins = ("gate", "up") if gated else ("fc1",)
+    w_in = [b.param(f"{p}.experts.{name}.weight", {"expert": e, "hidden": h, "ffn": f}) for name in ins]
     wd = b.param(f"{p}.experts.down.weight", {"expert": e, "ffn": f, "hidden": h})
-    # Megatron-LM's experts run gate and up as one linear_fc1 too
-    gate = _expert_linear(b, f"{p}.experts.gate", xe, wg, "ffn", bias, group="gate_up")
-    up = _expert_linear(b, f"{p}.experts.up", xe, wu, "ffn", bias, group="gate_up")
-    act = b.ew(f"{p}.experts.act", "silu", gate)
-    y = _expert_linear(b, f"{p}.experts.down", b.ew(f"{p}.experts.mul", "mul", act, up), wd, "hidden", bias)
+    if gated:
+        # Megatron-LM's experts run gate and up as one linear_fc1 too
+        gate, up = (_expert_linear(b, f"{p}.experts.{name}", xe, w, "ffn", bias, group="gate_up")
+                    for name, w in zip(ins, w_in, strict=True))
+        hidden = b.ew(f"{p}.experts.mul", "mul", b.ew(f"{p}.experts.act", "silu", gate), up)
+    else:
+        fc1 = _expert_linear(b, f"{p}.experts.fc1", xe, w_in[0], "ffn", bias)
+        hidden = b.ew(f"{p}.experts.act", "gelu", fc1)
+    y = _expert_linear(b, f"{p}.experts.down", hidden, wd, "hidden", bias)
     routed = b.add(f"{p}.combine", OpKind.COMBINE, [y, gates], b.dims[x])
     if not cfg.shared_experts:
         return routed
-    shared = _mlp(b, f"{p}.shared", x, cfg, act="silu", gated=True, bias=False, ffn=cfg.shared_experts * f)
+    shared = _mlp(b, f"{p}.shared", x, cfg, act="silu" if gated else "gelu", gated=gated, bias=False,
+                  ffn=cfg.shared_experts * f)
     return b.ew(f"{p}.sum", "add", routed, shared)
 
 
@@ -226,11 +233,11 @@ def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> 
         h = b.dropout(f"{p}.attn.dropout", h, drop)
         x = b.ew(f"{p}.residual1", "add", x, h)
         h = b.norm(f"{p}.ln2", x, norm)
-        if cfg.family == "mixtral" and i >= cfg.dense_layers:
+        if cfg.is_moe and i >= cfg.dense_layers:
             h = _moe(b, f"{p}.moe", h, cfg, batch * seq)
         else:
             h = _mlp(b, f"{p}.mlp", h, cfg, act="gelu" if gpt else cfg.activation, gated=not gpt, bias=gpt,
-                     ffn=cfg.dense_ffn if cfg.family == "mixtral" else None)
+                     ffn=cfg.dense_ffn if cfg.is_moe else None)
         if cfg.sandwich_norms:
             h = b.norm(f"{p}.mlp.norm", h, norm)
         h = b.dropout(f"{p}.mlp.dropout", h, drop)

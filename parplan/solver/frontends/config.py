@@ -41,6 +41,8 @@ class TransformerConfig:
       MLP, no biases, untied LM head unless ``tied_embeddings``; ``layers`` encoder, ``decoder_layers``.
     - ``vit``: patch embedding, class token, learned positions, pre-LN, GELU, classification head.
     - ``mixtral``: llama blocks whose MLP is ``num_experts`` SwiGLU experts with top-k routing.
+    - ``gpt`` with ``num_experts`` > 0: GPT blocks whose MLP is ``num_experts`` GELU experts (not gated)
+      with top-k routing (Megatron-LM's GPT with ``--num-experts`` and without ``--swiglu``).
 
     Llama-style variants: ``qkv_bias`` (Qwen2: biases on q, k, v), ``qk_norm`` (Qwen3: RMSNorm of
     each head's q and k over the head dim), and the fields after ``qk_norm`` (Gemma 3, gpt-oss,
@@ -62,8 +64,8 @@ class TransformerConfig:
     head_dim: int | None = None  # None: hidden // heads
     tied_embeddings: bool = True
     decoder_layers: int = 0  # t5 only
-    num_experts: int = 0  # mixtral only
-    top_k: int = 2  # mixtral only
+    num_experts: int = 0  # mixtral; gpt: > 0 for GELU experts
+    top_k: int = 2  # mixtral, a gpt with experts
     capacity_factor: float = 1.0  # mixtral: expert capacity = ceil(tokens * top_k / experts * factor)
     gated_mlp: bool = False  # t5 v1.1 gated-GELU; llama/mixtral always gated (SwiGLU)
     relative_buckets: int = 32  # t5 relative attention buckets
@@ -103,7 +105,9 @@ class TransformerConfig:
             raise ConfigError(f"{self.name}: kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
         if self.family != "vit" and self.vocab <= 0:
             raise ConfigError(f"{self.name}: vocab must be positive")
-        if self.family == "mixtral" and not (0 < self.top_k <= self.num_experts):
+        if self.num_experts and self.family not in ("gpt", "mixtral"):
+            raise ConfigError(f"{self.name}: experts are built for gpt and mixtral models only")
+        if self.is_moe and not (0 < self.top_k <= self.num_experts):
             raise ConfigError(f"{self.name}: need 0 < top_k <= num_experts")
         if self.family == "t5" and self.decoder_layers <= 0:
             raise ConfigError(f"{self.name}: t5 needs decoder_layers > 0")
@@ -117,7 +121,7 @@ class TransformerConfig:
             used = [f for f in _LLAMA_ONLY if getattr(self, f)] + (["activation"] if self.activation != "silu" else [])
             if used:
                 raise ConfigError(f"{self.name}: {', '.join(used)} apply to llama-style models only")
-        if self.family != "mixtral" and any(getattr(self, f) for f in _MOE_ONLY):
+        if not self.is_moe and any(getattr(self, f) for f in _MOE_ONLY):
             raise ConfigError(f"{self.name}: {', '.join(f for f in _MOE_ONLY if getattr(self, f))} apply to "
                               "mixtures of experts only")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
@@ -153,6 +157,11 @@ class TransformerConfig:
     def is_global_attention(self, layer: int) -> bool:
         """Whether block ``layer`` (from 0) attends to the whole sequence rather than a window."""
         return not self.sliding_window or (self.global_every > 0 and (layer + 1) % self.global_every == 0)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the MLPs (after the first ``dense_layers``) are routed experts."""
+        return self.family == "mixtral" or self.num_experts > 0
 
     @property
     def n_kv_heads(self) -> int:
@@ -206,6 +215,8 @@ def extra_features(arch: Mapping[str, Any] | None) -> list[str]:
     plan document's ``model.architecture``) uses, described; GeGLU counts too."""
     arch = arch or {}
     out = [desc for field, desc in EXTRA_FEATURES.items() if arch.get(field)]
+    if arch.get("family") == "gpt" and arch.get("num_experts"):
+        out.append("GELU experts of a GPT (Megatron-LM's --num-experts without --swiglu)")
     if arch.get("activation", "silu") != "silu":
         out.append(f"a {arch['activation']}-gated MLP (Gemma)")
     return out
