@@ -417,8 +417,9 @@ def test_torch_gqa_keeps_k_and_v_repeated_to_every_query_head(heads: int, kv_hea
 @pytest.mark.parametrize("t", [1, 2, 4])
 def test_torch_cross_entropy_backward_holds_more_logits_sized_buffers(t: int) -> None:
     """The loss's backward, on top of the saved fp32 probabilities: Megatron-LM's fused loss makes
-    the logits' gradient (s·b·V/t, activation bytes); PyTorch's log_softmax + nll_loss also the
-    log-probabilities' gradient (fp32), and DTensor's loss parallelism (t > 1) one more fp32 buffer."""
+    the logits' gradient (s·b·V/t, activation bytes); PyTorch's log_softmax + nll_loss on the logits
+    cast to fp32 makes it in fp32 and also the log-probabilities' gradient (fp32), and DTensor's loss
+    parallelism (t > 1) one more fp32 buffer."""
     from parplan.solver.cost.backward import UnitSizes, op_transient_bytes
     from parplan.solver.cost.precision import get_precision
     from parplan.solver.cost.unit_strategy import UnitStrategy
@@ -430,13 +431,12 @@ def test_torch_cross_entropy_backward_holds_more_logits_sized_buffers(t: int) ->
     prec = get_precision("bf16")
     loss = next(n for n in gc.graph.nodes if n.kind is OpKind.CROSS_ENTROPY)
     logits = s * b * vocab / t
-    extra = {Runtime.MEGATRON: 0, Runtime.TORCH: 4 * (2 if t > 1 else 1)}
-    for runtime, more in extra.items():
+    extra = {Runtime.MEGATRON: (prec.activation_bytes, 0), Runtime.TORCH: (4, 4 * (2 if t > 1 else 1))}
+    for runtime, (gradient, more) in extra.items():
         us = UnitStrategy(tp=t, runtime=runtime)
         got = op_transient_bytes(loss, gc.graph, UnitSizes(gc.graph, us, prec.activation_bytes),
                                  prec.activation_bytes, prec.grad_bytes, runtime)
         per_token_losses = s * b * 4  # their gradient (fp32), the operator's output
-        assert got == pytest.approx(logits * (prec.activation_bytes + more) + per_token_losses, rel=1e-12)
+        assert got == pytest.approx(logits * (gradient + more) + per_token_losses, rel=1e-12)
         unit = next(u for u, ns in gc.nodes.items() if loss in ns)
-        assert gc.unit_cost(unit, us, prec).logits_grad_bytes == pytest.approx(logits * (prec.activation_bytes + more),
-                                                                             rel=1e-12)
+        assert gc.unit_cost(unit, us, prec).logits_grad_bytes == pytest.approx(logits * (gradient + more), rel=1e-12)

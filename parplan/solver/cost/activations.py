@@ -80,6 +80,21 @@ class SavedItem:
         return self.numel * self.elem_bytes
 
 
+def loss_backward_bytes_per_logit(runtime: Runtime, classes_sharded: bool, activation_bytes: float) -> float:
+    """Bytes per logit the loss's backward makes, alive at once with the saved probabilities: the
+    logits' gradient and the runtime's loss buffers (:meth:`Runtime.loss_gradient_buffers`, fp32).
+
+    PyTorch's ``cross_entropy`` runs on the logits cast to fp32, so the gradient its backward makes
+    is fp32 whatever the compute type: ``_log_softmax_backward_data`` returns its input's dtype, and
+    ``.float()``'s backward (``ToCopyBackward0``) casts it to the compute type only after the
+    log-probabilities and their gradient are freed (4 + 2 bytes then, below the 12 before). Measured
+    with PyTorch's ``MemTracker`` on CPU, ``cross_entropy(x.float(), y)`` then ``backward()``: 12
+    bytes per logit above the logits for bf16 and fp32 ``x`` alike (tests/solver/test_loss_gradient.py).
+    Megatron-LM's and nanotron's fused losses make the gradient in place, in the compute type."""
+    buffers = runtime.loss_gradient_buffers(classes_sharded)
+    return (LOSS_BYTES if buffers else activation_bytes) + buffers * LOSS_BYTES
+
+
 def is_float(node: Node) -> bool:
     """Whether ``node``'s tensor holds floating-point values (and so has a gradient)."""
     return node.dtype in _FLOATS

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from parplan.solver.cost.activations import (
-    LOSS_BYTES,
     Recompute,
     SavedItem,
     block_of,
     is_float,
     kv_repeat,
+    loss_backward_bytes_per_logit,
     op_saved_items,
     tensor_bytes,
 )
@@ -186,9 +186,10 @@ def op_transient_bytes(n: Node, graph: Graph, sizes: OpSizes, act: int, grad_byt
     """Gradients alive while ``n``'s backward runs: its output's, its activation inputs', its
     weights' (a sequence-parallel norm's gathered output too)."""
     out = sizes.output(n) * tensor_bytes(n, act) if is_float(n) else 0.0
-    ins = op_input_gradient_bytes(n, graph, sizes, act, runtime)
-    if n.kind is OpKind.CROSS_ENTROPY:  # the runtime's loss buffers, in the logits' layout
-        ins += sizes.input(n, 0) * LOSS_BYTES * runtime.loss_gradient_buffers(sizes.class_shards(n) > 1)
+    if n.kind is OpKind.CROSS_ENTROPY:  # the logits' gradient and the runtime's loss buffers, in their layout
+        ins = sizes.input(n, 0) * loss_backward_bytes_per_logit(runtime, sizes.class_shards(n) > 1, act)
+    else:
+        ins = op_input_gradient_bytes(n, graph, sizes, act, runtime)
     gather = sizes.sp_gather(n) * act + sizes.recomputed_bytes(n)
     weights = op_weight_grad_bytes(n, graph, sizes, grad_bytes)
     if n.kind is OpKind.EMBEDDING and runtime.full_embedding_gradient:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from parplan.solver.cost.activations import LOSS_BYTES
+from parplan.solver.cost.activations import LOSS_BYTES, loss_backward_bytes_per_logit
 from parplan.solver.ir import Graph, Node, OpKind
 
 if TYPE_CHECKING:
@@ -76,10 +76,10 @@ def loss_loop(graph: Graph, nodes: list[Node], sizes: OpSizes, runtime: Runtime,
     positions = [p for p, i in enumerate(head.inputs) if not graph.node(i).is_parameter]
     hidden = sum(sizes.input(head, p) for p in positions)  # the hidden states as the output layer reads them
     logits = sizes.output(head) / chunks
-    buffers = runtime.loss_gradient_buffers(sizes.class_shards(loss) > 1)
+    per_logit = loss_backward_bytes_per_logit(runtime, sizes.class_shards(loss) > 1, act)
     return LossLoop(
         hidden=hidden * (act + ACCUMULATOR_BYTES),
-        chunk_loss=logits * (act + LOSS_BYTES * (2 + buffers)),
+        chunk_loss=logits * (act + LOSS_BYTES + per_logit),  # its logits, the saved log-probabilities
         chunk_head_backward=logits * 2 * act + hidden / chunks * act,
         chunk_logits=logits * act,
         weight_elems=sum(sizes.weight_grad(head, p) for p, i in enumerate(head.inputs)

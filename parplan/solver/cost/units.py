@@ -20,12 +20,12 @@ from typing import Any, NamedTuple
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec, Link
 from parplan.solver.cost.activations import (
-    LOSS_BYTES,
     SCATTERED,
     UNREDUCED,
     Recompute,
     SavedItem,
     block_of,
+    loss_backward_bytes_per_logit,
     saved_items,
 )
 from parplan.solver.cost.backward import (
@@ -335,7 +335,7 @@ class GraphCosts:
                 logits = self.graph.node(n.inputs[0])
                 lay = unit_layout(logits, s)
                 sharded = lay.shards(mesh, [str(n.attrs.get("class_dim", "vocab"))]) > 1
-                per_elem = prec.activation_bytes + s.runtime.loss_gradient_buffers(sharded) * LOSS_BYTES
+                per_elem = loss_backward_bytes_per_logit(s.runtime, sharded, prec.activation_bytes)
                 c.logits_grad_bytes = max(c.logits_grad_bytes, logits.numel * per_elem / lay.shards(mesh))
             if s.sp and n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM) and block_of(n) is not None:
                 c.sp_gather_bytes = max(c.sp_gather_bytes, n.numel * prec.activation_bytes / s.cp)
