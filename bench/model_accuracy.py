@@ -4,7 +4,8 @@ Runs every configuration of :mod:`parplan.agent.matrix` — the issue-6 matrix (
 Llama; TP 2, DP 2, ZeRO-3 over 4, PP 2 GPipe and 1F1B, TP 2 x PP 2, TP 2 x DP 2 with sequence
 parallelism; each without and with full activation checkpointing) and all of the issue-10 kinds
 (ZeRO-1, ZeRO-2, gradient accumulation, ZeRO-2/3 with TP, SP and PP, interleaved 1F1B, uneven
-partitions, per-block mixed plans, FSDP2 under interleaved 1F1B, nanotron's buffers), including
+partitions, per-block mixed plans, FSDP2 under interleaved 1F1B, nanotron's buffers, the offloaded
+optimizer with its host memory), including
 those CI leaves out — with real processes (gloo on
 the CPU), checks loss and gradients against a single-process run, and prints measured
 (MemTracker) versus predicted (``parplan.solver.evaluate``, or the whole-plan evaluator for mixed
@@ -78,6 +79,25 @@ def table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def host_table(results: list[dict[str, Any]]) -> list[str]:
+    """Runs with an offloaded optimizer: what each rank's host held for it, measured (the tracker's host
+    storages: master copies, gradient buffers, moments) beside the cost model's host bytes."""
+    rows = [r for r in results if any("host" in rk["measured"] for rk in r["ranks"])]
+    if not rows:
+        return []
+    lines = ["", "Offloaded optimizer (Megatron-LM's hybrid optimizer; 'peak' above is the device's): host MiB per",
+             "rank, measured / predicted (parplan.solver.cost.offload), and the measured host storages by category.",
+             f"{'configuration':36s} {'rank':>4s} {'host':>22s} {'grads':>7s} {'optim':>7s} {'temp':>7s}"]
+    for r in rows:
+        for rk in r["ranks"]:
+            h, pred = rk["measured"]["host"], rk["predicted"]["host_bytes"]
+            b = h["breakdown"]
+            lines.append(f"{r['label']:36s} {rk['rank']:>4d} {h['peak_bytes'] / MIB:6.2f}/{pred / MIB:6.2f} "
+                         f"{_pct(rk['relative_error']['host_bytes'])} {b['gradients'] / MIB:7.2f} "
+                         f"{b['optimizer_states'] / MIB:7.2f} {b['temporary'] / MIB:7.2f}")
+    return lines
+
+
 def correctness(results: list[dict[str, Any]]) -> list[str]:
     lines = ["Correctness against a single-process run (dropout off; step-1 loss and every gradient, and the",
              "loss after one Adam step; torch.allclose with the stated rtol/atol):"]
@@ -148,10 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         "         FSDP2 reduce-scatters every micro-batch; PP + FSDP2: torch.distributed.pipelining defers",
         "         resharding and gradient reduction to the step's end (its own choice), under interleaved",
         "         1F1B too; 'nanotron-*' runs: nanotron's buffers (bf16 weights, fp32 gradient accumulator",
-        "         and master weights, DDP's bf16 buckets, fp32 loss), predicted in bf16 with runtime nanotron-cpu.",
+        "         and master weights, DDP's bf16 buckets, fp32 loss), predicted in bf16 with runtime nanotron-cpu;",
+        "         '-offload*' runs: Megatron-LM's hybrid optimizer on the rank's optimizer (ZeRO-1 share): whole",
+        "         tensors up to the fraction stepped by fused Adam on fp32 host copies, counted as host memory.",
         "",
     ]
-    lines = header + table(results) + [""] + correctness(results)
+    lines = header + table(results) + host_table(results) + [""] + correctness(results)
     if not args.no_evidence:
         lines += ["", *evidence(results)]
     text = "\n".join(lines) + "\n"

@@ -283,7 +283,8 @@ def format_comparison(result: dict[str, Any]) -> str:
         + (f"  shrunk from {result['shrunk_from']}" if result.get("shrunk_from") else ""),
         f"strategy  tp{c['tp']} pp{c['pp']} dp{c['dp']} zero{c['zero']}{' sp' if c['sequence_parallel'] else ''} "
         f"recompute={c['recompute']} mb{c['micro_batch']}x{c['num_microbatches']} {c['schedule']}  "
-        f"fp32, attention {c['attention_kernel']} (predicted with flash_attention={c['flash_attention']})",
+        + (f"optimizer offload {c['optimizer_offload']:g}  " if c.get("optimizer_offload") else "")
+        + f"fp32, attention {c['attention_kernel']} (predicted with flash_attention={c['flash_attention']})",
     ]
     for note in result.get("notes") or []:
         lines.append(f"note      {note}")
@@ -297,6 +298,11 @@ def format_comparison(result: dict[str, Any]) -> str:
         lines.append(f"{r['rank']:>4d} {r['stage']:>5d}  " + "  ".join(cells) + f"  {_mib(mb['other'])}  "
                      f"{_mib(r['measured']['peak_bytes'])}/{_mib(r['predicted']['peak_bytes']).strip():>8s}  "
                      f"{r['relative_error']['peak_bytes']:+7.1%}")
+    for r in result["ranks"]:
+        if "host" in r["measured"]:  # the offloaded optimizer's host memory, not in the device's peak
+            lines.append(f"{r['rank']:>4d} host  {_mib(r['measured']['host']['peak_bytes'])}/"
+                         f"{_mib(r['predicted']['host_bytes']).strip():>8s} MiB for the offloaded optimizer  "
+                         f"{r['relative_error']['host_bytes']:+7.1%}")
     ml = result["most_loaded"]
     lines += ["", f"most loaded rank: measured {_mib(ml['measured_peak_bytes']).strip()} MiB, predicted "
                   f"{_mib(ml['predicted_peak_bytes']).strip()} MiB ({(ml['relative_error'] or 0):+.1%}); "

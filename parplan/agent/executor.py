@@ -81,6 +81,8 @@ def run_spec(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     with tracker.measuring():
         runner.train_step()  # step 2: the steady state, and DDP's one-off rebuild of its gradient buckets
     measured = tracker.result(device)
+    if spec.optimizer_offload:
+        measured["host"] = tracker.host_result()
     if spec.diagnose:
         measured["modules"] = tracker.module_peaks(depth=4)
         measured["contents"] = {k: summarise_contents(v) for k, v in tracker.peak_contents.items()}

@@ -12,7 +12,8 @@ torchtitan's per-operator selective checkpointing under FSDP2,
 DP-inner nesting (TP ranks strided), per-block mixes of ZeRO stage and recomputation as the DP
 search returns them, FSDP2 without resharding after forward under interleaved 1F1B (torchtitan's PP
 setting), nanotron's buffers (bf16 weights, an fp32 gradient accumulator beside DDP's buckets, its
-fp32 loss; :mod:`parplan.agent.nanotron_exec`), and, as a trainer's alternative the cost model does
+fp32 loss; :mod:`parplan.agent.nanotron_exec`), Megatron-LM's offloaded optimizer (:mod:`parplan.agent.offload`),
+and, as a trainer's alternative the cost model does
 not express, FSDP2 reduce-scattering every accumulated micro-batch. Each extended kind is marked for CI (each marked
 recomputation on one model: both models differ in the model's code, not in the strategy's) or for
 the full matrix only (``bench/model_accuracy.py``, or the tests with ``PARPLAN_AGENT_MATRIX=full``).
@@ -123,6 +124,12 @@ EXTENDED: tuple[Kind, ...] = (
     # the fp32 reference within bf16's rounding.
     Kind("nanotron-dp2-m2", {"dp": 2, "num_microbatches": 2, "trainer": "nanotron", "rtol": 0.02, "atol": 1e-3},
          recompute=("none",), ci=("llama-tiny:none",), models=("llama-tiny",)),
+    # Megatron-LM's offloaded optimizer (--optimizer-cpu-offload) on the distributed optimizer's shard (ZeRO-1),
+    # all of it and half of it, and half of a whole model's optimizer (dp 1); the host's part is measured as
+    # host memory (parplan.agent.offload). tests/agent/test_agent_offload.py runs two of them.
+    Kind("zero1-dp2-offload1", {"dp": 2, "zero": 1, "optimizer_offload": 1.0}, recompute=("none",), ci=()),
+    Kind("zero1-dp2-offload0.5", {"dp": 2, "zero": 1, "optimizer_offload": 0.5}, recompute=("none",), ci=()),
+    Kind("zero1-offload0.5", {"zero": 1, "optimizer_offload": 0.5}, recompute=("none",), ci=()),
 )
 
 

@@ -24,6 +24,13 @@ categories mean:
 
 Two measurements come out: the breakdown at the moment of the peak total, and the peak of each
 category over the step (the cost model's categories are themselves per-category peaks).
+
+Host memory: an offloaded optimizer (:mod:`parplan.agent.offload`) keeps its tensors in the host's
+memory, which on a CPU run is the same memory as the "device"'s. The tracker tells them apart by
+what owns a storage, not by its device: the storages registered as host
+(:meth:`CategoryTracker.register_host`) and those made inside :func:`made_on_host` (the host
+optimizer's step) are filed under :data:`HOST`, a key of their own beside the device's, with their own
+categories and peak; the device's peak never counts them.
 """
 
 from __future__ import annotations
@@ -50,6 +57,10 @@ _TO_CATEGORY = {
     _MemRefType.BUFFER: "other",
     _MemRefType.OTH: "other",
 }
+
+#: The key host storages are filed under (a CPU device index no tensor of a run has), apart from the
+#: run's device (``cpu`` or ``cuda:N``) even when that is the CPU.
+HOST = torch.device("cpu", 1)
 
 #: Set by the executor's model code to mark tensors kept for backward outside autograd's saved
 #: tensors (``None`` when no tracker is active).
@@ -78,6 +89,21 @@ def made_as_gradients() -> Iterator[None]:
         tracker._making_gradients = False
 
 
+@contextmanager
+def made_on_host() -> Iterator[None]:
+    """Storages made inside are host memory (an offloaded optimizer's step on the host's CPUs), if a
+    :class:`CategoryTracker` is measuring."""
+    tracker = _ACTIVE
+    if tracker is None:
+        yield
+        return
+    tracker._making_host = True
+    try:
+        yield
+    finally:
+        tracker._making_host = False
+
+
 class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
     """MemTracker with categories by role (see the module docstring) and per-category peaks."""
 
@@ -90,6 +116,8 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
         self._func = ""
         self._origin: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._making_gradients = False  # inside made_as_gradients
+        self._making_host = False  # inside made_on_host
+        self._host: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storages filed under HOST
         #: With ``diagnose``: per category, the live storages (bytes, creating op, module) at
         #: that category's peak.
         self.peak_contents: dict[str, list[tuple[int, str]]] = {}
@@ -123,16 +151,50 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
         for t in optimizer_states:
             self._register(t, _MemRefType.OPT)
 
+    def register_host(self, optimizer_states: Iterable[torch.Tensor] = (),
+                      gradients: Iterable[torch.Tensor] = ()) -> None:
+        """Record resident storages an offloaded optimizer keeps on the host (call before entering
+        the tracker): its master weights and moments (``optimizer_states``) and the gradient buffers
+        the device's gradients are copied into (``gradients``). They count under :data:`HOST`."""
+        for reftype, tensors in ((_MemRefType.OPT, optimizer_states), (_MemRefType.GRAD, gradients)):
+            for t in tensors:
+                for st in get_untyped_storages(t):
+                    self._host[st] = True
+                self._register(t, reftype)
+
     def _register(self, t: torch.Tensor, reftype: _MemRefType) -> None:
         for st in get_untyped_storages(t):
             self._resident[st] = reftype
         self._update_and_maybe_create_winfos(t, reftype)
+
+    def _update_and_maybe_create_winfos(self, t: torch.Tensor, reftype: Any,
+                                        update_existing: bool = False) -> Any:
+        winfos = super()._update_and_maybe_create_winfos(t, reftype, update_existing)
+        self._file_host(t)
+        return winfos
+
+    def _file_host(self, t: torch.Tensor) -> None:
+        """Move ``t``'s host storages (and, inside :func:`made_on_host`, every new one) to :data:`HOST`."""
+        for st in get_untyped_storages(t):
+            if self._making_host and st not in self._resident:
+                self._host[st] = True
+            if st not in self._host:
+                continue
+            winfo, _ = self._WINFO.get(st, (None, None))  # type: ignore[no-untyped-call]
+            if winfo is None or winfo.device == HOST:
+                continue
+            if winfo.mem_consumed > 0:
+                self._update_snap(_UpdateType.DEL, winfo)
+            winfo.device = HOST
+            if winfo.mem_consumed > 0:
+                self._update_snap(_UpdateType.ADD, winfo)
 
     # ----------------------------------------------------------------- classification
     def _track(self, reftype: Any, t: torch.Tensor) -> None:
         # Everything a step creates is temporary until it is packed for backward (or marked).
         gradient = self._making_gradients and t.is_floating_point()
         super()._track(_MemRefType.GRAD if gradient else _MemRefType.TEMP, t)
+        self._file_host(t)
         if self._diagnose:
             active = [p for p in self._mod_tracker.parents if p != "Global"]
             where = max(active, key=lambda p: (p.count("."), p)) if active else ""
@@ -265,6 +327,16 @@ class CategoryTracker(MemTracker):  # type: ignore[no-untyped-call]
             "at_peak": self._categorised(peak_snap),
         }
 
+    def host_result(self) -> dict[str, Any]:
+        """What the host held for an offloaded optimizer: ``peak_bytes`` over the step, ``breakdown``
+        (per-category peaks: ``optimizer_states`` for the master weights and moments, ``gradients`` for
+        the copied gradients, ``temporary`` for what its step made) and ``resident_bytes``, the
+        registered storages alone."""
+        out = self.result(HOST)
+        host: list[torch.UntypedStorage] = list(self._host.keys())  # type: ignore[no-untyped-call]
+        out["resident_bytes"] = sum(int(st.nbytes()) for st in host if st in self._resident)
+        return out
+
     def module_peaks(self, depth: int = 3) -> dict[str, dict[str, dict[str, int]]]:
         """Per module (up to ``depth`` levels): the categories at its forward and backward peaks."""
         out: dict[str, dict[str, dict[str, int]]] = {}
@@ -300,4 +372,5 @@ def storages_of(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-__all__ = ["CATEGORIES", "CategoryTracker", "made_as_gradients", "mark_activation", "storages_of"]
+__all__ = ["CATEGORIES", "HOST", "CategoryTracker", "made_as_gradients", "made_on_host", "mark_activation",
+           "storages_of"]

@@ -111,6 +111,7 @@ def spec_for(cfg: TransformerConfig, strategy: ParallelConfig, seq_len: int | No
         num_microbatches=m, schedule=strategy.schedule.value, virtual_stages=v, seq_len=seq, partition=partition,
         timing_steps=timing_steps, check=check, diagnose=diagnose, label=label or run_cfg.name,
         fsdp_sync_every_microbatch=strategy.sync_every_microbatch and strategy.zero >= 2,
+        optimizer_offload=strategy.optimizer_offload,
         extra={"original_model": cfg.name, "shrunk": shrink, "notes": notes,
                "requested": {"dp": strategy.dp, "num_microbatches": strategy.num_microbatches,
                              "micro_batch": strategy.micro_batch, "precision": strategy.precision}})
@@ -150,6 +151,11 @@ def strategy_of_plan(plan: dict[str, Any]) -> ParallelConfig:
     if s.get("dp_shard"):
         raise ConfigError(f"hybrid sharding (dp_shard {s['dp_shard']}): the agent's runner shards over all of dp; "
                           "validate the plan's torchtitan export with parplan validate --torchtitan")
+    offload = s.get("optimizer_offload") or 0.0
+    if offload and int(s.get("zero", 0)) != 1:
+        raise StrategyError(f"optimizer_offload {offload} at zero {s.get('zero', 0)}: the agent runs Megatron-LM's "
+                            "offloaded optimizer, on the distributed optimizer (zero 1); DeepSpeed's ZeRO-Offload "
+                            "under ZeRO-2/3 is not run")
     try:
         schedule = Schedule(str(s.get("schedule", "1f1b")))
         return ParallelConfig(
@@ -159,7 +165,8 @@ def strategy_of_plan(plan: dict[str, Any]) -> ParallelConfig:
             num_microbatches=int(s.get("num_microbatches", 1)), schedule=schedule,
             virtual_stages=int(s.get("virtual_stages", 1)) if schedule.chunked else 1,
             flash_attention=bool(s.get("flash_attention", True)), precision=str(s.get("precision", "bf16")),
-            expert_parallel=int(s.get("expert_parallel", 1)), cp=int(s.get("cp", 1)))
+            expert_parallel=int(s.get("expert_parallel", 1)), cp=int(s.get("cp", 1)),
+            optimizer_offload=float(offload))
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"plan strategy is incomplete or invalid: {e}") from None
 

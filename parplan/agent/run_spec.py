@@ -50,6 +50,9 @@ class RunSpec:
     #: whose buffers the step keeps: ``torch`` (PyTorch's own, fp32) or ``nanotron`` (its bf16 training with
     #: fp32 gradient accumulation under DDP, and its fp32 loss: :mod:`parplan.agent.nanotron_exec`)
     trainer: str = "torch"
+    #: the fraction of the optimizer stepped on the host (Megatron-LM's ``--optimizer-offload-fraction``
+    #: under its distributed optimizer: ZeRO-1), run by :class:`parplan.agent.offload.HostOffloadAdam`
+    optimizer_offload: float = 0.0
 
     @property
     def precision(self) -> str:
@@ -106,6 +109,10 @@ class RunSpec:
         if self.trainer == "nanotron" and (self.per_layer or self.recompute == "selective"):
             raise StrategyError("the nanotron trainer runs one strategy for every block, recomputing whole "
                                 "blocks or nothing")
+        if self.optimizer_offload and (self.trainer != "torch" or self.zero != 1 or self.per_layer
+                                       or not 0 < self.optimizer_offload <= 1):
+            raise StrategyError("optimizer_offload is a fraction in (0, 1] of the distributed optimizer (zero 1) "
+                                "of the torch trainer, as Megatron-LM's --optimizer-cpu-offload")
         if self.zero == 1 and self.tp > 1:
             raise StrategyError(
                 "zero=1 with tp > 1: ZeroRedundancyOptimizer broadcasts every parameter from its owner "

@@ -24,6 +24,7 @@ from parplan.agent.model import (
     set_recompute,
     stage_layer_ranges,
 )
+from parplan.agent.offload import HostOffloadAdam
 from parplan.agent.parallelize import apply_dp, apply_tp
 from parplan.agent.run_spec import RunSpec as RunSpec  # the spec :func:`run_spec` runs, importable from here
 from parplan.solver.cost.pipeline import even_partition
@@ -175,12 +176,17 @@ class Runner:
         ``ZeroRedundancyOptimizer``: each DP rank keeps Adam's states of a share of the parameters
         (whole tensors, greedily balanced by size), steps them and broadcasts them to the others."""
         spec = self.spec
+        cls: Any = torch.optim.Adam
+        kwargs: dict[str, Any] = {"lr": LEARNING_RATE, "foreach": False}
+        if spec.optimizer_offload:
+            # Megatron-LM's hybrid optimizer on the (distributed) optimizer's parameters (.offload)
+            cls, kwargs = HostOffloadAdam, {**kwargs, "offload_fraction": spec.optimizer_offload}
         if spec.zero == 1 and spec.dp > 1 and not spec.sharded:
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            return ZeroRedundancyOptimizer(self.params, optimizer_class=torch.optim.Adam,
-                                           process_group=self.mesh["dp"].get_group(), lr=LEARNING_RATE, foreach=False)
-        return torch.optim.Adam(self.params, lr=LEARNING_RATE, foreach=False)
+            return ZeroRedundancyOptimizer(self.params, optimizer_class=cls,
+                                           process_group=self.mesh["dp"].get_group(), **kwargs)
+        return cls(self.params, **kwargs)
 
     def gradient(self, p: nn.Parameter) -> torch.Tensor | None:
         """The step's gradient of ``p`` as the optimizer reads it."""
@@ -188,8 +194,15 @@ class Runner:
 
     def register_state(self, tracker: CategoryTracker) -> None:
         """Give ``tracker`` the resident storages: parameters and their ``.grad``, the optimizer's
-        states, pipelining's receive buffers."""
-        tracker.register_state(self.stage_modules, [self.local_optimizer], communication=self.pipeline_buffers())
+        states, pipelining's receive buffers; an offloaded optimizer's host tensors as host memory."""
+        opt = self.local_optimizer
+        if isinstance(opt, HostOffloadAdam):
+            host_states, host_grads = opt.host_tensors()
+            tracker.register_host(host_states, host_grads)
+            tracker.register_state(self.stage_modules, [o for o in (opt.device_optimizer,) if o is not None],
+                                   communication=self.pipeline_buffers())
+            return
+        tracker.register_state(self.stage_modules, [opt], communication=self.pipeline_buffers())
 
     def _tie_group(self) -> Any:
         """Process group joining the first and last pipeline stage of each (dp, tp) position:

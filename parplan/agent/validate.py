@@ -68,19 +68,21 @@ def layer_plan_of(spec: RunSpec, blocks: list[str], flash_attention: bool,
     return LayerPlan(pp=st.pp, num_microbatches=st.num_microbatches, global_batch=st.global_batch, layers=layers,
                      partition=st.partition, schedule=st.schedule, virtual_stages=st.virtual_stages,
                      flash_attention=flash_attention, precision=st.precision, runtime=runtime,
-                     sync_every_microbatch=st.sync_every_microbatch)
+                     sync_every_microbatch=st.sync_every_microbatch, optimizer_offload=spec.optimizer_offload)
 
 
 def _memory_doc(mem: PlanMemory) -> dict[str, Any]:
     """A :class:`PlanMemory` in the shape of ``evaluate(...).to_dict()["memory"]``."""
     peak = mem.peak_stage
-    return {"peak_bytes": round(peak.peak_bytes), "peak_stage": peak.stage,
+    host = {"host_bytes_per_device": round(mem.host_bytes_per_device)} if mem.host_bytes_per_device else {}
+    return {"peak_bytes": round(peak.peak_bytes), "peak_stage": peak.stage, **host,
             "breakdown": peak.memory.bytes.as_dict(), "redundant": peak.memory.redundant.as_dict(),
             "stages": [{"stage": st.stage, "first_unit": st.units[0] if st.units else None,
                         "last_unit": st.units[-1] if st.units else None, "peak_bytes": round(st.peak_bytes),
                         "breakdown": st.memory.bytes.as_dict(), "redundant": st.memory.redundant.as_dict(),
                         "in_flight_microbatches": st.in_flight_microbatches,
-                        "activation_bytes_per_microbatch": round(st.activation_bytes_per_microbatch)}
+                        "activation_bytes_per_microbatch": round(st.activation_bytes_per_microbatch),
+                        **({"host_bytes": round(st.host_bytes)} if host else {})}
                        for st in mem.stages]}
 
 
@@ -118,9 +120,12 @@ def uses_flash(kernel: str) -> bool:
 def predict(spec: RunSpec, flash_attention: bool, gpu: str = "A100-80GB",
             runtime: Runtime | None = None) -> dict[str, Any]:
     """``evaluate(...).to_dict()`` for the configuration ``spec`` runs (the whole-plan evaluator's
-    :func:`predict_per_layer` when its blocks differ); ``runtime``: by default its trainer's on CPUs."""
+    :func:`predict_per_layer` when its blocks differ, or when it offloads its optimizer: the uniform
+    ``ParallelConfig`` takes ``optimizer_offload`` only for the runtimes that export it, Megatron-LM and
+    DeepSpeed, while the whole-plan evaluator applies the same rule, ``parplan.solver.cost.offload``, to
+    the agent's own runtime); ``runtime``: by default its trainer's on CPUs."""
     runtime = runtime or runtime_of("cpu", spec.trainer)
-    if spec.per_layer:
+    if spec.per_layer or spec.optimizer_offload:
         return predict_per_layer(spec, flash_attention, gpu, runtime)
     cfg = spec.config()
     cluster = make_cluster(spec.world, None, gpu, None)
@@ -148,6 +153,9 @@ def compare(spec: RunSpec, reports: list[dict[str, Any]], gpu: str = "A100-80GB"
         meas = r["measured"]
         rel = {k: _rel(meas["breakdown"][k], pred["breakdown"].get(k, 0)) for k in MODEL_CATEGORIES}
         peak_rel = _rel(meas["peak_bytes"], pred["peak_bytes"]) or 0.0
+        if spec.optimizer_offload:  # the offloaded optimizer's host memory (.offload)
+            pred["host_bytes"] = st["host_bytes"]
+            rel["host_bytes"] = _rel(meas["host"]["peak_bytes"], st["host_bytes"])
         worst = max(worst, abs(peak_rel))
         entry = {"rank": r["rank"], "stage": r["stage"], "coords": r["coords"], "measured": meas,
                  "predicted": pred, "relative_error": {"peak_bytes": peak_rel, **rel},
@@ -187,9 +195,16 @@ def config_of(spec: RunSpec, kernel: str) -> dict[str, Any]:
             "layer_recompute": list(spec.layer_recompute) if spec.layer_recompute else None,
             "tp_inner": spec.tp_inner, "fsdp_sync_every_microbatch": spec.fsdp_sync_every_microbatch,
             "precision": spec.precision, "attention_kernel": kernel, "flash_attention": uses_flash(kernel),
-            "optimizer": ("ZeroRedundancyOptimizer(Adam(foreach=False))" if spec.zero == 1 and spec.dp > 1
-                          and not spec.sharded else "torch.optim.Adam(foreach=False)"), "trainer": spec.trainer,
-            "zero_grad": "set_to_none=False"}
+            "optimizer": _optimizer_name(spec), "trainer": spec.trainer, "zero_grad": "set_to_none=False",
+            **({"optimizer_offload": spec.optimizer_offload} if spec.optimizer_offload else {})}
+
+
+def _optimizer_name(spec: RunSpec) -> str:
+    inner = (f"HostOffloadAdam(offload_fraction={spec.optimizer_offload:g})" if spec.optimizer_offload
+             else "Adam(foreach=False)")
+    if spec.zero == 1 and spec.dp > 1 and not spec.sharded:
+        return f"ZeroRedundancyOptimizer({inner})"
+    return inner if spec.optimizer_offload else f"torch.optim.{inner}"
 
 
 def run_and_compare(specs: list[RunSpec], device_kind: str = "cpu", gpu: str = "A100-80GB") -> list[dict[str, Any]]:
@@ -239,7 +254,8 @@ def measurement_of(comparison: dict[str, Any], hardware_key: str) -> dict[str, A
                    "measured": {"peak_bytes": r["measured"]["peak_bytes"],
                                 "breakdown": r["measured"]["breakdown"],
                                 "at_peak": r["measured"]["at_peak"],
-                                **({"contents": r["measured"]["contents"]} if "contents" in r["measured"] else {})},
+                                **({"contents": r["measured"]["contents"]} if "contents" in r["measured"] else {}),
+                                **({"host": r["measured"]["host"]} if "host" in r["measured"] else {})},
                    "predicted": r["predicted"], "relative_error": r["relative_error"],
                    **({"check": r["check"]} if "check" in r else {})}
                   for r in comparison["ranks"]],
