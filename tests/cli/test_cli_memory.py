@@ -238,7 +238,11 @@ def test_sync_every_microbatch_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert not once["strategy"]["sync_every_microbatch"] and every["strategy"]["sync_every_microbatch"]
     params = once["model"]["parameters"]
     drop = once["memory"]["breakdown"]["temporary"] - every["memory"]["breakdown"]["temporary"]
-    assert 0.95 * 4 * params * (1 - 1 / 8) < drop <= 4 * params * (1 - 1 / 8)
+    # the peaks are at different moments: without syncing, a later micro-batch's loss backward with
+    # every unsharded gradient; the temporaries there may also hold the loss's logits-sized buffers
+    # (12 bytes a logit above the saved log-probabilities' 4, tests/solver/test_loss_gradient.py)
+    logits = once["model"]["architecture"]["vocab"] * once["model"]["seq_len"]  # micro-batch 1
+    assert 0.95 * 4 * params * (1 - 1 / 8) < drop <= 4 * params * (1 - 1 / 8) + 12 * logits
     for cat in ("parameters", "gradients", "optimizer_states", "activations"):
         assert once["memory"]["breakdown"][cat] == every["memory"]["breakdown"][cat]
     assert every["time"]["step_seconds"] > once["time"]["step_seconds"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.nn import functional
 
 from parplan.solver.cost.activations import LOSS_BYTES, loss_backward_bytes_per_logit
 from parplan.solver.cost.runtime import Runtime
@@ -25,7 +25,7 @@ def _measured_bytes_per_logit(dtype: torch.dtype) -> float:
     tracker = MemTracker()
     tracker.track_external(logits)
     with tracker:
-        F.cross_entropy(logits.float(), labels).backward()
+        functional.cross_entropy(logits.float(), labels).backward()
     peak = sum(v for dev in tracker.get_tracker_snapshot("peak").values() for k, v in dev.items() if k == "Total")
     assert logits.grad is not None and logits.grad.dtype == dtype  # cast back to the logits' type
     return (peak - logits.numel() * logits.element_size()) / logits.numel()
