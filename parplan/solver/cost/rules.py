@@ -128,13 +128,14 @@ def module_recomputes(runtime: Runtime, flash_attention: bool, moe: bool) -> tup
     :func:`search_recomputes`, each between none and full recomputation in memory and time: a dense
     model's ``mlp`` (drops the MLP's activations, the bulk of a layer's); a mixture of experts'
     ``moe_act`` (the experts' activation, rerun cheaply: DeepSeek-V3's setting in Megatron-Bridge's
-    recipes), ``moe_act`` with ``layernorm`` (the pre-MLP norm's output too) and ``moe`` (the whole
-    MoE layer, its all-to-alls rerun). ``core_attn`` joins them where selective recomputation is the
-    lighter policy (a core that keeps its scores). None outside the megatron runtime."""
+    recipes) and ``moe_act`` with ``layernorm`` (the pre-MLP norm's output too). ``moe`` (the whole
+    MoE layer, its all-to-alls rerun) is not offered: it reruns nearly what full recomputation does
+    and would cost the search a fifth policy. ``core_attn`` joins them where selective recomputation
+    is the lighter policy (a core that keeps its scores). None outside the megatron runtime."""
     if runtime is not Runtime.MEGATRON:
         return ()
     core = search_recomputes(runtime, flash_attention, full=False)[0].modules
-    sets = ((("moe_act",), ("moe_act", "layernorm"), ("moe",)) if moe else (("mlp",),))
+    sets = ((("moe_act",), ("moe_act", "layernorm")) if moe else (("mlp",),))
     return tuple(Recompute.of_modules(core | set(m)) for m in sets)
 
 
