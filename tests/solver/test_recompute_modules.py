@@ -133,3 +133,22 @@ def test_what_megatron_refuses_or_parplan_does_not_price_is_one_line(kwargs: dic
     # FP8 with current scaling runs it (Megatron-LM refuses delayed scaling only)
     if kwargs.get("precision"):
         ParallelConfig(tp=2, precision="fp8-cs", recompute=Recompute("selective:core_attn+layernorm"))
+
+
+def test_the_megatron_target_searches_module_sets_between_none_and_full() -> None:
+    from parplan.solver.cluster import make_cluster
+    from parplan.solver.cost.rules import module_recomputes
+    from parplan.solver.targets import Target, family
+
+    assert module_recomputes(Runtime.MEGATRON, True, moe=False) == (Recompute("selective:mlp"),)
+    assert module_recomputes(Runtime.MEGATRON, True, moe=True) == (Recompute("selective:moe_act"),
+                                                                   Recompute("selective:moe_act+layernorm"))
+    # an attention core that keeps its scores: core_attn joins each set (selective is the lighter policy)
+    assert module_recomputes(Runtime.MEGATRON, False, moe=False) == (Recompute("selective:core_attn+mlp"),)
+    assert module_recomputes(Runtime.TORCHTITAN, True, moe=True) == ()
+    cluster = make_cluster(8, 8, "H100-80GB")
+    dense = {c.recompute for c in family(Target.MEGATRON, cluster, 16, 32)}
+    moe = {c.recompute for c in family(Target.MEGATRON, cluster, 16, 32, experts=8)}
+    assert dense == {Recompute.NONE, Recompute.FULL, Recompute("selective:mlp")}
+    assert moe == {Recompute.NONE, Recompute.FULL, Recompute("selective:moe_act"),
+                   Recompute("selective:moe_act+layernorm")}
