@@ -152,3 +152,26 @@ def test_the_megatron_target_searches_module_sets_between_none_and_full() -> Non
     assert dense == {Recompute.NONE, Recompute.FULL, Recompute("selective:mlp")}
     assert moe == {Recompute.NONE, Recompute.FULL, Recompute("selective:moe_act"),
                    Recompute("selective:moe_act+layernorm")}
+
+
+@pytest.mark.parametrize(("t", "sp"), [(1, False), (4, True)])
+def test_backward_rebuilds_what_the_checkpoint_dropped_dense(t: int, sp: bool) -> None:
+    """``CheckpointFunction.backward`` runs the MLP's forward again with autograd on: the norm's output
+    (2), fc1's output (8/t) and GELU's output (8/t) are alive again while the MLP's backward runs."""
+    gc = GraphCosts(build_graph(GPT, batch=B))
+    unit = gc.unit_cost("layers.1", UnitStrategy(tp=t, sp=sp, recompute=Recompute("selective:core_attn+mlp")),
+                        get_precision("bf16"))
+    assert unit.recompute_peak_bytes == pytest.approx(S * B * H * (2 / (t if sp else 1) + 16 / t), rel=1e-12)
+
+
+@pytest.mark.parametrize(("t", "sp"), [(1, False), (2, True)])
+def test_backward_rebuilds_what_the_checkpoint_dropped_moe(t: int, sp: bool) -> None:
+    """The pre-MLP norm's output (refilled when the MoE output's gradient arrives) and fc2's input (the
+    experts' activation, refilled before fc2's backward), both counted."""
+    gc = GraphCosts(build_graph(MOE, batch=B))
+    rc = Recompute("selective:core_attn+moe_act+layernorm")
+    unit = gc.unit_cost("layers.1", UnitStrategy(tp=t, sp=sp, recompute=rc), get_precision("bf16"))
+    cap = math.ceil(S * B * K / E)
+    assert unit.recompute_peak_bytes == pytest.approx(2 * (S * B * H / (t if sp else 1) + E * cap * F / t), rel=1e-12)
+    plain = gc.unit_cost("layers.1", UnitStrategy(tp=t, sp=sp), get_precision("bf16"))
+    assert plain.recompute_peak_bytes == 0.0

@@ -237,6 +237,31 @@ def module_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_at
     return [it for it in items if reg.discarded.get(it.owner, mine) == mine]
 
 
+def module_rebuilt_items(graph: Graph, nodes: list[Node], activation_bytes: int, *, flash_attention: bool,
+                         recompute: Recompute, runtime: Runtime = Runtime.MEGATRON,
+                         fp8_inputs: bool = False) -> list[SavedItem]:
+    """What the backward of the checkpointed Megatron-LM modules among ``nodes`` (one unit) rebuilds:
+    what their operators, and the readers of a freed output, keep without the checkpoint and do not
+    keep with it (``CheckpointFunction.backward`` runs the module's forward again with autograd on;
+    ``CheckpointWithoutOutput`` refills the freed output). Counted all at once, an upper bound: a MoE
+    layer's rebuilt pre-MLP norm output is alive through the whole layer's backward, the experts'
+    rebuilt activation inside it."""
+    if not recompute.per_module:
+        return []
+    reg = recompute_modules.regions(graph, recompute.modules)
+    light = Recompute.of_modules(recompute.modules & recompute_modules.DEFAULT)
+    kept = {it.key for it in saved_items(graph, nodes, activation_bytes, flash_attention=flash_attention,
+                                         recompute=recompute, runtime=runtime, fp8_inputs=fp8_inputs)}
+    out: dict[str, SavedItem] = {}
+    for n in nodes:
+        if n.id in reg.region or any(i in reg.discarded for i in n.inputs):
+            for it in op_saved_items(n, graph, activation_bytes, flash_attention=flash_attention, recompute=light,
+                                     runtime=runtime, fp8_inputs=fp8_inputs):
+                if it.key not in kept:
+                    out.setdefault(it.key, it)
+    return list(out.values())
+
+
 def _plain_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
                        recompute: Recompute, runtime: Runtime, fp8_inputs: bool = False) -> list[SavedItem]:
     ins = [graph.node(i) for i in node.inputs]
