@@ -342,3 +342,21 @@ def test_megatron_core_refuses_moe_act_without_the_grouped_gemm() -> None:
         with pytest.raises(ValueError, match="moe_grouped_gemm"):
             TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=4,
                               recompute_granularity="selective", recompute_modules=["moe_act"])
+
+
+@pytest.mark.parametrize(("target", "reason"), [("deepspeed", "--recompute-modules"),
+                                                ("nanotron", "--recompute-modules"),
+                                                ("torchtitan", "recomputation 'selective:core_attn+mlp'"),
+                                                ("galvatron", "selective:core_attn+mlp")])
+def test_other_trainers_refuse_megatron_module_sets(target: str, reason: str) -> None:
+    doc = doc_for("llama-2-7b", 8, {"tp": 1, "pp": 1, "dp": 8, "num_microbatches": 1,
+                                    "recompute": "selective:core_attn+mlp"})
+    with pytest.raises(NotExpressibleError) as info:
+        export_plan(doc, target)
+    assert any(reason in r for r in info.value.reasons), info.value.reasons
+
+
+def test_moe_act_on_a_dense_model_is_refused_by_the_megatron_export() -> None:
+    doc = doc_for("llama-3-8b", 8, {"tp": 1, "pp": 1, "dp": 8, "num_microbatches": 1, "recompute": "selective:moe_act"})
+    with pytest.raises(NotExpressibleError, match="moe_act on a dense model"):
+        export_plan(doc, "megatron")
