@@ -73,8 +73,9 @@ def apart_reason(r: dict[str, Any]) -> str | None:
     zero = str(r.get("zero_fsdp") or "")
     if r["source_group"] == "colossalai":
         return "Colossal-AI Gemini runtime not built"
-    if "--recompute-modules" in launch:
-        return "Megatron-LM's --recompute-modules not built"
+    modules = _recompute_modules(launch)
+    if modules is not None and "mla_up_proj" in modules:
+        return "Megatron-LM's --recompute-modules mla_up_proj (multi-head latent attention's up-projections) not built"
     if "per-op" in ac and _runtime(r) is Runtime.MEGATRON:
         return "per-operator selective checkpointing outside PyTorch-native trainers not built"
     if r.get("fp8") and _float8(r) is None:
@@ -211,8 +212,15 @@ def _recompute(r: dict[str, Any]) -> Recompute:
     if "per-op" in ac:  # torchtitan's selective_ac_option 'op'
         return Recompute.OP
     if "selective" in ac:
-        return Recompute.SELECTIVE
+        modules = _recompute_modules(_launch(r))
+        return Recompute.SELECTIVE if modules is None else Recompute.of_modules(modules)
     return Recompute.NONE
+
+
+def _recompute_modules(launch: dict[str, Any]) -> list[str] | None:
+    """A Megatron-LM row's ``--recompute-modules`` (``[moe_act layernorm]``), None where not given."""
+    listed = launch.get("--recompute-modules")
+    return None if listed is None else str(listed).strip("[]").replace(",", " ").split()
 
 
 def _zero(r: dict[str, Any]) -> int:

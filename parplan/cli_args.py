@@ -58,6 +58,16 @@ positive = int_at_least(1)
 DEFAULT_DEGREE = 1
 
 
+def recompute_policy(text: str) -> str:
+    """``--recompute``'s value: a named policy or a Megatron-LM module set (``selective:core_attn+mlp``)."""
+    try:
+        return Recompute(text).value
+    except ValueError as e:
+        why = str(e) if text.startswith("selective:") else (
+            f"expected {', '.join(r.value for r in Recompute)} or selective:MODULE+MODULE, got {text!r}")
+        raise argparse.ArgumentTypeError(why) from None
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -99,9 +109,10 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                    help="ZeRO stage over the data-parallel group (1 = Megatron's distributed optimizer)")
     p.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (needs tp > 1)")
-    p.add_argument("--recompute", choices=[r.value for r in Recompute], default="selective",
+    p.add_argument("--recompute", type=recompute_policy, default="selective", metavar="{none,selective,full,op}",
                    help="activation recomputation (default selective; op: torchtitan's per-operator policy, "
-                        "PyTorch-native runtimes only)")
+                        "PyTorch-native runtimes only; selective:MODULE+MODULE: Megatron-LM's --recompute-modules, "
+                        "e.g. selective:core_attn+mlp, runtime megatron only)")
     p.add_argument("--micro-batch", type=positive, default=1, help="samples per micro-batch (default 1)")
     p.add_argument("--global-batch", type=positive, default=None,
                    help="samples per step (default: micro-batch x dp x 4pp, or x 1 without pipelining)")

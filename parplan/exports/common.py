@@ -232,17 +232,17 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
 
 
 def flag_lines(args: list[str], quote: Callable[[str], str] = str) -> list[str]:
-    """Command-line tokens as lines of a flag and its value (a flag followed by another flag is a
-    switch, alone on its line); ``quote`` the values (``shlex.quote`` for a shell script)."""
+    """Command-line tokens as lines of a flag and its values (a flag followed by another flag is a
+    switch, alone on its line; a list flag, ``--recompute-modules core_attn mlp``, has several);
+    ``quote`` the values (``shlex.quote`` for a shell script)."""
     lines: list[str] = []
     i = 0
     while i < len(args):
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            lines.append(f"{args[i]} {quote(args[i + 1])}")
-            i += 2
-        else:
-            lines.append(args[i])
-            i += 1
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        lines.append(" ".join([args[i], *map(quote, args[i + 1:j])]))
+        i = j
     return lines
 
 

@@ -43,6 +43,9 @@ def ds_config(plan: UniformPlan) -> dict[str, Any]:
     if plan.optimizer_offload and (plan.optimizer_offload != 1 or plan.zero < 1):
         reasons.append(f"optimizer offload {plan.optimizer_offload:g} at ZeRO-{plan.zero}: DeepSpeed's ZeRO-Offload "
                        "(offload_optimizer) moves the whole optimizer, under ZeRO 1-3")
+    if plan.recompute.startswith("selective:"):
+        reasons.append(f"recompute {plan.recompute} (Megatron-LM's --recompute-modules); "
+                       "DeepSpeed's config checkpoints whole blocks or none")
     if plan.recompute == "op":
         reasons.append("per-operator recomputation (op: PyTorch's selective checkpointing with torchtitan's policy); "
                        "DeepSpeed's config checkpoints whole blocks or none (plan with --target deepspeed)")

@@ -34,6 +34,7 @@ from parplan.exports.common import (
     flag_lines,
     uniform_of,
 )
+from parplan.solver.cost import recompute_modules
 from parplan.solver.cost.precision import PRECISIONS, TE_ADAM_BASES
 from parplan.solver.frontends.config import architecture_dropout
 
@@ -123,6 +124,11 @@ def _plan_reasons(plan: UniformPlan, ctx: PlanContext, arch: Mapping[str, Any]) 
     if plan.schedule in ("gpipe", "interleaved-zb", "zbv", "dualpipev"):
         name = "GPipe" if plan.schedule == "gpipe" else plan.schedule
         reasons.append(f"the {name} schedule (Megatron-LM runs 1F1B, interleaved when virtual stages are given)")
+    if plan.recompute.startswith(recompute_modules.PREFIX):
+        modules = recompute_modules.parse_modules(plan.recompute[len(recompute_modules.PREFIX):])
+        if "moe_act" in modules and arch.get("family") != "mixtral":
+            reasons.append("recompute module moe_act on a dense model: Megatron-LM's --moe-grouped-gemm it needs "
+                           "is a mixture of experts' (plan without it)")
     if plan.recompute == "op":
         reasons.append("per-operator recomputation (op: PyTorch's selective checkpointing with torchtitan's policy); "
                        "Megatron-LM has none (plan with --target megatron)")
@@ -237,6 +243,12 @@ def _step_flags(plan: UniformPlan) -> list[str]:
     args: list[str] = []
     if plan.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
+    elif plan.recompute.startswith(recompute_modules.PREFIX):
+        modules = recompute_modules.parse_modules(plan.recompute[len(recompute_modules.PREFIX):])
+        args += ["--recompute-granularity", "selective", "--recompute-modules",
+                 *(m for m in recompute_modules.MODULES if m in modules)]
+        if "moe_act" in modules:  # Megatron-LM refuses moe_act without the grouped GEMM (transformer_config.py)
+            args.append("--moe-grouped-gemm")
     elif plan.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     return [*args, "--micro-batch-size", str(plan.micro_batch), "--global-batch-size", str(plan.global_batch),

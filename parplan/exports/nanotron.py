@@ -34,6 +34,9 @@ def _reasons(plan: UniformPlan, arch: Mapping[str, Any] | None) -> list[str]:
         reasons.append(f"ZeRO-{plan.zero} (nanotron has ZeRO 0 and 1)")
     if plan.schedule not in ENGINES:
         reasons.append(f"the {plan.schedule} schedule (nanotron's engines: 1f1b, afab)")
+    if plan.recompute.startswith("selective:"):
+        reasons.append(f"recompute {plan.recompute} (Megatron-LM's --recompute-modules); "
+                       "nanotron recomputes whole layers or nothing")
     if plan.recompute == "op":
         reasons.append("per-operator recomputation (op: PyTorch's selective checkpointing with torchtitan's "
                        "policy); nanotron recomputes whole layers or nothing (plan with --target nanotron)")

@@ -387,20 +387,41 @@ def _recompute(flags: dict[str, str | bool], problems: list[str]) -> Recompute |
     """The recomputation ``--recompute-*`` ask for; None (and a problem) when parplan does not model it."""
     granularity = str(flags.get("--recompute-granularity", "none"))
     recompute = {"none": Recompute.NONE, "selective": Recompute.SELECTIVE, "full": Recompute.FULL}.get(granularity)
-    modules = set(str(flags.get("--recompute-modules") or "core_attn").split())
     if recompute is None:
         problems.append(f"--recompute-granularity {granularity}")
-    elif recompute is Recompute.SELECTIVE and modules != {"core_attn"}:
-        # Megatron-LM's selective recomputation checkpoints each listed submodule (core_attn: the attention
-        # core, parplan's selective; mlp, layernorm, moe_act, moe, mla_up_proj, shared_experts: others)
-        problems.append(f"--recompute-modules {' '.join(sorted(modules))}: selective recomputation of modules other "
-                        "than core_attn (the attention core) is not modelled")
+    elif recompute is Recompute.SELECTIVE:
+        return _recompute_modules(flags, problems)
     elif recompute is Recompute.FULL:
         method = str(flags.get("--recompute-method", ""))
         per = _get(flags, "--recompute-num-layers", 1)
         if method != "uniform" or per != 1:
             problems.append("full recomputation is modelled for every layer (--recompute-method uniform "
                             f"--recompute-num-layers 1; got {method or 'no method'}, {per})")
+    return recompute
+
+
+def _recompute_modules(flags: dict[str, str | bool], problems: list[str]) -> Recompute | None:
+    """Selective recomputation of ``--recompute-modules`` (Megatron-LM's default: ``core_attn``), as
+    :mod:`~parplan.solver.cost.recompute_modules` prices it; None (and a problem) where Megatron-LM
+    refuses the set or parplan does not price it."""
+    listed = flags.get("--recompute-modules")
+    try:
+        recompute = Recompute.of_modules(str(listed).split() if isinstance(listed, str) else ["core_attn"])
+    except ValueError as e:
+        problems.append(f"--recompute-modules: {e}")
+        return None
+    modules = recompute.modules
+    if "moe_act" in modules and "--moe-grouped-gemm" not in flags:
+        problems.append("--recompute-modules moe_act without --moe-grouped-gemm: Megatron-LM refuses it "
+                        "(\"moe_act in recompute_modules is only supported with moe_grouped_gemm\")")
+    if "layernorm" in modules and str(flags.get("--transformer-impl", "transformer_engine")) == "local":
+        problems.append("--recompute-modules layernorm with --transformer-impl local (the input and pre-MLP norms "
+                        "modules of their own) is not modelled: parplan prices Transformer Engine's layer spec")
+    if "mlp" in modules and str(flags.get("--transformer-impl", "transformer_engine")) == "local":
+        problems.append("--recompute-modules mlp with --transformer-impl local (the pre-MLP norm outside the MLP) is "
+                        "not modelled: parplan prices Transformer Engine's layer spec")
+    if "shared_experts" in modules and "--moe-shared-expert-overlap" in flags:
+        problems.append("--recompute-modules shared_experts with --moe-shared-expert-overlap: Megatron-LM refuses it")
     return recompute
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Container, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parplan.solver.calibration import DEFAULT_CALIBRATION, Calibration
 from parplan.solver.cluster import Cluster
@@ -303,7 +303,9 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
     comes up unpriced is priced and goes back by its time, one comes up priced has its memory (the
     dearer half) priced. The first that fits is the fastest, and the candidates that come up as
     fast as it are priced too (the tie goes to the least memory, then to the first given); the
-    rest cannot be faster and are never priced. When none fits, memory is priced in order of the
+    rest cannot be faster and are never priced. A Megatron-LM module set waits for its lighter
+    counterpart (:func:`_lighter_counterparts`), whose step time bounds its own, and is dropped where that
+    one is known to fit. When none fits, memory is priced in order of the
     floor until the floor is above the least memory found. The answer is the one :func:`best_of`
     gives."""
     every = list(cands)
@@ -321,18 +323,31 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
             memory[i] = ev.memory_of(every[i])
         return memory[i]
 
-    # (seconds, priced, index): least possible seconds until priced, then the step's
-    queue = [(ev.time_floor(every[i]), False, i) for i in range(len(every)) if floor[i] <= budget_bytes]
+    # (seconds, rank, index): rank 0 the least possible seconds until priced, 1 the step's (its memory
+    # next), 2 a module set waiting behind its lighter counterpart's step time
+    queue = [(ev.time_floor(every[i]), 0, i) for i in range(len(every)) if floor[i] <= budget_bytes]
     heapq.heapify(queue)
+    lighter = _lighter_counterparts(every)
     best: tuple[float, float, int, PlanMemory] | None = None  # (seconds, peak bytes, index, memory)
     while queue:
-        secs, priced, i = heapq.heappop(queue)
+        secs, rank, i = heapq.heappop(queue)
         if best is not None and secs > best[0]:
             break  # neither it nor anything after it is as fast as the answer
-        if not priced:
+        j = lighter.get(i)
+        light = times.get(j) if j is not None and rank != 1 else None
+        if j is not None and light is not None:
+            # a module set reruns more than its lighter counterpart: never faster than it where it fits,
+            # at least its step time where it does not
+            m = memory.get(j)
+            if m is not None and m.peak_bytes <= budget_bytes and ev.host_fits(every[j], m):
+                continue
+            if rank == 0 and light.step_seconds >= secs:
+                heapq.heappush(queue, (light.step_seconds, 2, i))
+                continue
+        if rank != 1:
             t = tim(i)
             if t is not None:
-                heapq.heappush(queue, (t.step_seconds, True, i))
+                heapq.heappush(queue, (t.step_seconds, 1, i))
             continue
         m = mem(i)
         if m is not None and m.peak_bytes <= budget_bytes and ev.host_fits(every[i], m) \
@@ -355,6 +370,20 @@ def fastest_fitting(ev: UniformEvaluator, cands: Iterable[Candidate], budget_byt
     return ev.evaluation(every[best[2]], best[3], t)
 
 
+def _lighter_counterparts(every: list[Candidate]) -> dict[int, int]:
+    """For each candidate recomputing Megatron-LM modules (:attr:`Recompute.per_module`), the index
+    of the same candidate with its attention-core policy alone (none or selective), where given:
+    its step time is at least that one's (the same step with more forward run again)."""
+    index = {c: i for i, c in enumerate(every)}
+    out: dict[int, int] = {}
+    for i, c in enumerate(every):
+        if c.recompute.per_module:
+            j = index.get(replace(c, recompute=Recompute.of_modules(c.recompute.modules & {"core_attn"})))
+            if j is not None:
+                out[i] = j
+    return out
+
+
 def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget_bytes: float,
                         objective: Objective, fastest_seconds: float) -> Evaluation | None:
     """The candidate that fits the budget with the best ``min-memory`` score (:class:`Objective`)
@@ -364,16 +393,21 @@ def least_memory_within(ev: UniformEvaluator, cands: Iterable[Candidate], budget
     Exact: memory is priced in order of the least possible memory
     (:meth:`UniformEvaluator.memory_floor`) until the floor cannot beat the best found; a candidate
     whose least possible time (:meth:`UniformEvaluator.time_floor`) misses the limit (or whose
-    floors together cannot beat the best score) is not priced."""
+    floors together cannot beat the best score) is not priced; a Megatron-LM module set's least time is
+    at least its lighter counterpart's step time (:func:`_lighter_counterparts`)."""
     every = list(cands)
     floor = [ev.memory_floor(c) for c in every]
     limit = objective.time_limit(fastest_seconds)
     alpha = objective.alpha_bytes_per_s
     best: tuple[float, float, int, PlanMemory, PlanTime] | None = None  # (score, seconds, index, ...)
+    lighter = _lighter_counterparts(every)
     for i in sorted(range(len(every)), key=lambda i: floor[i]):
         if floor[i] > budget_bytes or (best is not None and floor[i] > best[0]):
             break  # memory (and memory + alpha·time) is at least the floor
         least = ev.time_floor(every[i])
+        if i in lighter and (light := ev.time_of(every[lighter[i]])) is not None:
+            # a module set's step is at least its lighter counterpart's, priced once for all its sets
+            least = max(least, light.step_seconds)
         if (not objective.meets(least, limit) if alpha is None
                 else best is not None and objective.score(floor[i], least)[0] > best[0]):
             continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from parplan.solver.cost import recompute_modules
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.cost.precision import PRECISIONS
 from parplan.solver.cost.runtime import Runtime
@@ -158,8 +159,15 @@ def check_te_adam(precision: str, runtime: Runtime, optimizer_offload: float) ->
                             f"keeps fp32 master weights and fp32 moments (give precision {prec.adam_base})")
 
 
-def check_recompute(runtime: Runtime, recompute: Recompute) -> None:
-    """StrategyError unless ``runtime`` can run ``recompute`` (per-operator checkpointing is PyTorch's)."""
+def check_recompute(runtime: Runtime, recompute: Recompute, precision: str = "bf16") -> None:
+    """StrategyError unless ``runtime`` can run ``recompute`` at ``precision`` (per-operator
+    checkpointing is PyTorch's; a module set Megatron-LM's, :func:`~.cost.recompute_modules.refusal`)."""
+    if recompute.per_module:
+        prec = PRECISIONS.get(precision.lower())
+        delayed = prec is not None and prec.te_fp8 and not prec.fp8_current_scaling
+        why = recompute_modules.refusal(recompute.modules, runtime is Runtime.MEGATRON, delayed)
+        if why is not None:
+            raise StrategyError(why)
     if recompute is Recompute.OP and not runtime.per_operator_checkpointing:
         able = ", ".join(r for r in Runtime if r.per_operator_checkpointing)
         raise StrategyError(f"recompute op (per-operator selective checkpointing, PyTorch's "
@@ -283,7 +291,7 @@ class ParallelConfig:
         check_dp_shard(self.dp, self.dp_shard, self.zero, self.expert_parallel, self.runtime)
         if self.dp_shard == self.dp:
             object.__setattr__(self, "dp_shard", 0)  # one spelling of sharding over all of dp
-        check_recompute(self.runtime, self.recompute)
+        check_recompute(self.runtime, self.recompute, self.precision)
         check_overlaps(self.runtime, self.tp_comm_overlap, self.overlap_param_gather,
                        self.sequence_parallel or self.tp == 1, self.zero if self.dp * self.cp > 1 else 1,
                        self.overlap_grad_reduce, self.pp_scatter_gather)

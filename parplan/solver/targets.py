@@ -7,7 +7,8 @@
   node and replicated across them, ``--num-distributed-optimizer-instances``), expert parallelism
   for MoE models, no or full recomputation
   (selective without flash attention: with it, Megatron-LM's selective recomputation keeps the same
-  buffers as none and reruns the attention core, :func:`~parplan.solver.cost.rules.search_recomputes`);
+  buffers as none and reruns the attention core, :func:`~parplan.solver.cost.rules.search_recomputes`),
+  and the ``--recompute-modules`` sets of :func:`~parplan.solver.cost.rules.module_recomputes`;
   priced with Megatron-LM's buffers;
 - ``torchtitan``: FSDP2 (ZeRO-3, or ZeRO-2 without resharding after forward; over a data-parallel
   group spanning nodes also HSDP, sharded within each node and replicated across them:
@@ -41,7 +42,7 @@ from enum import StrEnum
 from parplan.solver.baselines import Candidate, enumerate_uniform, micro_batch_choices
 from parplan.solver.cluster import Cluster
 from parplan.solver.cost.pipeline import blocks_of
-from parplan.solver.cost.rules import search_recomputes
+from parplan.solver.cost.rules import module_recomputes, search_recomputes
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.errors import SolverError, StrategyError
 from parplan.solver.ir import Graph
@@ -107,7 +108,9 @@ def family(target: Target, cluster: Cluster, global_batch: int, num_blocks: int,
     rcs = search_recomputes(SPECS[target].runtime, ParallelConfig.flash_attention)
     mbs = micro_batch_choices(micro_batch)
     if target is Target.MEGATRON:
-        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=rcs,
+        # with Megatron-LM's --recompute-modules sets between none and full
+        sets = module_recomputes(SPECS[target].runtime, ParallelConfig.flash_attention, experts > 0)
+        for c in enumerate_uniform(cluster, global_batch, num_blocks, zeros=(0, 1), recomputes=(*rcs, *sets),
                                    micro_batches=mbs):
             # pipeline stages of equal layer counts (the even split Megatron-LM makes; parplan's uneven
             # split of other counts is not one it runs)

@@ -300,3 +300,63 @@ def test_optimizer_offload_without_the_distributed_optimizer_is_refused() -> Non
     doc["strategy"]["optimizer_offload"] = 0.5  # a document no search writes: ZeRO-0 offloaded
     with pytest.raises(NotExpressibleError, match="distributed optimizer"):
         export_plan(doc, "megatron")
+
+
+@pytest.mark.parametrize(("model", "recompute"), [("mixtral-8x7b", "selective:core_attn+moe_act+layernorm"),
+                                                  ("mixtral-8x7b", "selective:moe+shared_experts"),
+                                                  ("gpt-1.7b", "selective:core_attn+mlp")])
+def test_recompute_modules_reach_megatron_core_and_read_back_to_the_same_prices(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str], model: str, recompute: str) -> None:
+    """A module set priced by ``parplan memory --recompute selective:...`` is exported as Megatron-LM's
+    ``--recompute-granularity selective --recompute-modules ...`` (with the grouped GEMM moe_act needs),
+    which megatron-core's TransformerConfig accepts as that module list; read back, it prices the same."""
+    import json
+
+    from parplan.cli import main
+    from parplan.solver.cost.activations import Recompute
+
+    assert main(["memory", "--model", model, "--gpus", "16", "--tp", "2", "--sequence-parallel", "--zero", "1",
+                 "--global-batch", "32", "--recompute", recompute, "--json"]) == 0
+    (tmp_path / "priced.json").write_text(capsys.readouterr().out)
+    priced = json.loads((tmp_path / "priced.json").read_text())
+    assert main(["export", str(tmp_path / "priced.json"), "--target", "megatron", "--out", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    config, declared = read_args((tmp_path / "out" / "megatron_args.txt").read_text())
+    config["recompute_modules"] = str(config["recompute_modules"]).split()  # nargs="*"
+    cfg = build_config(config, declared)
+    assert cfg.recompute_granularity == "selective"
+    assert set(cfg.recompute_modules) == Recompute(recompute).modules
+    assert cfg.moe_grouped_gemm == ("moe_act" in cfg.recompute_modules)
+    assert main(["memory", "--from", "megatron-args", str(tmp_path / "out" / "megatron_args.txt"), "--gpus", "16",
+                 "--json"]) == 0
+    back = json.loads(capsys.readouterr().out)
+    assert back["strategy"]["recompute"] == priced["strategy"]["recompute"] == Recompute(recompute).value
+    assert back["memory"]["peak_bytes"] == priced["memory"]["peak_bytes"]
+    assert back["time"]["step_seconds"] == pytest.approx(priced["time"]["step_seconds"], rel=1e-12)
+
+
+def test_megatron_core_refuses_moe_act_without_the_grouped_gemm() -> None:
+    """The oracle can fail: the flag the export adds for moe_act is one megatron-core needs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="moe_grouped_gemm"):
+            TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=4,
+                              recompute_granularity="selective", recompute_modules=["moe_act"])
+
+
+@pytest.mark.parametrize(("target", "reason"), [("deepspeed", "--recompute-modules"),
+                                                ("nanotron", "--recompute-modules"),
+                                                ("torchtitan", "recomputation 'selective:core_attn+mlp'"),
+                                                ("galvatron", "selective:core_attn+mlp")])
+def test_other_trainers_refuse_megatron_module_sets(target: str, reason: str) -> None:
+    doc = doc_for("llama-2-7b", 8, {"tp": 1, "pp": 1, "dp": 8, "num_microbatches": 1,
+                                    "recompute": "selective:core_attn+mlp"})
+    with pytest.raises(NotExpressibleError) as info:
+        export_plan(doc, target)
+    assert any(reason in r for r in info.value.reasons), info.value.reasons
+
+
+def test_moe_act_on_a_dense_model_is_refused_by_the_megatron_export() -> None:
+    doc = doc_for("llama-3-8b", 8, {"tp": 1, "pp": 1, "dp": 8, "num_microbatches": 1, "recompute": "selective:moe_act"})
+    with pytest.raises(NotExpressibleError, match="moe_act on a dense model"):
+        export_plan(doc, "megatron")

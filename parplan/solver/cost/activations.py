@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
+from parplan.solver.cost import recompute_modules
 from parplan.solver.cost.runtime import Runtime
 from parplan.solver.ir import DTYPE_BYTES, Graph, Node, OpKind, attention_dims, attention_geometry
 
@@ -40,12 +42,57 @@ _SAVES_INPUT = frozenset({"gelu", "silu", "relu"})
 
 
 class Recompute(StrEnum):
-    """Activation recomputation policy (Megatron-LM's names, and torchtitan's per-operator one)."""
+    """Activation recomputation policy (Megatron-LM's names, and torchtitan's per-operator one).
+
+    Besides the four named ones, Megatron-LM's module sets (``--recompute-modules``) are policies
+    too: ``Recompute("selective:core_attn+mlp")`` (:mod:`~parplan.solver.cost.recompute_modules`),
+    one object per set, so that they compare by identity like the named ones."""
 
     NONE = "none"  # keep everything
     SELECTIVE = "selective"  # recompute the attention core (drops the s^2 terms)
     FULL = "full"  # recompute whole blocks; keep only each block's inputs
     OP = "op"  # checkpoint whole blocks keeping the outputs of the ops torchtitan's policy saves
+
+    @classmethod
+    def _missing_(cls, value: object) -> Any:
+        if not isinstance(value, str) or not value.startswith(recompute_modules.PREFIX):
+            return None
+        canonical = recompute_modules.modules_value(recompute_modules.parse_modules(
+            value[len(recompute_modules.PREFIX):]))
+        known = cls._value2member_map_.get(canonical)
+        if known is not None:
+            return known
+        member = str.__new__(cls, canonical)
+        member._name_ = canonical
+        member._value_ = canonical
+        return cls._value2member_map_.setdefault(canonical, member)
+
+    @classmethod
+    def of_modules(cls, modules: Iterable[str]) -> Recompute:
+        """The policy recomputing Megatron-LM's ``modules`` (none: :attr:`NONE`; the attention core
+        alone: :attr:`SELECTIVE`); ValueError for a name Megatron-LM does not know."""
+        mods = recompute_modules.parse_modules(" ".join(modules))
+        return cls(recompute_modules.modules_value(mods))
+
+    @property
+    def modules(self) -> frozenset[str]:
+        """Megatron-LM's checkpointed modules: ``core_attn`` for :attr:`SELECTIVE`, the set of a
+        module policy, none for the others."""
+        if self is Recompute.SELECTIVE:
+            return recompute_modules.DEFAULT
+        if self.value.startswith(recompute_modules.PREFIX):
+            return recompute_modules.parse_modules(self.value[len(recompute_modules.PREFIX):])
+        return frozenset()
+
+    @property
+    def per_module(self) -> bool:
+        """Whether this is a module set beyond the attention core (``selective:...``)."""
+        return self.value.startswith(recompute_modules.PREFIX)
+
+    @property
+    def core_attention(self) -> bool:
+        """Whether the attention core is checkpointed (Megatron-LM's ``core_attn``)."""
+        return "core_attn" in self.modules
 
     @property
     def rebuilds_blocks(self) -> bool:
@@ -198,6 +245,56 @@ def _weighted_expert_input(node: Node, graph: Graph) -> bool:
 
 def _op_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
                     recompute: Recompute, runtime: Runtime, fp8_inputs: bool = False) -> list[SavedItem]:
+    if not recompute.per_module:
+        return _plain_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime, fp8_inputs)
+    return module_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime, fp8_inputs)
+
+
+def module_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
+                       recompute: Recompute, runtime: Runtime, fp8_inputs: bool = False) -> list[SavedItem]:
+    """What ``node`` keeps under a Megatron-LM module set (:mod:`~.recompute_modules`): inside a
+    checkpointed region, the region's inputs it reads (what the checkpoint keeps, in their own
+    precision: ``tensor_parallel.checkpoint`` and ``CheckpointWithoutOutput`` save the tensors they
+    are given); elsewhere its usual buffers; nothing a ``CheckpointWithoutOutput`` frees (its
+    region's outputs, read outside it)."""
+    reg = recompute_modules.regions(graph, recompute.modules)
+    mine = reg.region.get(node.id)
+    if mine is None:
+        items = _plain_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime, fp8_inputs)
+    else:
+        srcs = (graph.node(i) for i in dict.fromkeys(node.inputs))
+        items = [_tensor(src, activation_bytes) for src in srcs
+                 if not src.is_parameter and src.kind is not OpKind.PARAMETER and reg.region.get(src.id) != mine]
+    return [it for it in items if reg.discarded.get(it.owner, mine) == mine]
+
+
+def module_rebuilt_items(graph: Graph, nodes: list[Node], activation_bytes: int, *, flash_attention: bool,
+                         recompute: Recompute, runtime: Runtime = Runtime.MEGATRON,
+                         fp8_inputs: bool = False) -> list[SavedItem]:
+    """What the backward of the checkpointed Megatron-LM modules among ``nodes`` (one unit) rebuilds:
+    what their operators, and the readers of a freed output, keep without the checkpoint and do not
+    keep with it (``CheckpointFunction.backward`` runs the module's forward again with autograd on;
+    ``CheckpointWithoutOutput`` refills the freed output). Counted all at once, an upper bound: a MoE
+    layer's rebuilt pre-MLP norm output is alive through the whole layer's backward, the experts'
+    rebuilt activation inside it."""
+    if not recompute.per_module:
+        return []
+    reg = recompute_modules.regions(graph, recompute.modules)
+    light = Recompute.of_modules(recompute.modules & recompute_modules.DEFAULT)
+    kept = {it.key for it in saved_items(graph, nodes, activation_bytes, flash_attention=flash_attention,
+                                         recompute=recompute, runtime=runtime, fp8_inputs=fp8_inputs)}
+    out: dict[str, SavedItem] = {}
+    for n in nodes:
+        if n.id in reg.region or any(i in reg.discarded for i in n.inputs):
+            for it in op_saved_items(n, graph, activation_bytes, flash_attention=flash_attention, recompute=light,
+                                     runtime=runtime, fp8_inputs=fp8_inputs):
+                if it.key not in kept:
+                    out.setdefault(it.key, it)
+    return list(out.values())
+
+
+def _plain_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_attention: bool,
+                       recompute: Recompute, runtime: Runtime, fp8_inputs: bool = False) -> list[SavedItem]:
     ins = [graph.node(i) for i in node.inputs]
     acts = [i for i in ins if not i.is_parameter and i.kind is not OpKind.PARAMETER]
     k = node.kind
@@ -241,12 +338,13 @@ def _op_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_atten
     if k is OpKind.ATTENTION:
         items = [_tensor(i, activation_bytes) for i in ins[:3]] + [_tensor(node, activation_bytes)]
         rep = kv_repeat(node, ins[0], ins[1]) if runtime.repeats_kv_heads else 1
-        if rep > 1 and recompute is not Recompute.SELECTIVE:
+        if rep > 1 and not recompute.core_attention:
             # K and V repeated to every query head before the kernel, which keeps those (selective
             # recomputation keeps the core's inputs and repeats them again in backward)
             items[1:3] = [SavedItem(f"{i.id}#repeated", i.id, i.numel * rep, tensor_bytes(i, activation_bytes))
                           for i in ins[1:3]]
-        if not flash_attention and recompute is Recompute.NONE:
+        keeps_scores = recompute is Recompute.NONE or (recompute.per_module and not recompute.core_attention)
+        if not flash_attention and keeps_scores:
             geo = attention_geometry(node, ins[0], ins[1])
             per_elem = float(activation_bytes)  # softmax output
             if float(node.attrs.get("dropout", 0.0)) > 0:

@@ -171,7 +171,7 @@ def forward_transient(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision
 def selective_rebuilt_items(n: Node, graph: Graph, act: int, recompute: Recompute, flash_attention: bool,
                             runtime: Runtime) -> list[SavedItem]:
     """What selective recomputation drops from ``n``'s saved buffers and its backward rebuilds."""
-    if recompute is not Recompute.SELECTIVE or n.kind is not OpKind.ATTENTION:
+    if not recompute.core_attention or n.kind is not OpKind.ATTENTION:
         return []
     if flash_attention and not runtime.repeats_kv_heads:
         return []  # a flash kernel keeps no scores, and K and V are kept as they are: nothing to rebuild

@@ -173,7 +173,7 @@ def check_plan(plan: LayerPlan, devices: int | None, check_cp: Callable[[int, in
     for s in {s for s in plan.layers.values() if s.dp_shard}:
         check_dp_shard(s.dp, s.dp_shard, s.zero, s.ep, plan.runtime)
     for u, s in plan.layers.items():
-        check_recompute(plan.runtime, s.recompute)
+        check_recompute(plan.runtime, s.recompute, plan.precision)
         if s.sp and s.tp == 1:
             raise StrategyError(f"{u}: sequence parallelism needs tp > 1")
         if s.ep > 1 and experts(u, s) % s.ep:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from parplan.solver.calibration import Calibration
 from parplan.solver.cluster import GpuSpec
+from parplan.solver.cost import recompute_modules
 from parplan.solver.cost.activations import LOSS_BYTES, Recompute, block_of, fp8_gemm_weights, is_float, op_sac_saved
 from parplan.solver.cost.collectives import DP_BUCKET_BYTES
 from parplan.solver.cost.compute import backward_flops, bytes_moved, forward_flops
@@ -95,12 +96,15 @@ def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime:
     recomputation, those whose outputs the policy does not save under per-operator checkpointing
     (:func:`~.activations.op_sac_saved`: the saved ones are replayed from its cache, ``graph`` the
     node's); the attention core under selective recomputation, without flash attention or in a
-    runtime that checkpoints a flash core too (:attr:`Runtime.recomputes_flash_core`)."""
+    runtime that checkpoints a flash core too (:attr:`Runtime.recomputes_flash_core`); under a
+    Megatron-LM module set, the operators of its checkpointed modules too (:mod:`~.recompute_modules`)."""
     if recompute is Recompute.FULL:
         return block_of(node) is not None
     if recompute is Recompute.OP:
         return block_of(node) is not None and not op_sac_saved(node, graph, runtime)
-    return (recompute is Recompute.SELECTIVE and node.kind is OpKind.ATTENTION
+    if recompute.per_module and node.id in recompute_modules.regions(graph, recompute.modules).region:
+        return True
+    return (recompute.core_attention and node.kind is OpKind.ATTENTION
             and (not flash_attention or runtime.recomputes_flash_core))
 
 
@@ -117,6 +121,22 @@ def search_recomputes(runtime: Runtime, flash_attention: bool, full: bool = True
     if not full:
         return (light,)
     return (light, Recompute.OP, Recompute.FULL) if runtime.per_operator_checkpointing else (light, Recompute.FULL)
+
+
+def module_recomputes(runtime: Runtime, flash_attention: bool, moe: bool) -> tuple[Recompute, ...]:
+    """Megatron-LM's module sets (:mod:`~.recompute_modules`) a search offers beside
+    :func:`search_recomputes`, each between none and full recomputation in memory and time: a dense
+    model's ``mlp`` (drops the MLP's activations, the bulk of a layer's); a mixture of experts'
+    ``moe_act`` (the experts' activation, rerun cheaply: DeepSeek-V3's setting in Megatron-Bridge's
+    recipes) and ``moe_act`` with ``layernorm`` (the pre-MLP norm's output too). ``moe`` (the whole
+    MoE layer, its all-to-alls rerun) is not offered: it reruns nearly what full recomputation does
+    and would cost the search a fifth policy. ``core_attn`` joins them where selective recomputation
+    is the lighter policy (a core that keeps its scores). None outside the megatron runtime."""
+    if runtime is not Runtime.MEGATRON:
+        return ()
+    core = search_recomputes(runtime, flash_attention, full=False)[0].modules
+    sets = ((("moe_act",), ("moe_act", "layernorm")) if moe else (("mlp",),))
+    return tuple(Recompute.of_modules(core | set(m)) for m in sets)
 
 
 def op_seconds(node: Node, graph: Graph, gpu: GpuSpec, calibration: Calibration, prec: Precision, s: OpStrategy,

@@ -131,7 +131,8 @@ def unit_temporary_bytes(c: UnitCost, s: LayerStrategy, prec: Precision, is_bloc
     llama-2-7b, in the same test).
     """
     workspace = c.grad_workspace_bytes + c.sp_gather_bytes
-    peak = max(workspace + (c.recompute_peak_bytes if s.recompute.rebuilds_blocks else 0.0),
+    rebuilt = s.recompute.rebuilds_blocks or s.recompute.per_module  # a block, or its checkpointed modules
+    peak = max(workspace + (c.recompute_peak_bytes if rebuilt else 0.0),
                c.logits_grad_bytes, c.cp_buffer_bytes, forward_transient,
                profile.peak - c.act_bytes if profile is not None else 0.0)
     if s.zero >= 3 and is_block:

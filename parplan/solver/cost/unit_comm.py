@@ -66,7 +66,8 @@ def token_all_to_all_seconds(graph: Graph, nodes: Iterable[Node], s: UnitStrateg
     link's ``spread``, :func:`~.collectives.all_to_all_seconds`)."""
     mesh = op_mesh(s)
     sizes = mesh.sizes
-    passes = 3 if s.recompute is Recompute.FULL else 2  # (op keeps the exchange's outputs: all_to_all_single)
+    # (op keeps the exchange's outputs: all_to_all_single; Megatron-LM's moe module reruns the MoE layer)
+    passes = 3 if s.recompute is Recompute.FULL or "moe" in s.recompute.modules else 2
     seconds = 0.0
     for n in nodes:
         if n.kind is not OpKind.DISPATCH:

@@ -26,6 +26,7 @@ from parplan.solver.cost.activations import (
     SavedItem,
     block_of,
     loss_backward_bytes_per_logit,
+    module_rebuilt_items,
     saved_items,
 )
 from parplan.solver.cost.backward import (
@@ -103,7 +104,7 @@ class UnitCost:
     grad_workspace_bytes: float = 0.0  # a weight gradient and its input's gradient, before accumulation
     act_bytes: float = 0.0  # saved for backward, shared items excluded
     act_redundant_bytes: float = 0.0
-    recompute_peak_bytes: float = 0.0  # the unit's own activations rebuilt in backward (full recompute)
+    recompute_peak_bytes: float = 0.0  # rebuilt in backward (full recompute: the block; a module set: its modules)
     logits_grad_bytes: float = 0.0
     sp_gather_bytes: float = 0.0
     cp_buffer_bytes: float = 0.0  # context parallelism: the exchange's buffers in an attention's backward
@@ -319,6 +320,10 @@ class GraphCosts:
             inner = saved_items(self.graph, nodes, prec.activation_bytes, flash_attention=s.flash_attention,
                                 recompute=Recompute.NONE, runtime=s.runtime, fp8_inputs=prec.te_fp8)
             c.recompute_peak_bytes = self.item_bytes(inner, s)[0]
+        elif nodes and s.recompute.per_module:
+            c.recompute_peak_bytes = self.item_bytes(module_rebuilt_items(
+                self.graph, nodes, prec.activation_bytes, flash_attention=s.flash_attention, recompute=s.recompute,
+                runtime=s.runtime, fp8_inputs=prec.te_fp8), s)[0]
         for n in nodes:
             if n.kind not in (OpKind.EINSUM, OpKind.EMBEDDING):
                 continue
