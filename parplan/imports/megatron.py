@@ -237,7 +237,10 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     ept = _get(flags, "--expert-tensor-parallel-size")
     tp = _get(flags, "--tensor-model-parallel-size", 1) or 1
     if ept is not None and ept != tp:
-        problems.append("an expert tensor-parallel size other than the tensor-parallel size is not modelled")
+        if flags.get("--num-experts"):
+            problems.append("an expert tensor-parallel size other than the tensor-parallel size is not modelled")
+        else:  # megatron/core/parallel_state.py: it only sizes the expert groups, which a dense model has none of
+            adjusted.append(f"--expert-tensor-parallel-size {ept} without --num-experts: no expert layers to split")
     pp, cp = _get(flags, "--pipeline-model-parallel-size", 1) or 1, _get(flags, "--context-parallel-size", 1) or 1
     problems += moe.refusals(flags, world // (tp * pp * cp) or 1, cp)
     family = _family(flags, problems)
