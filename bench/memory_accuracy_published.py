@@ -111,9 +111,6 @@ def _megatron_apart(r: dict[str, Any], launch: dict[str, Any]) -> str | None:
     if group is not None and int(group) != int(r.get("pp") or 1):
         # schedules.py (get_pp_rank_microbatches): the warm-up runs (v - 1) x group chunk-forwards, not (v - 1) x pp
         return "Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage (other than pp) not built"
-    if "--account-for-embedding-in-pipeline-split" in launch or "--account-for-loss-in-pipeline-split" in launch:
-        # transformer_block.py's layer split counts the embedding and the loss as layers of the first and last stage
-        return "Megatron-LM's --account-for-embedding/loss-in-pipeline-split (their stages split as layers) not built"
     if "--defer-embedding-wgrad-compute" in launch:
         # tensor_parallel/layers.py: the output layer's backward keeps each micro-batch's logits gradient
         # (up to --wgrad-deferral-limit of them) until its weight gradient runs at the step's end

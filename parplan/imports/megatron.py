@@ -19,6 +19,7 @@ from typing import Literal
 from parplan.imports import megatron_moe as moe
 from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems
 from parplan.imports.megatron_optimizer import precision_aware_states
+from parplan.imports.megatron_pipeline import pipeline_split
 from parplan.imports.shell import read_script
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.frontends.config import TransformerConfig, dropout_field
@@ -43,6 +44,7 @@ _VALUED = {
     "--kv-channels", "--seq-length", "--max-position-embeddings", "--vocab-size", "--normalization",
     "--position-embedding-type", "--num-experts", "--moe-router-topk", "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size", "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--context-parallel-size",
     "--hidden-dropout", "--attention-dropout", "--make-vocab-size-divisible-by",
@@ -59,6 +61,7 @@ _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--fp8-param-gather",
              "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
              "--optimizer-cpu-offload", "--no-bias-swiglu-fusion", "--cross-entropy-loss-fusion",
+             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
              *(f for f, _ in _REFUSED), *moe.SWITCHES, *(f for f, _ in moe.REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
@@ -463,13 +466,16 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
     if gb % (mb * dp):
         raise ImportProblemError(KIND, [f"--global-batch-size {gb} is not a multiple of --micro-batch-size {mb} x "
                                         f"data-parallel size {dp}"])
-    per_virtual = _get(flags, "--num-layers-per-virtual-pipeline-stage")
-    virtual = 1
-    if per_virtual is not None:
-        if layers % (pp * per_virtual):
-            raise ImportProblemError(KIND, [f"{layers} layers are not {pp} stages x chunks of {per_virtual}"])
-        virtual = layers // (pp * per_virtual)
-    partition = _partition(flags, layers, pp)
+    problems: list[str] = []
+    split = pipeline_split(layers, pp, _get(flags, "--decoder-first-pipeline-num-layers"),
+                           _get(flags, "--decoder-last-pipeline-num-layers"),
+                           "--account-for-embedding-in-pipeline-split" in flags,
+                           "--account-for-loss-in-pipeline-split" in flags,
+                           _get(flags, "--num-layers-per-virtual-pipeline-stage"),
+                           _get(flags, "--num-virtual-stages-per-pipeline-rank"), problems)
+    if problems:
+        raise ImportProblemError(KIND, problems)
+    virtual, partition = split.virtual, split.partition
     return ParallelConfig(
         tp=tp, pp=pp, dp=dp, zero=1 if "--use-distributed-optimizer" in flags else 0,
         dp_shard=_shard_group(flags, dp, cp),
@@ -546,20 +552,3 @@ def _probability(flags: dict[str, str | bool], name: str) -> float:
     if not 0.0 <= p < 1.0:
         raise ImportProblemError(KIND, [f"{name} needs a probability in [0, 1), got {v!r}"])
     return p
-
-
-def _partition(flags: dict[str, str | bool], layers: int, pp: int) -> tuple[int, ...] | None:
-    first = _get(flags, "--decoder-first-pipeline-num-layers")
-    last = _get(flags, "--decoder-last-pipeline-num-layers")
-    if first is None and last is None:
-        return None
-    if pp < 2:
-        raise ImportProblemError(KIND, ["first/last stage layer counts need pipeline stages"])
-    middle_stages = pp - (first is not None) - (last is not None)
-    rest = layers - (first or 0) - (last or 0)
-    if middle_stages < 0 or rest < 0 or (middle_stages and rest % middle_stages) or (not middle_stages and rest):
-        raise ImportProblemError(KIND, [f"{layers} layers do not split as first {first}, last {last} and "
-                                   f"{middle_stages} even stages"])
-    even = rest // middle_stages if middle_stages else 0
-    parts = [first if first is not None else even] + [even] * (pp - 2) + [last if last is not None else even]
-    return tuple(parts)
