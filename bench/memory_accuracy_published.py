@@ -107,14 +107,6 @@ def apart_reason(r: dict[str, Any]) -> str | None:
 def _megatron_apart(r: dict[str, Any], launch: dict[str, Any]) -> str | None:
     """Why a Megatron-LM row is shown apart: a flag that changes what the measured rank holds and that
     parplan does not build, or a run on fewer GPUs than the row states."""
-    group = launch.get("--microbatch-group-size-per-virtual-pipeline-stage")
-    if group is not None and int(group) != int(r.get("pp") or 1):
-        # schedules.py (get_pp_rank_microbatches): the warm-up runs (v - 1) x group chunk-forwards, not (v - 1) x pp
-        return "Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage (other than pp) not built"
-    if "--defer-embedding-wgrad-compute" in launch:
-        # tensor_parallel/layers.py: the output layer's backward keeps each micro-batch's logits gradient
-        # (up to --wgrad-deferral-limit of them) until its weight gradient runs at the step's end
-        return "Megatron-LM's --defer-embedding-wgrad-compute (kept logits gradients) not built"
     if "--cross-entropy-loss-fusion" in launch:
         # fusions/fused_cross_entropy.py: the loss's in-place steps under torch.compile (core/jit.py's
         # jit_fuser); the CI measures about one fp32 logits-sized buffer more than the unfused loss

@@ -37,14 +37,18 @@ _REFUSED = (("--fp8-dot-product-attention", "FP8 attention"), ("--fp8-multi-head
             ("--first-last-layers-bf16", "FP8 with the first and last layers in bf16"),
             ("--fp4-param-gather", "FP4 weights"), ("--cpu-offloading", "activation offloading"),
             ("--use-megatron-fsdp", "Megatron-FSDP's sharded data parallelism"),
-            ("--use-torch-fsdp2", "PyTorch FSDP2 inside Megatron-LM"))
+            ("--use-torch-fsdp2", "PyTorch FSDP2 inside Megatron-LM"),
+            # tensor_parallel/layers.py: the output layer's backward appends each micro-batch's logits gradient
+            # (up to --wgrad-deferral-limit of them) to a buffer its weight gradient reads at the step's end
+            ("--defer-embedding-wgrad-compute", "the output layer's logits gradients kept for a deferred weight "
+             "gradient"))
 #: flags that take a value (the others are switches)
 _VALUED = {
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
     "--kv-channels", "--seq-length", "--max-position-embeddings", "--vocab-size", "--normalization",
     "--position-embedding-type", "--num-experts", "--moe-router-topk", "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size", "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
-    "--num-virtual-stages-per-pipeline-rank",
+    "--num-virtual-stages-per-pipeline-rank", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--context-parallel-size",
     "--hidden-dropout", "--attention-dropout", "--make-vocab-size-divisible-by",
@@ -76,6 +80,8 @@ _IGNORED_VALUED = {
     "--tiktoken-pattern", "--profile-step-start", "--profile-step-end", "--moe-aux-loss-coeff",
     # the caching allocator's release of unused blocks: what is reserved, not what tensors hold
     "--empty-unused-memory-level",
+    # how many logits gradients --defer-embedding-wgrad-compute keeps (refused)
+    "--wgrad-deferral-limit",
     # Transformer Engine's amax history and margin: the scaling state, far below what the FP8 model over-counts
     "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin", "--fp8-interval",
     # the router's auxiliary loss: a few reductions over the router's logits
@@ -246,6 +252,12 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
             adjusted.append(f"--expert-tensor-parallel-size {ept} without --num-experts: no expert layers to split")
     pp, cp = _get(flags, "--pipeline-model-parallel-size", 1) or 1, _get(flags, "--context-parallel-size", 1) or 1
     problems += moe.refusals(flags, world // (tp * pp * cp) or 1, cp)
+    group = _get(flags, "--microbatch-group-size-per-virtual-pipeline-stage")
+    if group is not None and group != pp:
+        # pipeline_parallel/schedules.py (get_pp_rank_microbatches): the interleaved warm-up runs (v - 1) x group
+        # chunk-forwards, not the (v - 1) x pp of its default
+        problems.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group} (other than the pipeline size "
+                        f"{pp}: a longer interleaved warm-up) is not modelled")
     family = _family(flags, problems)
     recompute = _recompute(flags, problems)
     precision = _precision(flags, problems, adjusted)
