@@ -5,7 +5,10 @@ Each row is priced with the closest parplan configuration (``evaluate``: the row
 micro-batch, ZeRO/FSDP with HSDP's shard group as ``dp_shard``, recomputation and runtime) on the row's GPU
 preset, then compared with the row's counter: ``max_allocated`` with the allocated peak, ``max_reserved``
 with the reserved peak, ``device_total_used`` with the reserved peak plus the CUDA context and NCCL
-buffers, ``unknown`` with the reserved peak (the larger of the two counters). Error = published /
+buffers, ``unknown`` with the reserved peak (the larger of the two counters). A Megatron-LM row with its launch
+flags (Megatron-LM's CI) is priced as ``parplan memory --from megatron-args`` reads them (:func:`_imported`: its
+model, degrees, precision, recomputation, overlaps and attention core); a flag the import refuses shows the row
+apart with the import's reason. Error = published /
 predicted − 1. Every row's verdict is checked: a completed run must not be predicted not to fit, an
 out-of-memory run must be predicted not to fit.
 
@@ -32,18 +35,13 @@ import shlex
 import statistics
 import sys
 from collections import Counter, defaultdict
-from typing import Any, Literal
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench._common import header
 from bench.nanotron_published import price_playbook_row
 from parplan.imports.common import Imported, ImportProblemError
-from parplan.imports.megatron import (  # the importer's readings of Megatron-LM's flags
-    _flash_attention as megatron_flash_attention,
-)
-from parplan.imports.megatron import _partition as megatron_partition
-from parplan.imports.megatron import _precision as megatron_precision
 from parplan.imports.megatron import read_megatron_args
 from parplan.solver.cluster import GIB, Cluster, make_cluster
 from parplan.solver.cost.activations import Recompute
@@ -73,28 +71,26 @@ def apart_reason(r: dict[str, Any]) -> str | None:
     zero = str(r.get("zero_fsdp") or "")
     if r["source_group"] == "colossalai":
         return "Colossal-AI Gemini runtime not built"
-    modules = _recompute_modules(launch)
-    if modules is not None and "mla_up_proj" in modules:
-        return "Megatron-LM's --recompute-modules mla_up_proj (multi-head latent attention's up-projections) not built"
-    if "per-op" in ac and _runtime(r) is Runtime.MEGATRON:
+    if "per-op" in ac and _runtime(r) is Runtime.MEGATRON and not _from_flags(r):
         return "per-operator selective checkpointing outside PyTorch-native trainers not built"
-    if r.get("fp8") and _float8(r) is None:
+    if r.get("fp8") and not _from_flags(r) and _float8(r) is None:
         return "Float8 training as this trainer runs it not built"
     if r.get("compile"):
         return "torch.compile (parplan prices eager kernels and buffers)"
     if str(r.get("offload") or "none") != "none":
         return "offloading not priced"
-    if int(r.get("ep") or 1) > 1 and not _moe(r):
+    if int(r.get("ep") or 1) > 1 and not _from_flags(r):
         return "a mixture of experts without its Megatron-LM flags (its model and layout are read from them)"
-    if _moe(r):
+    if _from_flags(r):
+        megatron = _megatron_apart(r, launch)
+        if megatron is not None:
+            return megatron
         try:
             _imported(r)
         except (ImportProblemError, ValueError) as exc:
             problems = exc.problems if isinstance(exc, ImportProblemError) else [str(exc)]
-            return "MoE run as parplan's Megatron-LM import reads it: " + "; ".join(problems)
-    megatron = _megatron_apart(r, launch)
-    if megatron is not None:
-        return megatron
+            return "as parplan's Megatron-LM import reads it: " + "; ".join(problems)
+        return None  # its model, strategy and recomputation are the import's
     if r["model"].get("layers") is None:
         return "model sizes not in the row (a config name only)"
     if re.search(r"(?<!no )HSDP", zero) and _hsdp_shard(r) is None:
@@ -111,17 +107,6 @@ def apart_reason(r: dict[str, Any]) -> str | None:
 def _megatron_apart(r: dict[str, Any], launch: dict[str, Any]) -> str | None:
     """Why a Megatron-LM row is shown apart: a flag that changes what the measured rank holds and that
     parplan does not build, or a run on fewer GPUs than the row states."""
-    group = launch.get("--microbatch-group-size-per-virtual-pipeline-stage")
-    if group is not None and int(group) != int(r.get("pp") or 1):
-        # schedules.py (get_pp_rank_microbatches): the warm-up runs (v - 1) x group chunk-forwards, not (v - 1) x pp
-        return "Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage (other than pp) not built"
-    if "--account-for-embedding-in-pipeline-split" in launch or "--account-for-loss-in-pipeline-split" in launch:
-        # transformer_block.py's layer split counts the embedding and the loss as layers of the first and last stage
-        return "Megatron-LM's --account-for-embedding/loss-in-pipeline-split (their stages split as layers) not built"
-    if "--defer-embedding-wgrad-compute" in launch:
-        # tensor_parallel/layers.py: the output layer's backward keeps each micro-batch's logits gradient
-        # (up to --wgrad-deferral-limit of them) until its weight gradient runs at the step's end
-        return "Megatron-LM's --defer-embedding-wgrad-compute (kept logits gradients) not built"
     if "--cross-entropy-loss-fusion" in launch:
         # fusions/fused_cross_entropy.py: the loss's in-place steps under torch.compile (core/jit.py's
         # jit_fuser); the CI measures about one fp32 logits-sized buffer more than the unfused loss
@@ -134,10 +119,10 @@ def _megatron_apart(r: dict[str, Any], launch: dict[str, Any]) -> str | None:
     return None
 
 
-def _moe(r: dict[str, Any]) -> bool:
-    """Whether row ``r`` is a Megatron-LM mixture of experts (priced as ``parplan memory --from
-    megatron-args`` reads its flags: :func:`_imported`)."""
-    return _runtime(r) is Runtime.MEGATRON and "--num-experts" in _launch(r)
+def _from_flags(r: dict[str, Any]) -> bool:
+    """Whether row ``r`` is a Megatron-LM run with its launch flags (priced as ``parplan memory --from
+    megatron-args`` reads them: :func:`_imported`)."""
+    return _runtime(r) is Runtime.MEGATRON and bool(_launch(r))
 
 
 _IMPORTED: dict[str, Imported] = {}
@@ -164,13 +149,7 @@ def _imported(r: dict[str, Any]) -> Imported:
 
 def _float8(r: dict[str, Any]) -> str | None:
     """The parplan precision of a torchtitan row's torchao Float8 (its tensorwise recipe, with FSDP2's float8
-    all-gather where the row's config sets it), or of a Megatron-LM row's Transformer Engine FP8 as
-    ``parplan memory --from megatron-args`` reads its flags; None for other rows and recipes not priced."""
-    launch = _launch(r)
-    if _runtime(r) is Runtime.MEGATRON and "--fp8-format" in launch:
-        problems: list[str] = []
-        name = megatron_precision(launch, problems, [])
-        return None if problems else name
+    all-gather where the row's config sets it); None for other rows and recipes not priced."""
     text = str(r.get("fp8") or "")
     tensorwise = "tensorwise" in text or "quantize.linear.float8" in text  # the converter's default recipe
     titan = (Runtime.TORCHTITAN, Runtime.TORCHTITAN_UNCHUNKED_LOSS)
@@ -211,16 +190,9 @@ def _recompute(r: dict[str, Any]) -> Recompute:
         return Recompute.FULL
     if "per-op" in ac:  # torchtitan's selective_ac_option 'op'
         return Recompute.OP
-    if "selective" in ac:
-        modules = _recompute_modules(_launch(r))
-        return Recompute.SELECTIVE if modules is None else Recompute.of_modules(modules)
+    if "selective" in ac:  # Megatron-LM's rows read their --recompute-modules through the import
+        return Recompute.SELECTIVE
     return Recompute.NONE
-
-
-def _recompute_modules(launch: dict[str, Any]) -> list[str] | None:
-    """A Megatron-LM row's ``--recompute-modules`` (``[moe_act layernorm]``), None where not given."""
-    listed = launch.get("--recompute-modules")
-    return None if listed is None else str(listed).strip("[]").replace(",", " ").split()
 
 
 def _zero(r: dict[str, Any]) -> int:
@@ -266,8 +238,7 @@ def _launch(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def layout(r: dict[str, Any]) -> ParallelConfig:
-    """The closest parplan strategy for row ``r``; a Megatron-LM row's attention core and uneven first and
-    last stages as ``parplan memory --from megatron-args`` reads its flags."""
+    """The closest parplan strategy for row ``r`` (one without Megatron-LM's launch flags)."""
     tp, pp, cp = int(r.get("tp") or 1), int(r.get("pp") or 1), int(r.get("cp") or 1)
     dp = int(r["gpus"]) // (tp * pp * cp)
     local = r.get("local_batch")
@@ -277,15 +248,11 @@ def layout(r: dict[str, Any]) -> ParallelConfig:
     v = int(r.get("virtual_stages") or 1)
     sched = Schedule.INTERLEAVED if pp > 1 and v > 1 and m % pp == 0 else Schedule.ONE_F_ONE_B
     zero = _zero(r) if dp * cp > 1 else 0  # both trainers shard over the data- and context-parallel ranks
-    flags, megatron = _launch(r), _runtime(r) is Runtime.MEGATRON
-    layers = r["model"].get("layers")
     return ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, dp_shard=_hsdp_shard(r) or 0,
                           sequence_parallel=bool(r.get("sequence_parallel")) and tp > 1,
                           recompute=_recompute(r), micro_batch=mb, num_microbatches=max(1, m), schedule=sched,
                           virtual_stages=v if sched is Schedule.INTERLEAVED else 1, cp=cp, runtime=_runtime(r),
-                          precision=_precision(r),
-                          flash_attention=megatron_flash_attention(flags) if megatron else True,
-                          partition=megatron_partition(flags, int(layers), pp) if megatron and layers else None)
+                          precision=_precision(r))
 
 
 def _vocab(r: dict[str, Any]) -> int:
@@ -307,11 +274,7 @@ def _graph(r: dict[str, Any], mb: int) -> tuple[Graph, GraphCosts]:
     key = (md["layers"], md["hidden"], md["heads"], md.get("kv_heads"), md.get("ffn"), md.get("vocab"),
            bool(md.get("tied_embeddings")), mb, seq)
     if key not in _GRAPHS:
-        launch = _launch(r)
-        # Megatron-LM's CI models are GPT (GELU) unless --swiglu; every other source runs Llama-style models
-        gpt = r["source_group"] == "megatron_lm_ci" and "--swiglu" not in launch
-        family: Literal["gpt", "llama"] = "gpt" if gpt else "llama"
-        cfg = TransformerConfig(family=family, name=str(md["name"])[:40], layers=int(md["layers"]),
+        cfg = TransformerConfig(family="llama", name=str(md["name"])[:40], layers=int(md["layers"]),
                                 hidden=int(md["hidden"]), heads=int(md["heads"]), ffn=int(md["ffn"]),
                                 vocab=int(md["vocab"]), seq_len=seq, kv_heads=md.get("kv_heads"),
                                 tied_embeddings=bool(md.get("tied_embeddings")))
@@ -351,15 +314,18 @@ def _compared(r: dict[str, Any], cluster: Cluster, v: FitVerdict, rank_allocated
 
 def price(r: dict[str, Any]) -> dict[str, Any]:
     """Row ``r`` priced: allocated and reserved peaks, the verdict, the published figure and the error.
-    A mixture of experts is priced with the model and strategy parplan's Megatron-LM import reads from
-    its flags (:func:`_imported`)."""
+    A Megatron-LM run with its launch flags is priced with the model and strategy parplan's Megatron-LM
+    import reads from them (:func:`_imported`)."""
     cluster = _cluster(r)
-    if _moe(r):
+    if _from_flags(r):
         imported = _imported(r)
-        assert imported.model is not None
+        assert imported.model is not None and imported.model.config is not None
         s = imported.strategy
-        g = imported.model.build(s.micro_batch, imported.seq_len)
-        gc = GraphCosts(g)
+        key = (imported.model.config, s.micro_batch, imported.seq_len)
+        if key not in _GRAPHS:
+            g = imported.model.build(s.micro_batch, imported.seq_len)
+            _GRAPHS[key] = (g, GraphCosts(g))
+        g, gc = _GRAPHS[key]
     else:
         s = layout(r)
         g, gc = _graph(r, s.micro_batch)

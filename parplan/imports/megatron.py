@@ -19,6 +19,7 @@ from typing import Literal
 from parplan.imports import megatron_moe as moe
 from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems
 from parplan.imports.megatron_optimizer import precision_aware_states
+from parplan.imports.megatron_pipeline import pipeline_split
 from parplan.imports.shell import read_script
 from parplan.solver.cost.activations import Recompute
 from parplan.solver.frontends.config import TransformerConfig, dropout_field
@@ -36,13 +37,18 @@ _REFUSED = (("--fp8-dot-product-attention", "FP8 attention"), ("--fp8-multi-head
             ("--first-last-layers-bf16", "FP8 with the first and last layers in bf16"),
             ("--fp4-param-gather", "FP4 weights"), ("--cpu-offloading", "activation offloading"),
             ("--use-megatron-fsdp", "Megatron-FSDP's sharded data parallelism"),
-            ("--use-torch-fsdp2", "PyTorch FSDP2 inside Megatron-LM"))
+            ("--use-torch-fsdp2", "PyTorch FSDP2 inside Megatron-LM"),
+            # tensor_parallel/layers.py: the output layer's backward appends each micro-batch's logits gradient
+            # (up to --wgrad-deferral-limit of them) to a buffer its weight gradient reads at the step's end
+            ("--defer-embedding-wgrad-compute", "the output layer's logits gradients kept for a deferred weight "
+             "gradient"))
 #: flags that take a value (the others are switches)
 _VALUED = {
     "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
     "--kv-channels", "--seq-length", "--max-position-embeddings", "--vocab-size", "--normalization",
     "--position-embedding-type", "--num-experts", "--moe-router-topk", "--tensor-model-parallel-size",
     "--pipeline-model-parallel-size", "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank", "--microbatch-group-size-per-virtual-pipeline-stage",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--micro-batch-size", "--global-batch-size", "--context-parallel-size",
     "--hidden-dropout", "--attention-dropout", "--make-vocab-size-divisible-by",
@@ -59,6 +65,7 @@ _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--
              "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32", "--fp8-param-gather",
              "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
              "--optimizer-cpu-offload", "--no-bias-swiglu-fusion", "--cross-entropy-loss-fusion",
+             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
              *(f for f, _ in _REFUSED), *moe.SWITCHES, *(f for f, _ in moe.REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
@@ -73,6 +80,8 @@ _IGNORED_VALUED = {
     "--tiktoken-pattern", "--profile-step-start", "--profile-step-end", "--moe-aux-loss-coeff",
     # the caching allocator's release of unused blocks: what is reserved, not what tensors hold
     "--empty-unused-memory-level",
+    # how many logits gradients --defer-embedding-wgrad-compute keeps (refused)
+    "--wgrad-deferral-limit",
     # Transformer Engine's amax history and margin: the scaling state, far below what the FP8 model over-counts
     "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin", "--fp8-interval",
     # the router's auxiliary loss: a few reductions over the router's logits
@@ -237,9 +246,18 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     ept = _get(flags, "--expert-tensor-parallel-size")
     tp = _get(flags, "--tensor-model-parallel-size", 1) or 1
     if ept is not None and ept != tp:
-        problems.append("an expert tensor-parallel size other than the tensor-parallel size is not modelled")
+        if flags.get("--num-experts"):
+            problems.append("an expert tensor-parallel size other than the tensor-parallel size is not modelled")
+        else:  # megatron/core/parallel_state.py: it only sizes the expert groups, which a dense model has none of
+            adjusted.append(f"--expert-tensor-parallel-size {ept} without --num-experts: no expert layers to split")
     pp, cp = _get(flags, "--pipeline-model-parallel-size", 1) or 1, _get(flags, "--context-parallel-size", 1) or 1
     problems += moe.refusals(flags, world // (tp * pp * cp) or 1, cp)
+    group = _get(flags, "--microbatch-group-size-per-virtual-pipeline-stage")
+    if group is not None and group != pp:
+        # pipeline_parallel/schedules.py (get_pp_rank_microbatches): the interleaved warm-up runs (v - 1) x group
+        # chunk-forwards, not the (v - 1) x pp of its default
+        problems.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group} (other than the pipeline size "
+                        f"{pp}: a longer interleaved warm-up) is not modelled")
     family = _family(flags, problems)
     recompute = _recompute(flags, problems)
     precision = _precision(flags, problems, adjusted)
@@ -481,13 +499,16 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
     if gb % (mb * dp):
         raise ImportProblemError(KIND, [f"--global-batch-size {gb} is not a multiple of --micro-batch-size {mb} x "
                                         f"data-parallel size {dp}"])
-    per_virtual = _get(flags, "--num-layers-per-virtual-pipeline-stage")
-    virtual = 1
-    if per_virtual is not None:
-        if layers % (pp * per_virtual):
-            raise ImportProblemError(KIND, [f"{layers} layers are not {pp} stages x chunks of {per_virtual}"])
-        virtual = layers // (pp * per_virtual)
-    partition = _partition(flags, layers, pp)
+    problems: list[str] = []
+    split = pipeline_split(layers, pp, _get(flags, "--decoder-first-pipeline-num-layers"),
+                           _get(flags, "--decoder-last-pipeline-num-layers"),
+                           "--account-for-embedding-in-pipeline-split" in flags,
+                           "--account-for-loss-in-pipeline-split" in flags,
+                           _get(flags, "--num-layers-per-virtual-pipeline-stage"),
+                           _get(flags, "--num-virtual-stages-per-pipeline-rank"), problems)
+    if problems:
+        raise ImportProblemError(KIND, problems)
+    virtual, partition = split.virtual, split.partition
     return ParallelConfig(
         tp=tp, pp=pp, dp=dp, zero=1 if "--use-distributed-optimizer" in flags else 0,
         dp_shard=_shard_group(flags, dp, cp),
@@ -564,20 +585,3 @@ def _probability(flags: dict[str, str | bool], name: str) -> float:
     if not 0.0 <= p < 1.0:
         raise ImportProblemError(KIND, [f"{name} needs a probability in [0, 1), got {v!r}"])
     return p
-
-
-def _partition(flags: dict[str, str | bool], layers: int, pp: int) -> tuple[int, ...] | None:
-    first = _get(flags, "--decoder-first-pipeline-num-layers")
-    last = _get(flags, "--decoder-last-pipeline-num-layers")
-    if first is None and last is None:
-        return None
-    if pp < 2:
-        raise ImportProblemError(KIND, ["first/last stage layer counts need pipeline stages"])
-    middle_stages = pp - (first is not None) - (last is not None)
-    rest = layers - (first or 0) - (last or 0)
-    if middle_stages < 0 or rest < 0 or (middle_stages and rest % middle_stages) or (not middle_stages and rest):
-        raise ImportProblemError(KIND, [f"{layers} layers do not split as first {first}, last {last} and "
-                                   f"{middle_stages} even stages"])
-    even = rest // middle_stages if middle_stages else 0
-    parts = [first if first is not None else even] + [even] * (pp - 2) + [last if last is not None else even]
-    return tuple(parts)

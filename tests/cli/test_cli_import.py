@@ -158,11 +158,25 @@ def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
     ("--recompute-modules layernorm\n--transformer-impl local", "layernorm with --transformer-impl local"),
     ("--recompute-modules layernorm\n--fp8-format hybrid", "Delayed scaling does not support"),
     ("--no-bias-swiglu-fusion", "--no-bias-swiglu-fusion (the unfused SwiGLU"),
+    ("--defer-embedding-wgrad-compute --wgrad-deferral-limit 2", "--defer-embedding-wgrad-compute (the output layer's"),
+    ("--microbatch-group-size-per-virtual-pipeline-stage 5", "--microbatch-group-size-per-virtual-pipeline-stage 5 "
+     "(other than the pipeline size 2"),
 ])
 def test_inconsistent_or_unmodelled_arguments_are_one_line_errors(tmp_path: Path, change: str, why: str,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "args.txt").write_text(ARGS + change + "\n")
     assert why in run_error(capsys, "memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16")
+
+
+def test_a_microbatch_group_of_the_pipeline_size_is_megatron_lms_default(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """schedules.py: the group defaults to the pipeline size, so giving it changes nothing priced."""
+    peaks = []
+    for extra in ("", "--microbatch-group-size-per-virtual-pipeline-stage 2\n"):
+        (tmp_path / "args.txt").write_text(ARGS + extra)
+        assert main(["memory", "--from", "megatron-args", str(tmp_path / "args.txt"), "--gpus", "16", "--json"]) == 0
+        peaks.append(json.loads(capsys.readouterr().out)["memory"]["peak_bytes"])
+    assert peaks[0] == peaks[1]
 
 
 def test_recompute_modules_core_attn_is_selective_recomputation(tmp_path: Path,

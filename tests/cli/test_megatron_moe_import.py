@@ -99,3 +99,13 @@ def test_megatron_lms_ci_moe_runs_are_priced_within_the_allocated_target(
                  "--json"]) == 0
     last = json.loads(capsys.readouterr().out)["memory"]["stages"][-1]["peak_bytes"]
     assert -0.02 <= measured / last - 1 <= 0.08
+
+
+def test_an_expert_tensor_parallel_size_without_experts_changes_nothing() -> None:
+    """Megatron-LM's CI runs dense GPTs with ``--expert-tensor-parallel-size`` (it sizes the expert groups only,
+    megatron/core/parallel_state.py): read as the same model and strategy as without it, and said."""
+    dense = GPT.replace("--disable-bias-linear ", "") + "--tensor-model-parallel-size 2 "
+    plain = read_megatron_args(dense, gpus=8)
+    with_etp = read_megatron_args(dense + "--expert-tensor-parallel-size 1", gpus=8)
+    assert (with_etp.model, with_etp.strategy) == (plain.model, plain.strategy)
+    assert any("--expert-tensor-parallel-size 1 without --num-experts" in a for a in with_etp.adjusted)
