@@ -123,6 +123,14 @@ EXTENDED: tuple[Kind, ...] = (
     # the fp32 reference within bf16's rounding.
     Kind("nanotron-dp2-m2", {"dp": 2, "num_microbatches": 2, "trainer": "nanotron", "rtol": 0.02, "atol": 1e-3},
          recompute=("none",), ci=("llama-tiny:none",), models=("llama-tiny",)),
+    # Megatron-LM's per-module recomputation (--recompute-modules): the MLP under tensor_parallel.checkpoint,
+    # both norms under CheckpointWithoutOutput (their outputs freed, refilled in backward), the core too.
+    Kind("modules", {}, recompute=("selective:mlp", "selective:layernorm+mlp"),
+         ci=("gpt-tiny:selective:layernorm+mlp",)),
+    Kind("modules-tp2", {"tp": 2}, recompute=("selective:mlp", "selective:core_attn+layernorm+mlp"),
+         ci=("llama-tiny:selective:mlp",)),
+    Kind("modules-dp2", {"dp": 2}, recompute=("selective:layernorm+mlp",), ci=()),
+    Kind("modules-zero3-dp2", {"dp": 2, "zero": 3}, recompute=("selective:layernorm+mlp",), ci=()),
 )
 
 

@@ -83,8 +83,12 @@ def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
     counted once per stage) are left to the stage."""
     graph, act = gc.graph, prec.activation_bytes
     nodes = gc.nodes[unit]
-    rebuilt = bool(nodes) and s.recompute.rebuilds_blocks and block_of(nodes[0]) is not None
-    policy = Recompute.NONE if rebuilt else s.recompute
+    # a rebuilt block, or a module set's checkpointed modules (``CheckpointFunction.backward`` runs the
+    # module again and its recomputed tensors are freed as their operators' backward runs, as forward's
+    # are; ``CheckpointWithoutOutput`` refills the freed output before its readers' backward)
+    rebuilt = (bool(nodes) and (s.recompute.rebuilds_blocks or s.recompute.per_module)
+               and block_of(nodes[0]) is not None)
+    policy = s.recompute.rebuilt_policy if rebuilt else s.recompute
 
     # tensors kept from forward (a checkpointed block: its inputs) are activations; what the
     # recomputation rebuilds is temporary
