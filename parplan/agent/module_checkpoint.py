@@ -10,9 +10,10 @@ module:
   and once the next module consumed the output, ``discard_output_and_register_recompute`` frees the
   output's storage (``untyped_storage().resize_(0)``, the tensor's metadata kept for its readers'
   saved references) and hooks the recomputation on the gradient of that module's output: the hook
-  runs the norm again with autograd on, refills the freed storage with the result (a storage copy,
-  which leaves the readers' saved references valid) and keeps the recomputed output, whose graph
-  the checkpoint's backward runs (Megatron-LM's copying variant; later versions share the storage).
+  runs the norm again with autograd on and refills the freed storage with the result (a storage copy,
+  which leaves the readers' saved references valid, and the recomputed copy's storage freed: one copy
+  alive, as Megatron-LM's ``share_storage`` of the recomputed output leaves it); the checkpoint's
+  backward runs the recomputed output's graph.
 
 The agent's norms draw no random numbers, so no RNG state is restored around the recomputation.
 """
@@ -84,6 +85,9 @@ class CheckpointWithoutOutput:
             storage = self.output.untyped_storage()
             storage.resize_(out.untyped_storage().nbytes())
             storage.copy_(out.untyped_storage())
+            # one copy lives, as Megatron-LM's storage sharing leaves it: the norm's backward reads its
+            # input and statistics, never its output, whose data the readers now find in the refill
+            out.untyped_storage().resize_(0)
         self.ctx.rebuilt = (x, out)
         self.run = self.output = self.ctx = None
 

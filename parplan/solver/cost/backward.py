@@ -85,7 +85,8 @@ def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
     nodes = gc.nodes[unit]
     # a rebuilt block, or a module set's checkpointed modules (``CheckpointFunction.backward`` runs the
     # module again and its recomputed tensors are freed as their operators' backward runs, as forward's
-    # are; ``CheckpointWithoutOutput`` refills the freed output before its readers' backward)
+    # are; ``CheckpointWithoutOutput`` refills the freed output before its readers' backward). Counted
+    # from the block's backward start: an upper bound for a module rebuilt only when backward reaches it
     rebuilt = (bool(nodes) and (s.recompute.rebuilds_blocks or s.recompute.per_module)
                and block_of(nodes[0]) is not None)
     policy = s.recompute.rebuilt_policy if rebuilt else s.recompute
