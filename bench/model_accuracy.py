@@ -5,7 +5,7 @@ Llama; TP 2, DP 2, ZeRO-3 over 4, PP 2 GPipe and 1F1B, TP 2 x PP 2, TP 2 x DP 2 
 parallelism; each without and with full activation checkpointing) and all of the issue-10 kinds
 (ZeRO-1, ZeRO-2, gradient accumulation, ZeRO-2/3 with TP, SP and PP, interleaved 1F1B, uneven
 partitions, per-block mixed plans, FSDP2 under interleaved 1F1B, nanotron's buffers, the offloaded
-optimizer with its host memory), including
+optimizer with its host memory, Megatron-LM's recompute modules), including
 those CI leaves out — with real processes (gloo on
 the CPU), checks loss and gradients against a single-process run, and prints measured
 (MemTracker) versus predicted (``parplan.solver.evaluate``, or the whole-plan evaluator for mixed

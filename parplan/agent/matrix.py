@@ -130,6 +130,14 @@ EXTENDED: tuple[Kind, ...] = (
     Kind("zero1-dp2-offload1", {"dp": 2, "zero": 1, "optimizer_offload": 1.0}, recompute=("none",), ci=()),
     Kind("zero1-dp2-offload0.5", {"dp": 2, "zero": 1, "optimizer_offload": 0.5}, recompute=("none",), ci=()),
     Kind("zero1-offload0.5", {"zero": 1, "optimizer_offload": 0.5}, recompute=("none",), ci=()),
+    # Megatron-LM's per-module recomputation (--recompute-modules): the MLP under tensor_parallel.checkpoint,
+    # both norms under CheckpointWithoutOutput (their outputs freed, refilled in backward), the core too.
+    Kind("modules", {}, recompute=("selective:mlp", "selective:layernorm+mlp"),
+         ci=("gpt-tiny:selective:layernorm+mlp",)),
+    Kind("modules-tp2", {"tp": 2}, recompute=("selective:mlp", "selective:core_attn+layernorm+mlp"),
+         ci=("llama-tiny:selective:mlp",)),
+    Kind("modules-dp2", {"dp": 2}, recompute=("selective:layernorm+mlp",), ci=()),
+    Kind("modules-zero3-dp2", {"dp": 2, "zero": 3}, recompute=("selective:layernorm+mlp",), ci=()),
 )
 
 

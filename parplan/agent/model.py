@@ -34,7 +34,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from parplan.agent.memtrack import mark_activation
+from parplan.agent.module_checkpoint import run_checkpointed
 from parplan.agent.op_checkpoint import op_checkpoint_context
+from parplan.solver.cost.activations import Recompute
 from parplan.solver.errors import ConfigError
 from parplan.solver.frontends.config import TransformerConfig, extra_features
 
@@ -245,7 +247,9 @@ def _norm(cfg: TransformerConfig) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm transformer block; ``checkpointed`` recomputes all of it in backward
     (``torch.utils.checkpoint``, non-reentrant), Megatron's full recomputation, or with
-    ``per_operator`` all but the outputs torchtitan's per-operator policy keeps (:mod:`.op_checkpoint`)."""
+    ``per_operator`` all but the outputs torchtitan's per-operator policy keeps (:mod:`.op_checkpoint`);
+    ``recompute_norms`` and ``recompute_mlp``: Megatron-LM's ``layernorm`` and ``mlp`` modules
+    (:mod:`.module_checkpoint`)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -260,11 +264,15 @@ class Block(nn.Module):
         self.mlp_dropout = Dropout(drop) if drop > 0 else None
         self.checkpointed = False
         self.per_operator = False
+        self.recompute_norms = False
+        self.recompute_mlp = False
 
     def _body(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.attn(self.ln1(x))
+        modules = (self.recompute_norms or self.recompute_mlp) and torch.is_grad_enabled()
+        h = run_checkpointed(self.ln1, self.attn, x, self.recompute_norms, False) if modules else self.attn(self.ln1(x))
         x = x + (self.attn_dropout(h) if self.attn_dropout is not None else h)
-        h = self.mlp(self.ln2(x))
+        h = (run_checkpointed(self.ln2, self.mlp, x, self.recompute_norms, self.recompute_mlp) if modules
+             else self.mlp(self.ln2(x)))
         out: torch.Tensor = x + (self.mlp_dropout(h) if self.mlp_dropout is not None else h)
         return out
 
@@ -372,13 +380,18 @@ def set_dropout(model: nn.Module, enabled: bool) -> None:
 def set_recompute(model: nn.Module, policy: str) -> None:
     """``full``: checkpoint every block; ``op``: checkpoint every block keeping what torchtitan's
     per-operator policy keeps; ``selective``: checkpoint the attention core only (it then keeps Q, K,
-    V and its output, like a flash kernel); ``none``: keep everything."""
+    V and its output, like a flash kernel); ``selective:MODULE+...``: Megatron-LM's module set
+    (``core_attn``, ``layernorm``, ``mlp``; ``moe``, ``moe_act`` and ``shared_experts`` name no module
+    of a dense block, which Megatron-LM skips too); ``none``: keep everything."""
+    modules = Recompute(policy).modules
     for m in model.modules():
         if isinstance(m, Block):
             m.checkpointed = policy in ("full", "op")
             m.per_operator = policy == "op"
+            m.recompute_norms = "layernorm" in modules
+            m.recompute_mlp = "mlp" in modules
         elif isinstance(m, Attention):
-            m.recompute_core = policy == "selective"
+            m.recompute_core = "core_attn" in modules
 
 
 def parameter_count(model: nn.Module) -> int:

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from parplan.agent.model import check_supported
+from parplan.solver.cost import recompute_modules
+from parplan.solver.cost.activations import Recompute
 from parplan.solver.errors import StrategyError
 from parplan.solver.frontends.config import TransformerConfig
 
@@ -97,6 +99,19 @@ class RunSpec:
                 d[key] = tuple(d[key])
         return RunSpec(**d)
 
+    def _validate_recompute(self) -> None:
+        """StrategyError for a recomputation the agent's blocks do not run."""
+        try:
+            rec = Recompute(self.recompute)
+        except ValueError as e:
+            raise StrategyError(str(e)) from None
+        why = recompute_modules.refusal(rec.modules, True, False) if rec.per_module else None
+        if why is None and "layernorm" in rec.modules and self.sequence_parallel:
+            why = ("recompute module layernorm with sequence parallelism: the agent frees a norm's output storage, "
+                   "and a sequence-parallel norm returns a DTensor")
+        if why is not None:
+            raise StrategyError(why)
+
     def validate(self) -> None:
         """StrategyError for what the executor cannot run."""
         cfg = self.config()
@@ -106,7 +121,9 @@ class RunSpec:
         if self.trainer == "nanotron" and (self.tp, self.pp, self.zero, cfg.family) != (1, 1, 0, "llama"):
             raise StrategyError("the nanotron trainer runs data parallelism (ZeRO-0) of a Llama here: its "
                                 "tensor and pipeline parallelism and ZeRO-1 are its own code, not PyTorch's")
-        if self.trainer == "nanotron" and (self.per_layer or self.recompute == "selective"):
+        self._validate_recompute()
+        if self.trainer == "nanotron" and (self.per_layer or self.recompute == "selective"
+                                           or Recompute(self.recompute).per_module):
             raise StrategyError("the nanotron trainer runs one strategy for every block, recomputing whole "
                                 "blocks or nothing")
         if self.optimizer_offload and (self.trainer != "torch" or self.zero != 1 or self.per_layer

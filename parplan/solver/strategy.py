@@ -165,7 +165,7 @@ def check_recompute(runtime: Runtime, recompute: Recompute, precision: str = "bf
     if recompute.per_module:
         prec = PRECISIONS.get(precision.lower())
         delayed = prec is not None and prec.te_fp8 and not prec.fp8_current_scaling
-        why = recompute_modules.refusal(recompute.modules, runtime is Runtime.MEGATRON, delayed)
+        why = recompute_modules.refusal(recompute.modules, runtime.runs_recompute_modules, delayed)
         if why is not None:
             raise StrategyError(why)
     if recompute is Recompute.OP and not runtime.per_operator_checkpointing:

@@ -143,7 +143,7 @@ def test_hf_config_as_model(capsys: pytest.CaptureFixture[str]) -> None:
     (["memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1", "--pp", "1", "--sequence-parallel"], "tp > 1"),
     (["memory", "--model", "gpt-1.7b", "--gpus", "0", "--tp", "1", "--pp", "1"], "positive integer"),
     (["memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1", "--pp", "1", "--recompute", "some"],
-     "invalid choice"),
+     "expected none, selective, full, op or selective:MODULE+MODULE, got 'some'"),
     (["memory", "--model", "gpt-1.7b", "--gpus", "8", "--tp", "1", "--pp", "1", "--gpu", "Z80"], "unknown GPU"),
     (["memory", "--model", "gpt-1.7b", "--gpus", "12", "--gpus-per-node", "8", "--tp", "1", "--pp", "1"],
      "multiple of gpus_per_node"),

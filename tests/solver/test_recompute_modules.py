@@ -119,7 +119,7 @@ def test_module_sets_spell_one_way_and_keep_the_named_policies() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "why"), [
-    ({"runtime": "torch"}, "only the megatron runtime runs it"),
+    ({"runtime": "torchtitan"}, "only the megatron runtime"),
     ({"precision": "fp8"}, "Delayed scaling does not support"),
     ({"recompute": Recompute("selective:mla_up_proj")}, "mla_up_proj"),
 ])
@@ -175,3 +175,31 @@ def test_backward_rebuilds_what_the_checkpoint_dropped_moe(t: int, sp: bool) -> 
     assert unit.recompute_peak_bytes == pytest.approx(2 * (S * B * H / (t if sp else 1) + E * cap * F / t), rel=1e-12)
     plain = gc.unit_cost("layers.1", UnitStrategy(tp=t, sp=sp), get_precision("bf16"))
     assert plain.recompute_peak_bytes == 0.0
+
+
+@pytest.mark.parametrize("t", [1, 2])
+@pytest.mark.parametrize("modules", [("layernorm",), ("mlp",), ("layernorm", "mlp")])
+def test_norms_of_their_own_are_checkpointed_apart(t: int, modules: tuple[str, ...]) -> None:
+    """The agent's model (runtime torch-cpu) keeps its norms as modules, as Megatron-LM's local spec
+    does: ``layernorm`` checkpoints both (``CheckpointWithoutOutput``), dropping their outputs (2 + 2,
+    replicated), and ``mlp`` checkpoints the MLP alone, keeping its input, the norm's output: it drops
+    GELU's input and fc2's input (16/t), no more."""
+    drops = {"layernorm": 4.0, "mlp": 16.0 / t}
+    base = _per_layer(GPT, ParallelConfig(tp=t, runtime=Runtime.TORCH_CPU))
+    rc = Recompute.of_modules(modules)
+    kept = _per_layer(GPT, ParallelConfig(tp=t, runtime=Runtime.TORCH_CPU, recompute=rc))
+    assert base - kept == pytest.approx(S * B * H * sum(drops[m] for m in modules), rel=1e-12)
+
+
+@pytest.mark.parametrize(("runtime", "norm"), [(Runtime.MEGATRON, 1), (Runtime.TORCH_CPU, 0)])
+def test_backward_walk_holds_the_rebuilt_mlp_beside_its_gradients(runtime: Runtime, norm: int) -> None:
+    """``CheckpointFunction.backward`` (``torch.utils.checkpoint`` in the agent) runs the MLP again when
+    its backward starts: while fc2's backward makes its gradients, GELU's rebuilt input and output
+    (``s b f`` each) are alive too (the busiest moment of gpt-tiny's measured step under
+    ``selective:mlp``), and under Transformer Engine the fused pre-MLP norm's output (``s b h``), so
+    the block's transient peak grows by exactly those."""
+    gc = GraphCosts(build_graph(GPT, batch=B))
+    prec = get_precision("bf16")
+    plain, mods = (gc.backward_profile("layers.1", UnitStrategy(recompute=r, runtime=runtime), prec)
+                   for r in (Recompute.NONE, Recompute("selective:mlp")))
+    assert mods.transient_peak - plain.transient_peak == pytest.approx((2 * 4 * H + norm * H) * S * B * 2, rel=1e-12)

@@ -100,6 +100,18 @@ class Recompute(StrEnum):
         recomputed buffers transient, alive during that block's backward only)."""
         return self in (Recompute.FULL, Recompute.OP)
 
+    @property
+    def rebuilt_policy(self) -> Recompute:
+        """What a block's backward holds once its recomputation ran: everything (:attr:`NONE`) for a
+        rebuilt block; for a module set, what its checkpointed modules and the readers of a freed output
+        keep without the checkpoint (the attention core still checkpointed under ``core_attn``, which
+        has its own rebuilt items); the policy itself otherwise."""
+        if self.rebuilds_blocks:
+            return Recompute.NONE
+        if self.per_module:
+            return Recompute.of_modules(self.modules & recompute_modules.DEFAULT)
+        return self
+
 
 #: :attr:`SavedItem.reduction`: a matmul's output as each device computes it, before a tensor-parallel
 #: reduction (partial sums, whole over the sequence); and the output of that reduction when it is a
@@ -257,7 +269,7 @@ def module_saved_items(node: Node, graph: Graph, activation_bytes: int, flash_at
     precision: ``tensor_parallel.checkpoint`` and ``CheckpointWithoutOutput`` save the tensors they
     are given); elsewhere its usual buffers; nothing a ``CheckpointWithoutOutput`` frees (its
     region's outputs, read outside it)."""
-    reg = recompute_modules.regions(graph, recompute.modules)
+    reg = recompute_modules.regions(graph, recompute.modules, runtime.fuses_norms)
     mine = reg.region.get(node.id)
     if mine is None:
         items = _plain_saved_items(node, graph, activation_bytes, flash_attention, recompute, runtime, fp8_inputs)
@@ -279,8 +291,8 @@ def module_rebuilt_items(graph: Graph, nodes: list[Node], activation_bytes: int,
     rebuilt activation inside it."""
     if not recompute.per_module:
         return []
-    reg = recompute_modules.regions(graph, recompute.modules)
-    light = Recompute.of_modules(recompute.modules & recompute_modules.DEFAULT)
+    reg = recompute_modules.regions(graph, recompute.modules, runtime.fuses_norms)
+    light = recompute.rebuilt_policy
     kept = {it.key for it in saved_items(graph, nodes, activation_bytes, flash_attention=flash_attention,
                                          recompute=recompute, runtime=runtime, fp8_inputs=fp8_inputs)}
     out: dict[str, SavedItem] = {}

@@ -77,14 +77,24 @@ class BackwardProfile:
     transient_peak_unsharded: float  # the same plus the weight gradients produced so far
 
 
+def rebuilt_in_backward(recompute: Recompute, is_block: bool) -> tuple[bool, Recompute]:
+    """Whether a unit's backward rebuilds tensors its forward dropped, and the policy its operators
+    then keep their tensors under: a rebuilt block (full or per-operator recomputation), or a module
+    set's checkpointed modules (``CheckpointFunction.backward`` runs the module again and its recomputed
+    tensors are freed as their operators' backward runs, as forward's are; ``CheckpointWithoutOutput``
+    refills the freed output before its readers' backward). The walk counts them from the block's
+    backward start: an upper bound for a module rebuilt only when backward reaches it."""
+    rebuilt = is_block and (recompute.rebuilds_blocks or recompute.per_module)
+    return rebuilt, (recompute.rebuilt_policy if rebuilt else recompute)
+
+
 def backward_profile(gc: UnitGraph, unit: str, s: UnitStrategy, prec: Precision,
                      shared_keys: set[str]) -> BackwardProfile:
     """Profile of ``unit``'s backward under ``s``; items in ``shared_keys`` (saved by several units,
     counted once per stage) are left to the stage."""
     graph, act = gc.graph, prec.activation_bytes
     nodes = gc.nodes[unit]
-    rebuilt = bool(nodes) and s.recompute.rebuilds_blocks and block_of(nodes[0]) is not None
-    policy = Recompute.NONE if rebuilt else s.recompute
+    rebuilt, policy = rebuilt_in_backward(s.recompute, bool(nodes) and block_of(nodes[0]) is not None)
 
     # tensors kept from forward (a checkpointed block: its inputs) are activations; what the
     # recomputation rebuilds is temporary

@@ -24,8 +24,10 @@ Per module (``megatron/core/transformer/transformer_layer.py``, ``moe/moe_layer.
   norm into the QKV projection and a dense layer's pre-MLP norm into ``linear_fc1``
   (``IdentityOp`` norms, which ``TransformerLayer`` skips); a mixture of experts keeps a separate
   pre-MLP norm (its router, dispatcher and shared experts read it): that norm's output is dropped.
+  Where the norms are modules of their own (Megatron-LM's local spec, the validation agent's model:
+  ``fused_norms`` false), both norms of every layer are, each keeping its input, the residual stream.
 - ``mlp``: a dense layer's MLP (MoE layers are skipped), with its fused pre-MLP norm: keeps the
-  layer's residual stream only.
+  layer's residual stream only; with norms of their own, the MLP alone: keeps the norm's output.
 - ``moe``: the whole MoE layer (router, dispatch and combine with their all-to-alls, experts,
   shared experts): keeps the pre-MLP norm's output only.
 - ``shared_experts``: the shared experts' MLP: keeps its input (the pre-MLP norm's output).
@@ -72,13 +74,14 @@ def modules_value(modules: frozenset[str]) -> str:
     return PREFIX + SEPARATOR.join(m for m in MODULES if m in modules)
 
 
-def refusal(modules: frozenset[str], megatron_runtime: bool, te_fp8_delayed: bool) -> str | None:
+def refusal(modules: frozenset[str], runs_modules: bool, te_fp8_delayed: bool) -> str | None:
     """Why a module set cannot be priced or run, in one line; None when it can. Megatron-LM refuses
     ``moe_act`` and ``layernorm`` under FP8 delayed scaling (``transformer_config.py``); parplan does
-    not build multi-head latent attention's up-projection recompute (``mla_up_proj``)."""
-    if not megatron_runtime:
+    not build multi-head latent attention's up-projection recompute (``mla_up_proj``). ``runs_modules``:
+    whether the runtime runs module sets (:attr:`~.runtime.Runtime.runs_recompute_modules`)."""
+    if not runs_modules:
         return (f"recompute {modules_value(modules)} is Megatron-LM's --recompute-modules: only the megatron "
-                "runtime runs it")
+                "runtime (and the validation agent's torch runtimes) run it")
     if "mla_up_proj" in modules:
         return "recompute module mla_up_proj (multi-head latent attention's up-projections) is not modelled"
     if te_fp8_delayed and modules & DISCARDS_OUTPUT:
@@ -98,13 +101,14 @@ class Regions:
     discarded: dict[str, str]
 
 
-def regions(graph: Graph, modules: frozenset[str]) -> Regions:
+def regions(graph: Graph, modules: frozenset[str], fused_norms: bool = True) -> Regions:
     """The checkpointed regions of ``modules`` (``core_attn`` aside: the attention core has its own
-    rule) in ``graph``, remembered on it."""
-    cache: dict[frozenset[str], Regions] = graph.memo.setdefault("recompute_regions", {})
-    hit = cache.get(modules)
+    rule) in ``graph``, remembered on it; ``fused_norms``: a dense layer's norms are fused into the
+    linear after them (:attr:`~.runtime.Runtime.fuses_norms`)."""
+    cache: dict[tuple[frozenset[str], bool], Regions] = graph.memo.setdefault("recompute_regions", {})
+    hit = cache.get((modules, fused_norms))
     if hit is None:
-        hit = cache[modules] = _regions(graph, modules)
+        hit = cache[(modules, fused_norms)] = _regions(graph, modules, fused_norms)
     return hit
 
 
@@ -122,15 +126,19 @@ def _part(n: Node, block: str) -> str:
     return n.id[len(block) + 1:]
 
 
-def _regions(graph: Graph, modules: frozenset[str]) -> Regions:
+def _regions(graph: Graph, modules: frozenset[str], fused_norms: bool) -> Regions:
     region: dict[str, str] = {}
     discarded: dict[str, str] = {}
     for block, nodes in _blocks(graph).items():
         ops = [n for n in nodes if n.kind is not OpKind.PARAMETER]
+        if "layernorm" in modules and not fused_norms:
+            # TransformerLayer: CheckpointWithoutOutput around input_layernorm and pre_mlp_layernorm
+            for norm in (n for n in ops if n.kind in (OpKind.LAYERNORM, OpKind.RMSNORM)):
+                region[norm.id] = discarded[norm.id] = f"{block}.{_part(norm, block)}"
         dispatch = next((n for n in ops if n.kind is OpKind.DISPATCH), None)
         if dispatch is None:
             if "mlp" in modules:
-                _add(region, f"{block}.mlp", _dense_mlp(graph, ops, block))
+                _add(region, f"{block}.mlp", _dense_mlp(graph, ops, block, fused_norms))
             continue
         norm = graph.node(dispatch.inputs[0])
         if "moe" in modules:
@@ -153,13 +161,13 @@ def _add(region: dict[str, str], name: str, nodes: list[Node]) -> None:
         region.setdefault(n.id, name)
 
 
-def _dense_mlp(graph: Graph, ops: list[Node], block: str) -> list[Node]:
-    """A dense layer's MLP module under Transformer Engine: its operators (the hidden dropout is the
-    layer's bias-dropout-add, outside it) and the pre-MLP norm fused into ``linear_fc1``."""
+def _dense_mlp(graph: Graph, ops: list[Node], block: str, fused_norms: bool = True) -> list[Node]:
+    """A dense layer's MLP module: its operators (the hidden dropout is the layer's bias-dropout-add,
+    outside it) and, under Transformer Engine (``fused_norms``), the pre-MLP norm fused into ``linear_fc1``."""
     mlp = [n for n in ops if _part(n, block).startswith("mlp.") and n.kind is not OpKind.DROPOUT
            and n.kind not in (OpKind.LAYERNORM, OpKind.RMSNORM)]
-    if not mlp:
-        return []
+    if not mlp or not fused_norms:
+        return mlp
     ids = {n.id for n in mlp}
     norms = {i for n in mlp for i in n.inputs if i not in ids and graph.node(i).kind in (OpKind.LAYERNORM,
                                                                                         OpKind.RMSNORM)}

@@ -102,7 +102,8 @@ def recomputed(node: Node, recompute: Recompute, flash_attention: bool, runtime:
         return block_of(node) is not None
     if recompute is Recompute.OP:
         return block_of(node) is not None and not op_sac_saved(node, graph, runtime)
-    if recompute.per_module and node.id in recompute_modules.regions(graph, recompute.modules).region:
+    if recompute.per_module and node.id in recompute_modules.regions(
+            graph, recompute.modules, runtime.fuses_norms).region:
         return True
     return (recompute.core_attention and node.kind is OpKind.ATTENTION
             and (not flash_attention or runtime.recomputes_flash_core))

@@ -284,6 +284,22 @@ class Runtime(StrEnum):
         return self in (Runtime.MEGATRON, Runtime.TORCH, Runtime.TORCH_CPU)
 
     @property
+    def runs_recompute_modules(self) -> bool:
+        """Whether the trainer runs Megatron-LM's per-module recomputation (``--recompute-modules``,
+        :mod:`~.recompute_modules`): Megatron-LM, and the validation agent's model, which checkpoints
+        the same modules the same way (``parplan/agent/module_checkpoint.py``)."""
+        return self in (Runtime.MEGATRON, Runtime.TORCH, Runtime.TORCH_CPU)
+
+    @property
+    def fuses_norms(self) -> bool:
+        """Whether a dense layer's norms are fused into the linear after them, as Megatron-LM's
+        Transformer Engine layer spec builds them (``gpt_layer_specs.py``: ``TELayerNormColumnParallelLinear``
+        for ``linear_qkv`` and ``linear_fc1``, ``IdentityOp`` norms, which ``TransformerLayer`` does not
+        recompute). The agent's model keeps its norms as modules of their own (``nn.LayerNorm``,
+        ``nn.RMSNorm``), as Megatron-LM's local spec (``get_gpt_layer_local_spec``) does."""
+        return self is Runtime.MEGATRON
+
+    @property
     def selective_recomputation(self) -> bool:
         """Whether the trainer has a recomputation lighter than whole blocks: nanotron has only
         ``recompute_layer`` (a whole decoder layer, parplan's full recomputation)."""

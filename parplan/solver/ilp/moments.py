@@ -34,7 +34,7 @@ from functools import partial
 import numpy as np
 
 from parplan.solver.cost.activations import Recompute, block_of, saved_items
-from parplan.solver.cost.backward import BackwardProfile, alive_at_operators, freed_by_operator
+from parplan.solver.cost.backward import BackwardProfile, alive_at_operators, freed_by_operator, rebuilt_in_backward
 from parplan.solver.cost.peak import StageUnit, stage_peak
 from parplan.solver.cost.pipeline import units_of
 from parplan.solver.cost.runtime import FSDP, IN_PLACE
@@ -252,8 +252,7 @@ def _units(gp: GraphProblem, terms: Terms) -> list[_Unit]:
         if not nodes:
             continue
         is_block = block_of(nodes[0]) is not None
-        rebuilt = is_block and ctx.recompute.rebuilds_blocks
-        policy = Recompute.NONE if rebuilt else ctx.recompute
+        rebuilt, policy = rebuilt_in_backward(ctx.recompute, is_block)
         kept_keys = {it.key for it in saved_items(graph, nodes, act, flash_attention=ctx.flash_attention,
                                                    recompute=ctx.recompute, runtime=ctx.runtime,
                                                    fp8_inputs=ctx.precision.te_fp8)}
@@ -286,7 +285,7 @@ def _units(gp: GraphProblem, terms: Terms) -> list[_Unit]:
 def _detail(terms: Terms, nodes: list[Node], rebuilt: bool, policy: Recompute, kept_keys: set[str],
             shared_keys: set[str], in_order: list[Node], every_saved: set[str]) -> _Detail:
     """A unit's per-operator figures: ``nodes`` its operators, ``in_order`` with its graph inputs;
-    ``rebuilt`` under full recomputation of a block (``policy`` its inner recomputation, ``kept_keys``
+    ``rebuilt`` when its backward rebuilds tensors (``policy`` its inner recomputation, ``kept_keys``
     what it keeps from forward); ``shared_keys`` saved by several units; ``every_saved`` any unit's."""
     ctx = terms.gp.ctx
     graph, act = ctx.graph, ctx.precision.activation_bytes
