@@ -76,7 +76,7 @@ def test_a_plan_splitting_fc1s_contraction_is_over_predicted_not_under(
     2.13) and which nothing else saves."""
     path = exported(tmp_path, target="parplan", search="ilp")
     ops = {k: v["strategy"] for u in json.loads(path.read_text())["strategy"]["units"] for k, v in u["ops"].items()}
-    assert ops["layers.0.mlp.fc1.mm"].startswith("hidden:"), ops["layers.0.mlp.fc1.mm"]  # the plan described
+    assert "hidden:" in ops["layers.0.mlp.fc1.mm"], ops["layers.0.mlp.fc1.mm"]  # the plan described
     assert main(["validate", "--plan", str(path), "--device", "cpu", "--json", "--diagnose"]) == 0
     m = json.loads(capsys.readouterr().out)
     assert m["correct"] is True and len(m["ranks"]) == 4

@@ -75,7 +75,10 @@ def test_moe_layer_drops_what_each_module_checkpoints(t: int, sp: bool, modules:
     cap = math.ceil(tokens * K / E)
     drops = {"moe_act": E * cap * F / t, "layernorm": tokens * H / (t if sp else 1),
              "shared_experts": 3 * tokens * F / t,
-             "moe": tokens * E / (t if sp else 1) + 2 * E * cap * H + 3 * E * cap * F / t + 3 * tokens * F / t,
+             # the router's scores, the experts' dispatched input, fc1's output and the probability-weighted
+             # activation (Megatron-LM's combine keeps no tokens: moe/experts.py weights inside the
+             # expert), the shared experts
+             "moe": tokens * E / (t if sp else 1) + E * cap * H + 3 * E * cap * F / t + 3 * tokens * F / t,
              "mlp": 0.0}  # a MoE layer's MLP is the moe module's (TransformerLayer skips mlp there)
     covered = {"moe_act", "shared_experts"} if "moe" in modules else set()  # inside the moe checkpoint
     expected = 2 * sum(drops[m] for m in modules if m not in covered)
