@@ -1,13 +1,14 @@
 """The validation matrix end to end on this CPU machine (gloo, up to 4 processes).
 
-CI's set of :mod:`parplan.agent.matrix` (44 runs): small GPT and Llama models under TP 2, DP 2,
+CI's set of :mod:`parplan.agent.matrix` (35 runs): small GPT and Llama models under TP 2, DP 2,
 ZeRO-3 over 4, PP 2 with GPipe and with 1F1B, TP 2 x PP 2 and TP 2 x DP 2 with sequence parallelism,
-each without activation checkpointing on both models and with full checkpointing on one; and each
+each without activation checkpointing on one model and with full checkpointing on the other; and each
 representative extended kind (ZeRO-1, ZeRO-2, gradient accumulation, ZeRO-2/3 with TP, SP and PP,
 interleaved 1F1B, an uneven partition, per-block mixed plans, torchtitan's per-operator selective
-checkpointing, FSDP2 under interleaved 1F1B, nanotron's buffers, Megatron-LM's recompute modules;
-:data:`parplan.agent.matrix.EXTENDED`) on one model (the offloaded optimizer's kinds run in the full
-matrix; ``test_agent_offload.py`` runs two). ``PARPLAN_AGENT_MATRIX=full`` runs all 132, as
+checkpointing, FSDP2 under interleaved 1F1B, nanotron's buffers;
+:data:`parplan.agent.matrix.EXTENDED`) on one model (the offloaded optimizer's and Megatron-LM's recompute
+modules' kinds run in the full matrix; ``test_agent_offload.py`` and ``test_agent_recompute_modules.py``
+run them in CI). ``PARPLAN_AGENT_MATRIX=full`` runs all 132, as
 ``bench/model_accuracy.py`` does;
 ``PARPLAN_AGENT_ONLY=a,b`` only the runs whose label contains one of those.
 For every run:
