@@ -13,7 +13,9 @@ parameter counts agree exactly and measured memory can be compared with the pred
   cross-entropy;
 - ``llama``: RMSNorm (weight only), no biases, grouped-query attention with RoPE (no
   parameters), SwiGLU MLP (gate/up/down), untied LM head, no dropout unless ``cfg.dropout`` sets
-  one (at the same places as GPT's).
+  one (at the same places as GPT's);
+- either with the architecture's own normalisation, positions and linear biases
+  (``cfg.norm_kind``, ``cfg.position_kind``, ``cfg.linear_biases``) in place of its family's.
 
 The model is cut into ``embed``, ``layers.<i>`` and ``head`` like the graph's units, so a
 pipeline stage is simply a contiguous range of them (:class:`StageModule`). Everything runs
@@ -84,7 +86,7 @@ def _dropout(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 class Embed(nn.Module):
-    """Token embedding (+ learned positions for GPT) and embedding dropout.
+    """Token embedding (+ learned positions) and embedding dropout.
 
     With sequence parallelism the token embedding returns this rank's slice of the sequence;
     ``seq_rank`` (set by the executor) tells which positions that slice holds."""
@@ -92,7 +94,7 @@ class Embed(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.positions = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.family == "gpt" else None
+        self.positions = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.position_kind == "learned" else None
         self.dropout = Dropout(cfg.dropout_p) if cfg.dropout_p > 0 else None
         self.seq_rank = 0
 
@@ -215,16 +217,16 @@ def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.
 
 
 class MLP(nn.Module):
-    """GELU MLP with biases (GPT: fc1/fc2) or SwiGLU without (Llama: gate/up/down)."""
+    """GELU MLP (GPT: fc1/fc2) or SwiGLU (Llama: gate/up/down), biased where ``cfg.linear_biases``."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.gated = cfg.family != "gpt"
-        bias = not self.gated
+        bias = cfg.linear_biases
         if self.gated:
-            self.gate = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-            self.up = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-            self.down = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+            self.gate = nn.Linear(cfg.hidden, cfg.ffn, bias=bias)
+            self.up = nn.Linear(cfg.hidden, cfg.ffn, bias=bias)
+            self.down = nn.Linear(cfg.ffn, cfg.hidden, bias=bias)
         else:
             self.fc1 = nn.Linear(cfg.hidden, cfg.ffn, bias=bias)
             self.fc2 = nn.Linear(cfg.ffn, cfg.hidden, bias=bias)
@@ -239,7 +241,7 @@ class MLP(nn.Module):
 
 
 def _norm(cfg: TransformerConfig) -> nn.Module:
-    if cfg.family == "gpt":
+    if cfg.norm_kind == "layernorm":
         return nn.LayerNorm(cfg.hidden, eps=NORM_EPS)
     return nn.RMSNorm(cfg.hidden, eps=NORM_EPS)
 
@@ -253,10 +255,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        gpt = cfg.family == "gpt"
         drop = cfg.dropout_p
         self.ln1 = _norm(cfg)
-        self.attn = Attention(cfg, bias=gpt, dropout=drop, rope=not gpt)
+        self.attn = Attention(cfg, bias=cfg.linear_biases, dropout=drop, rope=cfg.position_kind == "rope")
         # no dropout (Llama's): no module at all (an identity module confuses hook-based tracking)
         self.attn_dropout = Dropout(drop) if drop > 0 else None
         self.ln2 = _norm(cfg)
@@ -317,7 +318,7 @@ class Transformer(nn.Module):
         self.head = Head(cfg)
         if cfg.tied_embeddings:
             self.head.lm.weight = self.embed.tokens.weight
-        if cfg.family != "gpt":
+        if cfg.position_kind == "rope":
             cos, sin = rope_tables(cfg.seq_len, cfg.d_head)
             for blk in self.layers.values():
                 assert isinstance(blk, Block)

@@ -170,5 +170,5 @@ class RunSpec:
             raise StrategyError(f"the {self.schedule} schedule needs at least pp={self.pp} micro-batches")
         if self.schedule == "interleaved" and self.num_microbatches % self.pp:
             raise StrategyError("the interleaved schedule needs a micro-batch count that is a multiple of pp")
-        if self.seq_len > cfg.seq_len and cfg.family == "gpt":
+        if self.seq_len > cfg.seq_len and cfg.position_kind == "learned":
             raise StrategyError(f"seq_len {self.seq_len} exceeds the {cfg.seq_len} learned positions")

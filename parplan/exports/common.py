@@ -13,7 +13,7 @@ from typing import Any
 
 from parplan.solver.cluster import gpu_preset
 from parplan.solver.errors import ConfigError, SolverError
-from parplan.solver.frontends.config import extra_features
+from parplan.solver.frontends.config import decoder_variants, extra_features
 from parplan.solver.strategy import hybrid_groups
 
 
@@ -145,14 +145,17 @@ def _gpus_per_host(gpu: Any) -> int | None:
 
 
 #: Targets whose exports write Qwen's q/k/v biases and q/k norms (Megatron-LM: --add-qkv-bias,
-#: --qk-layernorm) and the architecture's own dropout (--hidden-dropout, --attention-dropout).
+#: --qk-layernorm), the architecture's own dropout (--hidden-dropout, --attention-dropout) and its own
+#: normalisation, positions and linear biases (--normalization, --position-embedding-type,
+#: --disable-bias-linear).
 WRITES_QWEN = frozenset({"megatron"})
 
 
 def unwritten_features(arch: Mapping[str, Any] | None, target: str) -> list[str]:
     """What of the model's architecture ``target``'s export does not write yet: Qwen's q/k/v biases
-    and q/k norms and a dropout set in the architecture outside :data:`WRITES_QWEN`, and DeepSeek's,
-    Gemma's and gpt-oss's features
+    and q/k norms, a dropout, normalisation, positions or linear biases set in the architecture
+    (:func:`~parplan.solver.frontends.config.decoder_variants`) outside :data:`WRITES_QWEN`, and
+    DeepSeek's, Gemma's and gpt-oss's features
     (:func:`~parplan.solver.frontends.config.extra_features`) everywhere (a trainer launched without
     them would train another model)."""
     arch = arch or {}
@@ -165,6 +168,8 @@ def unwritten_features(arch: Mapping[str, Any] | None, target: str) -> list[str]
         out.append(f"the model's q/k/v biases (Qwen2) are not written by parplan's {target} export yet")
     if arch.get("qk_norm"):
         out.append(f"the model's q/k norms (Qwen3) are not written by parplan's {target} export yet")
+    out += [f"the model's {variant} is not written by parplan's {target} export yet"
+            for variant in decoder_variants(arch)]
     return out
 
 

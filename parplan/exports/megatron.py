@@ -9,9 +9,10 @@ in ``megatron/training/arguments.py`` (:data:`DECLARED_FLAGS`).
 
 What is written: the model's sizes and kind (GPT: learned positions, LayerNorm, GELU, biases, tied
 embeddings; Llama: RoPE, RMSNorm, SwiGLU, no biases, grouped-query attention; Mixtral: Llama with
-experts), the parallel degrees, the distributed optimizer (ZeRO-1; under hybrid sharding
-``--num-distributed-optimizer-instances``), recomputation, the pipeline
-schedule and partition, the batch sizes, and the communication overlap the plan was priced with:
+experts; the architecture's own ``norm``, ``positions`` and ``linear_bias`` where it sets them), the
+parallel degrees, the distributed optimizer (ZeRO-1; under hybrid sharding
+``--num-distributed-optimizer-instances``), recomputation, the pipeline schedule and partition, the
+batch sizes, and the communication overlap the plan was priced with:
 ``--overlap-grad-reduce`` whenever gradients are reduced over data-parallel ranks (parplan's megatron
 runtime reduces each bucket under the backward; Megatron-LM does so only with that flag), and
 ``--overlap-param-gather`` / ``--tp-comm-overlap`` when the plan sets them. Data, tokenizer,
@@ -36,7 +37,12 @@ from parplan.exports.common import (
 )
 from parplan.solver.cost import recompute_modules
 from parplan.solver.cost.precision import PRECISIONS, TE_ADAM_BASES
-from parplan.solver.frontends.config import architecture_dropout
+from parplan.solver.frontends.config import (
+    MEGATRON_NORMS,
+    MEGATRON_POSITIONS,
+    architecture_dropout,
+    family_decoder,
+)
 
 MEGATRON_VERSION = "core_v0.16.1"
 TARGET = "megatron"
@@ -185,17 +191,19 @@ def _model_flags(arch: Mapping[str, Any], family: str, layers: int, seq_len: int
     ]
     if head_dim:
         args += ["--kv-channels", str(head_dim)]
-    if family == "gpt":
-        args += ["--position-embedding-type", "learned_absolute", "--normalization", "LayerNorm"]
-    else:
-        args += ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
-                 "--disable-bias-linear"]
-        if kv != heads:
-            args += ["--group-query-attention", "--num-query-groups", str(kv)]
-        if arch.get("qkv_bias"):
-            args.append("--add-qkv-bias")  # biases on q, k, v only (Qwen2), beside --disable-bias-linear
-        if arch.get("qk_norm"):
-            args.append("--qk-layernorm")  # the --normalization (RMSNorm) of q and k per head (Qwen3)
+    own_norm, own_positions, own_bias = family_decoder(family)
+    args += ["--position-embedding-type", MEGATRON_POSITIONS[arch.get("positions") or own_positions],
+             "--normalization", MEGATRON_NORMS[arch.get("norm") or own_norm]]
+    if family != "gpt":
+        args.append("--swiglu")
+    if not (own_bias if arch.get("linear_bias") is None else arch["linear_bias"]):
+        args.append("--disable-bias-linear")
+    if kv != heads:
+        args += ["--group-query-attention", "--num-query-groups", str(kv)]
+    if arch.get("qkv_bias"):
+        args.append("--add-qkv-bias")  # biases on q, k, v (Qwen2), beside --disable-bias-linear
+    if arch.get("qk_norm"):
+        args.append("--qk-layernorm")  # the --normalization of q and k per head (Qwen3)
     if not arch.get("tied_embeddings", family == "gpt"):
         args.append("--untie-embeddings-and-output-weights")
     if family == "mixtral":

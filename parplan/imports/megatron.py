@@ -2,9 +2,11 @@
 
 The text may be one flag per line, a command line, or a ``torchrun ... pretrain_gpt.py ...`` line
 (its ``--nnodes`` and ``--nproc-per-node`` then give the GPU count). The model comes from the size
-flags (GPT: LayerNorm, GELU, biases; Llama: ``--swiglu``, RMSNorm, no biases, Qwen2's q/k/v biases
-with ``--add-qkv-bias`` and Qwen3's q/k norms with ``--qk-layernorm``; Mixtral: Llama with
-``--num-experts``; the dropouts from ``--hidden-dropout`` and ``--attention-dropout``, 0.1 when not
+flags (GPT: GELU MLP; Llama: ``--swiglu``; Mixtral: Llama with ``--num-experts``; each with the
+``--normalization`` (LayerNorm or RMSNorm), ``--position-embedding-type`` (learned_absolute, rope or
+none) and linear biases (unless ``--disable-bias-linear``) given, Megatron-LM's LayerNorm, learned
+positions and biases when not; q/k/v biases with ``--add-qkv-bias`` and q/k norms with
+``--qk-layernorm``; the dropouts from ``--hidden-dropout`` and ``--attention-dropout``, 0.1 when not
 given, as Megatron-LM's defaults); ``--vocab-size`` is needed because Megatron-LM otherwise reads it
 from the tokenizer. Flags for data, tokenizer, optimizer, logging and checkpoints do not change the
 prediction and are listed in ``ignored``; a flag that changes memory or time and is not modelled is
@@ -18,6 +20,7 @@ from typing import Literal
 
 from parplan.imports import megatron_moe as moe
 from parplan.imports.common import Imported, ImportProblemError, refusals_as_problems
+from parplan.imports.megatron_model import decoder, model_family, position_type
 from parplan.imports.megatron_optimizer import precision_aware_states
 from parplan.imports.megatron_pipeline import pipeline_split
 from parplan.imports.shell import read_script
@@ -66,7 +69,7 @@ _SWITCHES = {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--
              "--use-precision-aware-optimizer", "--moe-grouped-gemm", "--no-position-embedding",
              "--optimizer-cpu-offload", "--no-bias-swiglu-fusion", "--cross-entropy-loss-fusion",
              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-             *(f for f, _ in _REFUSED), *moe.SWITCHES, *(f for f, _ in moe.REFUSED)}
+             "--use-rotary-position-embeddings", *(f for f, _ in _REFUSED), *moe.SWITCHES, *(f for f, _ in moe.REFUSED)}
 #: known flags that do not change memory or time as parplan prices them (with a value, or a switch)
 _IGNORED_VALUED = {
     "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--lr",
@@ -88,7 +91,7 @@ _IGNORED_VALUED = {
     "--moe-router-load-balancing-type", *moe.IGNORED_VALUED,
 }
 _IGNORED_SWITCHES = {"--mock-data", "--no-masked-softmax-fusion", "--use-mcore-models", "--no-load-optim",
-                     "--no-load-rng", "--log-throughput", "--use-rotary-position-embeddings", "--no-bias-gelu-fusion",
+                     "--no-load-rng", "--log-throughput", "--no-bias-gelu-fusion",
                      "--no-bias-dropout-fusion", "--no-rope-fusion", "--use-flash-attn", "--apply-layernorm-1p",
                      "--calculate-per-token-loss", "--manual-gc", "--profile", "--no-mmap-bin-files",
                      "--no-create-attention-mask-in-dataloader", *moe.IGNORED_SWITCHES}
@@ -258,7 +261,7 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
         # chunk-forwards, not the (v - 1) x pp of its default
         problems.append(f"--microbatch-group-size-per-virtual-pipeline-stage {group} (other than the pipeline size "
                         f"{pp}: a longer interleaved warm-up) is not modelled")
-    family = _family(flags, problems)
+    family = model_family(flags, problems)
     recompute = _recompute(flags, problems)
     precision = _precision(flags, problems, adjusted)
     ignored += _read_but_inert(flags, problems, adjusted)
@@ -286,9 +289,10 @@ def _read_but_inert(flags: dict[str, str | bool], problems: list[str], adjusted:
     another setting), taken out of ``flags``; ``problems`` gets those that would change the model."""
     inert = []
     if "--no-position-embedding" in flags:
-        if str(flags.get("--position-embedding-type", "learned_absolute")) != "rope":
-            problems.append("--no-position-embedding with learned positions (a model without a position table) "
-                            "is not modelled")
+        if position_type(flags) != "rope":
+            # megatron/training/arguments.py (validate_args)
+            problems.append("--no-position-embedding without --position-embedding-type rope: Megatron-LM refuses it "
+                            "(\"--no-position-embedding is deprecated, use --position-embedding-type\")")
         inert.append("--no-position-embedding")
     if "--grad-reduce-in-bf16" in flags and "--bf16" not in flags:
         adjusted.append("--grad-reduce-in-bf16 without --bf16: Megatron-LM reads it with --bf16 only")
@@ -377,30 +381,6 @@ def _require(flags: dict[str, str | bool]) -> None:
         raise ImportProblemError(KIND, [f"missing {', '.join(missing)}"])
 
 
-def _family(flags: dict[str, str | bool], problems: list[str]) -> Literal["gpt", "llama", "mixtral"]:
-    """The model's kind from ``--num-experts`` and ``--swiglu`` (a GPT's experts are GELU MLPs);
-    ``problems`` gets the flags that disagree."""
-    swiglu = "--swiglu" in flags
-    norm = str(flags.get("--normalization", "LayerNorm"))
-    pos = str(flags.get("--position-embedding-type", "learned_absolute"))
-    experts = bool(flags.get("--num-experts"))
-    family: Literal["gpt", "llama", "mixtral"] = ("mixtral" if experts else "llama") if swiglu else "gpt"
-    # a GPT's experts follow --disable-bias-linear (megatron_moe.notes: its other biases are priced)
-    unbiased = "--disable-bias-linear" in flags and not experts
-    if family == "gpt":
-        if norm != "LayerNorm" or pos != "learned_absolute" or unbiased:
-            problems.append("a GPT model without --swiglu has LayerNorm, learned positions and biases in parplan "
-                            f"(got --normalization {norm}, --position-embedding-type {pos}"
-                            + (", --disable-bias-linear" if unbiased else "") + ")")
-    elif norm != "RMSNorm" or pos != "rope" or "--disable-bias-linear" not in flags:
-        problems.append("a --swiglu model is parplan's Llama: --normalization RMSNorm, --position-embedding-type "
-                        f"rope and --disable-bias-linear (got {norm}, {pos}"
-                        + ("" if "--disable-bias-linear" in flags else ", biases") + ")")
-    if family == "gpt" and ("--add-qkv-bias" in flags or "--qk-layernorm" in flags):
-        problems.append("--add-qkv-bias and --qk-layernorm are modelled for --swiglu (Llama-style) models only")
-    return family
-
-
 def _recompute(flags: dict[str, str | bool], problems: list[str]) -> Recompute | None:
     """The recomputation ``--recompute-*`` ask for; None (and a problem) when parplan does not model it."""
     granularity = str(flags.get("--recompute-granularity", "none"))
@@ -479,7 +459,7 @@ def _config(flags: dict[str, str | bool], family: Literal["gpt", "llama", "mixtr
         ffn=experts.pop("ffn", ffn), vocab=vocab, seq_len=positions, kv_heads=kv,
         head_dim=_get(flags, "--kv-channels"), tied_embeddings="--untie-embeddings-and-output-weights" not in flags,
         qkv_bias="--add-qkv-bias" in flags, qk_norm="--qk-layernorm" in flags,
-        dropout=dropout_field(family, dropout), **experts)
+        dropout=dropout_field(family, dropout), **decoder(flags, family), **experts)
     return cfg, seq
 
 

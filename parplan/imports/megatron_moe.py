@@ -158,7 +158,4 @@ def notes(flags: dict[str, str | bool], ep: int) -> list[str]:
     if "--moe-grouped-gemm" in flags:
         out.append("--moe-grouped-gemm: the experts' GEMMs are priced one expert at a time (the grouped kernel's "
                    "speed-up is not counted)")
-    if "--disable-bias-linear" in flags and "--swiglu" not in flags:
-        out.append("--disable-bias-linear on a GPT: its attention's and dense MLPs' biases (vectors, a few "
-                   "thousand parameters a layer) are priced, its experts' are not")
     return out

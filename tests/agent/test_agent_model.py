@@ -24,8 +24,12 @@ HF = "tests/data/hf"
 
 @pytest.mark.parametrize("cfg", [GPT_TINY, LLAMA_TINY,
                                  get_preset("llama-3-8b").with_(layers=2, hidden=128, heads=4, kv_heads=2, ffn=344,
-                                                                vocab=512, seq_len=64)],
-                         ids=["gpt", "llama", "llama3-gqa"])
+                                                                vocab=512, seq_len=64),
+                                 GPT_TINY.with_(norm="rmsnorm", positions="rope", linear_bias=False),
+                                 GPT_TINY.with_(positions="none"),
+                                 LLAMA_TINY.with_(norm="layernorm", positions="learned", linear_bias=True)],
+                         ids=["gpt", "llama", "llama3-gqa", "gpt-rmsnorm-rope-unbiased", "gpt-no-positions",
+                              "llama-layernorm-learned-biased"])
 def test_parameters_match_the_graph_name_for_name(cfg) -> None:
     model = build_model(cfg)
     graph = build_graph(cfg, batch=1, seq_len=16)

@@ -161,6 +161,10 @@ def test_suggest_shows_the_best_plan_for_the_same_trainer(tmp_path: Path,
     ("--defer-embedding-wgrad-compute --wgrad-deferral-limit 2", "--defer-embedding-wgrad-compute (the output layer's"),
     ("--microbatch-group-size-per-virtual-pipeline-stage 5", "--microbatch-group-size-per-virtual-pipeline-stage 5 "
      "(other than the pipeline size 2"),
+    ("--normalization L2Norm", "--normalization L2Norm: parplan builds LayerNorm and RMSNorm"),
+    ("--position-embedding-type yarn", "--position-embedding-type yarn: parplan builds learned_absolute, rope and"),
+    ("--position-embedding-type none --no-position-embedding", "--no-position-embedding without --position-embedding-"
+     "type rope: Megatron-LM refuses it"),
 ])
 def test_inconsistent_or_unmodelled_arguments_are_one_line_errors(tmp_path: Path, change: str, why: str,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:

@@ -360,3 +360,45 @@ def test_moe_act_on_a_dense_model_is_refused_by_the_megatron_export() -> None:
     doc = doc_for("llama-3-8b", 8, {"tp": 1, "pp": 1, "dp": 8, "num_microbatches": 1, "recompute": "selective:moe_act"})
     with pytest.raises(NotExpressibleError, match="moe_act on a dense model"):
         export_plan(doc, "megatron")
+
+
+@pytest.mark.parametrize(("preset", "fields"), [
+    ("gpt-1.7b", {"norm": "rmsnorm", "positions": "rope", "linear_bias": False}),
+    ("gpt-1.7b", {"positions": "none", "qk_norm": True}),
+    ("llama-3-8b", {"norm": "layernorm", "positions": "learned", "linear_bias": True}),
+])
+def test_normalisation_positions_and_biases_reach_megatron_core_and_come_back(preset: str,
+                                                                               fields: dict[str, Any]) -> None:
+    """An architecture's own normalisation, positions and linear biases are written as
+    --normalization, --position-embedding-type and --disable-bias-linear: megatron-core's config takes
+    them, and parplan's import of the file gives back the same architecture and parameter count."""
+    from parplan.imports import read_config
+    from parplan.solver.frontends.config import TransformerConfig as Arch
+    from parplan.solver.models import ModelSource
+
+    doc = doc_for(preset, 8, {"tp": 2, "pp": 1, "dp": 4, "zero": 1, "num_microbatches": 4})
+    arch = doc["model"]["architecture"] = doc["model"]["architecture"] | fields
+    want = Arch(**arch)
+    text = export_plan(doc, "megatron").files["megatron_args.txt"]
+    config, declared = read_args(text)
+    cfg = build_config(config, declared)
+    assert cfg.normalization == {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[want.norm_kind]
+    assert (cfg.add_bias_linear, cfg.qk_layernorm) == (want.linear_biases, want.qk_norm)
+    assert declared["--position-embedding-type"] == {"learned": "learned_absolute"}.get(want.position_kind,
+                                                                                         want.position_kind)
+    imported = read_config("megatron-args", text, gpus=8)
+    assert imported.model is not None and imported.model.config is not None
+    back = imported.model.config
+    assert (back.norm, back.positions, back.linear_bias, back.qk_norm) == (want.norm, want.positions,
+                                                                            want.linear_bias, want.qk_norm)
+    assert imported.model.parameter_count() == ModelSource(preset, config=want).parameter_count()
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "nanotron", "galvatron"])
+def test_other_targets_refuse_a_normalisation_they_do_not_write(target: str) -> None:
+    preset = "gpt-1.7b" if target in ("deepspeed", "galvatron") else "llama-3-8b"
+    doc = doc_for(preset, 8, {"tp": 1, "pp": 1, "dp": 8, "zero": 1, "num_microbatches": 1})
+    own = doc["model"]["architecture"]["family"] == "gpt"
+    doc["model"]["architecture"] |= {"norm": "rmsnorm" if own else "layernorm"}
+    with pytest.raises(NotExpressibleError, match="normalisation"):
+        export_plan(doc, target)

@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from parplan.solver.errors import ConfigError
-from parplan.solver.frontends.config import TransformerConfig
+from parplan.solver.frontends.config import DECODER_FAMILIES, TransformerConfig
 from parplan.solver.ir import Graph, Node, OpKind, make_node
 
 DimMap = dict[str, int]
@@ -88,10 +88,13 @@ class _Builder:
 
 def _attention(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, bias: bool, causal: bool,
                dropout: float, kv: str | None = None, pos_bias: str | None = None,
-               qkv_bias: bool | None = None, qk_norm: bool = False, **core: Any) -> str:
+               qkv_bias: bool | None = None, qk_norm: str | None = None, **core: Any) -> str:
     """Self- (or cross-, when ``kv`` is given) attention; returns the output projection.
-    ``qkv_bias``: biases on q, k and v (default: ``bias``); ``qk_norm``: RMSNorm of q and k over
-    the head dim; ``core``: more attributes of the attention node (``window``)."""
+    ``qkv_bias``: biases on q, k and v (default: ``bias``); ``qk_norm``: the norm (``rmsnorm`` or
+    ``layernorm``) of q and k over the head dim, None for none; ``core``: more attributes of the
+    attention node (``window``). Rotary positions add no node: they rotate q and k in place of their
+    projections' outputs and keep nothing for backward but the shared cosine and sine tables
+    (Megatron-LM's ``apply_rotary_pos_emb``, fused or not), so the graph is the same with or without."""
     a, g, d = cfg.heads, cfg.n_kv_heads, cfg.d_head
     kvh = "heads" if g == a else "kv_heads"
     in_bias = bias if qkv_bias is None else qkv_bias
@@ -102,8 +105,8 @@ def _attention(b: _Builder, p: str, x: str, cfg: TransformerConfig, *, bias: boo
     k = b.linear(f"{p}.k", src, ["hidden"], {kvh: g, "head_dim": d}, bias=in_bias, group=qkv or "kv")
     v = b.linear(f"{p}.v", src, ["hidden"], {kvh: g, "head_dim": d}, bias=in_bias, group=qkv or "kv")
     if qk_norm:
-        q = b.norm(f"{p}.q_norm", q, "rmsnorm", dim="head_dim")
-        k = b.norm(f"{p}.k_norm", k, "rmsnorm", dim="head_dim")
+        q = b.norm(f"{p}.q_norm", q, qk_norm, dim="head_dim")
+        k = b.norm(f"{p}.k_norm", k, qk_norm, dim="head_dim")
     ins = [q, k, v] + ([pos_bias] if pos_bias else [])
     if cfg.attention_sinks:
         ins.append(b.param(f"{p}.sinks", {"heads": a}))
@@ -202,14 +205,16 @@ def _moe(b: _Builder, p: str, x: str, cfg: TransformerConfig, tokens: int) -> st
 
 
 def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> None:
+    """GPT, Llama and Mixtral (Megatron-LM's GPTModel): ``cfg.norm_kind`` normalisation,
+    ``cfg.position_kind`` positions, biases on the linear layers where ``cfg.linear_biases``."""
     gpt = cfg.family == "gpt"
     drop = cfg.dropout_p
-    norm = "layernorm" if gpt else "rmsnorm"
+    norm, bias = cfg.norm_kind, cfg.linear_biases
     tokens = b.input("tokens", {"batch": batch, "seq": seq})
     wte = b.param("embed.tokens.weight", {"vocab": cfg.vocab, "hidden": cfg.hidden})
     x = b.add("embed.tokens", OpKind.EMBEDDING, [tokens, wte], {"batch": batch, "seq": seq, "hidden": cfg.hidden},
               index_dim="vocab")
-    if gpt:
+    if cfg.position_kind == "learned":
         # position ids per sample, as Megatron-LM's [b, s]: the lookup splits the batch like the rest
         pos = b.input("position_ids", {"batch": batch, "seq": seq})
         wpe = b.param("embed.positions.weight", {"positions": cfg.seq_len, "hidden": cfg.hidden})
@@ -226,8 +231,9 @@ def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> 
         if cfg.mla:
             h = _latent_attention(b, f"{p}.attn", h, cfg, **core)
         else:
-            h = _attention(b, f"{p}.attn", h, cfg, bias=gpt or cfg.attention_bias, causal=True, dropout=drop,
-                           qkv_bias=gpt or cfg.qkv_bias or cfg.attention_bias, qk_norm=cfg.qk_norm, **core)
+            h = _attention(b, f"{p}.attn", h, cfg, bias=bias or cfg.attention_bias, causal=True, dropout=drop,
+                           qkv_bias=bias or cfg.qkv_bias or cfg.attention_bias,
+                           qk_norm=norm if cfg.qk_norm else None, **core)
         if cfg.sandwich_norms:
             h = b.norm(f"{p}.attn.norm", h, norm)
         h = b.dropout(f"{p}.attn.dropout", h, drop)
@@ -236,7 +242,7 @@ def _decoder_only(b: _Builder, cfg: TransformerConfig, batch: int, seq: int) -> 
         if cfg.is_moe and i >= cfg.dense_layers:
             h = _moe(b, f"{p}.moe", h, cfg, batch * seq)
         else:
-            h = _mlp(b, f"{p}.mlp", h, cfg, act="gelu" if gpt else cfg.activation, gated=not gpt, bias=gpt,
+            h = _mlp(b, f"{p}.mlp", h, cfg, act="gelu" if gpt else cfg.activation, gated=not gpt, bias=bias,
                      ffn=cfg.dense_ffn if cfg.is_moe else None)
         if cfg.sandwich_norms:
             h = b.norm(f"{p}.mlp.norm", h, norm)
@@ -375,9 +381,10 @@ def _vit(b: _Builder, cfg: TransformerConfig, batch: int) -> None:
 
 
 def check_seq_len(cfg: TransformerConfig, seq: int) -> None:
-    """ConfigError when a model with learned positions (GPT, BERT) is asked for a longer sequence than
-    its position table has rows."""
-    if cfg.family in ("gpt", "bert") and seq > cfg.seq_len:
+    """ConfigError when a model with learned positions (BERT; GPT unless it has other positions) is
+    asked for a longer sequence than its position table has rows."""
+    learned = cfg.family == "bert" or (cfg.family in DECODER_FAMILIES and cfg.position_kind == "learned")
+    if learned and seq > cfg.seq_len:
         raise ConfigError(f"{cfg.name}: seq_len {seq} exceeds the {cfg.seq_len} learned positions")
 
 

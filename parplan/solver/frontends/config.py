@@ -10,6 +10,13 @@ from parplan.solver.errors import ConfigError
 
 Family = Literal["gpt", "llama", "bert", "t5", "vit", "mixtral"]
 Activation = Literal["silu", "gelu"]
+Norm = Literal["layernorm", "rmsnorm"]
+Positions = Literal["learned", "rope", "none"]
+#: Megatron-LM's names of each (its ``--normalization`` and ``--position-embedding-type`` choices)
+MEGATRON_NORMS: dict[Norm, str] = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+MEGATRON_POSITIONS: dict[Positions, str] = {"learned": "learned_absolute", "rope": "rope", "none": "none"}
+#: the families whose blocks take ``norm``, ``positions`` and ``linear_bias`` (Megatron-LM's GPTModel)
+DECODER_FAMILIES = ("gpt", "llama", "mixtral")
 
 #: Architecture fields beyond Llama/Mixtral/Qwen's, with what they describe: what exports and the
 #: validation agent must refuse while they do not build them (see :func:`extra_features`).
@@ -24,7 +31,7 @@ EXTRA_FEATURES: dict[str, str] = {
     "kv_lora_rank": "multi-head latent attention (DeepSeek)",
 }
 
-_LLAMA_ONLY = ("qkv_bias", "qk_norm", "sandwich_norms", "sliding_window", "attention_bias", "attention_sinks",
+_LLAMA_ONLY = ("sandwich_norms", "sliding_window", "attention_bias", "attention_sinks",
                "kv_lora_rank")
 _MOE_ONLY = ("moe_bias", "shared_experts", "dense_layers")
 
@@ -44,12 +51,20 @@ class TransformerConfig:
     - ``gpt`` with ``num_experts`` > 0: GPT blocks whose MLP is ``num_experts`` GELU experts (not gated)
       with top-k routing (Megatron-LM's GPT with ``--num-experts`` and without ``--swiglu``).
 
-    Llama-style variants: ``qkv_bias`` (Qwen2: biases on q, k, v), ``qk_norm`` (Qwen3: RMSNorm of
-    each head's q and k over the head dim), and the fields after ``qk_norm`` (Gemma 3, gpt-oss,
+    Llama-style variants: ``qkv_bias`` (Qwen2: biases on q, k, v), ``qk_norm`` (Qwen3: the model's
+    norm, RMSNorm, of each head's q and k over the head dim), and the fields after ``qk_norm`` (Gemma 3, gpt-oss,
     DeepSeek-V3; all off by default). Multi-head latent attention (``kv_lora_rank`` > 0): queries
     through a rank-``q_lora_rank`` bottleneck, keys and values from a rank-``kv_lora_rank`` latent;
     each head's query/key is ``head_dim`` (no position) + ``qk_rope_dim`` (rotary, one key part
     shared by the heads) wide, its value ``v_head_dim`` wide.
+
+    ``gpt``, ``llama`` and ``mixtral`` take Megatron-LM's GPTModel choices (None: the family's own,
+    above): ``norm`` (``layernorm``: weight and bias; ``rmsnorm``: weight only; the blocks', the final
+    one and, with ``qk_norm``, q's and k's: Megatron-LM's ``--normalization``), ``positions``
+    (``learned``: a table of ``seq_len`` rows added to the token embedding; ``rope``: rotary, no
+    parameters; ``none``: no position information; ``--position-embedding-type``) and
+    ``linear_bias`` (biases on q/k/v, the attention's output and the dense MLP's projections; not
+    ``--disable-bias-linear``). ``qkv_bias`` and ``qk_norm`` apply to these three families.
     """
 
     family: Family
@@ -74,8 +89,8 @@ class TransformerConfig:
     patch_size: int = 14  # vit
     channels: int = 3  # vit
     num_classes: int = 1000  # vit classifier head (0: none)
-    qkv_bias: bool = False  # llama/mixtral: biases on the q, k and v projections only (Qwen2)
-    qk_norm: bool = False  # llama/mixtral: RMSNorm over each head's q and k before attention (Qwen3)
+    qkv_bias: bool = False  # gpt/llama/mixtral: biases on the q, k and v projections (Qwen2)
+    qk_norm: bool = False  # gpt/llama/mixtral: the model's norm over each head's q and k before attention (Qwen3)
     activation: Activation = "silu"  # llama/mixtral gated MLP: silu (SwiGLU) or gelu (GeGLU, Gemma)
     sandwich_norms: bool = False  # Gemma 2/3: RMSNorm of the attention's and the MLP's outputs too
     sliding_window: int = 0  # keys a query sees on sliding-window layers (0: every layer attends globally)
@@ -94,6 +109,9 @@ class TransformerConfig:
     #: attention probabilities (None: the family's usual, :attr:`dropout_p`); only whether it is 0
     #: changes what is priced (a dropout keeps its mask, whatever the probability)
     dropout: float | None = None
+    norm: Norm | None = None  # gpt/llama/mixtral: None is the family's (gpt: layernorm, else rmsnorm)
+    positions: Positions | None = None  # gpt/llama/mixtral: None is the family's (gpt: learned, else rope)
+    linear_bias: bool | None = None  # gpt/llama/mixtral: None is the family's (gpt: True, else False)
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "ffn"):
@@ -117,6 +135,15 @@ class TransformerConfig:
 
     def _check_variants(self) -> None:
         """The Llama-style variants' fields: on the families that have them, with sizes that fit."""
+        if self.family not in DECODER_FAMILIES:
+            used = [f for f in ("norm", "positions", "linear_bias") if getattr(self, f) is not None]
+            used += [f for f in ("qkv_bias", "qk_norm") if getattr(self, f)]
+            if used:
+                raise ConfigError(f"{self.name}: {', '.join(used)} apply to gpt, llama and mixtral models only")
+        if self.norm not in (None, "layernorm", "rmsnorm"):
+            raise ConfigError(f"{self.name}: norm must be layernorm or rmsnorm, got {self.norm!r}")
+        if self.positions not in (None, "learned", "rope", "none"):
+            raise ConfigError(f"{self.name}: positions must be learned, rope or none, got {self.positions!r}")
         if self.family not in ("llama", "mixtral"):
             used = [f for f in _LLAMA_ONLY if getattr(self, f)] + (["activation"] if self.activation != "silu" else [])
             if used:
@@ -145,8 +172,23 @@ class TransformerConfig:
                               "and as many key/value heads as heads")
         if not self.kv_lora_rank and any(mla):
             raise ConfigError(f"{self.name}: q_lora_rank, qk_rope_dim and v_head_dim need kv_lora_rank > 0")
-        if self.kv_lora_rank and (self.qkv_bias or self.attention_bias):
+        if self.kv_lora_rank and (self.qkv_bias or self.attention_bias or self.linear_biases):
             raise ConfigError(f"{self.name}: multi-head latent attention has no q/k/v biases")
+
+    @property
+    def norm_kind(self) -> Norm:
+        """The decoder's normalisation: ``norm``, else the family's (GPT: LayerNorm; Llama-style: RMSNorm)."""
+        return self.norm or family_decoder(self.family)[0]
+
+    @property
+    def position_kind(self) -> Positions:
+        """The decoder's positions: ``positions``, else the family's (GPT: learned; Llama-style: RoPE)."""
+        return self.positions or family_decoder(self.family)[1]
+
+    @property
+    def linear_biases(self) -> bool:
+        """Whether the decoder's linear layers have biases: ``linear_bias``, else the family's (GPT's do)."""
+        return family_decoder(self.family)[2] if self.linear_bias is None else self.linear_bias
 
     @property
     def dropout_p(self) -> float:
@@ -219,4 +261,37 @@ def extra_features(arch: Mapping[str, Any] | None) -> list[str]:
         out.append("GELU experts of a GPT (Megatron-LM's --num-experts without --swiglu)")
     if arch.get("activation", "silu") != "silu":
         out.append(f"a {arch['activation']}-gated MLP (Gemma)")
+    return out
+
+
+def decoder_fields(family: str, norm: Norm, positions: Positions, linear_bias: bool) -> dict[str, Any]:
+    """A decoder's normalisation, positions and linear biases read from a trainer's config, as a
+    :class:`TransformerConfig`'s ``norm``, ``positions`` and ``linear_bias``: None where they are
+    the ``family``'s own, so that a config with its family's choices equals the preset."""
+    own_norm, own_positions, own_bias = family_decoder(family)
+    return {"norm": None if norm == own_norm else norm, "positions": None if positions == own_positions else positions,
+            "linear_bias": None if linear_bias == own_bias else linear_bias}
+
+
+def family_decoder(family: str) -> tuple[Norm, Positions, bool]:
+    """A family's own normalisation, positions and linear biases: GPT's LayerNorm, learned positions
+    and biases; the Llama-style families' RMSNorm, RoPE and none."""
+    gpt = family == "gpt"
+    return ("layernorm" if gpt else "rmsnorm", "learned" if gpt else "rope", gpt)
+
+
+def decoder_variants(arch: Mapping[str, Any] | None) -> list[str]:
+    """The normalisation, positions and linear biases an architecture (a :class:`TransformerConfig`'s
+    fields) sets other than its family's own, described (empty for the family's own)."""
+    arch = arch or {}
+    family = str(arch.get("family"))
+    own = dict(zip(("norm", "positions", "linear_bias"), family_decoder(family), strict=True))
+    words = {"norm": "normalisation", "positions": "positions", "linear_bias": "linear biases"}
+    out = []
+    for field, what in words.items():
+        value = arch.get(field)
+        if value is not None and value != own[field]:
+            shown, theirs = (("on" if value else "off"), ("on" if own[field] else "off")) if field == "linear_bias" \
+                else (value, own[field])
+            out.append(f"{what} {shown} (the {family} family's: {theirs})")
     return out
