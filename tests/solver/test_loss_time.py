@@ -3,9 +3,8 @@
 The oracle is each loss's kernels written out from its code, one line a kernel (bytes moved per
 logit element), priced at the HBM peak times the fraction its kind reaches: Megatron-LM's
 ``VocabParallelCrossEntropy`` (elementwise and row-reduction kernels) and PyTorch's
-``cross_entropy`` on logits cast to fp32 (``log_softmax`` and its backward are softmax kernels).
-Before 2026-11-28 the loss was priced as one read of the 16-bit logits forward and two backward:
-6 bytes a logit, where these kernels move 52 (Megatron-LM) and 36 (PyTorch)."""
+``cross_entropy`` on logits cast to fp32 (``log_softmax`` and its backward are softmax kernels):
+52 bytes a logit (Megatron-LM) and 36 (PyTorch), not the 6 of one 16-bit read forward and two backward."""
 
 from __future__ import annotations
 
