@@ -16,6 +16,7 @@ the TP group's tokens, ``top_k`` slots each, their hidden units over ``etp``.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,27 @@ def test_a_resume_into_other_expert_tensor_parallel_sizes_is_a_change_of_its_own
                                                                                  layout_of(doc(2, None))))
     plain = changes(layout_of(doc(2, None)), layout_of(doc(4, None)))
     assert plain is not None and [c.axis for c in plain] == ["tp"]
+
+
+def test_parplan_memory_prices_an_expert_tensor_parallel_size(capsys: pytest.CaptureFixture[str]) -> None:
+    """``parplan memory --expert-tensor-parallel 1`` beside ``--tp 2``: the strategy carries it and a
+    rank holds the closed form's ``N_exp / ep - N_exp / (ep x tp)`` more expert weight bytes."""
+    import json
+
+    from parplan.cli import main
+    from parplan.solver.frontends.presets import get_preset
+
+    def run(*extra: str) -> dict[str, Any]:
+        assert main(["memory", "--model", "mixtral-8x7b", "--gpus", "8", "--tp", "2", "--pp", "1", "--zero", "1",
+                     "--sequence-parallel", "--expert-parallel", "4", "--seq-len", "1024", "--json", *extra]) == 0
+        doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return doc
+
+    cfg = get_preset("mixtral-8x7b")
+    n_exp = cfg.layers * cfg.num_experts * 3 * cfg.hidden * cfg.ffn
+    split, base = run("--expert-tensor-parallel", "1"), run()
+    assert split["strategy"]["expert_tensor_parallel"] == 1 and "etp1" in split["strategy"]["summary"]
+    assert "expert_tensor_parallel" not in base["strategy"]
+    more = (split["memory"]["stages"][0]["breakdown"]["parameters"]
+            - base["memory"]["stages"][0]["breakdown"]["parameters"])
+    assert more == pytest.approx(2 * (n_exp / 4 - n_exp / 8), rel=1e-12)
