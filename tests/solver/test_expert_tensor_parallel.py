@@ -162,3 +162,12 @@ def test_parplan_memory_prices_an_expert_tensor_parallel_size(capsys: pytest.Cap
     more = (split["memory"]["stages"][0]["breakdown"]["parameters"]
             - base["memory"]["stages"][0]["breakdown"]["parameters"])
     assert more == pytest.approx(2 * (n_exp / 4 - n_exp / 8), rel=1e-12)
+
+
+def test_the_cpu_agent_refuses_a_plan_with_an_expert_tensor_parallel_size() -> None:
+    """The agent's runner keeps the experts on TP: it refuses such a plan rather than run another one."""
+    from parplan.agent.plans import strategy_of_plan
+
+    doc = {"strategy": {"tp": 2, "pp": 1, "dp": 2, "sequence_parallel": True, "expert_tensor_parallel": 1}}
+    with pytest.raises(StrategyError, match="expert_tensor_parallel 1"):
+        strategy_of_plan(doc)
