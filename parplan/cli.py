@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     mem = sub.add_parser("memory", help="memory and time of one strategy, per device",
                          description="Predict per-device memory (by category) and step time of one strategy.")
-    add_strategy_args(mem, importable=True)
+    add_strategy_args(mem, importable=True, expert_tensor=True)
     mem.add_argument("--from", dest="from_", nargs=2, metavar=("KIND", "FILE"), default=None,
                      help="price a trainer's own configuration: megatron-args FILE (pretrain_gpt.py flags or its "
                           "torchrun line), ds-config FILE (DeepSpeed; give --model and --gpus), torchtitan-config "

@@ -98,8 +98,9 @@ def add_cluster_args(p: argparse.ArgumentParser, required: bool = True) -> None:
                         "which an offloaded optimizer must fit")
 
 
-def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> None:
-    """The strategy flags; ``importable``: they may come from a trainer's file instead (``--from``)."""
+def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False, expert_tensor: bool = False) -> None:
+    """The strategy flags; ``importable``: they may come from a trainer's file instead (``--from``);
+    ``expert_tensor``: with ``--expert-tensor-parallel`` (what is priced, not what an agent runs)."""
     p.add_argument("--model", required=not importable,
                    help="preset name (see `parplan models`), graph JSON or HF config.json")
     add_cluster_args(p, required=not importable)
@@ -135,6 +136,11 @@ def add_strategy_args(p: argparse.ArgumentParser, importable: bool = False) -> N
                         "master as the bf16 weight and its 16-bit remainder, 2 B/param less), -moments-bf16 (Adam's "
                         "moments in bf16, 4 B/param less) or -remainders-moments-bf16")
     p.add_argument("--expert-parallel", type=positive, default=1, help="expert-parallel degree (MoE), divides dp")
+    if expert_tensor:
+        p.add_argument("--expert-tensor-parallel", type=positive, default=None, metavar="N",
+                       help="the experts' own tensor-parallel degree (Megatron-LM's --expert-tensor-parallel-size; "
+                            "default: --tp): each expert split over N ranks, the experts' data-parallel group "
+                            "tp x dp x cp / (N x ep); needs --sequence-parallel with tp > 1")
     p.add_argument("--dp-shard", type=int, default=0, metavar="N",
                    help="hybrid sharded data parallelism (needs --zero 1-3): ZeRO shards within groups of N "
                         "data-parallel ranks, replicated across the dp/N groups (torchtitan's "
@@ -242,7 +248,8 @@ def strategy_from_args(args: argparse.Namespace) -> tuple[ModelSource, Any, Para
         overlap_param_gather=getattr(args, "overlap_param_gather", False),
         overlap_grad_reduce=not getattr(args, "no_overlap_grad_reduce", False),
         pp_scatter_gather=getattr(args, "pp_scatter_gather", False),
-        optimizer_offload=getattr(args, "optimizer_offload", 0.0), dp_shard=getattr(args, "dp_shard", 0))
+        optimizer_offload=getattr(args, "optimizer_offload", 0.0), dp_shard=getattr(args, "dp_shard", 0),
+        expert_tensor_parallel=getattr(args, "expert_tensor_parallel", None))
     return model, cluster, strategy
 
 

@@ -151,6 +151,9 @@ def strategy_of_plan(plan: dict[str, Any]) -> ParallelConfig:
     if s.get("dp_shard"):
         raise ConfigError(f"hybrid sharding (dp_shard {s['dp_shard']}): the agent's runner shards over all of dp; "
                           "validate the plan's torchtitan export with parplan validate --torchtitan")
+    if s.get("expert_tensor_parallel") is not None:
+        raise StrategyError(f"expert_tensor_parallel {s['expert_tensor_parallel']}: the agent's runner splits the "
+                            "experts over the tensor-parallel ranks like the dense layers")
     offload = s.get("optimizer_offload") or 0.0
     if offload and int(s.get("zero", 0)) != 1:
         raise StrategyError(f"optimizer_offload {offload} at zero {s.get('zero', 0)}: the agent runs Megatron-LM's "

@@ -71,6 +71,7 @@ class UniformPlan:
     overlap_grad_reduce: bool = True  # Megatron-LM's --overlap-grad-reduce (false only from `parplan memory`)
     optimizer_offload: float = 0.0  # the optimizer's fraction on the host (ParallelConfig.optimizer_offload)
     dp_shard: int = 0  # hybrid sharding: ZeRO within groups of dp_shard data-parallel ranks (0: all of dp)
+    expert_tensor_parallel: int | None = None  # the experts' own TP degree (Megatron-LM's; None: tp)
 
     @property
     def shard(self) -> int:
@@ -186,6 +187,19 @@ def layered_strategy(doc: Mapping[str, Any], target: str, runs: str) -> Mapping[
     return s
 
 
+def expert_tensor_parallel_of(s: Mapping[str, Any], target: str) -> int | None:
+    """The strategy's ``expert_tensor_parallel`` (None where not set); NotExpressible for a target other
+    than Megatron-LM, the one trainer with an expert tensor-parallel size of its own."""
+    etp = s.get("expert_tensor_parallel")
+    if etp is None:
+        return None
+    if target != "megatron":
+        raise NotExpressible(target, [f"expert_tensor_parallel {etp}: the experts on a tensor-parallel degree of "
+                                      f"their own is Megatron-LM's --expert-tensor-parallel-size; {target} splits "
+                                      "the experts like the dense layers"])
+    return int(etp)
+
+
 def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
     """The plan as one strategy for every layer; NotExpressible when it is not one (an ILP plan's
     per-operator shardings; a DP plan whose layers differ)."""
@@ -204,11 +218,12 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            overlap_param_gather=bool(s.get("overlap_param_gather")),
                            overlap_grad_reduce=s.get("overlap_grad_reduce") is not False,
                            optimizer_offload=float(s.get("optimizer_offload") or 0.0),
-                           dp_shard=int(s.get("dp_shard") or 0))
+                           dp_shard=int(s.get("dp_shard") or 0),
+                           expert_tensor_parallel=expert_tensor_parallel_of(s, target))
     if kind == "per-layer":
         runs = list(s.get("layers") or [])
         keys = ("tp", "dp", "zero", "sequence_parallel", "recompute", "expert_parallel", "tp_inner", "cp", "cp_comm",
-                "dp_shard")
+                "dp_shard", "expert_tensor_parallel")
         distinct = {tuple(r.get(k) for k in keys) for r in runs}
         reasons = []
         if len(distinct) > 1:
@@ -232,7 +247,8 @@ def uniform_of(doc: Mapping[str, Any], target: str) -> UniformPlan:
                            expert_parallel=int(r.get("expert_parallel") or 1),
                            partition=tuple(s["partition"]) if s.get("partition") else None,
                            cp=int(r.get("cp") or 1), cp_comm=str(r.get("cp_comm") or "p2p"),
-                           dp_shard=int(r.get("dp_shard") or 0))
+                           dp_shard=int(r.get("dp_shard") or 0),
+                           expert_tensor_parallel=expert_tensor_parallel_of(r, target))
     raise NotExpressible(target, [f"unknown strategy kind {kind!r}"])
 
 

@@ -36,6 +36,7 @@ from parplan.exports.common import (
     NotExpressible,
     PlanContext,
     context_of,
+    expert_tensor_parallel_of,
     flag_lines,
     layered_strategy,
 )
@@ -150,6 +151,8 @@ def export_galvatron(doc: Mapping[str, Any]) -> Export:
 def _read_plan(doc: Mapping[str, Any], ctx: PlanContext) -> tuple[list[Block], Step]:
     """Every block's strategy in model order, and the step settings."""
     s = layered_strategy(doc, TARGET, "Galvatron gives each transformer block one tensor/data-parallel layout")
+    for run in [s, *(s.get("layers") or [])]:
+        expert_tensor_parallel_of(run, TARGET)  # (refused: Galvatron splits the experts like the dense layers)
     kind = s.get("kind", "uniform")
     partition = tuple(int(n) for n in s["partition"]) if s.get("partition") else None
     step = Step(pp=int(s["pp"]), num_microbatches=int(s["num_microbatches"]), global_batch=int(s["global_batch"]),

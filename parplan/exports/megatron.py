@@ -218,6 +218,8 @@ def _parallel_flags(plan: UniformPlan, layers: int, partition: list[str]) -> lis
         args.append("--sequence-parallel")
     if plan.expert_parallel > 1:
         args += ["--expert-model-parallel-size", str(plan.expert_parallel)]
+    if plan.expert_tensor_parallel is not None:
+        args += ["--expert-tensor-parallel-size", str(plan.expert_tensor_parallel)]
     if plan.cp > 1:
         args += ["--context-parallel-size", str(plan.cp), "--cp-comm-type", plan.cp_comm]
     if plan.virtual_stages > 1:

@@ -248,13 +248,12 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
                         "the all-to-all (a2a)")
     ept = _get(flags, "--expert-tensor-parallel-size")
     tp = _get(flags, "--tensor-model-parallel-size", 1) or 1
-    if ept is not None and ept != tp:
-        if flags.get("--num-experts"):
-            problems.append("an expert tensor-parallel size other than the tensor-parallel size is not modelled")
-        else:  # megatron/core/parallel_state.py: it only sizes the expert groups, which a dense model has none of
-            adjusted.append(f"--expert-tensor-parallel-size {ept} without --num-experts: no expert layers to split")
+    if ept is not None and ept != tp and not flags.get("--num-experts"):
+        # megatron/core/parallel_state.py: it only sizes the expert groups, which a dense model has none of
+        adjusted.append(f"--expert-tensor-parallel-size {ept} without --num-experts: no expert layers to split")
+        ept = None
     pp, cp = _get(flags, "--pipeline-model-parallel-size", 1) or 1, _get(flags, "--context-parallel-size", 1) or 1
-    problems += moe.refusals(flags, world // (tp * pp * cp) or 1, cp)
+    problems += moe.refusals(flags, world // (tp * pp * cp) or 1, cp, tp, ept or tp)
     group = _get(flags, "--microbatch-group-size-per-virtual-pipeline-stage")
     if group is not None and group != pp:
         # pipeline_parallel/schedules.py (get_pp_rank_microbatches): the interleaved warm-up runs (v - 1) x group
@@ -274,7 +273,7 @@ def _imported(flags: dict[str, str | bool], world: int, per_node: int | None, un
     assert recompute is not None
     with refusals_as_problems(KIND):
         cfg, seq = _config(flags, family, adjusted)
-        strategy = _strategy(flags, world, cfg.layers, tp, recompute, cp_comm, precision, adjusted)
+        strategy = _strategy(flags, world, cfg.layers, (tp, ept), recompute, cp_comm, precision, adjusted)
     unpriced += moe.notes(flags, strategy.expert_parallel) + _padding_note(flags, cfg.vocab, tp)
     if "--cross-entropy-loss-fusion" in flags:
         # megatron/core/fusions/fused_cross_entropy.py, its in-place steps under torch.compile (core/jit.py)
@@ -463,9 +462,11 @@ def _config(flags: dict[str, str | bool], family: Literal["gpt", "llama", "mixtr
     return cfg, seq
 
 
-def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, recompute: Recompute,
-              cp_comm: str, precision: str, adjusted: list[str]) -> ParallelConfig:
-    """The degrees, batch, pipeline and overlaps the flags give on ``world`` GPUs."""
+def _strategy(flags: dict[str, str | bool], world: int, layers: int, tensor: tuple[int, int | None],
+              recompute: Recompute, cp_comm: str, precision: str, adjusted: list[str]) -> ParallelConfig:
+    """The degrees, batch, pipeline and overlaps the flags give on ``world`` GPUs; ``tensor``: the
+    tensor-parallel size and the experts' own (``--expert-tensor-parallel-size``, None: the same)."""
+    tp, etp = tensor
     pp = _get(flags, "--pipeline-model-parallel-size", 1) or 1
     cp = _get(flags, "--context-parallel-size", 1) or 1
     if world % (tp * pp * cp):
@@ -496,7 +497,8 @@ def _strategy(flags: dict[str, str | bool], world: int, layers: int, tp: int, re
         num_microbatches=gb // (mb * dp),
         schedule=Schedule.INTERLEAVED if virtual > 1 else Schedule.ONE_F_ONE_B, virtual_stages=virtual,
         precision=precision,
-        expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, partition=partition, cp=cp,
+        expert_parallel=_get(flags, "--expert-model-parallel-size", 1) or 1, expert_tensor_parallel=etp,
+        partition=partition, cp=cp,
         cp_comm=cp_comm if cp > 1 else "p2p", tp_comm_overlap="--tp-comm-overlap" in flags,
         overlap_param_gather="--overlap-param-gather" in flags,
         overlap_grad_reduce="--overlap-grad-reduce" in flags or dp * cp == 1,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from parplan.solver.strategy import expert_data_span
+
 #: MoE flags with a value that change the model or the layout
 VALUED = {"--moe-ffn-hidden-size", "--moe-layer-freq", "--moe-shared-expert-intermediate-size",
           "--moe-expert-capacity-factor", "--mtp-num-layers"}
@@ -126,9 +128,10 @@ def _capacity_factor(flags: dict[str, str | bool], text: str, problems: list[str
     return 1.0
 
 
-def refusals(flags: dict[str, str | bool], dp: int, cp: int) -> list[str]:
+def refusals(flags: dict[str, str | bool], dp: int, cp: int, tp: int = 1, etp: int = 1) -> list[str]:
     """What of a mixture of experts (and of DeepSeek's models) parplan does not build, each in one
-    sentence; ``dp`` and ``cp`` the data- and context-parallel sizes."""
+    sentence; ``dp``, ``cp``, ``tp`` and ``etp`` the data-, context-, tensor- and expert
+    tensor-parallel sizes."""
     out = [f"{f} ({why}) is not modelled" for f, why in REFUSED if f in flags]
     if str(flags.get("--mtp-num-layers", "0")) != "0":
         out.append("--mtp-num-layers (multi-token prediction layers after the last block) is not modelled")
@@ -139,7 +142,8 @@ def refusals(flags: dict[str, str | bool], dp: int, cp: int) -> list[str]:
         out.append(f"--moe-token-dispatcher-type {dispatcher} (its communication library's buffers) is not "
                    f"modelled; parplan prices {' and '.join(DISPATCHERS)}")
     ep = _value(flags, "--expert-model-parallel-size", out) or 1
-    if ep > 1 and dp % ep and (dp * cp) % ep == 0:
+    span = expert_data_span(tp, ep, etp)  # the data-parallel replicas an expert group spans
+    if span > 1 and dp % span and (dp * cp) % span == 0:
         out.append("expert parallelism across the context-parallel ranks (Megatron-LM's expert groups span "
                    "dp x cp; parplan's ep divides dp) is not modelled")
     return out

@@ -26,8 +26,9 @@ from typing import Any
 
 from parplan.solver.capacity import CapacityError
 
-#: The parallel degrees a layout names.
-AXES = ("tp", "pp", "dp", "cp", "ep")
+#: The parallel degrees a layout names (``etp``: the experts' tensor-parallel degree, Megatron-LM's
+#: --expert-tensor-parallel-size, compared only where a plan sets one of its own; else it is ``tp``).
+AXES = ("tp", "pp", "dp", "cp", "ep", "etp")
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,20 @@ class Layout:
     degrees: tuple[tuple[str, tuple[int, ...]], ...]
 
     def of(self, axis: str) -> tuple[int, ...]:
+        if axis == "etp" and not self.sets_etp:
+            return self.of("tp")
         return dict(self.degrees).get(axis, (1,))
+
+    @property
+    def sets_etp(self) -> bool:
+        """Whether the plan gives the experts a tensor-parallel degree of their own."""
+        return "etp" in dict(self.degrees)
+
+
+def _expert_tp(st: Mapping[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A strategy's (or a layer group's) own expert tensor-parallel degree as a layout entry, if set."""
+    etp = st.get("expert_tensor_parallel")
+    return (("etp", (int(etp),)),) if etp is not None else ()
 
 
 def layout_of(document: Mapping[str, Any]) -> Layout | None:
@@ -82,15 +96,18 @@ def layout_of(document: Mapping[str, Any]) -> Layout | None:
     axes split operators' dimensions: no degrees)."""
     st = document.get("strategy") or {}
     if st.get("kind") == "uniform":
-        return Layout(tuple((a, (int(st.get(key) or 1),)) for a, key in _KEYS))
+        return Layout(tuple((a, (int(st.get(key) or 1),)) for a, key in _KEYS) + _expert_tp(st))
     if st.get("kind") != "per-layer":
         return None
     layers = [x for x in st.get("layers") or [] if isinstance(x, Mapping)]
 
     def per_layer(key: str) -> tuple[int, ...]:
         return tuple(sorted({int(x.get(key) or 1) for x in layers})) or (1,)
+    own = any(x.get("expert_tensor_parallel") is not None for x in layers)
+    etp = tuple(sorted({int(x.get("expert_tensor_parallel") or x.get("tp") or 1) for x in layers})) or (1,)
     return Layout((("tp", per_layer("tp")), ("pp", (int(st.get("pp") or 1),)), ("dp", per_layer("dp")),
-                   ("cp", (int(st.get("cp") or 1),)), ("ep", per_layer("expert_parallel"))))
+                   ("cp", (int(st.get("cp") or 1),)), ("ep", per_layer("expert_parallel")))
+                  + ((("etp", etp),) if own else ()))
 
 
 #: Each axis and its key in a strategy document.
@@ -108,7 +125,9 @@ def changes(before: Layout | None, after: Layout | None) -> tuple[Change, ...] |
     """The degrees that differ; None when either plan is per-operator (no degrees to compare)."""
     if before is None or after is None:
         return None
-    return tuple(Change(a, before.of(a), after.of(a)) for a in AXES if before.of(a) != after.of(a))
+    own = before.sets_etp or after.sets_etp  # (else the experts follow tp: no change of their own)
+    return tuple(Change(a, before.of(a), after.of(a)) for a in AXES
+                 if before.of(a) != after.of(a) and (a != "etp" or own))
 
 
 def blocked(rule: ResumeRule, before: Layout | None, after: Layout | None) -> tuple[str, ...]:

@@ -295,7 +295,9 @@ def uniform_strategy_document(s: ParallelConfig) -> Document:
         **({"optimizer_offload": s.optimizer_offload} if s.optimizer_offload else {}),
         "summary": s.describe(),
     } | ({"partition": list(s.partition)} if s.partition else {}) | (  # blocks per stage, where not even
-        {"dp_shard": s.dp_shard} if s.dp_shard else {})  # hybrid sharding's shard group, where set
+        {"dp_shard": s.dp_shard} if s.dp_shard else {}) | (  # hybrid sharding's shard group, where set
+        # the experts' own tensor-parallel degree, where not tp
+        {"expert_tensor_parallel": s.expert_tensor_parallel} if s.expert_tensor_parallel is not None else {})
 
 
 def plan_summary(plan: LayerPlan) -> str:
@@ -325,7 +327,8 @@ def per_layer_strategy_document(plan: LayerPlan) -> Document:
             runs.append({"first": unit, "last": unit, "count": 1, "strategy": text, "stage": stage,
                          "tp": s.tp, "dp": s.dp, "zero": s.zero, "sequence_parallel": s.sp,
                          "recompute": s.recompute.value, "tp_inner": s.tp_inner, "expert_parallel": s.ep,
-                         "cp": s.cp, "cp_comm": s.cp_comm} | ({"dp_shard": s.dp_shard} if s.dp_shard else {}))
+                         "cp": s.cp, "cp_comm": s.cp_comm} | ({"dp_shard": s.dp_shard} if s.dp_shard else {})
+                        | ({"expert_tensor_parallel": s.etp} if s.etp else {}))
     return {"kind": "per-layer", "summary": plan_summary(plan), "pp": plan.pp,
             "cp": max(s.cp for s in plan.layers.values()),
             "num_microbatches": plan.num_microbatches, "global_batch": plan.global_batch,

@@ -38,6 +38,50 @@ def hybrid_groups(dp: int, dp_shard: int) -> tuple[int, int]:
     return shard, dp // shard
 
 
+def expert_data_span(tp: int, ep: int, etp: int) -> int:
+    """Data-parallel replicas (``tp x cp`` ranks each) one expert-parallel group spans. Megatron-LM
+    regroups a stage's ``tp x cp x dp`` ranks for the experts as ``etp x ep x expert-dp``, the expert
+    tensor-parallel ranks innermost (``parallel_state.initialize_model_parallel``'s expert rank
+    generator, order tp-ep-dp): a group of ``etp x ep`` consecutive ranks, ``etp x ep / tp`` replicas
+    when it is at least one TP group (``ep`` with ``etp = tp``), inside one TP group (1) otherwise."""
+    return max(1, etp * ep // tp)
+
+
+def check_expert_tensor_parallel(tp: int, dp: int, cp: int, ep: int, etp: int, sp: bool, dp_shard: int,
+                                 runtime: Runtime) -> None:
+    """StrategyError unless parplan models ``etp`` (Megatron-LM's ``--expert-tensor-parallel-size``)
+    beside ``tp``: Megatron-LM's own condition, ``etp x ep`` dividing the stage's ``tp x dp x cp``
+    ranks (``initialize_model_parallel``: "world_size ... is not divisible by
+    expert_tensor_model_pipeline_parallel size") and sequence parallelism with ``tp > 1`` (its MoE layer
+    refuses tensor parallelism without it in training), and parplan's: ``etp`` dividing ``tp`` (each
+    rank's expert tokens a share of its TP group's), an expert group of whole TP groups or inside one, over
+    data-parallel ranks (:func:`expert_data_span`), Megatron-LM's runtime, no hybrid sharding."""
+    problems = []
+    if etp < 1:
+        problems.append(f"expert tensor-parallel degree must be at least 1, got {etp}")
+    elif (tp * dp * cp) % (etp * ep):
+        problems.append(f"expert tensor-parallel {etp} x expert parallel {ep} must divide tp x dp x cp = "
+                        f"{tp * dp * cp}")
+    elif tp % etp:
+        problems.append(f"an expert tensor-parallel degree {etp} that does not divide tp {tp} is not modelled")
+    elif (etp * ep) % tp and tp % (etp * ep):
+        problems.append(f"an expert-parallel group of {etp} x {ep} ranks that neither holds whole TP groups of "
+                        f"{tp} nor lies inside one is not modelled")
+    elif dp % expert_data_span(tp, ep, etp):
+        problems.append(f"expert parallelism across the context-parallel ranks (etp {etp} x ep {ep} spans "
+                        f"{expert_data_span(tp, ep, etp)} replicas, dp is {dp}) is not modelled")
+    if tp > 1 and not sp:  # megatron/core/transformer/moe/moe_layer.py refuses it in training
+        problems.append("experts with tensor parallelism without sequence parallelism: Megatron-LM's MoE layer "
+                        "refuses it (\"performance may degrade if MoE and tensor parallelism are enabled without "
+                        "also enabling sequence parallelism\")")
+    if dp_shard:
+        problems.append("an expert tensor-parallel degree other than tp with hybrid sharding is not modelled")
+    if runtime is not Runtime.MEGATRON:
+        problems.append(f"an expert tensor-parallel degree other than tp is Megatron-LM's; runtime is {runtime}")
+    if problems:
+        raise StrategyError("; ".join(problems))
+
+
 def check_dp_shard(dp: int, dp_shard: int, zero: int, ep: int, runtime: Runtime) -> None:
     """StrategyError unless ``dp_shard`` is a hybrid sharding the trainers run: ZeRO shards within
     groups of ``dp_shard`` data-parallel ranks (x ``cp``) and the ``dp / dp_shard`` groups replicate
@@ -273,6 +317,10 @@ class ParallelConfig:
     #: hybrid sharded data parallelism: ZeRO shards within groups of ``dp_shard`` data-parallel
     #: ranks, replicated across the ``dp / dp_shard`` groups (:func:`check_dp_shard`); 0: all of dp
     dp_shard: int = 0
+    #: the experts' own tensor-parallel degree (Megatron-LM's ``--expert-tensor-parallel-size``): each
+    #: expert's weights split over ``etp`` ranks, the experts over ``ep``, the rest of the stage's
+    #: ``tp x dp x cp`` ranks their data-parallel group (:func:`check_expert_tensor_parallel`); None: tp
+    expert_tensor_parallel: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages", "expert_parallel",
@@ -285,7 +333,12 @@ class ParallelConfig:
             raise StrategyError("sequence parallelism needs tp > 1")
         if self.cp_comm not in CP_COMM:
             raise StrategyError(f"cp_comm must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}")
-        if self.dp % self.expert_parallel:
+        if self.expert_tensor_parallel == self.tp:
+            object.__setattr__(self, "expert_tensor_parallel", None)  # one spelling of the experts on tp
+        if self.expert_tensor_parallel is not None:
+            check_expert_tensor_parallel(self.tp, self.dp, self.cp, self.expert_parallel, self.expert_tensor_parallel,
+                                         self.sequence_parallel, self.dp_shard, self.runtime)
+        elif self.dp % self.expert_parallel:
             raise StrategyError(f"expert parallel degree {self.expert_parallel} must divide dp {self.dp}")
         check_precision_runtime(self.precision, self.runtime)
         check_dp_shard(self.dp, self.dp_shard, self.zero, self.expert_parallel, self.runtime)
@@ -317,11 +370,17 @@ class ParallelConfig:
     def global_batch(self) -> int:
         return self.micro_batch * self.num_microbatches * self.dp
 
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree (``tp`` unless ``expert_tensor_parallel`` says otherwise)."""
+        return self.expert_tensor_parallel or self.tp
+
     def mesh(self) -> dict[str, int]:
         """Mesh axes, outermost first: pipeline, data (split into expert-data x expert), context
         (only when ``cp > 1``), tensor; under hybrid sharding the replicate axis ``rep`` comes first
-        of the data axes (the shard groups are consecutive ranks)."""
-        ep = self.expert_parallel
+        of the data axes (the shard groups are consecutive ranks). With an expert tensor-parallel degree
+        other than tp, ``ep`` is the expert group's span over the data axis (:func:`expert_data_span`)."""
+        ep = expert_data_span(self.tp, self.expert_parallel, self.expert_tp)
         cp = {"cp": self.cp} if self.cp > 1 else {}
         rep = {"rep": self.replicate} if self.dp_shard else {}
         return {"pp": self.pp, **rep, "edp": self.shard // ep, "ep": ep, **cp, "tp": self.tp}
@@ -342,6 +401,8 @@ class ParallelConfig:
             parts.append("sp")
         if self.expert_parallel > 1:
             parts.append(f"ep{self.expert_parallel}")
+        if self.expert_tensor_parallel is not None:
+            parts.append(f"etp{self.expert_tensor_parallel}")
         parts.append(f"recompute={self.recompute.value}")
         parts.append(f"mb{self.micro_batch}x{self.num_microbatches}")
         parts.append(self.schedule.value + (f"(v={self.virtual_stages})" if self.virtual_stages > 1 else ""))

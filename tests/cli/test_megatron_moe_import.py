@@ -65,7 +65,7 @@ def test_moe_layer_freq_as_megatron_lm_writes_it() -> None:
     ("--multi-latent-attention", "multi-head latent attention"),
     ("--mtp-num-layers 1", "multi-token prediction"),
     ("--overlap-moe-expert-parallel-comm", "--overlap-moe-expert-parallel-comm"),
-    ("--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1", "expert tensor-parallel size"),
+    ("--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1", "without sequence parallelism"),
     ("--context-parallel-size 4 --expert-model-parallel-size 4", "expert parallelism across the context-parallel"),
     ("--moe-ffn-hidden-size 0", "--moe-ffn-hidden-size needs a positive integer, got '0'"),
     ("--moe-expert-capacity-factor x", "--moe-expert-capacity-factor 'x' is not a number"),

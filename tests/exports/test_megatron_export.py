@@ -402,3 +402,30 @@ def test_other_targets_refuse_a_normalisation_they_do_not_write(target: str) -> 
     doc["model"]["architecture"] |= {"norm": "rmsnorm" if own else "layernorm"}
     with pytest.raises(NotExpressibleError, match="normalisation"):
         export_plan(doc, target)
+
+
+def test_an_expert_tensor_parallel_size_reaches_megatron_core_and_comes_back() -> None:
+    """A plan whose experts run on their own tensor-parallel size (imported from Megatron-LM's
+    --expert-tensor-parallel-size) is written back as that flag: megatron-core's TransformerConfig takes
+    it as expert_tensor_parallel_size, and parplan's import of the file gives the same strategy."""
+    from parplan.imports import read_config
+
+    doc = doc_for("mixtral-8x7b", 16, {"tp": 4, "pp": 2, "dp": 2, "zero": 1, "expert_parallel": 4,
+                                       "expert_tensor_parallel": 1, "sequence_parallel": True,
+                                       "num_microbatches": 4})
+    text = export_plan(doc, "megatron").files["megatron_args.txt"]
+    config, declared = read_args(text)
+    cfg = build_config(config, declared)
+    assert (cfg.tensor_model_parallel_size, cfg.expert_tensor_parallel_size, cfg.expert_model_parallel_size) == (
+        4, 1, 4)
+    back = read_config("megatron-args", text, gpus=16).strategy
+    assert (back.tp, back.dp, back.expert_parallel, back.expert_tensor_parallel) == (4, 2, 4, 1)
+
+
+@pytest.mark.parametrize("target", ["deepspeed", "torchtitan", "nanotron", "galvatron"])
+def test_other_targets_refuse_an_expert_tensor_parallel_size(target: str) -> None:
+    doc = doc_for("mixtral-8x7b", 16, {"tp": 2, "pp": 1, "dp": 8, "zero": 1, "expert_parallel": 8,
+                                       "expert_tensor_parallel": 1, "sequence_parallel": True,
+                                       "num_microbatches": 1})
+    with pytest.raises(NotExpressibleError, match="expert_tensor_parallel 1"):
+        export_plan(doc, target)

@@ -40,10 +40,22 @@ class LayerStrategy:
     cp_comm: str = "p2p"  # how attention exchanges under CP: the ring (p2p) or all-to-alls (a2a, Ulysses)
     #: hybrid sharding: ZeRO within groups of dp_shard ranks, replicated across dp / dp_shard (0: all of dp)
     dp_shard: int = 0
+    #: the experts' own tensor-parallel degree (Megatron-LM's --expert-tensor-parallel-size); 0: tp
+    etp: int = 0
+
+    def __post_init__(self) -> None:
+        if self.etp == self.tp:
+            object.__setattr__(self, "etp", 0)  # one spelling of the experts on tp
 
     def unit(self, flash_attention: bool, runtime: Runtime = Runtime.MEGATRON) -> UnitStrategy:
         return UnitStrategy(tp=self.tp, sp=self.sp, ep=self.ep, recompute=self.recompute,
-                            flash_attention=flash_attention, runtime=runtime, cp=self.cp, cp_comm=self.cp_comm)
+                            flash_attention=flash_attention, runtime=runtime, cp=self.cp, cp_comm=self.cp_comm,
+                            etp=self.etp)
+
+    @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel degree."""
+        return self.etp or self.tp
 
     @property
     def data_ranks(self) -> int:
@@ -54,7 +66,7 @@ class LayerStrategy:
     def layout_key(self) -> tuple[int, ...]:
         """What decides the layout of the activation between blocks."""
         key = (self.tp, self.dp, self.tp_inner, self.sp, self.ep)
-        return (*key, self.cp) if self.cp > 1 else key
+        return (*key, self.cp) if self.cp > 1 else key  # (etp: inside a block only)
 
     def describe(self) -> str:
         cp = f"cp{self.cp}" + (" a2a" if self.cp_comm == "a2a" else "")
@@ -67,6 +79,8 @@ class LayerStrategy:
             parts.append("sp")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
+        if self.etp:
+            parts.append(f"etp{self.etp}")
         if self.tp > 1 and self.dp > 1:
             parts.append("tp-inner" if self.tp_inner else "dp-inner")
         parts.append("ckpt" if self.recompute is Recompute.FULL else self.recompute.value)
@@ -126,8 +140,16 @@ def plan_key(plan: LayerPlan) -> tuple[Any, ...]:
 
 
 def group_ranks(s: LayerStrategy, expert: bool) -> int:
-    """Ranks a parameter's gradients are reduced over: ``dp x cp``, of an expert's ``/ ep``."""
-    return s.data_ranks // s.ep if expert else s.data_ranks
+    """Ranks a parameter's gradients are reduced over: ``dp x cp``; an expert's, its expert-data-parallel
+    group, ``tp x dp x cp / (etp x ep)`` (Megatron-LM's expert rank generator: the stage's ranks as
+    ``etp x ep x expert-dp``; ``dp x cp / ep`` with ``etp = tp``)."""
+    return s.data_ranks * s.tp // (s.expert_tp * s.ep) if expert else s.data_ranks
+
+
+def tensor_ranks(s: LayerStrategy, expert: bool) -> int:
+    """Ranks a parameter that tensor parallelism leaves whole is replicated over: the TP group, an
+    expert's the expert tensor-parallel group."""
+    return s.expert_tp if expert else s.tp
 
 
 def shard_ranks(s: LayerStrategy, expert: bool) -> int:
@@ -139,7 +161,7 @@ def shard_ranks(s: LayerStrategy, expert: bool) -> int:
     if not s.dp_shard:
         return group_ranks(s, expert)
     ranks = s.dp_shard * s.cp
-    return ranks // s.ep if expert else ranks
+    return ranks // s.ep if expert else ranks  # (no expert tensor-parallel degree of its own here)
 
 
 def replicate_ranks(s: LayerStrategy) -> int:

@@ -28,7 +28,7 @@ def layer_plan(graph: Graph, cfg: ParallelConfig) -> LayerPlan:
     """The uniform strategy ``cfg`` as a per-layer plan (every block the same)."""
     layer = LayerStrategy(tp=cfg.tp, dp=cfg.dp, zero=cfg.zero, sp=cfg.sequence_parallel, recompute=cfg.recompute,
                           tp_inner=True, ep=cfg.expert_parallel, cp=cfg.cp, cp_comm=cfg.cp_comm,
-                          dp_shard=cfg.dp_shard)
+                          dp_shard=cfg.dp_shard, etp=cfg.expert_tensor_parallel or 0)
     return LayerPlan(pp=cfg.pp, num_microbatches=cfg.num_microbatches, global_batch=cfg.global_batch,
                       layers=dict.fromkeys(blocks_of(graph), layer), partition=cfg.partition,
                       schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,

@@ -19,7 +19,14 @@ from parplan.solver.cost.pipeline import device_of, stage_of_units
 from parplan.solver.cost.precision import Precision, get_precision
 from parplan.solver.cost.units import GraphCosts, TimeEnv, UnitCost
 from parplan.solver.errors import StrategyError
-from parplan.solver.strategy import check_dp_shard, check_overlaps, check_recompute, hybrid_groups
+from parplan.solver.strategy import (
+    check_dp_shard,
+    check_expert_tensor_parallel,
+    check_overlaps,
+    check_recompute,
+    expert_data_span,
+    hybrid_groups,
+)
 
 
 class Links(Protocol):
@@ -70,7 +77,8 @@ def unit_cost(p: Links, plan: LayerPlan, u: str, s: LayerStrategy, prec: Precisi
 
 def stage_mesh(cluster: Cluster, pp: int, s: LayerStrategy) -> DeviceMesh:
     """The devices as a mesh of ``pp`` stages and ``s``'s axes inside each."""
-    if s.dp % s.ep:
+    ep = expert_data_span(s.tp, s.ep, s.expert_tp)  # the expert group's span over the data axis
+    if s.dp % ep:
         raise StrategyError(f"ep {s.ep} must divide dp {s.dp}")
     # context-parallel ranks sit inside the data axes, next to the tensor axis (Megatron's
     # order tp-cp-ep-dp-pp: TP within a node first, then CP)
@@ -79,7 +87,7 @@ def stage_mesh(cluster: Cluster, pp: int, s: LayerStrategy) -> DeviceMesh:
     # are consecutive slices of its data-and-context-parallel group)
     shard, replicas = hybrid_groups(s.dp, s.dp_shard)
     rep = [("rep", replicas)] if s.dp_shard else []
-    data = [*rep, ("edp", shard // s.ep), ("ep", s.ep)] + ([("cp", s.cp)] if s.cp > 1 else [])
+    data = [*rep, ("edp", shard // ep), ("ep", ep)] + ([("cp", s.cp)] if s.cp > 1 else [])
     inner = [*data, ("tp", s.tp)] if s.tp_inner else [("tp", s.tp), *data]
     return DeviceMesh.of(cluster, [("pp", pp), *inner])
 
@@ -91,7 +99,8 @@ def time_env(cluster: Cluster, calibration: Calibration, mesh: DeviceMesh, s: La
     # every ring step waits for its slowest hop: the network once the ring leaves a node
     ring = mesh.hop_link("cp", cluster) if s.cp > 1 else None
     group = mesh.link("cp", cluster) if s.cp > 1 else None
-    ep = mesh.link("ep", cluster) if s.ep > 1 else None
+    # an expert group inside a TP group (an expert tensor-parallel degree below tp) runs on its links
+    ep = mesh.group_link(["ep", "tp"] if s.expert_tp * s.ep < s.tp else ["ep"], cluster) if s.ep > 1 else None
     return TimeEnv(cluster.gpu, calibration, prec, link, ring, group, ep)
 
 
@@ -172,6 +181,8 @@ def check_plan(plan: LayerPlan, devices: int | None, check_cp: Callable[[int, in
                        s.zero if s.data_ranks > 1 else 1, plan.overlap_grad_reduce, plan.pp_scatter_gather)
     for s in {s for s in plan.layers.values() if s.dp_shard}:
         check_dp_shard(s.dp, s.dp_shard, s.zero, s.ep, plan.runtime)
+    for s in {s for s in plan.layers.values() if s.etp}:
+        check_expert_tensor_parallel(s.tp, s.dp, s.cp, s.ep, s.etp, s.sp, s.dp_shard, plan.runtime)
     for u, s in plan.layers.items():
         check_recompute(plan.runtime, s.recompute, plan.precision)
         if s.sp and s.tp == 1:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from parplan.solver.cost.backward import BackwardProfile
-from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks, shard_ranks
+from parplan.solver.cost.layer_plan import LayerPlan, LayerStrategy, group_ranks, shard_ranks, tensor_ranks
 from parplan.solver.cost.memory import Memory, MemoryBreakdown
 from parplan.solver.cost.offload import device_states, host_bytes
 from parplan.solver.cost.peak import StageUnit, stage_peak, stage_unit
@@ -101,7 +101,7 @@ def model_states(groups: Mapping[ParamGroup, float], s: LayerStrategy, prec: Pre
     total = Memory(MemoryBreakdown(), MemoryBreakdown())
     for group, elems in groups.items():
         nz = shard_ranks(s, group.expert)
-        replicas = (s.tp if group.tp_replicated else 1) * group_ranks(s, group.expert)
+        replicas = (tensor_ranks(s, group.expert) if group.tp_replicated else 1) * group_ranks(s, group.expert)
         total = total + Memory(*parameter_states(elems, prec, s.zero, nz, replicas, shards_parameters))
     return total
 

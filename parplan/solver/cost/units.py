@@ -13,6 +13,7 @@ Everything here is a rearrangement of the per-operator models in :mod:`.activati
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -66,6 +67,19 @@ class ParamGroup:
 
     tp_replicated: bool  # not split by TP, so every TP rank holds a copy
     expert: bool  # split over the expert-parallel axis (ZeRO shards them over the rest of DP)
+
+
+#: the axes inside a TP group: the tensor axis, and the experts' two factors of it under an expert
+#: tensor-parallel degree of their own (:func:`~.unit_strategy.mesh_sizes`)
+TP_GROUP_AXES = ("tp", "etp", "etx")
+
+
+def param_group(lay: TensorLayout, s: UnitStrategy) -> ParamGroup:
+    """How a parameter in layout ``lay`` replicates: an expert's (split over the expert axis) over its
+    expert tensor-parallel group when no tensor axis splits it, any other over the TP group."""
+    expert = "ep" in lay.axes
+    ranks = (s.etp or s.tp) if expert else s.tp
+    return ParamGroup(tp_replicated=ranks > 1 and not lay.axes & {"tp", "etp"}, expert=expert)
 
 
 @dataclass(frozen=True)
@@ -310,7 +324,7 @@ class GraphCosts:
             c.largest_param_elems = max(c.largest_param_elems, local)
             if p.id in self.shared_params:
                 continue
-            group = ParamGroup(tp_replicated=s.tp > 1 and "tp" not in lay.axes, expert="ep" in lay.axes)
+            group = param_group(lay, s)
             c.params[group] = c.params.get(group, 0.0) + local
         per_unit, shared = self.saved(s.recompute, s.flash_attention, prec.activation_bytes, s.runtime, prec.te_fp8)
         c.act_bytes, c.act_redundant_bytes = self.item_bytes((it for it in per_unit[unit] if it.key not in shared), s)
@@ -373,8 +387,9 @@ class GraphCosts:
                                          for d, a in lay.split), lay.partial)
             local = it.total_bytes / lay.shards(mesh, it.dims)
             held += local
-            if s.tp > 1 and "tp" not in lay.axes:
-                redundant += local * (1 - 1 / s.tp)
+            if s.tp > 1:  # the copies the TP group holds of it
+                split = math.prod(mesh[a] for _, axes in lay.split for a in axes if a in TP_GROUP_AXES)
+                redundant += local * (1 - split / s.tp)
         return held, redundant
 
     def operator_seconds(self, unit: str, s: UnitStrategy, env: TimeEnv) -> Iterator[OperatorSeconds]:
@@ -412,8 +427,9 @@ class GraphCosts:
                     continue
                 seen.add(p.id)
                 lay = unit_layout(p, s)
-                replicated = s.tp > 1 and "tp" not in lay.axes
-                owned.append(OwnedParam(p.id, ParamGroup(tp_replicated=replicated, expert="ep" in lay.axes),
+                group = param_group(lay, s)
+                replicated = group.tp_replicated
+                owned.append(OwnedParam(p.id, group,
                                         p.numel / lay.shards(mesh), p.id in self.shared_params,
                                         replicated and op.assignment[0] is not None, float(p.numel),
                                         p.id in self.float8_params))
@@ -451,7 +467,7 @@ class GraphCosts:
                 if p.id in self.shared_params and p.id not in seen:
                     seen.add(p.id)
                     lay = unit_layout(p, s)
-                    g = ParamGroup(tp_replicated=s.tp > 1 and "tp" not in lay.axes, expert="ep" in lay.axes)
+                    g = param_group(lay, s)
                     out[g] = out.get(g, 0.0) + p.numel / lay.shards(mesh)
         return out
 
